@@ -1,0 +1,437 @@
+//! The store-independent engine behind `#[idempotent]`: build the call, claim, run the body
+//! in the claim's transaction, record or release, replay.
+
+use std::hash::{BuildHasher, Hasher};
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
+
+use crate::error::{BoxError, Error};
+use crate::fingerprint::{FingerprintError, Fingerprinter};
+use crate::key::Key;
+use crate::outcome::{self, Outcome};
+use crate::store::{Claim, ClaimRequest, Concurrency, RecordStatus, Store};
+
+/// How long a caller should wait before retrying an in-flight key.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The static description of one `#[idempotent]` function.
+#[derive(Debug)]
+pub struct Site {
+    scope: &'static str,
+    ttl: Duration,
+    concurrency: Concurrency,
+}
+
+impl Site {
+    /// Describes a handler: its scope, how long results are kept, and its concurrency policy.
+    pub const fn new(scope: &'static str, ttl: Duration, concurrency: Concurrency) -> Self {
+        Self {
+            scope,
+            ttl,
+            concurrency,
+        }
+    }
+
+    /// The scope literal.
+    pub const fn scope(&self) -> &'static str {
+        self.scope
+    }
+}
+
+/// The return type of a handler: `Result<T, E>`.
+pub trait HandlerOutput: Sized {
+    /// The success type, recorded and replayed.
+    type Ok;
+    /// The handler's error type.
+    type Error;
+    /// Splits into a `Result`.
+    fn into_result(self) -> Result<Self::Ok, Self::Error>;
+    /// Builds from a `Result`.
+    fn from_result(result: Result<Self::Ok, Self::Error>) -> Self;
+}
+
+impl<T, E> HandlerOutput for Result<T, E> {
+    type Ok = T;
+    type Error = E;
+    fn into_result(self) -> Self {
+        self
+    }
+    fn from_result(result: Self) -> Self {
+        result
+    }
+}
+
+/// A value `#[idempotent]` can record and replay: anything serde can write and read back.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be recorded and replayed by `#[idempotent]`",
+    label = "the `Ok` type of this return type must be recordable",
+    note = "derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
+)]
+pub trait Replayable: Serialize + DeserializeOwned {}
+impl<T: Serialize + DeserializeOwned> Replayable for T {}
+
+/// The error type of an `#[idempotent]` handler: it must absorb idem's own errors.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot carry idem's errors",
+    label = "the error type of this return type needs `From<idem::Error>`",
+    note = "add `impl From<idem::Error> for {Self}` (for example a `#[error(transparent)] Idem(#[from] idem::Error)` variant)"
+)]
+pub trait HandlerError: From<Error> {}
+impl<E: From<Error>> HandlerError for E {}
+
+/// An error type whose deterministic failures (card declined, invalid transition) are
+/// recorded and replayed like results, instead of releasing the key.
+///
+/// Without this impl every `Err` releases the key, so a retry executes again. With it,
+/// errors for which [`is_final`](FinalError::is_final) is `true` roll back the handler's
+/// writes but commit the recorded error; a retry gets the same error back.
+pub trait FinalError: Serialize + DeserializeOwned {
+    /// Whether this error is deterministic: retrying the same request would fail the same way.
+    fn is_final(&self) -> bool;
+}
+
+/// How the engine treats a handler's errors; built by [`FinalProbe`].
+#[derive(Debug)]
+pub struct Finality<E> {
+    is_final: fn(&E) -> bool,
+    encode: fn(&E) -> serde_json::Result<Vec<u8>>,
+    decode: fn(&[u8]) -> serde_json::Result<E>,
+}
+
+impl<E> Clone for Finality<E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<E> Copy for Finality<E> {}
+
+impl<E: FinalError> Finality<E> {
+    fn of() -> Self {
+        Self {
+            is_final: E::is_final,
+            encode: |e| serde_json::to_vec(e),
+            decode: |bytes| serde_json::from_slice(bytes),
+        }
+    }
+}
+
+/// Chooses [`Finality`] by whether `E: FinalError` (autoref specialisation: the generated
+/// code calls `(&&FinalProbe::<E>::new()).finality()`).
+#[derive(Debug)]
+pub struct FinalProbe<E>(PhantomData<fn() -> E>);
+
+impl<E> FinalProbe<E> {
+    /// A probe for `E`.
+    #[allow(clippy::new_without_default)] // only the generated code builds probes
+    pub const fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+/// Chosen when `E: FinalError`.
+pub trait ViaFinal<E> {
+    /// `Some` for error types that can be final.
+    fn finality(&self) -> Option<Finality<E>>;
+}
+impl<E: FinalError> ViaFinal<E> for &FinalProbe<E> {
+    fn finality(&self) -> Option<Finality<E>> {
+        Some(Finality::of())
+    }
+}
+
+/// Chosen for every other error type.
+pub trait ViaPlain<E> {
+    /// `None`: every error releases the key.
+    fn finality(&self) -> Option<Finality<E>>;
+}
+impl<E> ViaPlain<E> for FinalProbe<E> {
+    fn finality(&self) -> Option<Finality<E>> {
+        None
+    }
+}
+
+/// One call of an idempotent handler, before its claim.
+#[derive(Debug)]
+pub struct Call<S> {
+    site: &'static Site,
+    store: S,
+    key: Result<Key, Error>,
+    principal: Result<Option<Key>, Error>,
+    fingerprint: Fingerprinter,
+    fingerprint_error: Option<FingerprintError>,
+}
+
+impl<S: Store> Call<S> {
+    /// Starts a call of the handler at `site` with `key`.
+    pub fn new(site: &'static Site, store: S, key: Result<Key, Error>) -> Self {
+        Self {
+            site,
+            store,
+            key,
+            principal: Ok(None),
+            fingerprint: Fingerprinter::new(site.scope),
+            fingerprint_error: None,
+        }
+    }
+
+    /// Sets the principal the key belongs to.
+    pub fn principal(&mut self, principal: Result<Key, Error>) {
+        self.principal = principal.map(Some);
+    }
+
+    /// Adds an argument to the fingerprint.
+    pub fn arg<T: Serialize + ?Sized>(&mut self, value: &T) {
+        if self.fingerprint_error.is_none()
+            && let Err(e) = self.fingerprint.arg(value)
+        {
+            self.fingerprint_error = Some(e);
+        }
+    }
+
+    /// Claims the key. `Ok` hands out the transaction to run the body in; `Err` carries the
+    /// call's final answer (a replay, or an error) and the body must not run.
+    pub async fn claim<R>(self, finality: Option<Finality<R::Error>>) -> Result<Guard<S, R>, R>
+    where
+        R: HandlerOutput,
+        R::Ok: Replayable,
+        R::Error: HandlerError,
+    {
+        let site = self.site;
+        let prepared = (|| {
+            let key = self.key?;
+            let principal = self.principal?;
+            if let Some(e) = self.fingerprint_error {
+                return Err(e.into_error(site.scope));
+            }
+            Ok((key, principal, self.fingerprint.finish()))
+        })();
+        let (key, principal, fingerprint) = match prepared {
+            Ok(parts) => parts,
+            Err(e) => return Err(R::from_result(Err(e.into()))),
+        };
+        let principal = principal.as_ref().map_or("", Key::as_str);
+        let request = ClaimRequest {
+            scope: site.scope,
+            principal,
+            key: key.as_str(),
+            id: record_id(site.scope, principal, key.as_str()),
+            fingerprint,
+            owner: owner_token(),
+            ttl: site.ttl,
+            concurrency: site.concurrency,
+            savepoint: finality.is_some(),
+        };
+        let bound = match site.concurrency {
+            Concurrency::Wait { bound } => bound,
+            _ => Concurrency::DEFAULT_BOUND,
+        };
+        let claimed = match tokio::time::timeout(bound, self.store.claim(&request)).await {
+            Ok(claimed) => claimed,
+            Err(_elapsed) => Ok(Claim::InFlight),
+        };
+        let recorded = match claimed {
+            Ok(Claim::Execute(tx)) => {
+                outcome::nest(true);
+                let request = OwnedRequest::from(&request);
+                return Ok(Guard {
+                    store: self.store,
+                    tx,
+                    site,
+                    request,
+                    key,
+                    finality,
+                    _output: PhantomData,
+                });
+            }
+            Ok(Claim::Recorded(recorded)) => recorded,
+            Ok(Claim::InFlight) => {
+                return Err(R::from_result(Err(Error::InFlight {
+                    scope: site.scope.to_owned(),
+                    retry_after: RETRY_AFTER,
+                }
+                .into())));
+            }
+            Err(e) => return Err(R::from_result(Err(e.into()))),
+        };
+        if recorded.fingerprint != fingerprint {
+            return Err(R::from_result(Err(Error::KeyReused {
+                scope: site.scope.to_owned(),
+            }
+            .into())));
+        }
+        let decode_error = |source: BoxError| Error::Decode {
+            scope: site.scope.to_owned(),
+            key: key.as_str().to_owned(),
+            source,
+        };
+        let replay: Result<Result<R::Ok, R::Error>, Error> = match recorded.status {
+            RecordStatus::Completed => serde_json::from_slice(&recorded.payload)
+                .map(Ok)
+                .map_err(|e| decode_error(e.into())),
+            RecordStatus::Failed if let Some(f) = finality => (f.decode)(&recorded.payload)
+                .map(Err)
+                .map_err(|e| decode_error(e.into())),
+            RecordStatus::Failed => Err(decode_error(
+                "a final error was recorded, but the handler's error type no longer implements `idem::FinalError`".into(),
+            )),
+            _ => Err(Error::InFlight {
+                scope: site.scope.to_owned(),
+                retry_after: RETRY_AFTER,
+            }),
+        };
+        Err(R::from_result(match replay {
+            Ok(answer) => {
+                outcome::report(Outcome::Replayed);
+                answer
+            }
+            Err(e) => Err(e.into()),
+        }))
+    }
+}
+
+impl Concurrency {
+    /// The wait bound used by [`Concurrency::DEFAULT`].
+    pub const DEFAULT_BOUND: Duration = Duration::from_secs(5);
+}
+
+/// The parts of a [`ClaimRequest`] a guard keeps for the record step.
+#[derive(Debug)]
+struct OwnedRequest {
+    principal: String,
+    id: [u8; 32],
+    fingerprint: crate::Fingerprint,
+    owner: i64,
+    savepoint: bool,
+}
+
+impl From<&ClaimRequest<'_>> for OwnedRequest {
+    fn from(r: &ClaimRequest<'_>) -> Self {
+        Self {
+            principal: r.principal.to_owned(),
+            id: r.id,
+            fingerprint: r.fingerprint,
+            owner: r.owner,
+            savepoint: r.savepoint,
+        }
+    }
+}
+
+/// A claimed key: the body runs in [`Guard::tx`], then [`Guard::finish`] records or releases.
+/// Dropping a guard without finishing rolls everything back (the store's transaction is
+/// dropped), so a cancelled call leaves nothing behind.
+#[derive(Debug)]
+pub struct Guard<S: Store, R: HandlerOutput> {
+    store: S,
+    tx: S::Tx,
+    site: &'static Site,
+    request: OwnedRequest,
+    key: Key,
+    finality: Option<Finality<R::Error>>,
+    _output: PhantomData<fn() -> R>,
+}
+
+impl<S: Store, R: HandlerOutput> Guard<S, R>
+where
+    R::Ok: Replayable,
+    R::Error: HandlerError,
+{
+    /// The transaction the body runs in.
+    pub fn tx(&self) -> &S::Tx {
+        &self.tx
+    }
+
+    /// Records the body's result and commits, or releases the key, and returns what the
+    /// caller gets.
+    pub async fn finish(self, output: R) -> R {
+        outcome::nest(false);
+        let Self {
+            store,
+            tx,
+            site,
+            request,
+            key,
+            finality,
+            ..
+        } = self;
+        let request = ClaimRequest {
+            scope: site.scope,
+            principal: &request.principal,
+            key: key.as_str(),
+            id: request.id,
+            fingerprint: request.fingerprint,
+            owner: request.owner,
+            ttl: site.ttl,
+            concurrency: site.concurrency,
+            savepoint: request.savepoint,
+        };
+        let encode_error = |source: serde_json::Error| Error::Encode {
+            scope: site.scope.to_owned(),
+            source: Box::new(source),
+        };
+        let (status, payload, answer) = match output.into_result() {
+            Ok(value) => (RecordStatus::Completed, serde_json::to_vec(&value), Ok(value)),
+            Err(error) if let Some(f) = finality.filter(|f| (f.is_final)(&error)) => {
+                (RecordStatus::Failed, (f.encode)(&error), Err(error))
+            }
+            Err(error) => {
+                // A transient error: roll back so a retry executes again. A failed rollback
+                // changes nothing for the caller: the dropped transaction rolls back anyway.
+                let _ = store.release(tx).await;
+                return R::from_result(Err(error));
+            }
+        };
+        let recorded = match payload {
+            Ok(payload) => record(&store, tx, &request, status, &payload).await,
+            Err(e) => {
+                let _ = store.release(tx).await;
+                Err(encode_error(e))
+            }
+        };
+        R::from_result(match recorded {
+            Ok(()) => {
+                outcome::report(Outcome::Executed);
+                answer
+            }
+            Err(e) => Err(e.into()),
+        })
+    }
+}
+
+/// Records the answer; a final error first undoes the body's writes (back to the savepoint).
+async fn record<S: Store>(
+    store: &S,
+    tx: S::Tx,
+    request: &ClaimRequest<'_>,
+    status: RecordStatus,
+    payload: &[u8],
+) -> Result<(), Error> {
+    if status == RecordStatus::Failed {
+        store.rollback_to_claim(&tx).await?;
+    }
+    store.record(tx, request, status, payload).await
+}
+
+/// The ledger id of `(scope, principal, key)`: SHA-256 over the length-prefixed parts, so no
+/// two different triples share an id.
+pub fn record_id(scope: &str, principal: &str, key: &str) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    for part in [scope, principal, key] {
+        hasher.update((part.len() as u64).to_be_bytes());
+        hasher.update(part.as_bytes());
+    }
+    hasher.finalize().into()
+}
+
+/// A random 63-bit owner token (no extra dependency: std's randomly keyed SipHash over a
+/// process-wide counter).
+fn owner_token() -> i64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut hasher = std::hash::RandomState::new().build_hasher();
+    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    (hasher.finish() >> 1) as i64
+}

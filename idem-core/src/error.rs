@@ -1,0 +1,214 @@
+//! The one error type of idem, its stable kinds and their HTTP statuses.
+
+use std::time::Duration;
+
+/// A boxed error from a lower layer (database driver, serde).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// `Result` with idem's [`Error`] as the default error type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a key was refused. Part of [`Error::InvalidKey`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyProblem {
+    /// The key is empty.
+    Empty,
+    /// The key is longer than [`crate::MAX_KEY_LEN`] bytes.
+    TooLong {
+        /// Length of the refused key in bytes.
+        len: usize,
+    },
+    /// The key contains a control character.
+    ControlCharacter {
+        /// Byte offset of the first control character.
+        at: usize,
+    },
+    /// The key bytes are not UTF-8.
+    NotUtf8,
+}
+
+impl std::fmt::Display for KeyProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Empty => f.write_str("the key is empty"),
+            Self::TooLong { len } => write!(
+                f,
+                "the key is {len} bytes long; at most {} are allowed",
+                crate::MAX_KEY_LEN
+            ),
+            Self::ControlCharacter { at } => {
+                write!(f, "the key contains a control character at byte {at}")
+            }
+            Self::NotUtf8 => f.write_str("the key is not valid UTF-8"),
+        }
+    }
+}
+
+/// Everything that can go wrong in an idempotent call, apart from the handler's own errors.
+///
+/// Handlers return their own error type `E`; idem reaches them through `E: From<idem::Error>`.
+/// Match on [`Error::kind`] for a stable classification.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The idempotency key (or principal) is empty, too long, not UTF-8 or has control
+    /// characters. Raised before any database work.
+    #[error("invalid idempotency key: {problem}")]
+    InvalidKey {
+        /// What is wrong with it.
+        problem: KeyProblem,
+    },
+    /// The key expression produced no key (an `Option` that was `None`).
+    #[error("missing idempotency key")]
+    MissingKey,
+    /// The key was used before with different arguments. The recorded result is untouched.
+    #[error(
+        "idempotency key reused with different arguments in scope `{scope}`; use a new key for a new request"
+    )]
+    KeyReused {
+        /// Scope of the call.
+        scope: String,
+    },
+    /// Another call with the same key is running and did not finish within the wait bound
+    /// (or the scope rejects concurrent duplicates).
+    #[error(
+        "a call with the same idempotency key is in flight in scope `{scope}`; retry after {retry_after:?}"
+    )]
+    InFlight {
+        /// Scope of the call.
+        scope: String,
+        /// A sensible time to wait before retrying.
+        retry_after: Duration,
+    },
+    /// A state transition that is not allowed from the row's current state.
+    #[error("invalid state transition from `{from}` to `{to}`")]
+    InvalidTransition {
+        /// The state the row is in.
+        from: String,
+        /// The state that was asked for.
+        to: String,
+    },
+    /// A recorded result no longer deserialises into the handler's return type (the type
+    /// changed after it was recorded).
+    #[error(
+        "recorded result for key `{key}` in scope `{scope}` no longer decodes into the handler's type: {source}"
+    )]
+    Decode {
+        /// Scope of the call.
+        scope: String,
+        /// The idempotency key.
+        key: String,
+        /// The serde error.
+        #[source]
+        source: BoxError,
+    },
+    /// The handler's result could not be serialised for recording. Nothing was committed.
+    #[error("result of a call in scope `{scope}` cannot be recorded: {source}")]
+    Encode {
+        /// Scope of the call.
+        scope: String,
+        /// The serde error.
+        #[source]
+        source: BoxError,
+    },
+    /// The arguments could not be fingerprinted (their `Serialize` impl failed).
+    #[error("arguments of a call in scope `{scope}` cannot be fingerprinted: {message}")]
+    Fingerprint {
+        /// Scope of the call.
+        scope: String,
+        /// What the serializer reported.
+        message: String,
+    },
+    /// The store (database) failed. No partial effects were committed.
+    #[error("idempotency store failed: {message}")]
+    Store {
+        /// A description without SQL text.
+        message: String,
+        /// The driver error, when there is one.
+        #[source]
+        source: Option<BoxError>,
+    },
+}
+
+/// A stable classification of [`Error`], for matching and for protocol mappings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// See [`Error::InvalidKey`].
+    InvalidKey,
+    /// See [`Error::MissingKey`].
+    MissingKey,
+    /// See [`Error::KeyReused`].
+    KeyReused,
+    /// See [`Error::InFlight`].
+    InFlight,
+    /// See [`Error::InvalidTransition`].
+    InvalidTransition,
+    /// See [`Error::Decode`].
+    Decode,
+    /// See [`Error::Encode`].
+    Encode,
+    /// See [`Error::Fingerprint`].
+    Fingerprint,
+    /// See [`Error::Store`].
+    Store,
+}
+
+impl ErrorKind {
+    /// A stable kebab-case name, usable as a problem type or metric label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::InvalidKey => "invalid-key",
+            Self::MissingKey => "missing-key",
+            Self::KeyReused => "key-reused",
+            Self::InFlight => "in-flight",
+            Self::InvalidTransition => "invalid-transition",
+            Self::Decode => "decode",
+            Self::Encode => "encode",
+            Self::Fingerprint => "fingerprint",
+            Self::Store => "store",
+        }
+    }
+
+    /// The HTTP status the IETF Idempotency-Key draft (and RFC 9110) gives this kind.
+    pub const fn http_status(self) -> u16 {
+        match self {
+            Self::InvalidKey | Self::MissingKey => 400,
+            Self::KeyReused => 422,
+            Self::InFlight | Self::InvalidTransition => 409,
+            Self::Store => 503,
+            Self::Decode | Self::Encode | Self::Fingerprint => 500,
+        }
+    }
+}
+
+impl Error {
+    /// The stable kind of this error.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::InvalidKey { .. } => ErrorKind::InvalidKey,
+            Self::MissingKey => ErrorKind::MissingKey,
+            Self::KeyReused { .. } => ErrorKind::KeyReused,
+            Self::InFlight { .. } => ErrorKind::InFlight,
+            Self::InvalidTransition { .. } => ErrorKind::InvalidTransition,
+            Self::Decode { .. } => ErrorKind::Decode,
+            Self::Encode { .. } => ErrorKind::Encode,
+            Self::Fingerprint { .. } => ErrorKind::Fingerprint,
+            Self::Store { .. } => ErrorKind::Store,
+        }
+    }
+
+    /// Shorthand for `self.kind().http_status()`.
+    pub fn http_status(&self) -> u16 {
+        self.kind().http_status()
+    }
+
+    /// A store error with a message and the driver error behind it.
+    pub fn store(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self::Store {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+}

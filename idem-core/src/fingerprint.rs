@@ -1,0 +1,566 @@
+//! Canonical, versioned SHA-256 fingerprints of handler arguments.
+//!
+//! The arguments are encoded with a serde `Serializer` that writes a self-delimiting,
+//! tagged binary form (not JSON text), so equal logical values give equal bytes:
+//! - every integer width encodes the same (`5_u8` and `5_i64` are one value);
+//! - `f32` widens to `f64`, `-0.0` equals `0.0`, every NaN is one NaN;
+//! - map entries are sorted by their encoded key, so `HashMap` order never matters;
+//! - `char` encodes as a one-character string; newtype structs as their content.
+//!
+//! The encoding starts with a version tag ([`FINGERPRINT_VERSION`]); a future change of the
+//! encoding bumps it, so no two versions can ever compare equal by accident.
+//!
+//! Sequences keep their order: a `HashSet` argument has no stable order, so use a `BTreeSet`.
+
+use serde::ser::{self, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::Error;
+
+/// Version tag hashed in front of every fingerprint.
+pub const FINGERPRINT_VERSION: &str = "idem/fingerprint/v1";
+
+/// A SHA-256 fingerprint of a call's scope and arguments.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint(pub [u8; 32]);
+
+impl Fingerprint {
+    /// The 32 digest bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Fingerprint({self})")
+    }
+}
+
+impl std::fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+/// Builds a [`Fingerprint`] from a scope and a list of arguments, in order.
+///
+/// ```
+/// # use idem_core::Fingerprinter;
+/// let mut a = Fingerprinter::new("orders.pay");
+/// a.arg(&("c-1", 1200_u32)).unwrap();
+/// let mut b = Fingerprinter::new("orders.pay");
+/// b.arg(&("c-1", 1200_u64)).unwrap();
+/// assert_eq!(a.finish(), b.finish());
+/// ```
+#[derive(Debug, Clone)]
+pub struct Fingerprinter {
+    encoded: Vec<u8>,
+}
+
+impl Fingerprinter {
+    /// Starts a fingerprint for `scope`.
+    pub fn new(scope: &str) -> Self {
+        let mut encoded = Vec::with_capacity(256);
+        put_str(&mut encoded, FINGERPRINT_VERSION);
+        put_str(&mut encoded, scope);
+        Self { encoded }
+    }
+
+    /// Adds one argument.
+    pub fn arg<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), FingerprintError> {
+        value.serialize(&mut Canonical {
+            out: &mut self.encoded,
+        })
+    }
+
+    /// The canonical bytes so far (what [`finish`](Self::finish) hashes).
+    pub fn encoded(&self) -> &[u8] {
+        &self.encoded
+    }
+
+    /// Hashes everything added.
+    pub fn finish(self) -> Fingerprint {
+        Fingerprint(Sha256::digest(&self.encoded).into())
+    }
+}
+
+/// Canonical encoding of one value, for tests and tools.
+pub fn canonical_bytes<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, FingerprintError> {
+    let mut out = Vec::new();
+    value.serialize(&mut Canonical { out: &mut out })?;
+    Ok(out)
+}
+
+/// The `Serialize` impl of an argument failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FingerprintError(String);
+
+impl std::fmt::Display for FingerprintError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for FingerprintError {}
+
+impl ser::Error for FingerprintError {
+    fn custom<M: std::fmt::Display>(msg: M) -> Self {
+        Self(msg.to_string())
+    }
+}
+
+impl FingerprintError {
+    pub(crate) fn into_error(self, scope: &str) -> Error {
+        Error::Fingerprint {
+            scope: scope.to_owned(),
+            message: self.0,
+        }
+    }
+}
+
+mod tag {
+    pub(super) const UNIT: u8 = 0x00;
+    pub(super) const SOME: u8 = 0x01;
+    pub(super) const FALSE: u8 = 0x02;
+    pub(super) const TRUE: u8 = 0x03;
+    pub(super) const INT: u8 = 0x04;
+    pub(super) const FLOAT: u8 = 0x05;
+    pub(super) const STR: u8 = 0x06;
+    pub(super) const BYTES: u8 = 0x07;
+    pub(super) const SEQ: u8 = 0x08;
+    pub(super) const MAP: u8 = 0x09;
+    pub(super) const STRUCT: u8 = 0x0a;
+    pub(super) const VARIANT: u8 = 0x0b;
+    pub(super) const END: u8 = 0x0c;
+}
+
+fn put_len(out: &mut Vec<u8>, len: usize) {
+    out.extend_from_slice(&(len as u64).to_be_bytes());
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.push(tag::STR);
+    put_len(out, s.len());
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn put_int(out: &mut Vec<u8>, negative: bool, magnitude: u128) {
+    out.push(tag::INT);
+    out.push(u8::from(negative && magnitude != 0));
+    out.extend_from_slice(&magnitude.to_be_bytes());
+}
+
+fn put_signed(out: &mut Vec<u8>, v: i128) {
+    put_int(out, v < 0, v.unsigned_abs());
+}
+
+fn put_float(out: &mut Vec<u8>, v: f64) {
+    let canonical = if v.is_nan() {
+        f64::NAN.to_bits()
+    } else if v == 0.0 {
+        0.0_f64.to_bits()
+    } else {
+        v.to_bits()
+    };
+    out.push(tag::FLOAT);
+    out.extend_from_slice(&canonical.to_be_bytes());
+}
+
+struct Canonical<'a> {
+    out: &'a mut Vec<u8>,
+}
+
+/// Collects map entries so they can be written sorted by encoded key.
+struct MapEncoder<'a> {
+    out: &'a mut Vec<u8>,
+    entries: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl<'a> ser::Serializer for &'a mut Canonical<'_> {
+    type Ok = ();
+    type Error = FingerprintError;
+    type SerializeSeq = Self;
+    type SerializeTuple = Self;
+    type SerializeTupleStruct = Self;
+    type SerializeTupleVariant = Self;
+    type SerializeMap = MapEncoder<'a>;
+    type SerializeStruct = Self;
+    type SerializeStructVariant = Self;
+
+    fn serialize_bool(self, v: bool) -> Result<(), FingerprintError> {
+        self.out.push(if v { tag::TRUE } else { tag::FALSE });
+        Ok(())
+    }
+    fn serialize_i8(self, v: i8) -> Result<(), FingerprintError> {
+        put_signed(self.out, v.into());
+        Ok(())
+    }
+    fn serialize_i16(self, v: i16) -> Result<(), FingerprintError> {
+        put_signed(self.out, v.into());
+        Ok(())
+    }
+    fn serialize_i32(self, v: i32) -> Result<(), FingerprintError> {
+        put_signed(self.out, v.into());
+        Ok(())
+    }
+    fn serialize_i64(self, v: i64) -> Result<(), FingerprintError> {
+        put_signed(self.out, v.into());
+        Ok(())
+    }
+    fn serialize_i128(self, v: i128) -> Result<(), FingerprintError> {
+        put_signed(self.out, v);
+        Ok(())
+    }
+    fn serialize_u8(self, v: u8) -> Result<(), FingerprintError> {
+        put_int(self.out, false, v.into());
+        Ok(())
+    }
+    fn serialize_u16(self, v: u16) -> Result<(), FingerprintError> {
+        put_int(self.out, false, v.into());
+        Ok(())
+    }
+    fn serialize_u32(self, v: u32) -> Result<(), FingerprintError> {
+        put_int(self.out, false, v.into());
+        Ok(())
+    }
+    fn serialize_u64(self, v: u64) -> Result<(), FingerprintError> {
+        put_int(self.out, false, v.into());
+        Ok(())
+    }
+    fn serialize_u128(self, v: u128) -> Result<(), FingerprintError> {
+        put_int(self.out, false, v);
+        Ok(())
+    }
+    fn serialize_f32(self, v: f32) -> Result<(), FingerprintError> {
+        put_float(self.out, v.into());
+        Ok(())
+    }
+    fn serialize_f64(self, v: f64) -> Result<(), FingerprintError> {
+        put_float(self.out, v);
+        Ok(())
+    }
+    fn serialize_char(self, v: char) -> Result<(), FingerprintError> {
+        put_str(self.out, v.encode_utf8(&mut [0; 4]));
+        Ok(())
+    }
+    fn serialize_str(self, v: &str) -> Result<(), FingerprintError> {
+        put_str(self.out, v);
+        Ok(())
+    }
+    fn serialize_bytes(self, v: &[u8]) -> Result<(), FingerprintError> {
+        self.out.push(tag::BYTES);
+        put_len(self.out, v.len());
+        self.out.extend_from_slice(v);
+        Ok(())
+    }
+    fn serialize_none(self) -> Result<(), FingerprintError> {
+        self.out.push(tag::UNIT);
+        Ok(())
+    }
+    fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), FingerprintError> {
+        self.out.push(tag::SOME);
+        value.serialize(self)
+    }
+    fn serialize_unit(self) -> Result<(), FingerprintError> {
+        self.out.push(tag::UNIT);
+        Ok(())
+    }
+    fn serialize_unit_struct(self, _name: &'static str) -> Result<(), FingerprintError> {
+        self.serialize_unit()
+    }
+    fn serialize_unit_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+    ) -> Result<(), FingerprintError> {
+        self.out.push(tag::VARIANT);
+        put_str(self.out, variant);
+        self.out.push(tag::UNIT);
+        Ok(())
+    }
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(
+        self,
+        _name: &'static str,
+        value: &T,
+    ) -> Result<(), FingerprintError> {
+        value.serialize(self)
+    }
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        value: &T,
+    ) -> Result<(), FingerprintError> {
+        self.out.push(tag::VARIANT);
+        put_str(self.out, variant);
+        value.serialize(self)
+    }
+    fn serialize_seq(self, _len: Option<usize>) -> Result<Self, FingerprintError> {
+        self.out.push(tag::SEQ);
+        Ok(self)
+    }
+    fn serialize_tuple(self, _len: usize) -> Result<Self, FingerprintError> {
+        self.out.push(tag::SEQ);
+        Ok(self)
+    }
+    fn serialize_tuple_struct(
+        self,
+        _name: &'static str,
+        _len: usize,
+    ) -> Result<Self, FingerprintError> {
+        self.out.push(tag::SEQ);
+        Ok(self)
+    }
+    fn serialize_tuple_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        _len: usize,
+    ) -> Result<Self, FingerprintError> {
+        self.out.push(tag::VARIANT);
+        put_str(self.out, variant);
+        self.out.push(tag::SEQ);
+        Ok(self)
+    }
+    fn serialize_map(self, len: Option<usize>) -> Result<MapEncoder<'a>, FingerprintError> {
+        Ok(MapEncoder {
+            out: self.out,
+            entries: Vec::with_capacity(len.unwrap_or(0)),
+        })
+    }
+    fn serialize_struct(self, _name: &'static str, _len: usize) -> Result<Self, FingerprintError> {
+        self.out.push(tag::STRUCT);
+        Ok(self)
+    }
+    fn serialize_struct_variant(
+        self,
+        _name: &'static str,
+        _index: u32,
+        variant: &'static str,
+        _len: usize,
+    ) -> Result<Self, FingerprintError> {
+        self.out.push(tag::VARIANT);
+        put_str(self.out, variant);
+        self.out.push(tag::STRUCT);
+        Ok(self)
+    }
+}
+
+impl Canonical<'_> {
+    fn element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), FingerprintError> {
+        value.serialize(&mut *self)
+    }
+    fn field<T: Serialize + ?Sized>(
+        &mut self,
+        key: &'static str,
+        value: &T,
+    ) -> Result<(), FingerprintError> {
+        put_str(self.out, key);
+        value.serialize(&mut *self)
+    }
+    fn end(&mut self) -> Result<(), FingerprintError> {
+        self.out.push(tag::END);
+        Ok(())
+    }
+}
+
+macro_rules! sequence_like {
+    ($($trait:ident :: $method:ident),*) => {$(
+        impl ser::$trait for &mut Canonical<'_> {
+            type Ok = ();
+            type Error = FingerprintError;
+            fn $method<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), FingerprintError> {
+                self.element(value)
+            }
+            fn end(self) -> Result<(), FingerprintError> {
+                Canonical::end(self)
+            }
+        }
+    )*};
+}
+sequence_like!(
+    SerializeSeq::serialize_element,
+    SerializeTuple::serialize_element,
+    SerializeTupleStruct::serialize_field,
+    SerializeTupleVariant::serialize_field
+);
+
+macro_rules! struct_like {
+    ($($trait:ident),*) => {$(
+        impl ser::$trait for &mut Canonical<'_> {
+            type Ok = ();
+            type Error = FingerprintError;
+            fn serialize_field<T: Serialize + ?Sized>(
+                &mut self,
+                key: &'static str,
+                value: &T,
+            ) -> Result<(), FingerprintError> {
+                self.field(key, value)
+            }
+            fn end(self) -> Result<(), FingerprintError> {
+                Canonical::end(self)
+            }
+        }
+    )*};
+}
+struct_like!(SerializeStruct, SerializeStructVariant);
+
+impl ser::SerializeMap for MapEncoder<'_> {
+    type Ok = ();
+    type Error = FingerprintError;
+    fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), FingerprintError> {
+        self.entries.push((canonical_bytes(key)?, Vec::new()));
+        Ok(())
+    }
+    fn serialize_value<T: Serialize + ?Sized>(
+        &mut self,
+        value: &T,
+    ) -> Result<(), FingerprintError> {
+        let Some((_, slot)) = self.entries.last_mut() else {
+            return Err(FingerprintError(
+                "map value serialized before its key".to_owned(),
+            ));
+        };
+        value.serialize(&mut Canonical { out: slot })
+    }
+    fn end(mut self) -> Result<(), FingerprintError> {
+        self.entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        self.out.push(tag::MAP);
+        for (key, value) in &self.entries {
+            self.out.extend_from_slice(key);
+            self.out.extend_from_slice(value);
+        }
+        self.out.push(tag::END);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::{BTreeMap, HashMap};
+
+    fn fp<T: Serialize>(v: &T) -> Fingerprint {
+        let mut f = Fingerprinter::new("s");
+        f.arg(v).unwrap();
+        f.finish()
+    }
+
+    #[derive(Serialize)]
+    struct Pay {
+        order: u64,
+        amount: i32,
+        note: Option<String>,
+        tags: BTreeMap<String, f64>,
+    }
+
+    #[test]
+    fn scope_and_argument_boundaries_matter() {
+        let mut a = Fingerprinter::new("a");
+        a.arg("bc").unwrap();
+        let mut b = Fingerprinter::new("ab");
+        b.arg("c").unwrap();
+        assert_ne!(a.finish(), b.finish());
+
+        let mut one = Fingerprinter::new("s");
+        one.arg("ab").unwrap();
+        one.arg("").unwrap();
+        let mut two = Fingerprinter::new("s");
+        two.arg("a").unwrap();
+        two.arg("b").unwrap();
+        assert_ne!(one.finish(), two.finish());
+    }
+
+    #[test]
+    fn numbers_are_canonical_across_widths() {
+        assert_eq!(fp(&5_u8), fp(&5_i64));
+        assert_eq!(fp(&-1_i8), fp(&-1_i128));
+        assert_eq!(fp(&1.5_f32), fp(&1.5_f64));
+        assert_eq!(fp(&-0.0_f64), fp(&0.0_f64));
+        assert_eq!(fp(&f64::NAN), fp(&-f64::NAN));
+        assert_ne!(fp(&1_u32), fp(&1.0_f64));
+        assert_ne!(fp(&-1_i32), fp(&1_i32));
+        assert_eq!(fp(&'x'), fp(&"x"));
+    }
+
+    #[test]
+    fn options_and_variants_are_distinct() {
+        assert_ne!(fp(&Some(())), fp(&None::<()>));
+        assert_ne!(fp(&Some(0_u8)), fp(&0_u8));
+        assert_ne!(fp(&Ok::<u8, u8>(1)), fp(&Err::<u8, u8>(1)));
+    }
+
+    #[test]
+    fn struct_fields_are_named() {
+        let a = Pay {
+            order: 1,
+            amount: 2,
+            note: None,
+            tags: BTreeMap::new(),
+        };
+        let b = Pay {
+            order: 2,
+            amount: 1,
+            note: None,
+            tags: BTreeMap::new(),
+        };
+        assert_ne!(fp(&a), fp(&b));
+    }
+
+    proptest! {
+        #[test]
+        fn map_order_never_matters(entries in proptest::collection::vec((".{0,8}", any::<i64>()), 0..24)) {
+            let hashed: HashMap<String, i64> = entries.iter().cloned().collect();
+            let sorted: BTreeMap<String, i64> = entries.iter().cloned().collect();
+            let mut reversed: Vec<(String, i64)> = sorted.clone().into_iter().collect();
+            reversed.reverse();
+            // A map serialised in reverse order must encode like the sorted one.
+            struct Reversed(Vec<(String, i64)>);
+            impl Serialize for Reversed {
+                fn serialize<S: ser::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                    s.collect_map(self.0.iter().map(|(k, v)| (k, v)))
+                }
+            }
+            prop_assert_eq!(canonical_bytes(&hashed).unwrap(), canonical_bytes(&sorted).unwrap());
+            prop_assert_eq!(canonical_bytes(&Reversed(reversed)).unwrap(), canonical_bytes(&sorted).unwrap());
+        }
+
+        #[test]
+        fn equal_values_give_equal_fingerprints(order in any::<u64>(), amount in any::<i32>(), note in proptest::option::of(".{0,16}")) {
+            let make = || Pay { order, amount, note: note.clone(), tags: BTreeMap::new() };
+            prop_assert_eq!(fp(&make()), fp(&make()));
+        }
+
+        #[test]
+        fn different_values_give_different_fingerprints(
+            a in (any::<u64>(), any::<i32>(), proptest::option::of(".{0,16}")),
+            b in (any::<u64>(), any::<i32>(), proptest::option::of(".{0,16}")),
+        ) {
+            prop_assume!(a != b);
+            let pa = Pay { order: a.0, amount: a.1, note: a.2, tags: BTreeMap::new() };
+            let pb = Pay { order: b.0, amount: b.1, note: b.2, tags: BTreeMap::new() };
+            prop_assert_ne!(canonical_bytes(&pa).unwrap(), canonical_bytes(&pb).unwrap());
+            prop_assert_ne!(fp(&pa), fp(&pb));
+        }
+
+        #[test]
+        fn integer_widths_agree(v in any::<i32>()) {
+            prop_assert_eq!(fp(&v), fp(&i64::from(v)));
+            prop_assert_eq!(fp(&v), fp(&i128::from(v)));
+        }
+
+        #[test]
+        fn key_parsing_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let parsed = crate::Key::from_bytes(&bytes);
+            let valid = std::str::from_utf8(&bytes)
+                .map(|s| !s.is_empty() && s.len() <= 255 && !s.chars().any(char::is_control))
+                .unwrap_or(false);
+            prop_assert_eq!(parsed.is_ok(), valid);
+        }
+    }
+}

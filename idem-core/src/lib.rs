@@ -1,0 +1,25 @@
+//! Runtime of [`idem`](https://docs.rs/idem): validated keys, canonical fingerprints, the
+//! error type, outcomes, the [`Store`] contract and the store-independent engine that
+//! `#[idempotent]` expands to.
+//!
+//! Applications use the `idem` crate, which re-exports what is public here.
+
+mod error;
+mod fingerprint;
+mod key;
+mod memory;
+mod outcome;
+mod store;
+
+pub mod engine;
+
+pub use error::{BoxError, Error, ErrorKind, KeyProblem, Result};
+pub use fingerprint::{
+    FINGERPRINT_VERSION, Fingerprint, FingerprintError, Fingerprinter, canonical_bytes,
+};
+pub use key::{Key, KeySource, MAX_KEY_LEN};
+pub use memory::{MemoryStore, MemoryTx};
+pub use outcome::{Outcome, with_outcome};
+pub use store::{Claim, ClaimRequest, Concurrency, RecordStatus, Recorded, Store};
+
+pub use engine::FinalError;

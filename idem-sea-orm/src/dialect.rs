@@ -1,0 +1,215 @@
+//! The ledger's SQL, one dialect per backend. Every statement the store runs is here.
+
+use std::sync::LazyLock;
+
+use sea_orm::DbBackend;
+
+/// Name of the ledger table.
+pub const LEDGER_TABLE: &str = "idem_ledger";
+
+/// SQL for one backend. Placeholders are positional, in the order the store binds them.
+#[derive(Debug)]
+pub(crate) struct Dialect {
+    pub(crate) backend: DbBackend,
+    /// The database clock in epoch milliseconds, as an SQL expression (spliced into the
+    /// statements below; kept for tests that check every statement uses it).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) now: &'static str,
+    pub(crate) create: &'static [&'static str],
+    /// Binds id, scope, principal, key, owner, fingerprint, ttl_ms. PostgreSQL and SQLite
+    /// return a row only when the insert happened.
+    pub(crate) claim: String,
+    /// Whether `claim` returns the inserted row (else: always read the row back).
+    pub(crate) claim_returns: bool,
+    /// Same as `claim`, failing at once if another transaction holds the key.
+    pub(crate) claim_nowait: String,
+    /// Run before `claim_nowait` where the backend needs a separate statement.
+    pub(crate) before_nowait: Option<&'static str>,
+    /// Binds id; returns owner, fingerprint, state, response, expires_at_ms, now_ms.
+    pub(crate) read_locked: String,
+    /// Binds owner, fingerprint, ttl_ms, id.
+    pub(crate) take_over: String,
+    /// Binds state, response, ttl_ms, id, owner.
+    pub(crate) record: String,
+    /// Binds batch size; deletes up to that many expired rows.
+    pub(crate) purge: String,
+    /// Selects the database clock.
+    pub(crate) select_now: String,
+}
+
+const PG_NOW: &str = "CAST(FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000) AS BIGINT)";
+// UNIX_TIMESTAMP is independent of the session time zone.
+const MYSQL_NOW: &str = "CAST(FLOOR(UNIX_TIMESTAMP(NOW(3)) * 1000) AS SIGNED)";
+// julianday works on every SQLite; unixepoch('subsec') needs 3.42.
+const SQLITE_NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+
+const INSERT: &str = "INSERT INTO idem_ledger \
+    (id, scope, principal, idem_key, owner, fingerprint, state, response, created_at_ms, expires_at_ms) \
+    VALUES (?, ?, ?, ?, ?, ?, 0, NULL, {now}, {now} + ?)";
+const READ: &str = "SELECT owner, fingerprint, state, response, expires_at_ms, {now} AS now_ms \
+    FROM idem_ledger WHERE id = ?";
+const TAKE_OVER: &str = "UPDATE idem_ledger SET owner = ?, fingerprint = ?, state = 0, response = NULL, \
+    created_at_ms = {now}, expires_at_ms = {now} + ? WHERE id = ?";
+const RECORD: &str = "UPDATE idem_ledger SET state = ?, response = ?, expires_at_ms = {now} + ? \
+    WHERE id = ? AND owner = ?";
+
+fn render(template: &str, now: &str, numbered: bool) -> String {
+    let sql = template.replace("{now}", now);
+    if !numbered {
+        return sql;
+    }
+    let mut out = String::with_capacity(sql.len() + 8);
+    let mut n = 0;
+    for c in sql.chars() {
+        if c == '?' {
+            n += 1;
+            out.push('$');
+            out.push_str(&n.to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+static POSTGRES: LazyLock<Dialect> = LazyLock::new(|| {
+    let r = |t: &str| render(t, PG_NOW, true);
+    let claim = r(&format!("{INSERT} ON CONFLICT (id) DO NOTHING RETURNING owner"));
+    Dialect {
+        backend: DbBackend::Postgres,
+        now: PG_NOW,
+        create: &[
+            "CREATE TABLE IF NOT EXISTS idem_ledger (\
+                id BYTEA NOT NULL PRIMARY KEY, \
+                scope VARCHAR(255) NOT NULL, \
+                principal VARCHAR(255) NOT NULL, \
+                idem_key VARCHAR(255) NOT NULL, \
+                owner BIGINT NOT NULL, \
+                fingerprint BYTEA NOT NULL, \
+                state SMALLINT NOT NULL, \
+                response BYTEA NULL, \
+                created_at_ms BIGINT NOT NULL, \
+                expires_at_ms BIGINT NOT NULL)",
+            "CREATE INDEX IF NOT EXISTS idem_ledger_expires ON idem_ledger (expires_at_ms)",
+        ],
+        claim_nowait: claim.clone(),
+        claim,
+        claim_returns: true,
+        // A lock wait longer than this is another transaction holding the key.
+        before_nowait: Some("SET LOCAL lock_timeout = '50ms'"),
+        read_locked: r(&format!("{READ} FOR UPDATE")),
+        take_over: r(TAKE_OVER),
+        record: r(RECORD),
+        purge: r("DELETE FROM idem_ledger WHERE id IN (SELECT id FROM idem_ledger \
+            WHERE expires_at_ms <= {now} LIMIT ? FOR UPDATE SKIP LOCKED)"),
+        select_now: r("SELECT {now} AS now_ms"),
+    }
+});
+
+static MYSQL: LazyLock<Dialect> = LazyLock::new(|| {
+    let r = |t: &str| render(t, MYSQL_NOW, false);
+    // sqlx sets CLIENT_FOUND_ROWS, so the affected-row count cannot tell an insert from a
+    // duplicate: the row is always read back with a locking read (which, unlike a plain read
+    // under REPEATABLE READ, sees the committed row).
+    let claim = r(&format!("{INSERT} ON DUPLICATE KEY UPDATE id = id"));
+    Dialect {
+        backend: DbBackend::MySql,
+        now: MYSQL_NOW,
+        create: &[
+            "CREATE TABLE IF NOT EXISTS idem_ledger (\
+                id BINARY(32) NOT NULL PRIMARY KEY, \
+                scope VARCHAR(255) NOT NULL, \
+                principal VARCHAR(255) NOT NULL, \
+                idem_key VARCHAR(255) NOT NULL, \
+                owner BIGINT NOT NULL, \
+                fingerprint BINARY(32) NOT NULL, \
+                state SMALLINT NOT NULL, \
+                response LONGBLOB NULL, \
+                created_at_ms BIGINT NOT NULL, \
+                expires_at_ms BIGINT NOT NULL, \
+                INDEX idem_ledger_expires (expires_at_ms)\
+            ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+        ],
+        // MariaDB: a lock wait of 0 s fails at once with error 1205.
+        claim_nowait: format!("SET STATEMENT innodb_lock_wait_timeout = 0 FOR {claim}"),
+        claim,
+        claim_returns: false,
+        before_nowait: None,
+        read_locked: r(&format!("{READ} FOR UPDATE")),
+        take_over: r(TAKE_OVER),
+        record: r(RECORD),
+        purge: r("DELETE FROM idem_ledger WHERE expires_at_ms <= {now} LIMIT ?"),
+        select_now: r("SELECT {now} AS now_ms"),
+    }
+});
+
+static SQLITE: LazyLock<Dialect> = LazyLock::new(|| {
+    let r = |t: &str| render(t, SQLITE_NOW, false);
+    // The write lock is taken by BEGIN IMMEDIATE, so reads need no FOR UPDATE (SQLite has
+    // none) and a concurrent duplicate always waits in BEGIN.
+    let claim = r(&format!("{INSERT} ON CONFLICT (id) DO NOTHING RETURNING owner"));
+    Dialect {
+        backend: DbBackend::Sqlite,
+        now: SQLITE_NOW,
+        create: &[
+            "CREATE TABLE IF NOT EXISTS idem_ledger (\
+                id BLOB NOT NULL PRIMARY KEY, \
+                scope TEXT NOT NULL, \
+                principal TEXT NOT NULL, \
+                idem_key TEXT NOT NULL, \
+                owner INTEGER NOT NULL, \
+                fingerprint BLOB NOT NULL, \
+                state INTEGER NOT NULL, \
+                response BLOB NULL, \
+                created_at_ms INTEGER NOT NULL, \
+                expires_at_ms INTEGER NOT NULL\
+            ) WITHOUT ROWID",
+            "CREATE INDEX IF NOT EXISTS idem_ledger_expires ON idem_ledger (expires_at_ms)",
+        ],
+        claim_nowait: claim.clone(),
+        claim,
+        claim_returns: true,
+        before_nowait: None,
+        read_locked: r(READ),
+        take_over: r(TAKE_OVER),
+        record: r(RECORD),
+        purge: r("DELETE FROM idem_ledger WHERE id IN (SELECT id FROM idem_ledger \
+            WHERE expires_at_ms <= {now} LIMIT ?)"),
+        select_now: r("SELECT {now} AS now_ms"),
+    }
+});
+
+impl Dialect {
+    /// The dialect of `backend`.
+    pub(crate) fn of(backend: DbBackend) -> &'static Dialect {
+        match backend {
+            DbBackend::Postgres => &POSTGRES,
+            DbBackend::MySql => &MYSQL,
+            _ => &SQLITE,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn postgres_placeholders_are_numbered_in_order() {
+        let d = Dialect::of(DbBackend::Postgres);
+        assert!(d.claim.contains("VALUES ($1, $2, $3, $4, $5, $6, 0, NULL,"));
+        assert!(d.claim.ends_with("+ $7) ON CONFLICT (id) DO NOTHING RETURNING owner"));
+        assert!(d.record.contains("WHERE id = $4 AND owner = $5"));
+        assert!(!d.read_locked.contains('?'));
+    }
+
+    #[test]
+    fn every_statement_reads_the_database_clock() {
+        for backend in [DbBackend::Postgres, DbBackend::MySql, DbBackend::Sqlite] {
+            let d = Dialect::of(backend);
+            for sql in [&d.claim, &d.read_locked, &d.take_over, &d.record, &d.purge] {
+                assert!(sql.contains(d.now), "{backend:?}: {sql}");
+            }
+        }
+    }
+}

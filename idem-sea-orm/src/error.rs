@@ -1,0 +1,71 @@
+//! Classifies database errors into idem errors, without leaking SQL text.
+
+use std::ops::Deref;
+
+use idem_core::Error;
+use sea_orm::{DbErr, RuntimeErr};
+
+/// What kind of failure a database error is, as far as the ledger cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// The ledger table does not exist.
+    MissingTable,
+    /// A lock wait gave up (PostgreSQL 55P03, MySQL 1205): another transaction holds the key.
+    LockTimeout,
+    /// A serialization failure, deadlock or busy database: retrying may succeed.
+    Transient,
+    /// Anything else.
+    Other,
+}
+
+fn database_code(e: &DbErr) -> Option<(String, Option<u16>)> {
+    let (DbErr::Exec(RuntimeErr::SqlxError(err)) | DbErr::Query(RuntimeErr::SqlxError(err))) = e
+    else {
+        return None;
+    };
+    let sea_orm::sqlx::Error::Database(db) = err.deref() else {
+        return None;
+    };
+    let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+    #[cfg(feature = "mysql")]
+    if let Some(my) = db.try_downcast_ref::<sea_orm::sqlx::mysql::MySqlDatabaseError>() {
+        return Some((code, Some(my.number())));
+    }
+    Some((code, None))
+}
+
+pub(crate) fn classify(e: &DbErr) -> Failure {
+    if let Some((code, number)) = database_code(e) {
+        match (code.as_str(), number) {
+            ("42P01", _) | (_, Some(1146)) => return Failure::MissingTable,
+            ("55P03", _) | (_, Some(1205)) => return Failure::LockTimeout,
+            ("40001" | "40P01", _) | (_, Some(1213)) => return Failure::Transient,
+            // SQLite: SQLITE_BUSY and SQLITE_LOCKED, with their extended codes.
+            ("5" | "6" | "261" | "262" | "517", None) => return Failure::Transient,
+            _ => {}
+        }
+    }
+    if e.to_string().contains("no such table: idem_ledger") {
+        return Failure::MissingTable;
+    }
+    Failure::Other
+}
+
+/// Converts a database error met while `doing` something into [`Error::Store`].
+pub(crate) fn store_error(doing: &str, e: DbErr) -> Error {
+    let message = match classify(&e) {
+        Failure::MissingTable => {
+            return Error::Store {
+                message: "the ledger table `idem_ledger` is missing: call \
+                          `idem::sea_orm::create_tables(&db)` at startup, or add \
+                          `idem::sea_orm::Migration` to your sea-orm-migration Migrator"
+                    .to_owned(),
+                source: Some(Box::new(e)),
+            };
+        }
+        Failure::Transient => format!("transient database conflict while {doing}; retry"),
+        Failure::LockTimeout => format!("lock wait timed out while {doing}"),
+        Failure::Other => format!("database error while {doing}"),
+    };
+    Error::store(message, e)
+}

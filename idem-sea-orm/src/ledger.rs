@@ -1,0 +1,37 @@
+//! The ledger table as a SeaORM entity, for inspection, admin tools and tests. The store
+//! itself runs hand-written SQL (see the crate docs).
+
+use sea_orm::entity::prelude::*;
+
+/// One record: a claimed, completed or failed `(scope, principal, key)`.
+#[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+#[sea_orm(table_name = "idem_ledger")]
+pub struct Model {
+    /// SHA-256 over scope, principal and key (length-prefixed).
+    #[sea_orm(primary_key, auto_increment = false)]
+    pub id: Vec<u8>,
+    /// The handler's scope, e.g. `orders.pay`.
+    pub scope: String,
+    /// The principal, or an empty string.
+    pub principal: String,
+    /// The idempotency key.
+    pub idem_key: String,
+    /// Random token of the attempt that wrote the record.
+    pub owner: i64,
+    /// SHA-256 fingerprint of the arguments.
+    pub fingerprint: Vec<u8>,
+    /// 0 pending, 1 completed, 2 failed (final error); see `idem::RecordStatus`.
+    pub state: i16,
+    /// The recorded value or error, as JSON bytes.
+    pub response: Option<Vec<u8>>,
+    /// Database time of the claim, epoch milliseconds.
+    pub created_at_ms: i64,
+    /// Database time after which the record is expired, epoch milliseconds.
+    pub expires_at_ms: i64,
+}
+
+/// The ledger has no relations.
+#[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+pub enum Relation {}
+
+impl ActiveModelBehavior for ActiveModel {}

@@ -1,0 +1,101 @@
+//! The SeaORM ledger store of [`idem`](https://docs.rs/idem).
+//!
+//! - [`create_tables`] creates the ledger (or use [`Migration`] in your own Migrator, with the
+//!   `migration` feature);
+//! - [`SeaOrmStore`] claims keys, records results and releases keys, in the same
+//!   transaction as the handler's own writes;
+//! - [`purge_expired`] deletes expired records in bounded batches;
+//! - [`ledger`] is the ledger's SeaORM entity, for inspection and admin tools.
+//!
+//! The claim, per backend (every statement is in one place, `dialect.rs`):
+//! - **PostgreSQL**: `INSERT … ON CONFLICT DO NOTHING RETURNING` at READ COMMITTED; when the
+//!   key exists, `SELECT … FOR UPDATE` waits for its owner and reads the committed record.
+//! - **MySQL / MariaDB**: `INSERT … ON DUPLICATE KEY UPDATE id = id`, then `SELECT … FOR
+//!   UPDATE` and an owner-token comparison (the affected-row count cannot be trusted: sqlx
+//!   sets `CLIENT_FOUND_ROWS`).
+//! - **SQLite**: `BEGIN IMMEDIATE` takes the write lock, then the PostgreSQL statements.
+//!
+//! Expiry is always computed on the database's clock, never the application's.
+
+mod dialect;
+mod error;
+mod store;
+
+pub mod ledger;
+#[cfg(feature = "migration")]
+mod migration;
+
+pub use dialect::LEDGER_TABLE;
+#[cfg(feature = "migration")]
+pub use migration::Migration;
+pub use store::SeaOrmStore;
+
+pub use sea_orm;
+
+use idem_core::Error;
+use sea_orm::{ConnectionTrait, Statement};
+
+use crate::dialect::Dialect;
+use crate::error::store_error;
+
+/// Creates the ledger table and its index if they do not exist. Call it once at startup (or
+/// use [`Migration`]).
+///
+/// ```
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let db = sea_orm::Database::connect("sqlite::memory:").await?;
+/// idem_sea_orm::create_tables(&db).await?;
+/// # Ok(()) }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(run()).unwrap();
+/// ```
+pub async fn create_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
+    for sql in Dialect::of(db.get_database_backend()).create {
+        db.execute_unprepared(sql)
+            .await
+            .map_err(|e| store_error("creating the ledger table", e))?;
+    }
+    Ok(())
+}
+
+/// Deletes up to `batch` expired records in one statement and returns how many it deleted.
+/// PostgreSQL skips rows a claim holds locked.
+pub async fn purge_expired_batch<C: ConnectionTrait>(db: &C, batch: u32) -> Result<u64, Error> {
+    let d = Dialect::of(db.get_database_backend());
+    db.execute_raw(Statement::from_sql_and_values(
+        d.backend,
+        &d.purge,
+        [i64::from(batch).into()],
+    ))
+    .await
+    .map(|r| r.rows_affected())
+    .map_err(|e| store_error("purging expired records", e))
+}
+
+/// Deletes every expired record, `batch` rows per statement (each its own short
+/// transaction, so claims are never blocked for long), and returns how many it deleted.
+pub async fn purge_expired<C: ConnectionTrait>(db: &C, batch: u32) -> Result<u64, Error> {
+    let batch = batch.max(1);
+    let mut total = 0;
+    loop {
+        let deleted = purge_expired_batch(db, batch).await?;
+        total += deleted;
+        if deleted < u64::from(batch) {
+            return Ok(total);
+        }
+    }
+}
+
+/// The database's clock, in milliseconds since the Unix epoch (what expiry is measured on).
+pub async fn database_now_ms<C: ConnectionTrait>(db: &C) -> Result<i64, Error> {
+    let d = Dialect::of(db.get_database_backend());
+    let row = db
+        .query_one_raw(Statement::from_string(d.backend, d.select_now.clone()))
+        .await
+        .map_err(|e| store_error("reading the database clock", e))?;
+    row.ok_or_else(|| Error::Store {
+        message: "the database clock query returned no row".to_owned(),
+        source: None,
+    })?
+    .try_get_by_index::<i64>(0)
+    .map_err(|e| store_error("reading the database clock", e))
+}

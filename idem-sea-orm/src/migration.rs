@@ -1,0 +1,41 @@
+//! The ledger as a `sea-orm-migration` migration.
+
+use sea_orm_migration::{MigrationName, MigrationTrait, SchemaManager, async_trait};
+use sea_orm::{ConnectionTrait, DbErr};
+
+use crate::dialect::Dialect;
+
+/// Creates the ledger table; add it to your Migrator's list:
+///
+/// ```ignore
+/// fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+///     vec![Box::new(idem::sea_orm::Migration), Box::new(m20260101_create_orders::Migration)]
+/// }
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Migration;
+
+impl MigrationName for Migration {
+    fn name(&self) -> &str {
+        "m20261122_000001_create_idem_ledger"
+    }
+}
+
+#[async_trait::async_trait]
+impl MigrationTrait for Migration {
+    async fn up(&self, manager: &SchemaManager<'_>) -> Result<(), DbErr> {
+        let db = manager.get_connection();
+        for sql in Dialect::of(db.get_database_backend()).create {
+            db.execute_unprepared(sql).await?;
+        }
+        Ok(())
+    }
+
+    async fn down(&self, manager: &SchemaManager<'_>) -> Result<(), DbErr> {
+        manager
+            .get_connection()
+            .execute_unprepared("DROP TABLE IF EXISTS idem_ledger")
+            .await
+            .map(drop)
+    }
+}
