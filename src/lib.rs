@@ -1,1 +1,158 @@
-//! idem
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+/// Makes an `async fn` safe to retry.
+///
+/// ```text
+/// #[idempotent(
+///     scope = "orders.pay",            // required: names the operation; stable across refactors
+///     key = cmd.idempotency_key,       // required: expression over the arguments (a `KeySource`)
+///     principal = cmd.customer_id,     // optional: tenant/user/client; keys never cross principals
+///     skip(clock, now),                // optional: parameters left out of the fingerprint
+///     ttl = "24h",                     // optional: how long results are kept (database clock)
+///     on_concurrent = wait,            // optional: `wait` (default, bounded at 5 s) or `reject`
+///     conn = self.db as db,            // optional: where the connection comes from
+///     crate = "::my_app::idem",        // optional: path to this crate for re-exporters
+/// )]
+/// ```
+///
+/// # The connection and the transaction
+///
+/// The first parameter is the connection (`db: &DatabaseConnection`), unless `conn` names
+/// another parameter (`conn = db`) or an expression with the name the body uses
+/// (`conn = self.db as db`). **Inside the body that name is the claim's transaction**
+/// (`&DatabaseTransaction`): the body's reads and writes, the claim and the recorded result
+/// commit together. Do not reach the pool any other way inside the body (SQLite's default
+/// pool has one connection, and the body would wait for itself).
+///
+/// # What a call does
+///
+/// 1. validates the key (and principal): `Error::InvalidKey` / `Error::MissingKey` before any
+///    database work;
+/// 2. fingerprints the scope and every argument except the connection, `self` and `skip(..)`
+///    (canonical SHA-256; arguments must implement `serde::Serialize`);
+/// 3. claims `(scope, principal, key)` in a new transaction. A live record with another
+///    fingerprint is `Error::KeyReused`; a live record with the same fingerprint is replayed
+///    without running the body; a concurrent duplicate waits for the first call (or fails
+///    with `Error::InFlight` under `on_concurrent = reject`);
+/// 4. runs the body in that transaction;
+/// 5. `Ok(v)`: records `v` (serde JSON) and commits. `Err(e)`: rolls back, so a retry runs
+///    again, unless `E` implements [`FinalError`] and `e.is_final()`: then the body's writes
+///    roll back and the error is recorded and replayed.
+///
+/// Dropping the future (timeout, client gone) rolls the transaction back: nothing is left
+/// claimed. Use [`with_outcome`] to tell an execution from a replay.
+///
+/// # Requirements, checked at compile time
+///
+/// - an `async fn` returning `Result<T, E>` with `T: Serialize + DeserializeOwned` and
+///   `E: From<idem::Error>`;
+/// - fingerprinted arguments implement `Serialize`; the key expression is a [`KeySource`].
+///
+/// ```
+/// use idem::idempotent;
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize)]
+/// struct Greet { request_id: String, name: String }
+///
+/// #[idempotent(scope = "greet", key = cmd.request_id)]
+/// async fn greet(store: &idem::MemoryStore, cmd: Greet) -> Result<String, idem::Error> {
+///     Ok(format!("hello, {}", cmd.name))
+/// }
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let store = idem::MemoryStore::new();
+/// let first = greet(&store, Greet { request_id: "r-1".into(), name: "ada".into() }).await;
+/// let again = greet(&store, Greet { request_id: "r-1".into(), name: "ada".into() }).await;
+/// assert_eq!(first.unwrap(), again.unwrap());
+/// let other = greet(&store, Greet { request_id: "r-1".into(), name: "bob".into() }).await;
+/// assert_eq!(other.unwrap_err().kind(), idem::ErrorKind::KeyReused);
+/// # });
+/// ```
+pub use idem_macros::idempotent;
+
+pub use idem_core::{
+    BoxError, Error, ErrorKind, FinalError, Fingerprint, Fingerprinter, Key, KeyProblem,
+    KeySource, MAX_KEY_LEN, MemoryStore, MemoryTx, Outcome, Result, Store, with_outcome,
+};
+
+/// Building blocks for custom stores and wrappers: the store contract and the engine.
+pub mod store {
+    pub use idem_core::engine::record_id;
+    pub use idem_core::{Claim, ClaimRequest, Concurrency, RecordStatus, Recorded, Store};
+}
+
+/// The SeaORM ledger store: schema, migration, purge.
+#[cfg(feature = "sea-orm")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sea-orm")))]
+pub mod sea_orm {
+    #[cfg(feature = "migration")]
+    pub use idem_sea_orm::Migration;
+    pub use idem_sea_orm::{
+        LEDGER_TABLE, SeaOrmStore, create_tables, database_now_ms, ledger, purge_expired,
+        purge_expired_batch,
+    };
+}
+
+/// What `#[idempotent]` expands to. Not public API: it changes without notice.
+#[doc(hidden)]
+pub mod __private {
+    pub use core::time::Duration;
+    pub use idem_core::Concurrency;
+    pub use idem_core::engine::{
+        Call, FinalProbe, Guard, HandlerOutput, Site, ViaFinal, ViaPlain,
+    };
+
+    use idem_core::{Error, Key, KeySource, Store};
+
+    /// Validates the key (or principal) expression's value.
+    pub fn key<K: KeySource + ?Sized>(source: &K) -> Result<Key, Error> {
+        source.to_key()
+    }
+
+    /// Something `#[idempotent]` can claim keys on.
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` is not a connection `#[idempotent]` can claim keys on",
+        label = "expected the connection here",
+        note = "the first parameter of an `#[idempotent]` fn is its connection (`db: &sea_orm::DatabaseConnection`); put it first, or name it with `conn = <param>` or `conn = self.db as db`"
+    )]
+    pub trait Connection {
+        /// The store over this connection.
+        type Store<'a>: Store
+        where
+            Self: 'a;
+        /// Borrows the store.
+        fn store(&self) -> Self::Store<'_>;
+    }
+
+    impl<C: Connection + ?Sized> Connection for &C {
+        type Store<'a>
+            = C::Store<'a>
+        where
+            Self: 'a;
+        fn store(&self) -> Self::Store<'_> {
+            (**self).store()
+        }
+    }
+
+    impl Connection for idem_core::MemoryStore {
+        type Store<'a> = &'a idem_core::MemoryStore;
+        fn store(&self) -> Self::Store<'_> {
+            self
+        }
+    }
+
+    #[cfg(feature = "sea-orm")]
+    impl Connection for idem_sea_orm::sea_orm::DatabaseConnection {
+        type Store<'a> = idem_sea_orm::SeaOrmStore<'a>;
+        fn store(&self) -> Self::Store<'_> {
+            idem_sea_orm::SeaOrmStore::new(self)
+        }
+    }
+
+    /// The store behind a connection expression.
+    pub fn store<C: Connection + ?Sized>(connection: &C) -> C::Store<'_> {
+        connection.store()
+    }
+}

@@ -1,0 +1,473 @@
+//! Atomic-mode semantics (DESIGN §2), on every backend of the run: each test counts the
+//! handler's effects in the database.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{backends, effects, insert_effect, ledger_rows, unique};
+use idem::{ErrorKind, FinalError, Outcome, idempotent, with_outcome};
+use sea_orm::DatabaseConnection;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Pay {
+    key: String,
+    run: String,
+    amount: i64,
+}
+
+impl Pay {
+    fn new(run: &str, amount: i64) -> Self {
+        Self {
+            key: format!("{run}-key"),
+            run: run.to_owned(),
+            amount,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Receipt {
+    amount: i64,
+    /// Differs between executions, so a replay is told from a second execution.
+    execution: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum PayError {
+    /// idem's own errors are never recorded, so they need not serialise.
+    #[serde(skip)]
+    Idem(idem::Error),
+    Declined {
+        reason: String,
+    },
+    Flaky,
+}
+
+impl From<idem::Error> for PayError {
+    fn from(e: idem::Error) -> Self {
+        Self::Idem(e)
+    }
+}
+
+impl FinalError for PayError {
+    fn is_final(&self) -> bool {
+        matches!(self, Self::Declined { .. })
+    }
+}
+
+impl PayError {
+    fn kind(&self) -> Option<ErrorKind> {
+        match self {
+            Self::Idem(e) => Some(e.kind()),
+            _ => None,
+        }
+    }
+}
+
+#[idempotent(scope = "test.pay", key = cmd.key)]
+async fn pay(db: &DatabaseConnection, cmd: Pay) -> Result<Receipt, PayError> {
+    insert_effect(db, &cmd.run, "pay", cmd.amount).await;
+    Ok(Receipt {
+        amount: cmd.amount,
+        execution: unique("exec"),
+    })
+}
+
+#[tokio::test]
+async fn first_call_executes_and_a_retry_replays() {
+    for b in backends().await {
+        let run = unique("replay");
+        let (first, first_outcome) = with_outcome(pay(&b.db, Pay::new(&run, 1200))).await;
+        let (again, again_outcome) = with_outcome(pay(&b.db, Pay::new(&run, 1200))).await;
+        let first = first.expect("first call");
+        assert_eq!(first, again.expect("retry"), "{}", b.name);
+        assert_eq!(first_outcome, Some(Outcome::Executed), "{}", b.name);
+        assert_eq!(again_outcome, Some(Outcome::Replayed), "{}", b.name);
+        assert_eq!(effects(&b.db, &run).await, 1, "{}: body ran once", b.name);
+        assert_eq!(ledger_rows(&b.db, &format!("{run}-key")).await, 1);
+    }
+}
+
+#[tokio::test]
+async fn same_key_with_other_arguments_is_key_reused() {
+    for b in backends().await {
+        let run = unique("reused");
+        let first = pay(&b.db, Pay::new(&run, 1200)).await.expect("first");
+        let other = pay(&b.db, Pay::new(&run, 9900)).await.unwrap_err();
+        assert_eq!(other.kind(), Some(ErrorKind::KeyReused), "{}", b.name);
+        // The recorded result is untouched.
+        let again = pay(&b.db, Pay::new(&run, 1200)).await.expect("replay");
+        assert_eq!(first, again, "{}", b.name);
+        assert_eq!(effects(&b.db, &run).await, 1, "{}", b.name);
+    }
+}
+
+macro_rules! empty_value_handler {
+    ($name:ident, $ty:ty, $value:expr) => {
+        #[idempotent(scope = "test.empty", key = key, skip(runs))]
+        async fn $name(
+            db: &DatabaseConnection,
+            key: String,
+            runs: &AtomicUsize,
+        ) -> Result<$ty, idem::Error> {
+            let _ = db;
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok($value)
+        }
+    };
+}
+empty_value_handler!(unit_value, (), ());
+empty_value_handler!(none_value, Option<u32>, None);
+empty_value_handler!(zero_value, u64, 0);
+empty_value_handler!(empty_vec, Vec<String>, Vec::new());
+empty_value_handler!(empty_string, String, String::new());
+
+#[tokio::test]
+async fn empty_values_are_recorded_and_replayed() {
+    for b in backends().await {
+        let runs = AtomicUsize::new(0);
+        let run = unique("empty");
+        for round in 0..2 {
+            unit_value(&b.db, format!("{run}-unit"), &runs).await.expect("unit");
+            assert_eq!(none_value(&b.db, format!("{run}-none"), &runs).await.expect("none"), None);
+            assert_eq!(zero_value(&b.db, format!("{run}-zero"), &runs).await.expect("zero"), 0);
+            assert!(empty_vec(&b.db, format!("{run}-vec"), &runs).await.expect("vec").is_empty());
+            assert_eq!(empty_string(&b.db, format!("{run}-str"), &runs).await.expect("str"), "");
+            assert_eq!(runs.load(Ordering::SeqCst), 5, "{} round {round}: bodies ran once", b.name);
+        }
+    }
+}
+
+#[idempotent(scope = "test.flaky", key = cmd.key, skip(fail))]
+async fn flaky_pay(db: &DatabaseConnection, cmd: Pay, fail: bool) -> Result<Receipt, PayError> {
+    insert_effect(db, &cmd.run, "flaky", cmd.amount).await;
+    if fail {
+        return Err(PayError::Flaky);
+    }
+    Ok(Receipt {
+        amount: cmd.amount,
+        execution: unique("exec"),
+    })
+}
+
+#[tokio::test]
+async fn a_transient_error_releases_the_key_and_rolls_back() {
+    for b in backends().await {
+        let run = unique("flaky");
+        let failed = flaky_pay(&b.db, Pay::new(&run, 5), true).await;
+        assert!(matches!(failed, Err(PayError::Flaky)), "{}", b.name);
+        assert_eq!(effects(&b.db, &run).await, 0, "{}: write rolled back", b.name);
+        assert_eq!(ledger_rows(&b.db, &format!("{run}-key")).await, 0, "{}: key free", b.name);
+        let retried = flaky_pay(&b.db, Pay::new(&run, 5), false).await;
+        assert!(retried.is_ok(), "{}", b.name);
+        assert_eq!(effects(&b.db, &run).await, 1, "{}", b.name);
+    }
+}
+
+#[idempotent(scope = "test.declined", key = cmd.key, skip(runs))]
+async fn declined_pay(
+    db: &DatabaseConnection,
+    cmd: Pay,
+    runs: &AtomicUsize,
+) -> Result<Receipt, PayError> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    insert_effect(db, &cmd.run, "declined", cmd.amount).await;
+    Err(PayError::Declined {
+        reason: format!("card declined for {}", cmd.amount),
+    })
+}
+
+#[tokio::test]
+async fn a_final_error_is_recorded_and_replayed() {
+    for b in backends().await {
+        let run = unique("declined");
+        let runs = AtomicUsize::new(0);
+        let (first, outcome) = with_outcome(declined_pay(&b.db, Pay::new(&run, 7), &runs)).await;
+        assert!(matches!(&first, Err(PayError::Declined { reason }) if reason == "card declined for 7"));
+        assert_eq!(outcome, Some(Outcome::Executed));
+        let (again, outcome) = with_outcome(declined_pay(&b.db, Pay::new(&run, 7), &runs)).await;
+        assert!(matches!(&again, Err(PayError::Declined { reason }) if reason == "card declined for 7"), "{}: {again:?}", b.name);
+        assert_eq!(outcome, Some(Outcome::Replayed), "{}", b.name);
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{}: replayed without running", b.name);
+        assert_eq!(effects(&b.db, &run).await, 0, "{}: the body's write rolled back", b.name);
+        assert_eq!(ledger_rows(&b.db, &format!("{run}-key")).await, 1, "{}: error recorded", b.name);
+    }
+}
+
+#[idempotent(scope = "test.slow", key = cmd.key, skip(pause))]
+async fn slow_pay(
+    db: &DatabaseConnection,
+    cmd: Pay,
+    pause: Duration,
+) -> Result<Receipt, PayError> {
+    insert_effect(db, &cmd.run, "slow", cmd.amount).await;
+    tokio::time::sleep(pause).await;
+    Ok(Receipt {
+        amount: cmd.amount,
+        execution: unique("exec"),
+    })
+}
+
+#[tokio::test]
+async fn a_dropped_call_leaves_nothing_behind() {
+    for b in backends().await {
+        let run = unique("dropped");
+        let cancelled = tokio::time::timeout(
+            Duration::from_millis(300),
+            slow_pay(&b.db, Pay::new(&run, 3), Duration::from_secs(30)),
+        )
+        .await;
+        assert!(cancelled.is_err(), "{}: the call was cut off", b.name);
+        let retried = slow_pay(&b.db, Pay::new(&run, 3), Duration::ZERO).await;
+        assert!(retried.is_ok(), "{}: {retried:?}", b.name);
+        assert_eq!(effects(&b.db, &run).await, 1, "{}: exactly one effect", b.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_duplicates_execute_once_and_agree() {
+    for b in backends().await {
+        let run = unique("storm");
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..64 {
+            let db = b.db.clone();
+            let cmd = Pay::new(&run, 640);
+            tasks.spawn(async move { pay(&db, cmd).await });
+        }
+        let answers: Vec<Receipt> = tasks
+            .join_all()
+            .await
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|e| panic!("{}: {e:?}", b.name)))
+            .collect();
+        assert_eq!(answers.len(), 64);
+        assert!(answers.iter().all(|a| a == &answers[0]), "{}: 64 identical answers", b.name);
+        assert_eq!(effects(&b.db, &run).await, 1, "{}: exactly one effect", b.name);
+    }
+}
+
+#[idempotent(scope = "test.reject", key = cmd.key, on_concurrent = reject, skip(entered, release))]
+async fn held_pay(
+    db: &DatabaseConnection,
+    cmd: Pay,
+    entered: Arc<tokio::sync::Notify>,
+    release: Arc<tokio::sync::Notify>,
+) -> Result<Receipt, PayError> {
+    insert_effect(db, &cmd.run, "held", cmd.amount).await;
+    entered.notify_one();
+    release.notified().await;
+    Ok(Receipt {
+        amount: cmd.amount,
+        execution: unique("exec"),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reject_fails_fast_while_the_first_call_runs() {
+    for b in backends().await {
+        let run = unique("reject");
+        let (entered, release) = (Arc::new(tokio::sync::Notify::new()), Arc::new(tokio::sync::Notify::new()));
+        let first = {
+            let (db, cmd, entered, release) = (b.db.clone(), Pay::new(&run, 1), entered.clone(), release.clone());
+            tokio::spawn(async move { held_pay(&db, cmd, entered, release).await })
+        };
+        entered.notified().await;
+        let started = Instant::now();
+        let duplicate = {
+            let (db, cmd) = (b.db.clone(), Pay::new(&run, 1));
+            let (e, r) = (Arc::new(tokio::sync::Notify::new()), Arc::new(tokio::sync::Notify::new()));
+            tokio::spawn(async move { held_pay(&db, cmd, e, r).await })
+        };
+        if b.name == "sqlite" {
+            // SQLite serialises writers: the duplicate waits for the first call, then replays.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert!(!duplicate.is_finished(), "sqlite: the duplicate waits");
+            release.notify_one();
+            let first = first.await.expect("join").expect("first");
+            let second = duplicate.await.expect("join").expect("replay");
+            assert_eq!(first, second);
+        } else {
+            let second = duplicate.await.expect("join");
+            let elapsed = started.elapsed();
+            assert_eq!(second.unwrap_err().kind(), Some(ErrorKind::InFlight), "{}", b.name);
+            assert!(elapsed < Duration::from_secs(2), "{}: rejected in {elapsed:?}", b.name);
+            release.notify_one();
+            first.await.expect("join").expect("first");
+        }
+        assert_eq!(effects(&b.db, &run).await, 1, "{}", b.name);
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct TenantPay {
+    tenant: String,
+    key: String,
+    run: String,
+}
+
+#[idempotent(scope = "test.tenant", key = cmd.key, principal = cmd.tenant, skip(cmd))]
+async fn tenant_pay(db: &DatabaseConnection, cmd: TenantPay) -> Result<String, idem::Error> {
+    insert_effect(db, &cmd.run, &cmd.tenant, 1).await;
+    Ok(format!("{} paid", cmd.tenant))
+}
+
+#[idempotent(scope = "test.other-scope", key = cmd.key)]
+async fn other_scope_pay(db: &DatabaseConnection, cmd: Pay) -> Result<Receipt, PayError> {
+    insert_effect(db, &cmd.run, "other", cmd.amount).await;
+    Ok(Receipt {
+        amount: cmd.amount,
+        execution: unique("exec"),
+    })
+}
+
+#[tokio::test]
+async fn principals_and_scopes_never_share_records() {
+    for b in backends().await {
+        let run = unique("isolation");
+        let key = format!("{run}-shared");
+        let call = |tenant: &str| TenantPay {
+            tenant: tenant.to_owned(),
+            key: key.clone(),
+            run: run.clone(),
+        };
+        assert_eq!(tenant_pay(&b.db, call("acme")).await.expect("acme"), "acme paid");
+        assert_eq!(tenant_pay(&b.db, call("globex")).await.expect("globex"), "globex paid");
+        assert_eq!(tenant_pay(&b.db, call("acme")).await.expect("acme replay"), "acme paid");
+        assert_eq!(effects(&b.db, &run).await, 2, "{}: one execution per principal", b.name);
+
+        let scoped = unique("scopes");
+        let a = pay(&b.db, Pay::new(&scoped, 1)).await.expect("pay");
+        let o = other_scope_pay(&b.db, Pay::new(&scoped, 1)).await.expect("other scope");
+        assert_ne!(a, o, "{}: another scope executes anew", b.name);
+        assert_eq!(effects(&b.db, &scoped).await, 2, "{}", b.name);
+    }
+}
+
+#[tokio::test]
+async fn bad_keys_fail_before_any_database_work() {
+    // No ledger table at all: any database work would be a store error instead.
+    let db = sea_orm::Database::connect("sqlite::memory:").await.expect("db");
+    let long = "k".repeat(256);
+    for (key, expected) in [
+        ("", ErrorKind::InvalidKey),
+        (long.as_str(), ErrorKind::InvalidKey),
+        ("line\nbreak", ErrorKind::InvalidKey),
+        ("nul\0", ErrorKind::InvalidKey),
+    ] {
+        let cmd = Pay {
+            key: key.to_owned(),
+            run: unique("badkey"),
+            amount: 1,
+        };
+        assert_eq!(pay(&db, cmd).await.unwrap_err().kind(), Some(expected), "{key:?}");
+    }
+}
+
+#[idempotent(scope = "test.optional", key = key)]
+async fn optional_key(db: &DatabaseConnection, key: Option<String>) -> Result<u8, idem::Error> {
+    let _ = db;
+    Ok(1)
+}
+
+#[tokio::test]
+async fn an_absent_optional_key_is_missing_key() {
+    let db = common::sqlite().await;
+    assert_eq!(optional_key(&db, None).await.unwrap_err().kind(), ErrorKind::MissingKey);
+    assert_eq!(optional_key(&db, Some(unique("k"))).await.expect("present"), 1);
+}
+
+#[tokio::test]
+async fn a_missing_ledger_table_names_the_fix() {
+    let db = sea_orm::Database::connect("sqlite::memory:").await.expect("db");
+    let err = pay(&db, Pay::new(&unique("noledger"), 1)).await.unwrap_err();
+    let PayError::Idem(err) = err else { panic!("expected an idem error") };
+    assert_eq!(err.kind(), ErrorKind::Store);
+    assert!(err.to_string().contains("create_tables"), "{err}");
+}
+
+#[idempotent(scope = "test.decode", key = key)]
+async fn decode_v1(db: &DatabaseConnection, key: String) -> Result<String, idem::Error> {
+    let _ = db;
+    Ok("version one".to_owned())
+}
+
+#[idempotent(scope = "test.decode", key = key)]
+async fn decode_v2(db: &DatabaseConnection, key: String) -> Result<u64, idem::Error> {
+    let _ = db;
+    Ok(2)
+}
+
+#[tokio::test]
+async fn a_record_that_no_longer_decodes_is_a_decode_error() {
+    for b in backends().await {
+        let key = unique("decode");
+        decode_v1(&b.db, key.clone()).await.expect("v1");
+        let err = decode_v2(&b.db, key.clone()).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Decode, "{}", b.name);
+        let message = err.to_string();
+        assert!(message.contains("test.decode") && message.contains(&key), "{message}");
+    }
+}
+
+#[idempotent(scope = "test.expiry", key = cmd.key, ttl = "1s")]
+async fn short_lived(db: &DatabaseConnection, cmd: Pay) -> Result<Receipt, PayError> {
+    insert_effect(db, &cmd.run, "short", cmd.amount).await;
+    Ok(Receipt {
+        amount: cmd.amount,
+        execution: unique("exec"),
+    })
+}
+
+#[tokio::test]
+async fn an_expired_key_executes_anew_and_purge_removes_it() {
+    for b in backends().await {
+        let run = unique("expiry");
+        let first = short_lived(&b.db, Pay::new(&run, 1)).await.expect("first");
+        let replay = short_lived(&b.db, Pay::new(&run, 1)).await.expect("replay");
+        assert_eq!(first, replay, "{}", b.name);
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        let later = short_lived(&b.db, Pay::new(&run, 1)).await.expect("after expiry");
+        assert_ne!(first, later, "{}: executed anew", b.name);
+        assert_eq!(effects(&b.db, &run).await, 2, "{}", b.name);
+
+        // Expire it again, keep a live record beside it, and purge.
+        let live = unique("live");
+        pay(&b.db, Pay::new(&live, 1)).await.expect("live");
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        let deleted = idem::sea_orm::purge_expired(&b.db, 2).await.expect("purge");
+        assert!(deleted >= 1, "{}", b.name);
+        assert_eq!(ledger_rows(&b.db, &format!("{run}-key")).await, 0, "{}", b.name);
+        assert_eq!(ledger_rows(&b.db, &format!("{live}-key")).await, 1, "{}", b.name);
+    }
+}
+
+struct Payments {
+    db: DatabaseConnection,
+}
+
+impl Payments {
+    #[idempotent(scope = "test.method", key = cmd.key, conn = self.db as db)]
+    async fn pay(&self, cmd: Pay) -> Result<Receipt, PayError> {
+        insert_effect(db, &cmd.run, "method", cmd.amount).await;
+        Ok(Receipt {
+            amount: cmd.amount,
+            execution: unique("exec"),
+        })
+    }
+}
+
+#[tokio::test]
+async fn methods_take_the_connection_from_self() {
+    for b in backends().await {
+        let service = Payments { db: b.db.clone() };
+        let run = unique("method");
+        let first = service.pay(Pay::new(&run, 4)).await.expect("first");
+        let again = service.pay(Pay::new(&run, 4)).await.expect("again");
+        assert_eq!(first, again);
+        assert_eq!(effects(&b.db, &run).await, 1, "{}", b.name);
+    }
+}
