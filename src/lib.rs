@@ -73,8 +73,8 @@
 pub use idem_macros::idempotent;
 
 pub use idem_core::{
-    BoxError, Error, ErrorKind, FinalError, Fingerprint, Fingerprinter, Key, KeyProblem,
-    KeySource, MAX_KEY_LEN, MemoryStore, MemoryTx, Outcome, Result, Store, with_outcome,
+    BoxError, Error, ErrorKind, FinalError, Fingerprint, Fingerprinter, Key, KeyProblem, KeySource,
+    MAX_KEY_LEN, MemoryStore, MemoryTx, Outcome, Result, Store, with_outcome,
 };
 
 /// Building blocks for custom stores and wrappers: the store contract and the engine.
@@ -100,9 +100,7 @@ pub mod sea_orm {
 pub mod __private {
     pub use core::time::Duration;
     pub use idem_core::Concurrency;
-    pub use idem_core::engine::{
-        Call, FinalProbe, Guard, HandlerOutput, Site, ViaFinal, ViaPlain,
-    };
+    pub use idem_core::engine::{Call, FinalProbe, Guard, HandlerOutput, Site, ViaFinal, ViaPlain};
 
     use idem_core::{Error, Key, KeySource, Store};
 

@@ -132,12 +132,39 @@ async fn empty_values_are_recorded_and_replayed() {
         let runs = AtomicUsize::new(0);
         let run = unique("empty");
         for round in 0..2 {
-            unit_value(&b.db, format!("{run}-unit"), &runs).await.expect("unit");
-            assert_eq!(none_value(&b.db, format!("{run}-none"), &runs).await.expect("none"), None);
-            assert_eq!(zero_value(&b.db, format!("{run}-zero"), &runs).await.expect("zero"), 0);
-            assert!(empty_vec(&b.db, format!("{run}-vec"), &runs).await.expect("vec").is_empty());
-            assert_eq!(empty_string(&b.db, format!("{run}-str"), &runs).await.expect("str"), "");
-            assert_eq!(runs.load(Ordering::SeqCst), 5, "{} round {round}: bodies ran once", b.name);
+            unit_value(&b.db, format!("{run}-unit"), &runs)
+                .await
+                .expect("unit");
+            assert_eq!(
+                none_value(&b.db, format!("{run}-none"), &runs)
+                    .await
+                    .expect("none"),
+                None
+            );
+            assert_eq!(
+                zero_value(&b.db, format!("{run}-zero"), &runs)
+                    .await
+                    .expect("zero"),
+                0
+            );
+            assert!(
+                empty_vec(&b.db, format!("{run}-vec"), &runs)
+                    .await
+                    .expect("vec")
+                    .is_empty()
+            );
+            assert_eq!(
+                empty_string(&b.db, format!("{run}-str"), &runs)
+                    .await
+                    .expect("str"),
+                ""
+            );
+            assert_eq!(
+                runs.load(Ordering::SeqCst),
+                5,
+                "{} round {round}: bodies ran once",
+                b.name
+            );
         }
     }
 }
@@ -160,8 +187,18 @@ async fn a_transient_error_releases_the_key_and_rolls_back() {
         let run = unique("flaky");
         let failed = flaky_pay(&b.db, Pay::new(&run, 5), true).await;
         assert!(matches!(failed, Err(PayError::Flaky)), "{}", b.name);
-        assert_eq!(effects(&b.db, &run).await, 0, "{}: write rolled back", b.name);
-        assert_eq!(ledger_rows(&b.db, &format!("{run}-key")).await, 0, "{}: key free", b.name);
+        assert_eq!(
+            effects(&b.db, &run).await,
+            0,
+            "{}: write rolled back",
+            b.name
+        );
+        assert_eq!(
+            ledger_rows(&b.db, &format!("{run}-key")).await,
+            0,
+            "{}: key free",
+            b.name
+        );
         let retried = flaky_pay(&b.db, Pay::new(&run, 5), false).await;
         assert!(retried.is_ok(), "{}", b.name);
         assert_eq!(effects(&b.db, &run).await, 1, "{}", b.name);
@@ -187,23 +224,40 @@ async fn a_final_error_is_recorded_and_replayed() {
         let run = unique("declined");
         let runs = AtomicUsize::new(0);
         let (first, outcome) = with_outcome(declined_pay(&b.db, Pay::new(&run, 7), &runs)).await;
-        assert!(matches!(&first, Err(PayError::Declined { reason }) if reason == "card declined for 7"));
+        assert!(
+            matches!(&first, Err(PayError::Declined { reason }) if reason == "card declined for 7")
+        );
         assert_eq!(outcome, Some(Outcome::Executed));
         let (again, outcome) = with_outcome(declined_pay(&b.db, Pay::new(&run, 7), &runs)).await;
-        assert!(matches!(&again, Err(PayError::Declined { reason }) if reason == "card declined for 7"), "{}: {again:?}", b.name);
+        assert!(
+            matches!(&again, Err(PayError::Declined { reason }) if reason == "card declined for 7"),
+            "{}: {again:?}",
+            b.name
+        );
         assert_eq!(outcome, Some(Outcome::Replayed), "{}", b.name);
-        assert_eq!(runs.load(Ordering::SeqCst), 1, "{}: replayed without running", b.name);
-        assert_eq!(effects(&b.db, &run).await, 0, "{}: the body's write rolled back", b.name);
-        assert_eq!(ledger_rows(&b.db, &format!("{run}-key")).await, 1, "{}: error recorded", b.name);
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "{}: replayed without running",
+            b.name
+        );
+        assert_eq!(
+            effects(&b.db, &run).await,
+            0,
+            "{}: the body's write rolled back",
+            b.name
+        );
+        assert_eq!(
+            ledger_rows(&b.db, &format!("{run}-key")).await,
+            1,
+            "{}: error recorded",
+            b.name
+        );
     }
 }
 
 #[idempotent(scope = "test.slow", key = cmd.key, skip(pause))]
-async fn slow_pay(
-    db: &DatabaseConnection,
-    cmd: Pay,
-    pause: Duration,
-) -> Result<Receipt, PayError> {
+async fn slow_pay(db: &DatabaseConnection, cmd: Pay, pause: Duration) -> Result<Receipt, PayError> {
     insert_effect(db, &cmd.run, "slow", cmd.amount).await;
     tokio::time::sleep(pause).await;
     Ok(Receipt {
@@ -224,7 +278,12 @@ async fn a_dropped_call_leaves_nothing_behind() {
         assert!(cancelled.is_err(), "{}: the call was cut off", b.name);
         let retried = slow_pay(&b.db, Pay::new(&run, 3), Duration::ZERO).await;
         assert!(retried.is_ok(), "{}: {retried:?}", b.name);
-        assert_eq!(effects(&b.db, &run).await, 1, "{}: exactly one effect", b.name);
+        assert_eq!(
+            effects(&b.db, &run).await,
+            1,
+            "{}: exactly one effect",
+            b.name
+        );
     }
 }
 
@@ -245,8 +304,17 @@ async fn concurrent_duplicates_execute_once_and_agree() {
             .map(|r| r.unwrap_or_else(|e| panic!("{}: {e:?}", b.name)))
             .collect();
         assert_eq!(answers.len(), 64);
-        assert!(answers.iter().all(|a| a == &answers[0]), "{}: 64 identical answers", b.name);
-        assert_eq!(effects(&b.db, &run).await, 1, "{}: exactly one effect", b.name);
+        assert!(
+            answers.iter().all(|a| a == &answers[0]),
+            "{}: 64 identical answers",
+            b.name
+        );
+        assert_eq!(
+            effects(&b.db, &run).await,
+            1,
+            "{}: exactly one effect",
+            b.name
+        );
     }
 }
 
@@ -270,16 +338,27 @@ async fn held_pay(
 async fn reject_fails_fast_while_the_first_call_runs() {
     for b in backends().await {
         let run = unique("reject");
-        let (entered, release) = (Arc::new(tokio::sync::Notify::new()), Arc::new(tokio::sync::Notify::new()));
+        let (entered, release) = (
+            Arc::new(tokio::sync::Notify::new()),
+            Arc::new(tokio::sync::Notify::new()),
+        );
         let first = {
-            let (db, cmd, entered, release) = (b.db.clone(), Pay::new(&run, 1), entered.clone(), release.clone());
+            let (db, cmd, entered, release) = (
+                b.db.clone(),
+                Pay::new(&run, 1),
+                entered.clone(),
+                release.clone(),
+            );
             tokio::spawn(async move { held_pay(&db, cmd, entered, release).await })
         };
         entered.notified().await;
         let started = Instant::now();
         let duplicate = {
             let (db, cmd) = (b.db.clone(), Pay::new(&run, 1));
-            let (e, r) = (Arc::new(tokio::sync::Notify::new()), Arc::new(tokio::sync::Notify::new()));
+            let (e, r) = (
+                Arc::new(tokio::sync::Notify::new()),
+                Arc::new(tokio::sync::Notify::new()),
+            );
             tokio::spawn(async move { held_pay(&db, cmd, e, r).await })
         };
         if b.name == "sqlite" {
@@ -293,8 +372,17 @@ async fn reject_fails_fast_while_the_first_call_runs() {
         } else {
             let second = duplicate.await.expect("join");
             let elapsed = started.elapsed();
-            assert_eq!(second.unwrap_err().kind(), Some(ErrorKind::InFlight), "{}", b.name);
-            assert!(elapsed < Duration::from_secs(2), "{}: rejected in {elapsed:?}", b.name);
+            assert_eq!(
+                second.unwrap_err().kind(),
+                Some(ErrorKind::InFlight),
+                "{}",
+                b.name
+            );
+            assert!(
+                elapsed < Duration::from_secs(2),
+                "{}: rejected in {elapsed:?}",
+                b.name
+            );
             release.notify_one();
             first.await.expect("join").expect("first");
         }
@@ -334,14 +422,30 @@ async fn principals_and_scopes_never_share_records() {
             key: key.clone(),
             run: run.clone(),
         };
-        assert_eq!(tenant_pay(&b.db, call("acme")).await.expect("acme"), "acme paid");
-        assert_eq!(tenant_pay(&b.db, call("globex")).await.expect("globex"), "globex paid");
-        assert_eq!(tenant_pay(&b.db, call("acme")).await.expect("acme replay"), "acme paid");
-        assert_eq!(effects(&b.db, &run).await, 2, "{}: one execution per principal", b.name);
+        assert_eq!(
+            tenant_pay(&b.db, call("acme")).await.expect("acme"),
+            "acme paid"
+        );
+        assert_eq!(
+            tenant_pay(&b.db, call("globex")).await.expect("globex"),
+            "globex paid"
+        );
+        assert_eq!(
+            tenant_pay(&b.db, call("acme")).await.expect("acme replay"),
+            "acme paid"
+        );
+        assert_eq!(
+            effects(&b.db, &run).await,
+            2,
+            "{}: one execution per principal",
+            b.name
+        );
 
         let scoped = unique("scopes");
         let a = pay(&b.db, Pay::new(&scoped, 1)).await.expect("pay");
-        let o = other_scope_pay(&b.db, Pay::new(&scoped, 1)).await.expect("other scope");
+        let o = other_scope_pay(&b.db, Pay::new(&scoped, 1))
+            .await
+            .expect("other scope");
         assert_ne!(a, o, "{}: another scope executes anew", b.name);
         assert_eq!(effects(&b.db, &scoped).await, 2, "{}", b.name);
     }
@@ -350,7 +454,9 @@ async fn principals_and_scopes_never_share_records() {
 #[tokio::test]
 async fn bad_keys_fail_before_any_database_work() {
     // No ledger table at all: any database work would be a store error instead.
-    let db = sea_orm::Database::connect("sqlite::memory:").await.expect("db");
+    let db = sea_orm::Database::connect("sqlite::memory:")
+        .await
+        .expect("db");
     let long = "k".repeat(256);
     for (key, expected) in [
         ("", ErrorKind::InvalidKey),
@@ -363,7 +469,11 @@ async fn bad_keys_fail_before_any_database_work() {
             run: unique("badkey"),
             amount: 1,
         };
-        assert_eq!(pay(&db, cmd).await.unwrap_err().kind(), Some(expected), "{key:?}");
+        assert_eq!(
+            pay(&db, cmd).await.unwrap_err().kind(),
+            Some(expected),
+            "{key:?}"
+        );
     }
 }
 
@@ -376,15 +486,27 @@ async fn optional_key(db: &DatabaseConnection, key: Option<String>) -> Result<u8
 #[tokio::test]
 async fn an_absent_optional_key_is_missing_key() {
     let db = common::sqlite().await;
-    assert_eq!(optional_key(&db, None).await.unwrap_err().kind(), ErrorKind::MissingKey);
-    assert_eq!(optional_key(&db, Some(unique("k"))).await.expect("present"), 1);
+    assert_eq!(
+        optional_key(&db, None).await.unwrap_err().kind(),
+        ErrorKind::MissingKey
+    );
+    assert_eq!(
+        optional_key(&db, Some(unique("k"))).await.expect("present"),
+        1
+    );
 }
 
 #[tokio::test]
 async fn a_missing_ledger_table_names_the_fix() {
-    let db = sea_orm::Database::connect("sqlite::memory:").await.expect("db");
-    let err = pay(&db, Pay::new(&unique("noledger"), 1)).await.unwrap_err();
-    let PayError::Idem(err) = err else { panic!("expected an idem error") };
+    let db = sea_orm::Database::connect("sqlite::memory:")
+        .await
+        .expect("db");
+    let err = pay(&db, Pay::new(&unique("noledger"), 1))
+        .await
+        .unwrap_err();
+    let PayError::Idem(err) = err else {
+        panic!("expected an idem error")
+    };
     assert_eq!(err.kind(), ErrorKind::Store);
     assert!(err.to_string().contains("create_tables"), "{err}");
 }
@@ -409,7 +531,10 @@ async fn a_record_that_no_longer_decodes_is_a_decode_error() {
         let err = decode_v2(&b.db, key.clone()).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Decode, "{}", b.name);
         let message = err.to_string();
-        assert!(message.contains("test.decode") && message.contains(&key), "{message}");
+        assert!(
+            message.contains("test.decode") && message.contains(&key),
+            "{message}"
+        );
     }
 }
 
@@ -430,7 +555,9 @@ async fn an_expired_key_executes_anew_and_purge_removes_it() {
         let replay = short_lived(&b.db, Pay::new(&run, 1)).await.expect("replay");
         assert_eq!(first, replay, "{}", b.name);
         tokio::time::sleep(Duration::from_millis(1300)).await;
-        let later = short_lived(&b.db, Pay::new(&run, 1)).await.expect("after expiry");
+        let later = short_lived(&b.db, Pay::new(&run, 1))
+            .await
+            .expect("after expiry");
         assert_ne!(first, later, "{}: executed anew", b.name);
         assert_eq!(effects(&b.db, &run).await, 2, "{}", b.name);
 
@@ -440,8 +567,18 @@ async fn an_expired_key_executes_anew_and_purge_removes_it() {
         tokio::time::sleep(Duration::from_millis(1300)).await;
         let deleted = idem::sea_orm::purge_expired(&b.db, 2).await.expect("purge");
         assert!(deleted >= 1, "{}", b.name);
-        assert_eq!(ledger_rows(&b.db, &format!("{run}-key")).await, 0, "{}", b.name);
-        assert_eq!(ledger_rows(&b.db, &format!("{live}-key")).await, 1, "{}", b.name);
+        assert_eq!(
+            ledger_rows(&b.db, &format!("{run}-key")).await,
+            0,
+            "{}",
+            b.name
+        );
+        assert_eq!(
+            ledger_rows(&b.db, &format!("{live}-key")).await,
+            1,
+            "{}",
+            b.name
+        );
     }
 }
 

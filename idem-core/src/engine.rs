@@ -374,7 +374,11 @@ where
             source: Box::new(source),
         };
         let (status, payload, answer) = match output.into_result() {
-            Ok(value) => (RecordStatus::Completed, serde_json::to_vec(&value), Ok(value)),
+            Ok(value) => (
+                RecordStatus::Completed,
+                serde_json::to_vec(&value),
+                Ok(value),
+            ),
             Err(error) if let Some(f) = finality.filter(|f| (f.is_final)(&error)) => {
                 (RecordStatus::Failed, (f.encode)(&error), Err(error))
             }

@@ -451,7 +451,7 @@ mod tests {
         f.finish()
     }
 
-    #[derive(Serialize)]
+    #[derive(serde::Serialize)]
     struct Pay {
         order: u64,
         amount: i32,

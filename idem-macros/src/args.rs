@@ -161,7 +161,10 @@ impl Parse for RawArgs {
                 "scope" => {
                     input.parse::<Token![=]>()?;
                     let lit: LitStr = input.parse().map_err(|e| {
-                        syn::Error::new(e.span(), "`scope` takes a string literal, e.g. `scope = \"orders.pay\"`")
+                        syn::Error::new(
+                            e.span(),
+                            "`scope` takes a string literal, e.g. `scope = \"orders.pay\"`",
+                        )
                     })?;
                     duplicate(scope.is_some(), &mut errors);
                     if let Err(e) = check_scope(&lit) {
@@ -172,7 +175,11 @@ impl Parse for RawArgs {
                 "key" | "principal" => {
                     input.parse::<Token![=]>()?;
                     let expr: Expr = input.parse()?;
-                    let slot = if label == "key" { &mut key } else { &mut principal };
+                    let slot = if label == "key" {
+                        &mut key
+                    } else {
+                        &mut principal
+                    };
                     duplicate(slot.is_some(), &mut errors);
                     *slot = Some(expr);
                 }
@@ -186,7 +193,10 @@ impl Parse for RawArgs {
                 "ttl" => {
                     input.parse::<Token![=]>()?;
                     let lit: LitStr = input.parse().map_err(|e| {
-                        syn::Error::new(e.span(), "`ttl` takes a string literal, e.g. `ttl = \"24h\"`")
+                        syn::Error::new(
+                            e.span(),
+                            "`ttl` takes a string literal, e.g. `ttl = \"24h\"`",
+                        )
                     })?;
                     duplicate(ttl_seen, &mut errors);
                     ttl_seen = true;
@@ -206,7 +216,9 @@ impl Parse for RawArgs {
                             &mut errors,
                             syn::Error::new(
                                 policy.span(),
-                                format!("unknown policy `{other}`; expected `wait` (replay once the other call finishes) or `reject` (fail with `InFlight`)"),
+                                format!(
+                                    "unknown policy `{other}`; expected `wait` (replay once the other call finishes) or `reject` (fail with `InFlight`)"
+                                ),
                             ),
                         ),
                     }
@@ -230,7 +242,10 @@ impl Parse for RawArgs {
                             &mut errors,
                             syn::Error::new(
                                 lit.span(),
-                                format!("`crate` must be a path such as \"::my_app::idem\", not \"{}\"", lit.value()),
+                                format!(
+                                    "`crate` must be a path such as \"::my_app::idem\", not \"{}\"",
+                                    lit.value()
+                                ),
                             ),
                         ),
                     }
@@ -240,7 +255,12 @@ impl Parse for RawArgs {
                         .iter()
                         .find(|(from, _)| *from == label)
                         .map(|(_, to)| *to)
-                        .or_else(|| ARGUMENTS.iter().copied().find(|a| edit_distance(a, &label) <= 2))
+                        .or_else(|| {
+                            ARGUMENTS
+                                .iter()
+                                .copied()
+                                .find(|a| edit_distance(a, &label) <= 2)
+                        })
                         .map(|to| format!("; did you mean `{to}`?"))
                         .unwrap_or_default();
                     let all = ARGUMENTS
@@ -282,7 +302,9 @@ impl Parse for RawArgs {
                 &mut errors,
                 syn::Error::new(
                     Span::call_site(),
-                    format!("missing `key`: say where the idempotency key comes from, e.g. `{example}`"),
+                    format!(
+                        "missing `key`: say where the idempotency key comes from, e.g. `{example}`"
+                    ),
                 ),
             );
         }
@@ -312,7 +334,9 @@ fn edit_distance(a: &str, b: &str) -> usize {
         row[0] = i + 1;
         for (j, cb) in b.iter().enumerate() {
             let above = row[j + 1];
-            row[j + 1] = (above + 1).min(row[j] + 1).min(diagonal + usize::from(ca != *cb));
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
             diagonal = above;
         }
     }
@@ -323,11 +347,17 @@ fn conn_from(expr: Expr) -> syn::Result<Conn> {
     match expr {
         Expr::Path(p) if p.qself.is_none() && p.path.get_ident().is_some() => {
             let ident = p.path.get_ident().cloned();
-            Ok(Conn::Param(ident.unwrap_or_else(|| Ident::new("db", p.span()))))
+            Ok(Conn::Param(
+                ident.unwrap_or_else(|| Ident::new("db", p.span())),
+            ))
         }
         Expr::Cast(cast) => match &*cast.ty {
             syn::Type::Path(t) if t.qself.is_none() && t.path.get_ident().is_some() => {
-                let binding = t.path.get_ident().cloned().unwrap_or_else(|| Ident::new("db", t.span()));
+                let binding = t
+                    .path
+                    .get_ident()
+                    .cloned()
+                    .unwrap_or_else(|| Ident::new("db", t.span()));
                 Ok(Conn::Expr {
                     expr: *cast.expr,
                     binding,
@@ -356,8 +386,14 @@ mod tests {
     #[test]
     fn parses_every_argument() {
         let raw = parse(quote::quote!(
-            scope = "orders.pay", key = cmd.key, principal = cmd.tenant, skip(a, b),
-            ttl = "1h30m", on_concurrent = reject, conn = self.db as db, crate = "::x::idem",
+            scope = "orders.pay",
+            key = cmd.key,
+            principal = cmd.tenant,
+            skip(a, b),
+            ttl = "1h30m",
+            on_concurrent = reject,
+            conn = self.db as db,
+            crate = "::x::idem",
         ));
         assert!(raw.errors.is_none());
         let args = raw.args.expect("complete");
@@ -379,7 +415,11 @@ mod tests {
             .collect();
         assert!(messages[0].contains("did you mean `scope`"), "{messages:?}");
         assert!(messages.iter().any(|m| m.contains("longer than zero")));
-        assert!(messages.iter().any(|m| m.contains("duplicate argument `ttl`")));
+        assert!(
+            messages
+                .iter()
+                .any(|m| m.contains("duplicate argument `ttl`"))
+        );
         assert!(messages.iter().any(|m| m.contains("missing unit")));
         assert!(messages.iter().any(|m| m.contains("missing `scope`")));
         assert!(messages.iter().any(|m| m.contains("missing `key`")));

@@ -113,7 +113,10 @@ fn plan(args: &Args, item: &ItemFn, errors: &mut Vec<syn::Error>) -> Option<Plan
         if !param_names.iter().any(|p| name == p) {
             errors.push(syn::Error::new(
                 name.span(),
-                format!("`skip({name})`: no parameter is named `{name}`; {}", listing()),
+                format!(
+                    "`skip({name})`: no parameter is named `{name}`; {}",
+                    listing()
+                ),
             ));
         }
     }
@@ -127,7 +130,10 @@ fn plan(args: &Args, item: &ItemFn, errors: &mut Vec<syn::Error>) -> Option<Plan
             if !param_names.iter().any(|p| name == p) {
                 errors.push(syn::Error::new(
                     name.span(),
-                    format!("`conn = {name}`: no parameter is named `{name}`; {}", listing()),
+                    format!(
+                        "`conn = {name}`: no parameter is named `{name}`; {}",
+                        listing()
+                    ),
                 ));
             }
             (name.to_token_stream(), name.clone(), Some(name.to_string()))
@@ -135,7 +141,11 @@ fn plan(args: &Args, item: &ItemFn, errors: &mut Vec<syn::Error>) -> Option<Plan
         Some(Conn::Expr { expr, binding }) => (expr.to_token_stream(), binding.clone(), None),
         None => match params.first() {
             Some((pat, _)) => match param_ident(pat) {
-                Some(ident) => (ident.to_token_stream(), ident.clone(), Some(ident.to_string())),
+                Some(ident) => (
+                    ident.to_token_stream(),
+                    ident.clone(),
+                    Some(ident.to_string()),
+                ),
                 None => {
                     errors.push(syn::Error::new(
                         pat.span(),
@@ -208,13 +218,13 @@ fn impl_trait_span(ty: &Type) -> Option<Span> {
 ///     __idem_guard.finish(__idem_out).await      // record + commit, or release
 /// }
 /// ```
-pub(crate) fn expand(args: Args, mut item: ItemFn) -> Result<TokenStream, (ItemFn, syn::Error)> {
+pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> {
     let mut errors = Vec::new();
-    let plan = plan(&args, &item, &mut errors);
+    let plan = plan(args, &item, &mut errors);
     let mut errors = errors.into_iter();
     if let Some(mut first) = errors.next() {
         errors.for_each(|e| first.combine(e));
-        return Err((item, first));
+        return Err(first);
     }
     let Some(plan) = plan else {
         return Ok(item.into_token_stream());
@@ -285,6 +295,6 @@ pub(crate) fn expand(args: Args, mut item: ItemFn) -> Result<TokenStream, (ItemF
         let __idem_out: #output = async move #body.await;
         __idem_guard.finish(__idem_out).await
     }};
-    item.block = syn::parse2(new_body).map_err(|e| (item.clone(), e))?;
+    item.block = syn::parse2(new_body)?;
     Ok(item.into_token_stream())
 }

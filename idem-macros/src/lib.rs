@@ -49,13 +49,13 @@ fn idempotent_impl(
     };
     let (args, arg_errors) = (raw.args, raw.errors);
     let expanded = match args {
-        Some(args) => expand::expand(args, function.clone()),
+        Some(args) => expand::expand(&args, function.clone()),
         None => Ok(function.to_token_stream()),
     };
     match (expanded, arg_errors) {
         (Ok(tokens), None) => tokens,
-        (Ok(_), Some(e)) | (Err((_, e)), None) => fail(function, e),
-        (Err((_, signature_errors)), Some(mut all)) => {
+        (Ok(_), Some(e)) | (Err(e), None) => fail(function, e),
+        (Err(signature_errors), Some(mut all)) => {
             all.combine(signature_errors);
             fail(function, all)
         }

@@ -74,7 +74,9 @@ fn render(template: &str, now: &str, numbered: bool) -> String {
 
 static POSTGRES: LazyLock<Dialect> = LazyLock::new(|| {
     let r = |t: &str| render(t, PG_NOW, true);
-    let claim = r(&format!("{INSERT} ON CONFLICT (id) DO NOTHING RETURNING owner"));
+    let claim = r(&format!(
+        "{INSERT} ON CONFLICT (id) DO NOTHING RETURNING owner"
+    ));
     Dialect {
         backend: DbBackend::Postgres,
         now: PG_NOW,
@@ -100,8 +102,10 @@ static POSTGRES: LazyLock<Dialect> = LazyLock::new(|| {
         read_locked: r(&format!("{READ} FOR UPDATE")),
         take_over: r(TAKE_OVER),
         record: r(RECORD),
-        purge: r("DELETE FROM idem_ledger WHERE id IN (SELECT id FROM idem_ledger \
-            WHERE expires_at_ms <= {now} LIMIT ? FOR UPDATE SKIP LOCKED)"),
+        purge: r(
+            "DELETE FROM idem_ledger WHERE id IN (SELECT id FROM idem_ledger \
+            WHERE expires_at_ms <= {now} LIMIT ? FOR UPDATE SKIP LOCKED)",
+        ),
         select_now: r("SELECT {now} AS now_ms"),
     }
 });
@@ -115,8 +119,7 @@ static MYSQL: LazyLock<Dialect> = LazyLock::new(|| {
     Dialect {
         backend: DbBackend::MySql,
         now: MYSQL_NOW,
-        create: &[
-            "CREATE TABLE IF NOT EXISTS idem_ledger (\
+        create: &["CREATE TABLE IF NOT EXISTS idem_ledger (\
                 id BINARY(32) NOT NULL PRIMARY KEY, \
                 scope VARCHAR(255) NOT NULL, \
                 principal VARCHAR(255) NOT NULL, \
@@ -128,8 +131,7 @@ static MYSQL: LazyLock<Dialect> = LazyLock::new(|| {
                 created_at_ms BIGINT NOT NULL, \
                 expires_at_ms BIGINT NOT NULL, \
                 INDEX idem_ledger_expires (expires_at_ms)\
-            ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
-        ],
+            ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin"],
         // MariaDB: a lock wait of 0 s fails at once with error 1205.
         claim_nowait: format!("SET STATEMENT innodb_lock_wait_timeout = 0 FOR {claim}"),
         claim,
@@ -147,7 +149,9 @@ static SQLITE: LazyLock<Dialect> = LazyLock::new(|| {
     let r = |t: &str| render(t, SQLITE_NOW, false);
     // The write lock is taken by BEGIN IMMEDIATE, so reads need no FOR UPDATE (SQLite has
     // none) and a concurrent duplicate always waits in BEGIN.
-    let claim = r(&format!("{INSERT} ON CONFLICT (id) DO NOTHING RETURNING owner"));
+    let claim = r(&format!(
+        "{INSERT} ON CONFLICT (id) DO NOTHING RETURNING owner"
+    ));
     Dialect {
         backend: DbBackend::Sqlite,
         now: SQLITE_NOW,
@@ -173,8 +177,10 @@ static SQLITE: LazyLock<Dialect> = LazyLock::new(|| {
         read_locked: r(READ),
         take_over: r(TAKE_OVER),
         record: r(RECORD),
-        purge: r("DELETE FROM idem_ledger WHERE id IN (SELECT id FROM idem_ledger \
-            WHERE expires_at_ms <= {now} LIMIT ?)"),
+        purge: r(
+            "DELETE FROM idem_ledger WHERE id IN (SELECT id FROM idem_ledger \
+            WHERE expires_at_ms <= {now} LIMIT ?)",
+        ),
         select_now: r("SELECT {now} AS now_ms"),
     }
 });
@@ -198,7 +204,10 @@ mod tests {
     fn postgres_placeholders_are_numbered_in_order() {
         let d = Dialect::of(DbBackend::Postgres);
         assert!(d.claim.contains("VALUES ($1, $2, $3, $4, $5, $6, 0, NULL,"));
-        assert!(d.claim.ends_with("+ $7) ON CONFLICT (id) DO NOTHING RETURNING owner"));
+        assert!(
+            d.claim
+                .ends_with("+ $7) ON CONFLICT (id) DO NOTHING RETURNING owner")
+        );
         assert!(d.record.contains("WHERE id = $4 AND owner = $5"));
         assert!(!d.read_locked.contains('?'));
     }

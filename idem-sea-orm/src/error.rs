@@ -1,9 +1,7 @@
 //! Classifies database errors into idem errors, without leaking SQL text.
 
-use std::ops::Deref;
-
 use idem_core::Error;
-use sea_orm::{DbErr, RuntimeErr};
+use sea_orm::DbErr;
 
 /// What kind of failure a database error is, as far as the ledger cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,7 +16,17 @@ pub(crate) enum Failure {
     Other,
 }
 
+#[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
+fn database_code(_: &DbErr) -> Option<(String, Option<u16>)> {
+    None
+}
+
+/// The SQLSTATE (or SQLite result code) and, on MySQL, the error number.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 fn database_code(e: &DbErr) -> Option<(String, Option<u16>)> {
+    use sea_orm::RuntimeErr;
+    use std::ops::Deref;
+
     let (DbErr::Exec(RuntimeErr::SqlxError(err)) | DbErr::Query(RuntimeErr::SqlxError(err))) = e
     else {
         return None;

@@ -1,6 +1,6 @@
 //! The SeaORM ledger store of [`idem`](https://docs.rs/idem).
 //!
-//! - [`create_tables`] creates the ledger (or use [`Migration`] in your own Migrator, with the
+//! - [`create_tables`] creates the ledger (or use `Migration` in your own Migrator, with the
 //!   `migration` feature);
 //! - [`SeaOrmStore`] claims keys, records results and releases keys, in the same
 //!   transaction as the handler's own writes;
@@ -39,7 +39,7 @@ use crate::dialect::Dialect;
 use crate::error::store_error;
 
 /// Creates the ledger table and its index if they do not exist. Call it once at startup (or
-/// use [`Migration`]).
+/// use `Migration`, feature `migration`).
 ///
 /// ```
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {

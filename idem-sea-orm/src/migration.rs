@@ -1,7 +1,7 @@
 //! The ledger as a `sea-orm-migration` migration.
 
-use sea_orm_migration::{MigrationName, MigrationTrait, SchemaManager, async_trait};
 use sea_orm::{ConnectionTrait, DbErr};
+use sea_orm_migration::{MigrationName, MigrationTrait, SchemaManager, async_trait};
 
 use crate::dialect::Dialect;
 

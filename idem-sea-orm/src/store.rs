@@ -1,6 +1,8 @@
 //! The SeaORM [`Store`]: the claim, record and release steps on a [`DatabaseConnection`].
 
-use idem_core::{Claim, ClaimRequest, Concurrency, Error, Fingerprint, RecordStatus, Recorded, Store};
+use idem_core::{
+    Claim, ClaimRequest, Concurrency, Error, Fingerprint, RecordStatus, Recorded, Store,
+};
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, QueryResult,
     SqliteTransactionMode, Statement, TransactionOptions, TransactionTrait, Value,

@@ -10,7 +10,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement};
+use sea_orm::{
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement,
+};
 
 pub struct Backend {
     pub name: &'static str,
@@ -120,7 +122,11 @@ pub async fn effects(db: &DatabaseConnection, run_id: &str) -> i64 {
         _ => "SELECT COUNT(*) FROM idem_test_effects WHERE run_id = ?",
     };
     let row = db
-        .query_one_raw(Statement::from_sql_and_values(backend, sql, [run_id.into()]))
+        .query_one_raw(Statement::from_sql_and_values(
+            backend,
+            sql,
+            [run_id.into()],
+        ))
         .await
         .expect("count effects")
         .expect("a row");
