@@ -72,9 +72,18 @@
 /// ```
 pub use idem_macros::idempotent;
 
+/// Derives [`StateMachine`] for a state enum from `#[transitions(A -> B, ...)]`.
+pub use idem_macros::StateMachine;
+
+/// A transition checked at compile time: `transition!(OrderStatus: Pending -> Paid)` is an
+/// [`idem::Transition`](Transition) if `OrderStatus` declares `Pending -> Paid`, else a
+/// compile error on `Pending -> Paid`.
+pub use idem_macros::transition;
+
 pub use idem_core::{
     BoxError, Error, ErrorKind, FinalError, Fingerprint, Fingerprinter, Key, KeyProblem, KeySource,
-    MAX_KEY_LEN, MemoryStore, MemoryTx, Outcome, Result, Store, with_outcome,
+    MAX_KEY_LEN, MemoryStore, MemoryTx, Outcome, Result, StateMachine, Store, Transition,
+    TransitionOutcome, with_outcome,
 };
 
 /// Building blocks for custom stores and wrappers: the store contract and the engine.
@@ -90,7 +99,7 @@ pub mod sea_orm {
     #[cfg(feature = "migration")]
     pub use idem_sea_orm::Migration;
     pub use idem_sea_orm::{
-        LEDGER_TABLE, SeaOrmStore, create_tables, database_now_ms, ledger, purge_expired,
+        LEDGER_TABLE, SeaOrmStore, Stateful, create_tables, database_now_ms, ledger, purge_expired,
         purge_expired_batch,
     };
 }
@@ -102,11 +111,31 @@ pub mod __private {
     pub use idem_core::Concurrency;
     pub use idem_core::engine::{Call, FinalProbe, Guard, HandlerOutput, Site, ViaFinal, ViaPlain};
 
+    use idem_core::engine::{Finality, HandlerError, Replayable};
     use idem_core::{Error, Key, KeySource, Store};
 
     /// Validates the key (or principal) expression's value.
     pub fn key<K: KeySource + ?Sized>(source: &K) -> Result<Key, Error> {
         source.to_key()
+    }
+
+    /// Claims the key, runs the body in the claim's transaction, then records or releases.
+    /// A replay or an idem error returns without running the body. Every bound on the
+    /// handler's return type is here, on one call, so an unsuitable type is one error.
+    pub async fn run<S, R, F>(call: Call<S>, finality: Option<Finality<R::Error>>, body: F) -> R
+    where
+        S: Store,
+        R: HandlerOutput,
+        R::Ok: Replayable,
+        R::Error: HandlerError,
+        F: AsyncFnOnce(&S::Tx) -> R,
+    {
+        let guard = match call.claim::<R>(finality).await {
+            Ok(guard) => guard,
+            Err(answer) => return answer,
+        };
+        let output = body(guard.tx()).await;
+        guard.finish(output).await
     }
 
     /// Something `#[idempotent]` can claim keys on.

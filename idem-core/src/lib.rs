@@ -9,6 +9,7 @@ mod fingerprint;
 mod key;
 mod memory;
 mod outcome;
+mod state;
 mod store;
 
 pub mod engine;
@@ -20,6 +21,7 @@ pub use fingerprint::{
 pub use key::{Key, KeySource, MAX_KEY_LEN};
 pub use memory::{MemoryStore, MemoryTx};
 pub use outcome::{Outcome, with_outcome};
+pub use state::{StateMachine, Transition, TransitionOutcome};
 pub use store::{Claim, ClaimRequest, Concurrency, RecordStatus, Recorded, Store};
 
 pub use engine::FinalError;

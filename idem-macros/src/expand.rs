@@ -1,7 +1,7 @@
 //! Signature checks and code generation for `#[idempotent]`. Only glue: every decision is a
 //! call into `::idem::__private`, which lives in idem-core.
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Group, Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit::Visit;
@@ -186,6 +186,51 @@ fn plan(args: &Args, item: &ItemFn, errors: &mut Vec<syn::Error>) -> Option<Plan
     })
 }
 
+/// The function as written, for when the attribute has errors: only what the reported errors
+/// already cover is adjusted, so they are not repeated. Parameters are marked used (the
+/// attribute would have used them: no "unused variable" for `key`), and `const` is dropped
+/// from a `const async fn` (rustc would reject the pair again).
+pub(crate) fn fallback(mut item: ItemFn) -> TokenStream {
+    if item.sig.asyncness.is_some() {
+        item.sig.constness = None;
+    }
+    let names: Vec<Ident> = item
+        .sig
+        .inputs
+        .iter()
+        .filter_map(|arg| match arg {
+            FnArg::Typed(t) => Some(bindings(&t.pat)),
+            FnArg::Receiver(_) => None,
+        })
+        .flatten()
+        .collect();
+    let uses = names.iter().map(|name| quote!(let _ = &#name;));
+    let body = &item.block;
+    match syn::parse2(quote!({ #(#uses)* #body })) {
+        Ok(block) => item.block = block,
+        Err(_) => return item.into_token_stream(),
+    }
+    item.into_token_stream()
+}
+
+/// `tokens` reported at `span`: each token keeps its name resolution but takes the location.
+fn respan(tokens: &TokenStream, span: Span) -> TokenStream {
+    tokens
+        .clone()
+        .into_iter()
+        .map(|mut token| {
+            if let TokenTree::Group(group) = &token {
+                let mut inner = Group::new(group.delimiter(), respan(&group.stream(), span));
+                inner.set_span(group.span().located_at(span));
+                token = TokenTree::Group(inner);
+            } else {
+                token.set_span(token.span().located_at(span));
+            }
+            token
+        })
+        .collect()
+}
+
 fn impl_trait_span(ty: &Type) -> Option<Span> {
     struct Finder(Option<Span>);
     impl<'ast> Visit<'ast> for Finder {
@@ -207,15 +252,13 @@ fn impl_trait_span(ty: &Type) -> Option<Span> {
 /// ```text
 /// async fn pay(db: &DatabaseConnection, cmd: Pay) -> Result<Receipt, PayError> {
 ///     static __IDEM_SITE: Site = Site::new("orders.pay", ttl, policy);
-///     let mut __idem_call = Call::new(&__IDEM_SITE, store(&db), key(&(cmd.key)));
+///     let __idem_conn = &(db);
+///     let mut __idem_call = Call::new(&__IDEM_SITE, store(__idem_conn), key(&(cmd.key)));
 ///     __idem_call.arg(&cmd);
-///     let __idem_guard = match __idem_call.claim::<Result<..>>(finality).await {
-///         Ok(guard) => guard,
-///         Err(answer) => return answer,          // replay, or an idem error
-///     };
-///     let db = __idem_guard.tx();                // the body sees the claim's transaction
-///     let __idem_out: Result<..> = async move { BODY }.await;
-///     __idem_guard.finish(__idem_out).await      // record + commit, or release
+///     let __idem_finality = (&&FinalProbe::<PayError>::new()).finality();
+///     // claim; replay or run the body in the claim's transaction; record + commit, or release
+///     run::<_, Result<Receipt, PayError>, _>(__idem_call, __idem_finality,
+///         async move |db| -> Result<Receipt, PayError> { BODY }).await
 /// }
 /// ```
 pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> {
@@ -242,16 +285,24 @@ pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> 
     } else {
         quote!(#p::Concurrency::DEFAULT)
     };
+    // Calls whose bounds rustc checks are spanned at the user's tokens they check, so the
+    // error lands there (the key expression, the connection, a parameter's type, the return
+    // type) and not on the attribute.
     let key = &args.key;
-    let key_call = quote_spanned!(key.span()=> #p::key(&(#key)));
+    let key_call = {
+        let p = respan(&p, key.span());
+        quote_spanned!(key.span()=> #p::key(&(#key)))
+    };
     let principal = args.principal.as_ref().map(|principal| {
+        let p = respan(&p, principal.span());
         let call = quote_spanned!(principal.span()=> #p::key(&(#principal)));
         quote!(__idem_call.principal(#call);)
     });
     let fingerprint_args = plan.fingerprinted.iter().flat_map(|f| {
-        f.names
-            .iter()
-            .map(move |name| quote_spanned!(f.ty_span=> __idem_call.arg(&#name);))
+        f.names.iter().map(move |name| {
+            let name = Ident::new(&name.to_string(), name.span().located_at(f.ty_span));
+            quote_spanned!(f.ty_span=> __idem_call.arg(&#name);)
+        })
     });
     let Plan {
         conn_expr,
@@ -259,21 +310,20 @@ pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> 
         output,
         ..
     } = plan;
-    let store_call = quote_spanned!(conn_expr.span()=> #p::store(&#conn_expr));
-    let claim = quote_spanned!(output.span()=>
-        __idem_call.claim::<#output>(
-            (&&#p::FinalProbe::<<#output as #p::HandlerOutput>::Error>::new()).finality()
-        )
-    );
+    let conn_span = conn_expr.span();
+    let conn = Ident::new("__idem_conn", Span::call_site().located_at(conn_span));
+    let store_call = {
+        let p = respan(&p, conn_span);
+        quote_spanned!(conn_span=> #p::store(#conn))
+    };
+    let run = {
+        let p = respan(&p, output.span());
+        quote_spanned!(output.span()=> #p::run::<_, #output, _>)
+    };
 
-    let (inner_attrs, outer_attrs): (Vec<_>, Vec<_>) = item
-        .attrs
-        .drain(..)
-        .partition(|a| matches!(a.style, syn::AttrStyle::Inner(_)));
-    item.attrs = outer_attrs;
     let body = &item.block;
+    // Inner attributes stay in `item.attrs`: `ItemFn` prints them at the top of the new body.
     let new_body = quote! {{
-        #(#inner_attrs)*
         #[allow(unused_imports)]
         use #p::{ViaFinal as _, ViaPlain as _};
         static __IDEM_SITE: #p::Site = #p::Site::new(
@@ -281,19 +331,21 @@ pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> 
             #p::Duration::from_millis(#ttl_ms),
             #concurrency,
         );
+        // A borrow in a `let` keeps a temporary connection (`conn = self.pool() as db`) alive.
+        let #conn = &(#conn_expr);
         let mut __idem_call = #p::Call::new(&__IDEM_SITE, #store_call, #key_call);
         #principal
         #(#fingerprint_args)*
-        let __idem_guard = match #claim.await {
-            ::core::result::Result::Ok(guard) => guard,
-            ::core::result::Result::Err(answer) => return answer,
-        };
+        let __idem_finality =
+            (&&#p::FinalProbe::<<#output as #p::HandlerOutput>::Error>::new()).finality();
         // The body sees the claim's transaction under the connection's name, so its writes
         // commit (or roll back) together with the recorded result.
-        #[allow(unused_variables)]
-        let #conn_binding = __idem_guard.tx();
-        let __idem_out: #output = async move #body.await;
-        __idem_guard.finish(__idem_out).await
+        #run(
+            __idem_call,
+            __idem_finality,
+            async move |#[allow(unused_variables)] #conn_binding| -> #output #body,
+        )
+        .await
     }};
     item.block = syn::parse2(new_body)?;
     Ok(item.into_token_stream())

@@ -3,6 +3,7 @@
 
 mod args;
 mod expand;
+mod state;
 
 use proc_macro::TokenStream;
 use quote::ToTokens;
@@ -15,6 +16,22 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
         eprintln!("{output}");
     }
     output.into()
+}
+
+/// Declares a state enum's transitions. See `idem::StateMachine`.
+#[proc_macro_derive(StateMachine, attributes(transitions, state_machine))]
+pub fn derive_state_machine(input: TokenStream) -> TokenStream {
+    let input = syn::parse_macro_input!(input as syn::DeriveInput);
+    state::derive(&input)
+        .unwrap_or_else(syn::Error::into_compile_error)
+        .into()
+}
+
+/// A transition checked at compile time. See `idem::transition!`.
+#[proc_macro]
+pub fn transition(input: TokenStream) -> TokenStream {
+    let call = syn::parse_macro_input!(input as state::TransitionCall);
+    state::transition(&call).into()
 }
 
 fn idempotent_impl(
@@ -37,9 +54,9 @@ fn idempotent_impl(
             return out;
         }
     };
-    // On any error: the original function unchanged, plus every error at once.
+    // On any error: the original function, plus every error at once.
     let fail = |function: syn::ItemFn, error: syn::Error| {
-        let mut out = function.into_token_stream();
+        let mut out = expand::fallback(function);
         out.extend(error.into_compile_error());
         out
     };

@@ -19,6 +19,7 @@
 
 mod dialect;
 mod error;
+mod state;
 mod store;
 
 pub mod ledger;
@@ -28,6 +29,7 @@ mod migration;
 pub use dialect::LEDGER_TABLE;
 #[cfg(feature = "migration")]
 pub use migration::Migration;
+pub use state::Stateful;
 pub use store::SeaOrmStore;
 
 pub use sea_orm;

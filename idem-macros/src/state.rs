@@ -1,0 +1,205 @@
+//! `#[derive(StateMachine)]` and `transition!`: declarations and their compile-time check.
+
+use proc_macro2::TokenStream;
+use quote::{quote, quote_spanned};
+use syn::parse::{Parse, ParseStream};
+use syn::punctuated::Punctuated;
+use syn::spanned::Spanned;
+use syn::{Data, DeriveInput, Fields, Ident, Path, Token};
+
+/// `A -> B` inside `#[transitions(...)]` or `transition!(Type: A -> B)`.
+struct Edge {
+    from: Ident,
+    to: Ident,
+}
+
+impl Parse for Edge {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let from = input.parse()?;
+        input.parse::<Token![->]>()?;
+        let to = input.parse()?;
+        Ok(Self { from, to })
+    }
+}
+
+/// Input:
+/// ```text
+/// #[derive(StateMachine)]
+/// #[transitions(Pending -> Paid, Paid -> Shipped)]
+/// enum OrderStatus { Pending, Paid, Shipped }
+/// ```
+/// Output: `impl idem::StateMachine for OrderStatus` (states, transitions, names) and
+/// inherent `const fn can_transition`, `transitions()` and `to_mermaid()`.
+pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
+    let Data::Enum(data) = &input.data else {
+        return Err(syn::Error::new(
+            input.ident.span(),
+            "`StateMachine` derives on an enum of states (unit variants)",
+        ));
+    };
+    let mut errors: Vec<syn::Error> = Vec::new();
+    for v in &data.variants {
+        if !matches!(v.fields, Fields::Unit) {
+            errors.push(syn::Error::new(
+                v.fields.span(),
+                "states are unit variants: move the data into the row, not the state",
+            ));
+        }
+    }
+    let variants: Vec<&Ident> = data.variants.iter().map(|v| &v.ident).collect();
+    let listing = variants
+        .iter()
+        .map(|v| format!("`{v}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+
+    let mut edges: Vec<Edge> = Vec::new();
+    let mut seen_attr = false;
+    let mut krate: Option<Path> = None;
+    for attr in &input.attrs {
+        if attr.path().is_ident("transitions") {
+            seen_attr = true;
+            let parsed = attr.parse_args_with(Punctuated::<Edge, Token![,]>::parse_terminated)?;
+            edges.extend(parsed);
+        } else if attr.path().is_ident("state_machine") {
+            attr.parse_nested_meta(|meta| {
+                if meta.path.is_ident("crate") {
+                    let lit: syn::LitStr = meta.value()?.parse()?;
+                    krate = Some(lit.parse()?);
+                    Ok(())
+                } else {
+                    Err(meta.error("unknown `state_machine` option; expected `crate = \"...\"`"))
+                }
+            })?;
+        }
+    }
+    if !seen_attr {
+        errors.push(syn::Error::new(
+            input.ident.span(),
+            "declare the transitions: `#[transitions(Pending -> Paid, Paid -> Shipped)]`",
+        ));
+    }
+    for (i, edge) in edges.iter().enumerate() {
+        for end in [&edge.from, &edge.to] {
+            if !variants.contains(&end) {
+                errors.push(syn::Error::new(
+                    end.span(),
+                    format!(
+                        "`{end}` is not a state of `{}`; states are {listing}",
+                        input.ident
+                    ),
+                ));
+            }
+        }
+        if edge.from == edge.to {
+            errors.push(syn::Error::new(
+                edge.to.span(),
+                format!(
+                    "`{0} -> {0}` needs no declaration: applying a transition to a row already in its target state is always `AlreadyApplied`; remove it",
+                    edge.from
+                ),
+            ));
+        }
+        if edges[..i]
+            .iter()
+            .any(|e| e.from == edge.from && e.to == edge.to)
+        {
+            errors.push(syn::Error::new(
+                edge.from.span(),
+                format!("`{} -> {}` is declared twice", edge.from, edge.to),
+            ));
+        }
+    }
+    if let Some(mut first) = errors.pop() {
+        errors.into_iter().for_each(|e| first.combine(e));
+        return Err(first);
+    }
+
+    let krate = krate.map_or_else(|| quote!(::idem), |p| quote!(#p));
+    let (name, vis) = (&input.ident, &input.vis);
+    let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
+    let names = variants.iter().map(|v| v.to_string());
+    let pairs: Vec<TokenStream> = edges
+        .iter()
+        .map(|Edge { from, to }| quote!((Self::#from, Self::#to)))
+        .collect();
+    let patterns = edges
+        .iter()
+        .map(|Edge { from, to }| quote!((Self::#from, Self::#to)));
+    let can_transition = if edges.is_empty() {
+        quote!(false)
+    } else {
+        quote!(::core::matches!((from, to), #(#patterns)|*))
+    };
+    Ok(quote! {
+        impl #impl_generics #krate::StateMachine for #name #ty_generics #where_clause {
+            const STATES: &'static [Self] = &[#(Self::#variants),*];
+            const TRANSITIONS: &'static [(Self, Self)] = &[#(#pairs),*];
+            fn name(self) -> &'static str {
+                match self {
+                    #(Self::#variants => #names,)*
+                }
+            }
+        }
+
+        impl #impl_generics #name #ty_generics #where_clause {
+            /// Whether the transition `from -> to` is declared (usable in `const` contexts).
+            #[allow(dead_code)]
+            #vis const fn can_transition(from: Self, to: Self) -> bool {
+                #can_transition
+            }
+
+            /// Every declared `(from, to)` transition.
+            #[allow(dead_code)]
+            #vis const fn transitions() -> &'static [(Self, Self)] {
+                <Self as #krate::StateMachine>::TRANSITIONS
+            }
+
+            /// The state diagram as Mermaid `stateDiagram-v2` text.
+            #[allow(dead_code)]
+            #vis fn to_mermaid() -> ::std::string::String {
+                <Self as #krate::StateMachine>::mermaid()
+            }
+        }
+    })
+}
+
+/// `transition!(OrderStatus: Pending -> Paid)`.
+pub(crate) struct TransitionCall {
+    ty: Path,
+    edge: Edge,
+}
+
+impl Parse for TransitionCall {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let ty = input.parse()?;
+        input.parse::<Token![:]>()?;
+        let edge = input.parse()?;
+        Ok(Self { ty, edge })
+    }
+}
+
+/// Input: `transition!(OrderStatus: Pending -> Paid)`.
+/// Output: a block with a `const` assertion (spanned at `Pending -> Paid`, so an undeclared
+/// transition is a compile error there) whose value is the checked `idem::Transition`.
+pub(crate) fn transition(call: &TransitionCall) -> TokenStream {
+    let TransitionCall {
+        ty,
+        edge: Edge { from, to },
+    } = call;
+    let span = from.span().join(to.span()).unwrap_or_else(|| from.span());
+    let type_name = quote!(#ty).to_string().replace(' ', "");
+    let message = format!(
+        "transition `{from} -> {to}` is not declared on `{type_name}`; add it to `#[transitions(...)]` or use a declared one"
+    );
+    let check = quote_spanned! {span=>
+        const _: () = ::core::assert!(<#ty>::can_transition(#ty::#from, #ty::#to), #message);
+    };
+    let value = quote_spanned! {ty.span()=>
+        ::idem::Transition::<#ty>::checked(#ty::#from, #ty::#to)
+    };
+    quote! {{
+        #check
+        #value
+    }}
+}

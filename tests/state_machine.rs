@@ -1,0 +1,310 @@
+//! Declared transitions guarded in the database (issue: state machines), on every backend of
+//! the run. Effects are counted in the database.
+
+mod common;
+
+use common::{backends, effects, insert_effect, unique};
+use idem::sea_orm::Stateful;
+use idem::{ErrorKind, StateMachine, TransitionOutcome, idempotent, transition};
+use sea_orm::entity::prelude::*;
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend};
+use serde::{Deserialize, Serialize};
+
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    EnumIter,
+    DeriveActiveEnum,
+    Serialize,
+    Deserialize,
+    idem::StateMachine,
+)]
+#[sea_orm(rs_type = "String", db_type = "String(StringLen::N(16))")]
+#[transitions(Pending -> Paid, Pending -> Cancelled, Paid -> Shipped, Paid -> Refunded)]
+pub(crate) enum OrderStatus {
+    #[sea_orm(string_value = "pending")]
+    Pending,
+    #[sea_orm(string_value = "paid")]
+    Paid,
+    #[sea_orm(string_value = "cancelled")]
+    Cancelled,
+    #[sea_orm(string_value = "shipped")]
+    Shipped,
+    #[sea_orm(string_value = "refunded")]
+    Refunded,
+}
+
+mod order {
+    use super::OrderStatus;
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "idem_test_orders")]
+    pub(crate) struct Model {
+        #[sea_orm(primary_key)]
+        pub(crate) id: i64,
+        pub(crate) run_id: String,
+        pub(crate) status: OrderStatus,
+        pub(crate) version: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub(crate) enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+impl Stateful for order::Entity {
+    type State = OrderStatus;
+    fn state_column() -> order::Column {
+        order::Column::Status
+    }
+    fn version_column() -> Option<order::Column> {
+        Some(order::Column::Version)
+    }
+}
+
+async fn orders_table(db: &DatabaseConnection) {
+    let sql = match db.get_database_backend() {
+        DbBackend::Postgres => {
+            "CREATE TABLE IF NOT EXISTS idem_test_orders (id BIGSERIAL PRIMARY KEY, run_id VARCHAR(200) NOT NULL, status VARCHAR(16) NOT NULL, version BIGINT NOT NULL)"
+        }
+        DbBackend::MySql => {
+            "CREATE TABLE IF NOT EXISTS idem_test_orders (id BIGINT AUTO_INCREMENT PRIMARY KEY, run_id VARCHAR(200) NOT NULL, status VARCHAR(16) NOT NULL, version BIGINT NOT NULL)"
+        }
+        _ => {
+            "CREATE TABLE IF NOT EXISTS idem_test_orders (id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, status TEXT NOT NULL, version INTEGER NOT NULL)"
+        }
+    };
+    for attempt in 0..5 {
+        if db.execute_unprepared(sql).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50 * (attempt + 1))).await;
+    }
+    panic!("cannot create the orders table");
+}
+
+async fn new_order(db: &DatabaseConnection, run: &str, status: OrderStatus) -> i64 {
+    orders_table(db).await;
+    let saved = order::Entity::insert(order::ActiveModel {
+        run_id: sea_orm::ActiveValue::Set(run.to_owned()),
+        status: sea_orm::ActiveValue::Set(status),
+        version: sea_orm::ActiveValue::Set(0),
+        ..Default::default()
+    })
+    .exec(db)
+    .await
+    .expect("insert order");
+    saved.last_insert_id
+}
+
+async fn order_row(db: &DatabaseConnection, id: i64) -> order::Model {
+    order::Entity::find_by_id(id)
+        .one(db)
+        .await
+        .expect("read")
+        .expect("order exists")
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct OrderCmd {
+    key: String,
+    run: String,
+    order_id: i64,
+}
+
+/// Pays an order: the transition guards the payment row.
+#[idempotent(scope = "test.sm.pay", key = cmd.key)]
+async fn pay(db: &DatabaseConnection, cmd: OrderCmd) -> Result<String, idem::Error> {
+    let outcome = order::Entity::apply_transition(
+        db,
+        cmd.order_id,
+        transition!(OrderStatus: Pending -> Paid),
+    )
+    .await?;
+    if outcome.is_applied() {
+        insert_effect(db, &cmd.run, "payment", 1).await;
+    }
+    Ok(format!("{outcome:?}"))
+}
+
+#[idempotent(scope = "test.sm.cancel", key = cmd.key)]
+async fn cancel(db: &DatabaseConnection, cmd: OrderCmd) -> Result<String, idem::Error> {
+    let outcome = order::Entity::apply_transition(
+        db,
+        cmd.order_id,
+        transition!(OrderStatus: Pending -> Cancelled),
+    )
+    .await?;
+    Ok(format!("{outcome:?}"))
+}
+
+#[idempotent(scope = "test.sm.ship", key = cmd.key)]
+async fn ship(db: &DatabaseConnection, cmd: OrderCmd) -> Result<String, idem::Error> {
+    let outcome = order::Entity::apply_transition(
+        db,
+        cmd.order_id,
+        transition!(OrderStatus: Paid -> Shipped),
+    )
+    .await?;
+    Ok(format!("{outcome:?}"))
+}
+
+fn cmd(run: &str, order_id: i64) -> OrderCmd {
+    OrderCmd {
+        key: unique(run),
+        run: run.to_owned(),
+        order_id,
+    }
+}
+
+#[test]
+fn the_declaration_is_introspectable() {
+    assert!(OrderStatus::can_transition(
+        OrderStatus::Pending,
+        OrderStatus::Paid
+    ));
+    assert!(!OrderStatus::can_transition(
+        OrderStatus::Cancelled,
+        OrderStatus::Paid
+    ));
+    // `can_transition` is a `const fn`: usable in const assertions.
+    const { assert!(OrderStatus::can_transition(OrderStatus::Paid, OrderStatus::Shipped)) };
+    assert_eq!(OrderStatus::transitions().len(), 4);
+    assert_eq!(OrderStatus::Refunded.name(), "Refunded");
+    let mermaid = OrderStatus::to_mermaid();
+    assert!(
+        mermaid.contains("[*] --> Pending") && mermaid.contains("Paid --> Refunded"),
+        "{mermaid}"
+    );
+    assert_eq!(
+        idem::Transition::new(OrderStatus::Cancelled, OrderStatus::Paid)
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidTransition
+    );
+}
+
+#[tokio::test]
+async fn pay_twice_is_already_paid_and_writes_one_payment() {
+    for b in backends().await {
+        let run = unique("sm-twice");
+        let id = new_order(&b.db, &run, OrderStatus::Pending).await;
+        assert_eq!(
+            pay(&b.db, cmd(&run, id)).await.expect("pay"),
+            "Applied",
+            "{}",
+            b.name
+        );
+        assert_eq!(
+            pay(&b.db, cmd(&run, id)).await.expect("pay again"),
+            "AlreadyApplied",
+            "{}",
+            b.name
+        );
+        assert_eq!(effects(&b.db, &run).await, 1, "{}: one payment", b.name);
+        let row = order_row(&b.db, id).await;
+        assert_eq!(
+            (row.status, row.version),
+            (OrderStatus::Paid, 1),
+            "{}",
+            b.name
+        );
+        assert_eq!(
+            ship(&b.db, cmd(&run, id)).await.expect("ship"),
+            "Applied",
+            "{}",
+            b.name
+        );
+        assert_eq!(order_row(&b.db, id).await.status, OrderStatus::Shipped);
+    }
+}
+
+#[tokio::test]
+async fn paying_a_cancelled_order_is_refused_and_writes_nothing() {
+    for b in backends().await {
+        let run = unique("sm-cancelled");
+        let id = new_order(&b.db, &run, OrderStatus::Cancelled).await;
+        let err = pay(&b.db, cmd(&run, id)).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidTransition, "{}", b.name);
+        assert_eq!(
+            err.to_string(),
+            "invalid state transition from `Cancelled` to `Paid`"
+        );
+        assert_eq!(effects(&b.db, &run).await, 0, "{}", b.name);
+        let row = order_row(&b.db, id).await;
+        assert_eq!(
+            (row.status, row.version),
+            (OrderStatus::Cancelled, 0),
+            "{}",
+            b.name
+        );
+        let missing = pay(&b.db, cmd(&run, i64::MAX - 7))
+            .await
+            .expect("missing row");
+        assert_eq!(missing, format!("{:?}", TransitionOutcome::NotFound));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn conflicting_transitions_have_exactly_one_winner() {
+    for b in backends().await {
+        let run = unique("sm-race");
+        let id = new_order(&b.db, &run, OrderStatus::Pending).await;
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..32 {
+            let (db, c) = (b.db.clone(), cmd(&run, id));
+            tasks.spawn(async move {
+                if i % 2 == 0 {
+                    ("pay", pay(&db, c).await)
+                } else {
+                    ("cancel", cancel(&db, c).await)
+                }
+            });
+        }
+        let results = tasks.join_all().await;
+        let winners: Vec<&str> = results
+            .iter()
+            .filter(|(_, r)| matches!(r, Ok(s) if s == "Applied"))
+            .map(|(who, _)| *who)
+            .collect();
+        assert_eq!(winners.len(), 1, "{}: {results:?}", b.name);
+        for (who, result) in &results {
+            match result {
+                Ok(s) => assert!(
+                    s == "Applied" || s == "AlreadyApplied",
+                    "{}: {who} {s}",
+                    b.name
+                ),
+                Err(e) => assert_eq!(
+                    e.kind(),
+                    ErrorKind::InvalidTransition,
+                    "{}: {who} {e}",
+                    b.name
+                ),
+            }
+        }
+        let row = order_row(&b.db, id).await;
+        assert_eq!(
+            row.version, 1,
+            "{}: the version advanced exactly once",
+            b.name
+        );
+        let expected = if winners[0] == "pay" {
+            OrderStatus::Paid
+        } else {
+            OrderStatus::Cancelled
+        };
+        assert_eq!(row.status, expected, "{}", b.name);
+        assert_eq!(
+            effects(&b.db, &run).await,
+            i64::from(winners[0] == "pay"),
+            "{}",
+            b.name
+        );
+    }
+}
