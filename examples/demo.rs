@@ -4,10 +4,68 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use idem::{FinalError, Outcome, idempotent, with_outcome};
+use idem::sea_orm::Stateful;
+use idem::{FinalError, Outcome, TransitionOutcome, idempotent, transition, with_outcome};
 use sea_orm::entity::prelude::*;
 use sea_orm::{ActiveValue::Set, Database, DatabaseConnection, PaginatorTrait, Schema};
 use serde::{Deserialize, Serialize};
+
+/// The order's lifecycle, declared once. `transition!` checks every use at compile time.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    EnumIter,
+    DeriveActiveEnum,
+    Serialize,
+    Deserialize,
+    idem::StateMachine,
+)]
+#[sea_orm(rs_type = "String", db_type = "String(StringLen::N(16))")]
+#[transitions(Pending -> Paid, Pending -> Cancelled, Paid -> Shipped, Paid -> Refunded)]
+pub(crate) enum OrderStatus {
+    #[sea_orm(string_value = "pending")]
+    Pending,
+    #[sea_orm(string_value = "paid")]
+    Paid,
+    #[sea_orm(string_value = "cancelled")]
+    Cancelled,
+    #[sea_orm(string_value = "shipped")]
+    Shipped,
+    #[sea_orm(string_value = "refunded")]
+    Refunded,
+}
+
+mod order {
+    use super::OrderStatus;
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "orders")]
+    pub(crate) struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub(crate) id: String,
+        pub(crate) status: OrderStatus,
+        pub(crate) version: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub(crate) enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+impl idem::sea_orm::Stateful for order::Entity {
+    type State = OrderStatus;
+    fn state_column() -> order::Column {
+        order::Column::Status
+    }
+    fn version_column() -> Option<order::Column> {
+        Some(order::Column::Version)
+    }
+}
 
 /// The business table the handler writes to.
 mod payment {
@@ -85,7 +143,29 @@ static FAIL_NEXT: AtomicUsize = AtomicUsize::new(0);
 #[idempotent(scope = "orders.pay", key = cmd.idempotency_key)]
 async fn pay_order(db: &DatabaseConnection, cmd: PayOrder) -> Result<Receipt, PayError> {
     BODY_RUNS.fetch_add(1, Ordering::SeqCst);
-    // `db` is the claim's transaction here: this insert commits with the recorded receipt.
+    // `db` is the claim's transaction here: the transition, the payment row and the recorded
+    // receipt commit together. The key stops the same request twice; the transition stops
+    // two different requests from paying one order twice.
+    let moved = order::Entity::apply_transition(
+        db,
+        cmd.order_id.clone(),
+        transition!(OrderStatus: Pending -> Paid),
+    )
+    .await?;
+    if moved == TransitionOutcome::AlreadyApplied {
+        let existing = payment::Entity::find()
+            .filter(payment::Column::OrderId.eq(cmd.order_id.as_str()))
+            .one(db)
+            .await
+            .map_err(|e| idem::Error::store("reading the payment", e))?;
+        if let Some(p) = existing {
+            return Ok(Receipt {
+                payment_id: p.id,
+                order_id: p.order_id,
+                amount_cents: p.amount_cents,
+            });
+        }
+    }
     let saved = payment::Entity::insert(payment::ActiveModel {
         order_id: Set(cmd.order_id.clone()),
         amount_cents: Set(cmd.amount_cents),
@@ -105,6 +185,34 @@ async fn pay_order(db: &DatabaseConnection, cmd: PayOrder) -> Result<Receipt, Pa
         order_id: cmd.order_id,
         amount_cents: cmd.amount_cents,
     })
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct OrderCommand {
+    idempotency_key: String,
+    order_id: String,
+}
+
+#[idempotent(scope = "orders.cancel", key = cmd.idempotency_key)]
+async fn cancel_order(db: &DatabaseConnection, cmd: OrderCommand) -> Result<String, idem::Error> {
+    let outcome = order::Entity::apply_transition(
+        db,
+        cmd.order_id,
+        transition!(OrderStatus: Pending -> Cancelled),
+    )
+    .await?;
+    Ok(format!("{outcome:?}"))
+}
+
+#[idempotent(scope = "orders.ship", key = cmd.idempotency_key)]
+async fn ship_order(db: &DatabaseConnection, cmd: OrderCommand) -> Result<String, idem::Error> {
+    let outcome = order::Entity::apply_transition(
+        db,
+        cmd.order_id,
+        transition!(OrderStatus: Paid -> Shipped),
+    )
+    .await?;
+    Ok(format!("{outcome:?}"))
 }
 
 fn cmd(key: &str, order: &str, amount_cents: i64, card: &str) -> PayOrder {
@@ -209,12 +317,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let db = Database::connect(format!("sqlite://{}?mode=rwc", path.display())).await?;
     idem::sea_orm::create_tables(&db).await?;
     let backend = db.get_database_backend();
-    db.execute(
-        Schema::new(backend)
-            .create_table_from_entity(payment::Entity)
-            .if_not_exists(),
-    )
-    .await?;
+    for mut table in [
+        Schema::new(backend).create_table_from_entity(payment::Entity),
+        Schema::new(backend).create_table_from_entity(order::Entity),
+    ] {
+        db.execute(table.if_not_exists()).await?;
+    }
+    for id in ["o-1", "o-3", "o-5", "o-6", "o-7", "o-8"] {
+        order::Entity::insert(order::ActiveModel {
+            id: Set(id.to_owned()),
+            status: Set(OrderStatus::Pending),
+            version: Set(0),
+        })
+        .exec(&db)
+        .await?;
+    }
 
     let card = "4242";
     let rows = [
@@ -265,6 +382,42 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await,
     ];
 
+    let order_cmd = |key: &str, order: &str| OrderCommand {
+        idempotency_key: key.into(),
+        order_id: order.into(),
+    };
+    let mut lifecycle = Vec::new();
+    let before = BODY_RUNS.load(Ordering::SeqCst);
+    let first = pay_order(&db, cmd("k-7a", "o-7", 2500, card)).await;
+    let again = pay_order(&db, cmd("k-7b", "o-7", 2500, card)).await;
+    lifecycle.push(Row {
+        scenario: "7. pay twice, two different keys",
+        answer: format!(
+            "{}; second key: already paid, same payment #{}",
+            describe(&first, Some(Outcome::Executed)),
+            again.as_ref().map(|r| r.payment_id).unwrap_or_default()
+        ),
+        body_runs: BODY_RUNS.load(Ordering::SeqCst) - before,
+        payments: payments(&db, "o-7").await,
+    });
+    let cancelled = cancel_order(&db, order_cmd("k-8c", "o-8")).await?;
+    let mut row = sequential(
+        &db,
+        "8. cancel, then pay the cancelled order",
+        vec![cmd("k-8p", "o-8", 900, card)],
+        false,
+    )
+    .await;
+    row.answer = format!("cancel: {cancelled}; pay: {}", row.answer);
+    lifecycle.push(row);
+    let shipped = ship_order(&db, order_cmd("k-7s", "o-7")).await?;
+    lifecycle.push(Row {
+        scenario: "9. ship the paid order",
+        answer: format!("ship: {shipped}"),
+        body_runs: 0,
+        payments: payments(&db, "o-7").await,
+    });
+
     println!("idem demo: SQLite file {}\n", path.display());
     println!(
         "{:<38} {:>9} {:>8}  answer",
@@ -277,8 +430,26 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             r.scenario, r.body_runs, r.payments, r.answer
         );
     }
+    println!("\norder lifecycle (declared transitions, guarded in the database):");
+    for r in &lifecycle {
+        println!(
+            "{:<38} {:>9} {:>8}  {}",
+            r.scenario, r.body_runs, r.payments, r.answer
+        );
+    }
+    let states: Vec<(String, OrderStatus)> = order::Entity::find()
+        .all(&db)
+        .await?
+        .into_iter()
+        .map(|o| (o.id, o.status))
+        .collect();
+    println!("\nfinal order states: {states:?}");
     println!(
-        "\n'body runs': executions of the handler body. 'payments': committed payment rows of the order."
+        "\n'body runs': executions of the pay handler's body. 'payments': committed payment rows of the order."
+    );
+    println!(
+        "\nthe order lifecycle as declared (Mermaid):\n\n{}",
+        OrderStatus::to_mermaid()
     );
     Ok(())
 }
