@@ -92,6 +92,17 @@ pub mod store {
     pub use idem_core::{Claim, ClaimRequest, Concurrency, RecordStatus, Recorded, Store};
 }
 
+/// HTTP glue for axum 0.8 (the IETF Idempotency-Key draft): the `Idempotency-Key` extractor,
+/// problem+json errors with the draft's statuses, and [`respond`](axum::respond), which adds
+/// `Idempotent-Replayed: true` to replays.
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub mod axum {
+    pub use idem_core::http::{
+        IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, Problem, respond,
+    };
+}
+
 /// The SeaORM ledger store: schema, migration, purge.
 #[cfg(feature = "sea-orm")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sea-orm")))]

@@ -173,7 +173,12 @@ fn the_declaration_is_introspectable() {
         OrderStatus::Paid
     ));
     // `can_transition` is a `const fn`: usable in const assertions.
-    const { assert!(OrderStatus::can_transition(OrderStatus::Paid, OrderStatus::Shipped)) };
+    const {
+        assert!(OrderStatus::can_transition(
+            OrderStatus::Paid,
+            OrderStatus::Shipped
+        ))
+    };
     assert_eq!(OrderStatus::transitions().len(), 4);
     assert_eq!(OrderStatus::Refunded.name(), "Refunded");
     let mermaid = OrderStatus::to_mermaid();

@@ -73,6 +73,7 @@ impl<T, E> HandlerOutput for Result<T, E> {
     note = "derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
 )]
 pub trait Replayable: Serialize + DeserializeOwned {}
+#[diagnostic::do_not_recommend] // report `T: Replayable` (with its note), not each serde trait
 impl<T: Serialize + DeserializeOwned> Replayable for T {}
 
 /// The error type of an `#[idempotent]` handler: it must absorb idem's own errors.
@@ -82,6 +83,7 @@ impl<T: Serialize + DeserializeOwned> Replayable for T {}
     note = "add `impl From<idem::Error> for {Self}` (for example a `#[error(transparent)] Idem(#[from] idem::Error)` variant)"
 )]
 pub trait HandlerError: From<Error> {}
+#[diagnostic::do_not_recommend] // report `E: HandlerError` (with its note), not `From`
 impl<E: From<Error>> HandlerError for E {}
 
 /// An error type whose deterministic failures (card declined, invalid transition) are
@@ -226,6 +228,15 @@ impl<S: Store> Call<S> {
             concurrency: site.concurrency,
             savepoint: finality.is_some(),
         };
+        let span = tracing::info_span!(
+            "idem",
+            scope = site.scope,
+            key_hash = %KeyHash(&request.id),
+            principal = request.principal,
+            outcome = tracing::field::Empty,
+        );
+        // The raw key only at debug level: keys can carry user data.
+        tracing::debug!(parent: &span, key = key.as_str(), "claiming");
         let bound = match site.concurrency {
             Concurrency::Wait { bound } => bound,
             _ => Concurrency::DEFAULT_BOUND,
@@ -245,20 +256,27 @@ impl<S: Store> Call<S> {
                     request,
                     key,
                     finality,
+                    span,
                     _output: PhantomData,
                 });
             }
             Ok(Claim::Recorded(recorded)) => recorded,
             Ok(Claim::InFlight) => {
+                span.record("outcome", "in_flight");
                 return Err(R::from_result(Err(Error::InFlight {
                     scope: site.scope.to_owned(),
                     retry_after: RETRY_AFTER,
                 }
                 .into())));
             }
-            Err(e) => return Err(R::from_result(Err(e.into()))),
+            Err(e) => {
+                span.record("outcome", "error");
+                tracing::warn!(parent: &span, error = %e, "claim failed");
+                return Err(R::from_result(Err(e.into())));
+            }
         };
         if recorded.fingerprint != fingerprint {
+            span.record("outcome", "reused");
             return Err(R::from_result(Err(Error::KeyReused {
                 scope: site.scope.to_owned(),
             }
@@ -286,10 +304,15 @@ impl<S: Store> Call<S> {
         };
         Err(R::from_result(match replay {
             Ok(answer) => {
+                span.record("outcome", "replayed");
                 outcome::report(Outcome::Replayed);
                 answer
             }
-            Err(e) => Err(e.into()),
+            Err(e) => {
+                span.record("outcome", "error");
+                tracing::warn!(parent: &span, error = %e, "replay failed");
+                Err(e.into())
+            }
         }))
     }
 }
@@ -332,6 +355,7 @@ pub struct Guard<S: Store, R: HandlerOutput> {
     request: OwnedRequest,
     key: Key,
     finality: Option<Finality<R::Error>>,
+    span: tracing::Span,
     _output: PhantomData<fn() -> R>,
 }
 
@@ -345,6 +369,12 @@ where
         &self.tx
     }
 
+    /// Runs the body inside the call's tracing span, so the handler's own logs carry the
+    /// scope and key hash.
+    pub fn in_span<F: std::future::Future>(&self, body: F) -> tracing::instrument::Instrumented<F> {
+        tracing::Instrument::instrument(body, self.span.clone())
+    }
+
     /// Records the body's result and commits, or releases the key, and returns what the
     /// caller gets.
     pub async fn finish(self, output: R) -> R {
@@ -356,6 +386,7 @@ where
             request,
             key,
             finality,
+            span,
             ..
         } = self;
         let request = ClaimRequest {
@@ -386,6 +417,7 @@ where
                 // A transient error: roll back so a retry executes again. A failed rollback
                 // changes nothing for the caller: the dropped transaction rolls back anyway.
                 let _ = store.release(tx).await;
+                span.record("outcome", "released");
                 return R::from_result(Err(error));
             }
         };
@@ -398,10 +430,15 @@ where
         };
         R::from_result(match recorded {
             Ok(()) => {
+                span.record("outcome", "executed");
                 outcome::report(Outcome::Executed);
                 answer
             }
-            Err(e) => Err(e.into()),
+            Err(e) => {
+                span.record("outcome", "error");
+                tracing::warn!(parent: &span, error = %e, "recording failed; rolled back");
+                Err(e.into())
+            }
         })
     }
 }
@@ -418,6 +455,15 @@ async fn record<S: Store>(
         store.rollback_to_claim(&tx).await?;
     }
     store.record(tx, request, status, payload).await
+}
+
+/// The first 8 bytes of a record id in hex: identifies a key in logs without revealing it.
+struct KeyHash<'a>(&'a [u8; 32]);
+
+impl std::fmt::Display for KeyHash<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0[..8].iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
 }
 
 /// The ledger id of `(scope, principal, key)`: SHA-256 over the length-prefixed parts, so no

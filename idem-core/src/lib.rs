@@ -6,6 +6,8 @@
 
 mod error;
 mod fingerprint;
+#[cfg(feature = "axum")]
+pub mod http;
 mod key;
 mod memory;
 mod outcome;

@@ -89,6 +89,13 @@ impl<S: StateMachine> Transition<S> {
         } else if current == self.from {
             Ok(TransitionOutcome::Applied)
         } else {
+            // Inside an idempotent call this lands in its span, next to scope and key hash.
+            tracing::info!(
+                outcome = "invalid_transition",
+                from = current.name(),
+                to = self.to.name(),
+                "transition refused"
+            );
             Err(invalid(current, self.to))
         }
     }

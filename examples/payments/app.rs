@@ -1,0 +1,388 @@
+//! The payments service: routes, handlers and the idempotent domain functions. Shared by
+//! `main.rs` and the HTTP tests (`tests/http.rs` includes this file).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use idem::axum::{IdempotencyKey, Problem, respond};
+use idem::sea_orm::Stateful;
+use idem::{TransitionOutcome, idempotent, transition};
+use sea_orm::entity::prelude::*;
+use sea_orm::{ActiveValue::Set, DatabaseConnection, QueryOrder, Schema};
+use serde::{Deserialize, Serialize};
+
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    EnumIter,
+    DeriveActiveEnum,
+    Serialize,
+    Deserialize,
+    idem::StateMachine,
+)]
+#[sea_orm(rs_type = "String", db_type = "String(StringLen::N(16))")]
+#[serde(rename_all = "lowercase")]
+#[transitions(Pending -> Paid, Pending -> Cancelled, Paid -> Shipped, Paid -> Refunded)]
+pub(crate) enum OrderStatus {
+    #[sea_orm(string_value = "pending")]
+    Pending,
+    #[sea_orm(string_value = "paid")]
+    Paid,
+    #[sea_orm(string_value = "cancelled")]
+    Cancelled,
+    #[sea_orm(string_value = "shipped")]
+    Shipped,
+    #[sea_orm(string_value = "refunded")]
+    Refunded,
+}
+
+pub(crate) mod order {
+    use super::OrderStatus;
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "shop_orders")]
+    pub(crate) struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub(crate) id: String,
+        pub(crate) customer: String,
+        pub(crate) amount_cents: i64,
+        pub(crate) currency: String,
+        pub(crate) status: OrderStatus,
+        pub(crate) version: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub(crate) enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub(crate) mod payment {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "shop_payments")]
+    pub(crate) struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub(crate) id: String,
+        pub(crate) order_id: String,
+        pub(crate) amount_cents: i64,
+        pub(crate) charge_id: String,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub(crate) enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+impl Stateful for order::Entity {
+    type State = OrderStatus;
+    fn state_column() -> order::Column {
+        order::Column::Status
+    }
+    fn version_column() -> Option<order::Column> {
+        Some(order::Column::Version)
+    }
+}
+
+/// A simulated payment gateway with its own idempotency: a charge key seen before returns
+/// the charge it created then (as Stripe does). The second line of defence for effects
+/// outside our database.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Gateway {
+    charges: Arc<Mutex<HashMap<String, String>>>,
+}
+
+impl Gateway {
+    pub(crate) fn charge(&self, idempotency_key: &str, amount_cents: i64) -> String {
+        let mut charges = self
+            .charges
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let next = charges.len() + 1;
+        charges
+            .entry(idempotency_key.to_owned())
+            .or_insert_with(|| format!("ch_{next:06}_{amount_cents}"))
+            .clone()
+    }
+
+    /// How many distinct charges it made.
+    #[allow(dead_code)] // read by tests/http.rs, which includes this file
+    pub(crate) fn charges(&self) -> usize {
+        self.charges
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct AppState {
+    pub(crate) db: DatabaseConnection,
+    pub(crate) gateway: Gateway,
+}
+
+/// Creates the service's tables and the idem ledger.
+pub(crate) async fn create_tables(
+    db: &DatabaseConnection,
+) -> Result<(), Box<dyn std::error::Error>> {
+    idem::sea_orm::create_tables(db).await?;
+    let schema = Schema::new(db.get_database_backend());
+    for mut table in [
+        schema.create_table_from_entity(order::Entity),
+        schema.create_table_from_entity(payment::Entity),
+    ] {
+        db.execute(table.if_not_exists()).await?;
+    }
+    Ok(())
+}
+
+pub(crate) fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/orders", post(create_order))
+        .route("/orders/{id}", get(show_order))
+        .route("/orders/{id}/pay", post(pay_order))
+        .route("/orders/{id}/cancel", post(cancel_order))
+        .with_state(state)
+}
+
+/// The service's errors: idem's own, plus its domain errors.
+#[derive(Debug)]
+pub(crate) enum ApiError {
+    Idem(idem::Error),
+    NotFound(String),
+    Database,
+}
+
+impl From<idem::Error> for ApiError {
+    fn from(e: idem::Error) -> Self {
+        Self::Idem(e)
+    }
+}
+
+impl From<DbErr> for ApiError {
+    fn from(e: DbErr) -> Self {
+        tracing::error!(error = %e, "database error");
+        Self::Database
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        match self {
+            Self::Idem(e) => e.into_response(),
+            Self::NotFound(id) => {
+                Problem::new(404, "not-found", "Not found", format!("no order `{id}`"))
+                    .into_response()
+            }
+            Self::Database => Problem::new(
+                503,
+                "store",
+                "Service unavailable",
+                "the database is unavailable; retry later",
+            )
+            .into_response(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct NewOrder {
+    pub(crate) customer: String,
+    pub(crate) amount_cents: i64,
+    pub(crate) currency: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct OrderView {
+    pub(crate) id: String,
+    pub(crate) status: OrderStatus,
+    pub(crate) customer: String,
+    pub(crate) amount_cents: i64,
+    pub(crate) currency: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct PayRequest {
+    pub(crate) amount_cents: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct PaymentView {
+    pub(crate) order_id: String,
+    pub(crate) status: OrderStatus,
+    pub(crate) payment_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct StatusView {
+    pub(crate) order_id: String,
+    pub(crate) status: OrderStatus,
+}
+
+// ---- the idempotent domain functions: plain async fns, no HTTP in sight ----
+
+#[idempotent(scope = "shop.orders.create", key = key)]
+async fn place_order(
+    db: &DatabaseConnection,
+    key: IdempotencyKey,
+    new: NewOrder,
+) -> Result<OrderView, ApiError> {
+    let saved = order::Entity::insert(order::ActiveModel {
+        id: Set(format!("ord_{}", uuid::Uuid::new_v4().simple())),
+        customer: Set(new.customer),
+        amount_cents: Set(new.amount_cents),
+        currency: Set(new.currency),
+        status: Set(OrderStatus::Pending),
+        version: Set(0),
+    })
+    .exec_with_returning(db)
+    .await?;
+    Ok(OrderView {
+        id: saved.id,
+        status: saved.status,
+        customer: saved.customer,
+        amount_cents: saved.amount_cents,
+        currency: saved.currency,
+    })
+}
+
+#[idempotent(scope = "shop.orders.pay", key = key, skip(gateway))]
+async fn pay(
+    db: &DatabaseConnection,
+    gateway: &Gateway,
+    key: IdempotencyKey,
+    order_id: String,
+    request: PayRequest,
+) -> Result<PaymentView, ApiError> {
+    let moved = order::Entity::apply_transition(
+        db,
+        order_id.clone(),
+        transition!(OrderStatus: Pending -> Paid),
+    )
+    .await?;
+    match moved {
+        TransitionOutcome::NotFound => Err(ApiError::NotFound(order_id)),
+        // Already paid under another key: answer with the payment that exists.
+        TransitionOutcome::AlreadyApplied => {
+            let existing = payment::Entity::find()
+                .filter(payment::Column::OrderId.eq(order_id.as_str()))
+                .order_by_asc(payment::Column::Id)
+                .one(db)
+                .await?
+                .ok_or_else(|| ApiError::NotFound(order_id.clone()))?;
+            Ok(PaymentView {
+                order_id,
+                status: OrderStatus::Paid,
+                payment_id: existing.id,
+            })
+        }
+        _ => {
+            // The gateway deduplicates on a key derived from ours (scope:key:step), so a
+            // rolled-back attempt that charged is not charged again on retry.
+            let charge_key = format!("shop.orders.pay:{}:charge", key.key());
+            let charge_id = gateway.charge(&charge_key, request.amount_cents);
+            let saved = payment::Entity::insert(payment::ActiveModel {
+                id: Set(format!("pay_{}", uuid::Uuid::new_v4().simple())),
+                order_id: Set(order_id.clone()),
+                amount_cents: Set(request.amount_cents),
+                charge_id: Set(charge_id),
+            })
+            .exec_with_returning(db)
+            .await?;
+            Ok(PaymentView {
+                order_id,
+                status: OrderStatus::Paid,
+                payment_id: saved.id,
+            })
+        }
+    }
+}
+
+#[idempotent(scope = "shop.orders.cancel", key = key)]
+async fn cancel(
+    db: &DatabaseConnection,
+    key: IdempotencyKey,
+    order_id: String,
+) -> Result<StatusView, ApiError> {
+    let moved = order::Entity::apply_transition(
+        db,
+        order_id.clone(),
+        transition!(OrderStatus: Pending -> Cancelled),
+    )
+    .await?;
+    if moved == TransitionOutcome::NotFound {
+        return Err(ApiError::NotFound(order_id));
+    }
+    Ok(StatusView {
+        order_id,
+        status: OrderStatus::Cancelled,
+    })
+}
+
+// ---- HTTP handlers: extract, call, respond ----
+
+async fn create_order(
+    State(app): State<AppState>,
+    key: IdempotencyKey,
+    Json(new): Json<NewOrder>,
+) -> Response {
+    respond(StatusCode::CREATED, place_order(&app.db, key, new)).await
+}
+
+async fn pay_order(
+    State(app): State<AppState>,
+    key: IdempotencyKey,
+    Path(id): Path<String>,
+    Json(request): Json<PayRequest>,
+) -> Response {
+    respond(StatusCode::OK, pay(&app.db, &app.gateway, key, id, request)).await
+}
+
+async fn cancel_order(
+    State(app): State<AppState>,
+    key: IdempotencyKey,
+    Path(id): Path<String>,
+) -> Response {
+    respond(StatusCode::OK, cancel(&app.db, key, id)).await
+}
+
+async fn show_order(
+    State(app): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let Some(found) = order::Entity::find_by_id(id.clone()).one(&app.db).await? else {
+        return Err(ApiError::NotFound(id));
+    };
+    let payments: Vec<serde_json::Value> = payment::Entity::find()
+        .filter(payment::Column::OrderId.eq(id.as_str()))
+        .all(&app.db)
+        .await?
+        .into_iter()
+        .map(|p| {
+            serde_json::json!({
+                "id": p.id, "amount_cents": p.amount_cents, "charge_id": p.charge_id
+            })
+        })
+        .collect();
+    Ok(Json(serde_json::json!({
+        "id": found.id,
+        "status": found.status,
+        "customer": found.customer,
+        "amount_cents": found.amount_cents,
+        "currency": found.currency,
+        "payments": payments,
+    }))
+    .into_response())
+}
