@@ -21,9 +21,12 @@ impl MigrationName for Migration {
     }
 }
 
+// The elided lifetime must stay elided: `async_trait` expands the trait's `&SchemaManager`
+// with a late-bound lifetime, and `<'_>` would make it early-bound (E0195).
+#[allow(elided_lifetimes_in_paths)]
 #[async_trait::async_trait]
 impl MigrationTrait for Migration {
-    async fn up(&self, manager: &SchemaManager<'_>) -> Result<(), DbErr> {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let db = manager.get_connection();
         for sql in Dialect::of(db.get_database_backend()).create {
             db.execute_unprepared(sql).await?;
@@ -31,7 +34,7 @@ impl MigrationTrait for Migration {
         Ok(())
     }
 
-    async fn down(&self, manager: &SchemaManager<'_>) -> Result<(), DbErr> {
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         manager
             .get_connection()
             .execute_unprepared("DROP TABLE IF EXISTS idem_ledger")
