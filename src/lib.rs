@@ -120,33 +120,15 @@ pub mod sea_orm {
 pub mod __private {
     pub use core::time::Duration;
     pub use idem_core::Concurrency;
-    pub use idem_core::engine::{Call, FinalProbe, Guard, HandlerOutput, Site, ViaFinal, ViaPlain};
+    pub use idem_core::engine::{
+        Call, FinalProbe, Guard, HandlerOutput, Site, ViaFinal, ViaPlain, run,
+    };
 
-    use idem_core::engine::{Finality, HandlerError, Replayable};
     use idem_core::{Error, Key, KeySource, Store};
 
     /// Validates the key (or principal) expression's value.
     pub fn key<K: KeySource + ?Sized>(source: &K) -> Result<Key, Error> {
         source.to_key()
-    }
-
-    /// Claims the key, runs the body in the claim's transaction, then records or releases.
-    /// A replay or an idem error returns without running the body. Every bound on the
-    /// handler's return type is here, on one call, so an unsuitable type is one error.
-    pub async fn run<S, R, F>(call: Call<S>, finality: Option<Finality<R::Error>>, body: F) -> R
-    where
-        S: Store,
-        R: HandlerOutput,
-        R::Ok: Replayable,
-        R::Error: HandlerError,
-        F: AsyncFnOnce(&S::Tx) -> R,
-    {
-        let guard = match call.claim::<R>(finality).await {
-            Ok(guard) => guard,
-            Err(answer) => return answer,
-        };
-        let output = body(guard.tx()).await;
-        guard.finish(output).await
     }
 
     /// Something `#[idempotent]` can claim keys on.

@@ -86,6 +86,16 @@ pub trait HandlerError: From<Error> {}
 #[diagnostic::do_not_recommend] // report `E: HandlerError` (with its note), not `From`
 impl<E: From<Error>> HandlerError for E {}
 
+/// An argument `#[idempotent]` can fingerprint: anything serde can write.
+#[diagnostic::on_unimplemented(
+    message = "argument of type `{Self}` cannot be fingerprinted by `#[idempotent]`",
+    label = "this argument goes into the fingerprint",
+    note = "derive `serde::Serialize` for `{Self}`, or leave the argument out of the fingerprint with `skip(<name>)`"
+)]
+pub trait Fingerprintable: Serialize {}
+#[diagnostic::do_not_recommend] // report `T: Fingerprintable` (with its note), not `Serialize`
+impl<T: Serialize + ?Sized> Fingerprintable for T {}
+
 /// An error type whose deterministic failures (card declined, invalid transition) are
 /// recorded and replayed like results, instead of releasing the key.
 ///
@@ -187,7 +197,7 @@ impl<S: Store> Call<S> {
     }
 
     /// Adds an argument to the fingerprint.
-    pub fn arg<T: Serialize + ?Sized>(&mut self, value: &T) {
+    pub fn arg<T: Fingerprintable + ?Sized>(&mut self, value: &T) {
         if self.fingerprint_error.is_none()
             && let Err(e) = self.fingerprint.arg(value)
         {
@@ -247,7 +257,6 @@ impl<S: Store> Call<S> {
         };
         let recorded = match claimed {
             Ok(Claim::Execute(tx)) => {
-                outcome::nest(true);
                 let request = OwnedRequest::from(&request);
                 return Ok(Guard {
                     store: self.store,
@@ -257,6 +266,7 @@ impl<S: Store> Call<S> {
                     key,
                     finality,
                     span,
+                    nested: outcome::Nested::enter(),
                     _output: PhantomData,
                 });
             }
@@ -356,6 +366,9 @@ pub struct Guard<S: Store, R: HandlerOutput> {
     key: Key,
     finality: Option<Finality<R::Error>>,
     span: tracing::Span,
+    /// Keeps nested calls from reporting while the body runs; dropped by `finish`, or with
+    /// the guard when the call is cancelled.
+    nested: outcome::Nested,
     _output: PhantomData<fn() -> R>,
 }
 
@@ -378,7 +391,6 @@ where
     /// Records the body's result and commits, or releases the key, and returns what the
     /// caller gets.
     pub async fn finish(self, output: R) -> R {
-        outcome::nest(false);
         let Self {
             store,
             tx,
@@ -387,8 +399,10 @@ where
             key,
             finality,
             span,
+            nested,
             ..
         } = self;
+        drop(nested);
         let request = ClaimRequest {
             scope: site.scope,
             principal: &request.principal,
@@ -455,6 +469,26 @@ async fn record<S: Store>(
         store.rollback_to_claim(&tx).await?;
     }
     store.record(tx, request, status, payload).await
+}
+
+/// What `#[idempotent]` expands to: claims the key, runs the body in the claim's transaction
+/// (inside the call's tracing span), then records or releases. A replay or an idem error
+/// returns without running the body. Every bound on the handler's return type is here, on one
+/// call, so an unsuitable type is one compile error.
+pub async fn run<S, R, F>(call: Call<S>, finality: Option<Finality<R::Error>>, body: F) -> R
+where
+    S: Store,
+    R: HandlerOutput,
+    R::Ok: Replayable,
+    R::Error: HandlerError,
+    F: AsyncFnOnce(&S::Tx) -> R,
+{
+    let guard = match call.claim::<R>(finality).await {
+        Ok(guard) => guard,
+        Err(answer) => return answer,
+    };
+    let output = guard.in_span(body(guard.tx())).await;
+    guard.finish(output).await
 }
 
 /// The first 8 bytes of a record id in hex: identifies a key in logs without revealing it.

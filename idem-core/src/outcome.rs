@@ -59,8 +59,28 @@ pub(crate) fn report(outcome: Outcome) {
     });
 }
 
+/// A handler body in progress: calls nested in it do not report until it is dropped, when
+/// the body finishes or the call is cancelled (a cancelled call must not leave the depth
+/// raised, or no later call in the same `with_outcome` would report).
+#[derive(Debug)]
+pub(crate) struct Nested(());
+
+impl Nested {
+    /// Enters a handler body.
+    pub(crate) fn enter() -> Self {
+        nest(true);
+        Self(())
+    }
+}
+
+impl Drop for Nested {
+    fn drop(&mut self) {
+        nest(false);
+    }
+}
+
 /// Marks the start (`+1`) or end (`-1`) of a handler body, so nested calls do not report.
-pub(crate) fn nest(enter: bool) {
+fn nest(enter: bool) {
     let _ = TRACKER.try_with(|t| {
         let depth = t.depth.get();
         t.depth.set(if enter {

@@ -261,7 +261,7 @@ impl Parse for RawArgs {
                                 .copied()
                                 .find(|a| edit_distance(a, &label) <= 2)
                         })
-                        .map(|to| format!("; did you mean `{to}`?"))
+                        .map(|to| format!(" (did you mean `{to}`?)"))
                         .unwrap_or_default();
                     let all = ARGUMENTS
                         .iter()
@@ -308,19 +308,18 @@ impl Parse for RawArgs {
                 ),
             );
         }
-        let args = match (scope, key) {
-            (Some(scope), Some(key)) => Some(Args {
-                scope,
-                key,
-                principal,
-                skip: skip.unwrap_or_default(),
-                ttl_ms: ttl_ms.unwrap_or(24 * 3_600_000),
-                reject: reject.unwrap_or(false),
-                conn,
-                krate,
-            }),
-            _ => None,
-        };
+        // A missing `scope` or `key` is already an error, so the expansion is discarded; the
+        // placeholders only let the signature checks run, and their errors join these.
+        let args = Some(Args {
+            scope: scope.unwrap_or_else(|| LitStr::new("", Span::call_site())),
+            key: key.unwrap_or_else(|| syn::parse_quote!(())),
+            principal,
+            skip: skip.unwrap_or_default(),
+            ttl_ms: ttl_ms.unwrap_or(24 * 3_600_000),
+            reject: reject.unwrap_or(false),
+            conn,
+            krate,
+        });
         Ok(Self { args, errors })
     }
 }

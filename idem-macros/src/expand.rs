@@ -1,18 +1,18 @@
 //! Signature checks and code generation for `#[idempotent]`. Only glue: every decision is a
 //! call into `::idem::__private`, which lives in idem-core.
 
-use proc_macro2::{Group, Span, TokenStream, TokenTree};
+use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit::Visit;
-use syn::{FnArg, Ident, ItemFn, Pat, ReturnType, Type};
+use syn::{Expr, FnArg, Ident, ItemFn, Pat, ReturnType, Type};
 
 use crate::args::{Args, Conn};
 
-/// A parameter that goes into the fingerprint: the names it binds, and its type's span.
+/// A parameter that goes into the fingerprint: the names it binds, and where its type is.
 struct Fingerprinted {
     names: Vec<Ident>,
-    ty_span: Span,
+    ty: Range,
 }
 
 /// What the checks found out about the signature.
@@ -65,7 +65,7 @@ fn plan(args: &Args, item: &ItemFn, errors: &mut Vec<syn::Error>) -> Option<Plan
         ReturnType::Default => {
             errors.push(syn::Error::new(
                 sig.ident.span(),
-                "`#[idempotent]` handlers return `Result<T, E>`: `T` is recorded and replayed, `E: From<idem::Error>` carries idem's errors; add a return type",
+                "`#[idempotent]` needs a return type: add `-> Result<T, E>` (`T` is recorded and replayed, `E: From<idem::Error>` carries idem's errors)",
             ));
             None
         }
@@ -174,7 +174,7 @@ fn plan(args: &Args, item: &ItemFn, errors: &mut Vec<syn::Error>) -> Option<Plan
                 .collect();
             (!names.is_empty()).then(|| Fingerprinted {
                 names,
-                ty_span: ty.span(),
+                ty: Range::of(ty),
             })
         })
         .collect();
@@ -213,18 +213,91 @@ pub(crate) fn fallback(mut item: ItemFn) -> TokenStream {
     item.into_token_stream()
 }
 
-/// `tokens` reported at `span`: each token keeps its name resolution but takes the location.
+/// Where some user tokens are: their first and last token. Generated code whose first token
+/// sits at `first` and last at `last` is reported over exactly those tokens (a stable proc
+/// macro cannot join spans itself).
+#[derive(Clone, Copy)]
+struct Range {
+    first: Span,
+    last: Span,
+}
+
+impl Range {
+    fn of(tokens: &impl ToTokens) -> Self {
+        let mut tokens = tokens.to_token_stream().into_iter();
+        let first = tokens.next().map_or_else(Span::call_site, |t| match &t {
+            TokenTree::Group(g) => g.span_open(),
+            other => other.span(),
+        });
+        let last = tokens.last().map_or(first, |t| match &t {
+            TokenTree::Group(g) => g.span_close(),
+            other => other.span(),
+        });
+        Self { first, last }
+    }
+
+    /// `callee(leading, &operand)`, which rustc reports over the range (operand ending at `last`). The
+    /// call's own tokens take the user's spans as they are: spans join only within one
+    /// hygiene context, and a callee over the same range as the argument gets no extra label.
+    /// A proc macro's call-site tokens resolve like the user's, so resolution is unchanged.
+    fn call_with_borrow(
+        self,
+        callee: &TokenStream,
+        leading: &TokenStream,
+        operand: &TokenStream,
+    ) -> TokenStream {
+        let mut callee: Vec<TokenTree> = callee.clone().into_iter().collect();
+        for token in &mut callee {
+            token.set_span(self.first);
+        }
+        if let Some(token) = callee.last_mut() {
+            token.set_span(self.last);
+        }
+        let borrow = quote_spanned!(self.first=> &);
+        let mut args = Group::new(Delimiter::Parenthesis, quote!(#leading #borrow #operand));
+        args.set_span(self.last);
+        quote!(#(#callee)* #args)
+    }
+}
+
+/// `expr` as the operand of `&`. Parentheses only where `&` would bind tighter: added ones
+/// would stand for the expression in error messages, with a one-token span.
+fn borrow_operand(expr: &Expr) -> TokenStream {
+    match expr {
+        Expr::Path(_)
+        | Expr::Field(_)
+        | Expr::MethodCall(_)
+        | Expr::Call(_)
+        | Expr::Index(_)
+        | Expr::Lit(_)
+        | Expr::Paren(_)
+        | Expr::Tuple(_)
+        | Expr::Array(_)
+        | Expr::Struct(_)
+        | Expr::Macro(_)
+        | Expr::Try(_)
+        | Expr::Await(_)
+        | Expr::Reference(_)
+        | Expr::Unary(_)
+        | Expr::Block(_) => expr.to_token_stream(),
+        _ => quote!((#expr)),
+    }
+}
+
+/// `tokens` reported at `span`, all of them on the same span (rustc merges errors only on
+/// equal spans). Identifiers resolve as the macro's own (call-site) tokens do.
 fn respan(tokens: &TokenStream, span: Span) -> TokenStream {
+    let span = Span::call_site().located_at(span);
     tokens
         .clone()
         .into_iter()
         .map(|mut token| {
             if let TokenTree::Group(group) = &token {
                 let mut inner = Group::new(group.delimiter(), respan(&group.stream(), span));
-                inner.set_span(group.span().located_at(span));
+                inner.set_span(span);
                 token = TokenTree::Group(inner);
             } else {
-                token.set_span(token.span().located_at(span));
+                token.set_span(span);
             }
             token
         })
@@ -253,12 +326,16 @@ fn impl_trait_span(ty: &Type) -> Option<Span> {
 /// async fn pay(db: &DatabaseConnection, cmd: Pay) -> Result<Receipt, PayError> {
 ///     static __IDEM_SITE: Site = Site::new("orders.pay", ttl, policy);
 ///     let __idem_conn = &(db);
-///     let mut __idem_call = Call::new(&__IDEM_SITE, store(__idem_conn), key(&(cmd.key)));
-///     __idem_call.arg(&cmd);
-///     let __idem_finality = (&&FinalProbe::<PayError>::new()).finality();
-///     // claim; replay or run the body in the claim's transaction; record + commit, or release
-///     run::<_, Result<Receipt, PayError>, _>(__idem_call, __idem_finality,
-///         async move |db| -> Result<Receipt, PayError> { BODY }).await
+///     let mut __idem_call = Call::new(&__IDEM_SITE, store(__idem_conn), key(&cmd.key));
+///     Call::arg(&mut __idem_call, &cmd);
+///     // claim; replay, or run the body in the claim's transaction; record + commit, or release
+///     run::<_, Result<Receipt, PayError>, _>(
+///         __idem_call,
+///         (&&FinalProbe::<PayError>::new()).finality(),
+///         async move |db| -> Result<Receipt, PayError> {
+///             let __idem_out: Result<Receipt, PayError> = { BODY };
+///             __idem_out
+///         }).await
 /// }
 /// ```
 pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> {
@@ -285,23 +362,32 @@ pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> 
     } else {
         quote!(#p::Concurrency::DEFAULT)
     };
-    // Calls whose bounds rustc checks are spanned at the user's tokens they check, so the
-    // error lands there (the key expression, the connection, a parameter's type, the return
-    // type) and not on the attribute.
+    // Each call whose bounds rustc checks covers exactly the user's tokens it checks (the key
+    // expression, a parameter's type, the return type), so the error lands there, once.
     let key = &args.key;
-    let key_call = {
-        let p = respan(&p, key.span());
-        quote_spanned!(key.span()=> #p::key(&(#key)))
-    };
+    let key_call =
+        Range::of(key).call_with_borrow(&quote!(#p::key), &quote!(), &borrow_operand(key));
     let principal = args.principal.as_ref().map(|principal| {
-        let p = respan(&p, principal.span());
-        let call = quote_spanned!(principal.span()=> #p::key(&(#principal)));
+        let call = Range::of(principal).call_with_borrow(
+            &quote!(#p::key),
+            &quote!(),
+            &borrow_operand(principal),
+        );
         quote!(__idem_call.principal(#call);)
     });
+    let arg = quote!(#p::Call::arg);
     let fingerprint_args = plan.fingerprinted.iter().flat_map(|f| {
+        let arg = &arg;
         f.names.iter().map(move |name| {
-            let name = Ident::new(&name.to_string(), name.span().located_at(f.ty_span));
-            quote_spanned!(f.ty_span=> __idem_call.arg(&#name);)
+            let name = Ident::new(&name.to_string(), name.span().located_at(f.ty.last));
+            let call =
+                f.ty.call_with_borrow(arg, &quote!(&mut __idem_call,), &name.to_token_stream());
+            // The call carries the user's spans, so clippy sees `_name` used as user code.
+            let allow = name
+                .to_string()
+                .starts_with('_')
+                .then(|| quote!(#[allow(clippy::used_underscore_binding)]));
+            quote!(#allow #call;)
         })
     });
     let Plan {
@@ -310,19 +396,41 @@ pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> 
         output,
         ..
     } = plan;
-    let conn_span = conn_expr.span();
-    let conn = Ident::new("__idem_conn", Span::call_site().located_at(conn_span));
-    let store_call = {
-        let p = respan(&p, conn_span);
-        quote_spanned!(conn_span=> #p::store(#conn))
-    };
-    let run = {
-        let p = respan(&p, output.span());
-        quote_spanned!(output.span()=> #p::run::<_, #output, _>)
-    };
-
+    let conn = Ident::new(
+        "__idem_conn",
+        Span::call_site().located_at(conn_expr.span()),
+    );
+    // One span for the whole call: the connection's bound and its `Store` projection then
+    // fail on the same span, and rustc reports them once.
+    let store_call = respan(&quote!(#p::store(#conn)), conn.span());
+    // `run` checks the return type's bounds, and so does every use of its future (the
+    // `.await`). All of that glue, the return type inside it included, sits on one span (the
+    // return type's first token), so rustc reports an unsuitable type once.
+    let at = Range::of(&output).first;
+    let run = respan(&quote!(#p::run::<_, #output, _>), at);
+    let finality = respan(
+        &quote!((&&#p::FinalProbe::<<#output as #p::HandlerOutput>::Error>::new()).finality()),
+        at,
+    );
     let body = &item.block;
-    // Inner attributes stay in `item.attrs`: `ItemFn` prints them at the top of the new body.
+    let mut run_args = Group::new(
+        Delimiter::Parenthesis,
+        quote! {
+            __idem_call,
+            #finality,
+            // The body sees the claim's transaction under the connection's name, so its writes
+            // commit (or roll back) together with the recorded result. The `let` gives the body
+            // its expected type, so a type mismatch is reported inside the body.
+            async move |#[allow(unused_variables)] #conn_binding| -> #output {
+                let __idem_out: #output = #body;
+                #[allow(unreachable_code)] // after a body that ends in `return`
+                __idem_out
+            },
+        },
+    );
+    run_args.set_span(Span::call_site().located_at(at));
+    let dot_await = respan(&quote!(.await), at);
+
     let new_body = quote! {{
         #[allow(unused_imports)]
         use #p::{ViaFinal as _, ViaPlain as _};
@@ -336,16 +444,7 @@ pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> 
         let mut __idem_call = #p::Call::new(&__IDEM_SITE, #store_call, #key_call);
         #principal
         #(#fingerprint_args)*
-        let __idem_finality =
-            (&&#p::FinalProbe::<<#output as #p::HandlerOutput>::Error>::new()).finality();
-        // The body sees the claim's transaction under the connection's name, so its writes
-        // commit (or roll back) together with the recorded result.
-        #run(
-            __idem_call,
-            __idem_finality,
-            async move |#[allow(unused_variables)] #conn_binding| -> #output #body,
-        )
-        .await
+        #run #run_args #dot_await
     }};
     item.block = syn::parse2(new_body)?;
     Ok(item.into_token_stream())

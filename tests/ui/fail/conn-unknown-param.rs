@@ -1,0 +1,9 @@
+use idem::idempotent;
+
+#[idempotent(scope = "orders.pay", key = key, conn = db)]
+async fn pay(key: String, store: &idem::MemoryStore) -> Result<u32, idem::Error> {
+    let _ = store;
+    Ok(1)
+}
+
+fn main() {}

@@ -1,0 +1,45 @@
+use idem::idempotent;
+use serde::Serialize;
+
+#[derive(Serialize)]
+struct Pay {
+    tenant: String,
+    request_id: String,
+    amount: u64,
+}
+
+struct Clock;
+
+#[idempotent(
+    scope = "orders.pay",
+    key = cmd.request_id,
+    principal = cmd.tenant,
+    skip(clock),
+    ttl = "1h30m",
+    on_concurrent = reject,
+    conn = store,
+    crate = "::idem",
+)]
+async fn pay(cmd: Pay, store: &idem::MemoryStore, clock: &Clock) -> Result<u64, idem::Error> {
+    let _ = (store, clock);
+    Ok(cmd.amount)
+}
+
+#[idempotent(scope = "orders.wait", key = key, on_concurrent = wait, ttl = "500ms")]
+async fn wait(store: &idem::MemoryStore, key: u64) -> Result<(), idem::Error> {
+    let _ = store;
+    Ok(())
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let store = idem::MemoryStore::new();
+    let cmd = || Pay {
+        tenant: "t".into(),
+        request_id: "r".into(),
+        amount: 9,
+    };
+    assert_eq!(pay(cmd(), &store, &Clock).await.unwrap(), 9);
+    assert_eq!(pay(cmd(), &store, &Clock).await.unwrap(), 9);
+    wait(&store, 1).await.unwrap();
+}

@@ -1,0 +1,65 @@
+#![deny(warnings, unused_qualifications, clippy::all)]
+#![deny(
+    unreachable_code,
+    unused_results,
+    single_use_lifetimes,
+    unused_lifetimes
+)]
+//! The expansion compiles warning-free under strict lints.
+
+use idem::idempotent;
+use serde::{Deserialize, Serialize};
+
+/// A payment command.
+#[derive(Debug, Serialize)]
+pub struct Pay {
+    /// The idempotency key.
+    pub key: String,
+    /// Amount in cents.
+    pub amount: u64,
+}
+
+/// A receipt.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Receipt {
+    /// Amount in cents.
+    pub amount: u64,
+}
+
+/// Pays.
+#[idempotent(scope = "lint.pay", key = cmd.key, ttl = "7d")]
+pub async fn pay(store: &idem::MemoryStore, cmd: Pay) -> Result<Receipt, idem::Error> {
+    let _ = store;
+    Ok(Receipt { amount: cmd.amount })
+}
+
+/// A service holding its store.
+#[derive(Debug)]
+pub struct Service {
+    store: idem::MemoryStore,
+}
+
+impl Service {
+    /// Refunds.
+    #[idempotent(scope = "lint.refund", key = key, conn = self.store as tx, skip(reason))]
+    pub async fn refund(&self, key: u64, reason: &str) -> Result<u64, idem::Error> {
+        let _ = (tx, reason);
+        Ok(key)
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let store = idem::MemoryStore::new();
+    let receipt = pay(
+        &store,
+        Pay {
+            key: "k".to_owned(),
+            amount: 5,
+        },
+    )
+    .await;
+    assert_eq!(receipt.map(|r| r.amount).ok(), Some(5));
+    let service = Service { store };
+    assert_eq!(service.refund(1, "dup").await.ok(), Some(1));
+}
