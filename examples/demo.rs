@@ -7,84 +7,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use idem::sea_orm::Stateful;
 use idem::{FinalError, Outcome, TransitionOutcome, idempotent, transition, with_outcome};
 use sea_orm::entity::prelude::*;
-use sea_orm::{ActiveValue::Set, Database, DatabaseConnection, PaginatorTrait, Schema};
+use sea_orm::{ActiveValue::Set, Database, DatabaseConnection};
 use serde::{Deserialize, Serialize};
 
-/// The order's lifecycle, declared once. `transition!` checks every use at compile time.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    EnumIter,
-    DeriveActiveEnum,
-    Serialize,
-    Deserialize,
-    idem::StateMachine,
-)]
-#[sea_orm(rs_type = "String", db_type = "String(StringLen::N(16))")]
-#[transitions(Pending -> Paid, Pending -> Cancelled, Paid -> Shipped, Paid -> Refunded)]
-pub(crate) enum OrderStatus {
-    #[sea_orm(string_value = "pending")]
-    Pending,
-    #[sea_orm(string_value = "paid")]
-    Paid,
-    #[sea_orm(string_value = "cancelled")]
-    Cancelled,
-    #[sea_orm(string_value = "shipped")]
-    Shipped,
-    #[sea_orm(string_value = "refunded")]
-    Refunded,
-}
+#[path = "shop/model.rs"]
+mod model;
 
-mod order {
-    use super::OrderStatus;
-    use sea_orm::entity::prelude::*;
-
-    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
-    #[sea_orm(table_name = "orders")]
-    pub(crate) struct Model {
-        #[sea_orm(primary_key, auto_increment = false)]
-        pub(crate) id: String,
-        pub(crate) status: OrderStatus,
-        pub(crate) version: i64,
-    }
-
-    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-    pub(crate) enum Relation {}
-
-    impl ActiveModelBehavior for ActiveModel {}
-}
-
-impl idem::sea_orm::Stateful for order::Entity {
-    type State = OrderStatus;
-    fn state_column() -> order::Column {
-        order::Column::Status
-    }
-    fn version_column() -> Option<order::Column> {
-        Some(order::Column::Version)
-    }
-}
-
-/// The business table the handler writes to.
-mod payment {
-    use sea_orm::entity::prelude::*;
-
-    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
-    #[sea_orm(table_name = "payments")]
-    pub(crate) struct Model {
-        #[sea_orm(primary_key)]
-        pub id: i64,
-        pub order_id: String,
-        pub amount_cents: i64,
-    }
-
-    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-    pub(crate) enum Relation {}
-
-    impl ActiveModelBehavior for ActiveModel {}
-}
+use model::{OrderStatus, order, payment};
 
 /// What the client sends; `idempotency_key` comes from its `Idempotency-Key` header.
 #[derive(Debug, Clone, Serialize)]
@@ -97,7 +26,7 @@ struct PayOrder {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Receipt {
-    payment_id: i64,
+    payment_id: String,
     order_id: String,
     amount_cents: i64,
 }
@@ -137,6 +66,8 @@ impl std::fmt::Display for PayError {
 
 /// Counts how often the body really ran (the demo's proof that replays skip it).
 static BODY_RUNS: AtomicUsize = AtomicUsize::new(0);
+/// Numbers payment ids (a rolled-back payment leaves a gap, as a database sequence would).
+static PAYMENTS: AtomicUsize = AtomicUsize::new(0);
 /// Set to 1 to make the next call's gateway time out (a transient error).
 static FAIL_NEXT: AtomicUsize = AtomicUsize::new(0);
 
@@ -166,10 +97,12 @@ async fn pay_order(db: &DatabaseConnection, cmd: PayOrder) -> Result<Receipt, Pa
             });
         }
     }
-    let saved = payment::Entity::insert(payment::ActiveModel {
+    let payment_id = format!("pay-{}", PAYMENTS.fetch_add(1, Ordering::SeqCst) + 1);
+    payment::Entity::insert(payment::ActiveModel {
+        id: Set(payment_id.clone()),
         order_id: Set(cmd.order_id.clone()),
         amount_cents: Set(cmd.amount_cents),
-        ..Default::default()
+        charge_id: Set(format!("ch-{}", cmd.card)),
     })
     .exec(db)
     .await
@@ -181,7 +114,7 @@ async fn pay_order(db: &DatabaseConnection, cmd: PayOrder) -> Result<Receipt, Pa
         return Err(PayError::GatewayTimeout);
     }
     Ok(Receipt {
-        payment_id: saved.last_insert_id,
+        payment_id,
         order_id: cmd.order_id,
         amount_cents: cmd.amount_cents,
     })
@@ -233,10 +166,7 @@ fn describe(result: &Result<Receipt, PayError>, outcome: Option<Outcome>) -> Str
         (None, _) => "failed, key released",
     };
     match result {
-        Ok(r) => format!(
-            "{how} (payment #{}, {} cents)",
-            r.payment_id, r.amount_cents
-        ),
+        Ok(r) => format!("{how} ({}, {} cents)", r.payment_id, r.amount_cents),
         Err(e) => format!("{how} ({e})"),
     }
 }
@@ -249,11 +179,7 @@ struct Row {
 }
 
 async fn payments(db: &DatabaseConnection, order: &str) -> u64 {
-    payment::Entity::find()
-        .filter(payment::Column::OrderId.eq(order))
-        .count(db)
-        .await
-        .unwrap_or_default()
+    model::payments_of(db, order).await.unwrap_or_default()
 }
 
 /// Runs the calls one after another (a client retrying) and describes each answer.
@@ -315,22 +241,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = std::env::temp_dir().join("idem-demo.db");
     let _ = std::fs::remove_file(&path);
     let db = Database::connect(format!("sqlite://{}?mode=rwc", path.display())).await?;
-    idem::sea_orm::create_tables(&db).await?;
-    let backend = db.get_database_backend();
-    for mut table in [
-        Schema::new(backend).create_table_from_entity(payment::Entity),
-        Schema::new(backend).create_table_from_entity(order::Entity),
-    ] {
-        db.execute(table.if_not_exists()).await?;
-    }
+    model::create_tables(&db).await?;
     for id in ["o-1", "o-3", "o-5", "o-6", "o-7", "o-8"] {
-        order::Entity::insert(order::ActiveModel {
-            id: Set(id.to_owned()),
-            status: Set(OrderStatus::Pending),
-            version: Set(0),
-        })
-        .exec(&db)
-        .await?;
+        model::insert_order(&db, id, "c-1", 1200).await?;
     }
 
     let card = "4242";
@@ -393,9 +306,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     lifecycle.push(Row {
         scenario: "7. pay twice, two different keys",
         answer: format!(
-            "{}; second key: already paid, same payment #{}",
+            "{}; second key: already paid, same payment {}",
             describe(&first, Some(Outcome::Executed)),
-            again.as_ref().map(|r| r.payment_id).unwrap_or_default()
+            again
+                .as_ref()
+                .map(|r| r.payment_id.as_str())
+                .unwrap_or_default()
         ),
         body_runs: BODY_RUNS.load(Ordering::SeqCst) - before,
         payments: payments(&db, "o-7").await,

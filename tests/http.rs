@@ -6,10 +6,12 @@
 #[allow(dead_code, unreachable_pub)]
 mod app;
 mod common;
+#[path = "../examples/shop/model.rs"]
+#[allow(unreachable_pub)]
+mod model;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use sea_orm::entity::prelude::*;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower::ServiceExt;
@@ -97,11 +99,7 @@ async fn new_order(router: &axum::Router) -> String {
 }
 
 async fn payment_rows(db: &sea_orm::DatabaseConnection, order: &str) -> u64 {
-    app::payment::Entity::find()
-        .filter(app::payment::Column::OrderId.eq(order))
-        .count(db)
-        .await
-        .expect("count")
+    model::payments_of(db, order).await.expect("count payments")
 }
 
 #[tokio::test]

@@ -6,104 +6,45 @@ mod common;
 use common::{backends, effects, insert_effect, unique};
 use idem::sea_orm::Stateful;
 use idem::{ErrorKind, StateMachine, TransitionOutcome, idempotent, transition};
+use sea_orm::DatabaseConnection;
 use sea_orm::entity::prelude::*;
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    EnumIter,
-    DeriveActiveEnum,
-    Serialize,
-    Deserialize,
-    idem::StateMachine,
-)]
-#[sea_orm(rs_type = "String", db_type = "String(StringLen::N(16))")]
-#[transitions(Pending -> Paid, Pending -> Cancelled, Paid -> Shipped, Paid -> Refunded)]
-pub(crate) enum OrderStatus {
-    #[sea_orm(string_value = "pending")]
-    Pending,
-    #[sea_orm(string_value = "paid")]
-    Paid,
-    #[sea_orm(string_value = "cancelled")]
-    Cancelled,
-    #[sea_orm(string_value = "shipped")]
-    Shipped,
-    #[sea_orm(string_value = "refunded")]
-    Refunded,
-}
+#[path = "../examples/shop/model.rs"]
+#[allow(unreachable_pub)]
+mod model;
 
-mod order {
-    use super::OrderStatus;
-    use sea_orm::entity::prelude::*;
+use model::{OrderStatus, order};
 
-    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
-    #[sea_orm(table_name = "idem_test_orders")]
-    pub(crate) struct Model {
-        #[sea_orm(primary_key)]
-        pub(crate) id: i64,
-        pub(crate) run_id: String,
-        pub(crate) status: OrderStatus,
-        pub(crate) version: i64,
-    }
-
-    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-    pub(crate) enum Relation {}
-
-    impl ActiveModelBehavior for ActiveModel {}
-}
-
-impl Stateful for order::Entity {
-    type State = OrderStatus;
-    fn state_column() -> order::Column {
-        order::Column::Status
-    }
-    fn version_column() -> Option<order::Column> {
-        Some(order::Column::Version)
-    }
-}
-
-async fn orders_table(db: &DatabaseConnection) {
-    let sql = match db.get_database_backend() {
-        DbBackend::Postgres => {
-            "CREATE TABLE IF NOT EXISTS idem_test_orders (id BIGSERIAL PRIMARY KEY, run_id VARCHAR(200) NOT NULL, status VARCHAR(16) NOT NULL, version BIGINT NOT NULL)"
+async fn new_order(db: &DatabaseConnection, run: &str, status: OrderStatus) -> String {
+    // Tests creating the tables at once can race on PostgreSQL's catalog: retry.
+    for attempt in 1..=5 {
+        match model::create_tables(db).await {
+            Ok(()) => break,
+            Err(e) if attempt == 5 => panic!("cannot create the shop tables: {e}"),
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(100 * attempt)).await,
         }
-        DbBackend::MySql => {
-            "CREATE TABLE IF NOT EXISTS idem_test_orders (id BIGINT AUTO_INCREMENT PRIMARY KEY, run_id VARCHAR(200) NOT NULL, status VARCHAR(16) NOT NULL, version BIGINT NOT NULL)"
-        }
-        _ => {
-            "CREATE TABLE IF NOT EXISTS idem_test_orders (id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, status TEXT NOT NULL, version INTEGER NOT NULL)"
-        }
-    };
-    for attempt in 0..5 {
-        if db.execute_unprepared(sql).await.is_ok() {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50 * (attempt + 1))).await;
     }
-    panic!("cannot create the orders table");
+    let id = unique("ord");
+    model::insert_order(db, &id, run, 1200)
+        .await
+        .expect("insert order");
+    if status != OrderStatus::Pending {
+        order::Entity::update_many()
+            .col_expr(
+                order::Column::Status,
+                sea_orm::sea_query::Expr::value(status),
+            )
+            .filter(order::Column::Id.eq(id.as_str()))
+            .exec(db)
+            .await
+            .expect("set status");
+    }
+    id
 }
 
-async fn new_order(db: &DatabaseConnection, run: &str, status: OrderStatus) -> i64 {
-    orders_table(db).await;
-    let saved = order::Entity::insert(order::ActiveModel {
-        run_id: sea_orm::ActiveValue::Set(run.to_owned()),
-        status: sea_orm::ActiveValue::Set(status),
-        version: sea_orm::ActiveValue::Set(0),
-        ..Default::default()
-    })
-    .exec(db)
-    .await
-    .expect("insert order");
-    saved.last_insert_id
-}
-
-async fn order_row(db: &DatabaseConnection, id: i64) -> order::Model {
-    order::Entity::find_by_id(id)
+async fn order_row(db: &DatabaseConnection, id: &str) -> order::Model {
+    order::Entity::find_by_id(id.to_owned())
         .one(db)
         .await
         .expect("read")
@@ -114,7 +55,7 @@ async fn order_row(db: &DatabaseConnection, id: i64) -> order::Model {
 struct OrderCmd {
     key: String,
     run: String,
-    order_id: i64,
+    order_id: String,
 }
 
 /// Pays an order: the transition guards the payment row.
@@ -154,11 +95,11 @@ async fn ship(db: &DatabaseConnection, cmd: OrderCmd) -> Result<String, idem::Er
     Ok(format!("{outcome:?}"))
 }
 
-fn cmd(run: &str, order_id: i64) -> OrderCmd {
+fn cmd(run: &str, order_id: &str) -> OrderCmd {
     OrderCmd {
         key: unique(run),
         run: run.to_owned(),
-        order_id,
+        order_id: order_id.to_owned(),
     }
 }
 
@@ -200,19 +141,19 @@ async fn pay_twice_is_already_paid_and_writes_one_payment() {
         let run = unique("sm-twice");
         let id = new_order(&b.db, &run, OrderStatus::Pending).await;
         assert_eq!(
-            pay(&b.db, cmd(&run, id)).await.expect("pay"),
+            pay(&b.db, cmd(&run, &id)).await.expect("pay"),
             "Applied",
             "{}",
             b.name
         );
         assert_eq!(
-            pay(&b.db, cmd(&run, id)).await.expect("pay again"),
+            pay(&b.db, cmd(&run, &id)).await.expect("pay again"),
             "AlreadyApplied",
             "{}",
             b.name
         );
         assert_eq!(effects(&b.db, &run).await, 1, "{}: one payment", b.name);
-        let row = order_row(&b.db, id).await;
+        let row = order_row(&b.db, &id).await;
         assert_eq!(
             (row.status, row.version),
             (OrderStatus::Paid, 1),
@@ -220,12 +161,12 @@ async fn pay_twice_is_already_paid_and_writes_one_payment() {
             b.name
         );
         assert_eq!(
-            ship(&b.db, cmd(&run, id)).await.expect("ship"),
+            ship(&b.db, cmd(&run, &id)).await.expect("ship"),
             "Applied",
             "{}",
             b.name
         );
-        assert_eq!(order_row(&b.db, id).await.status, OrderStatus::Shipped);
+        assert_eq!(order_row(&b.db, &id).await.status, OrderStatus::Shipped);
     }
 }
 
@@ -234,21 +175,21 @@ async fn paying_a_cancelled_order_is_refused_and_writes_nothing() {
     for b in backends().await {
         let run = unique("sm-cancelled");
         let id = new_order(&b.db, &run, OrderStatus::Cancelled).await;
-        let err = pay(&b.db, cmd(&run, id)).await.unwrap_err();
+        let err = pay(&b.db, cmd(&run, &id)).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidTransition, "{}", b.name);
         assert_eq!(
             err.to_string(),
             "invalid state transition from `Cancelled` to `Paid`"
         );
         assert_eq!(effects(&b.db, &run).await, 0, "{}", b.name);
-        let row = order_row(&b.db, id).await;
+        let row = order_row(&b.db, &id).await;
         assert_eq!(
             (row.status, row.version),
             (OrderStatus::Cancelled, 0),
             "{}",
             b.name
         );
-        let missing = pay(&b.db, cmd(&run, i64::MAX - 7))
+        let missing = pay(&b.db, cmd(&run, "ord-missing"))
             .await
             .expect("missing row");
         assert_eq!(missing, format!("{:?}", TransitionOutcome::NotFound));
@@ -262,7 +203,7 @@ async fn conflicting_transitions_have_exactly_one_winner() {
         let id = new_order(&b.db, &run, OrderStatus::Pending).await;
         let mut tasks = tokio::task::JoinSet::new();
         for i in 0..32 {
-            let (db, c) = (b.db.clone(), cmd(&run, id));
+            let (db, c) = (b.db.clone(), cmd(&run, &id));
             tasks.spawn(async move {
                 if i % 2 == 0 {
                     ("pay", pay(&db, c).await)
@@ -293,7 +234,7 @@ async fn conflicting_transitions_have_exactly_one_winner() {
                 ),
             }
         }
-        let row = order_row(&b.db, id).await;
+        let row = order_row(&b.db, &id).await;
         assert_eq!(
             row.version, 1,
             "{}: the version advanced exactly once",

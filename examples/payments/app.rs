@@ -1,5 +1,5 @@
 //! The payments service: routes, handlers and the idempotent domain functions. Shared by
-//! `main.rs` and the HTTP tests (`tests/http.rs` includes this file).
+//! `main.rs` and the HTTP tests (`tests/http.rs` includes this file and `../shop/model.rs`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -13,87 +13,10 @@ use idem::axum::{IdempotencyKey, Problem, respond};
 use idem::sea_orm::Stateful;
 use idem::{TransitionOutcome, idempotent, transition};
 use sea_orm::entity::prelude::*;
-use sea_orm::{ActiveValue::Set, DatabaseConnection, QueryOrder, Schema};
+use sea_orm::{ActiveValue::Set, DatabaseConnection, QueryOrder};
 use serde::{Deserialize, Serialize};
 
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    EnumIter,
-    DeriveActiveEnum,
-    Serialize,
-    Deserialize,
-    idem::StateMachine,
-)]
-#[sea_orm(rs_type = "String", db_type = "String(StringLen::N(16))")]
-#[serde(rename_all = "lowercase")]
-#[transitions(Pending -> Paid, Pending -> Cancelled, Paid -> Shipped, Paid -> Refunded)]
-pub(crate) enum OrderStatus {
-    #[sea_orm(string_value = "pending")]
-    Pending,
-    #[sea_orm(string_value = "paid")]
-    Paid,
-    #[sea_orm(string_value = "cancelled")]
-    Cancelled,
-    #[sea_orm(string_value = "shipped")]
-    Shipped,
-    #[sea_orm(string_value = "refunded")]
-    Refunded,
-}
-
-pub(crate) mod order {
-    use super::OrderStatus;
-    use sea_orm::entity::prelude::*;
-
-    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
-    #[sea_orm(table_name = "shop_orders")]
-    pub(crate) struct Model {
-        #[sea_orm(primary_key, auto_increment = false)]
-        pub(crate) id: String,
-        pub(crate) customer: String,
-        pub(crate) amount_cents: i64,
-        pub(crate) currency: String,
-        pub(crate) status: OrderStatus,
-        pub(crate) version: i64,
-    }
-
-    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-    pub(crate) enum Relation {}
-
-    impl ActiveModelBehavior for ActiveModel {}
-}
-
-pub(crate) mod payment {
-    use sea_orm::entity::prelude::*;
-
-    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
-    #[sea_orm(table_name = "shop_payments")]
-    pub(crate) struct Model {
-        #[sea_orm(primary_key, auto_increment = false)]
-        pub(crate) id: String,
-        pub(crate) order_id: String,
-        pub(crate) amount_cents: i64,
-        pub(crate) charge_id: String,
-    }
-
-    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-    pub(crate) enum Relation {}
-
-    impl ActiveModelBehavior for ActiveModel {}
-}
-
-impl Stateful for order::Entity {
-    type State = OrderStatus;
-    fn state_column() -> order::Column {
-        order::Column::Status
-    }
-    fn version_column() -> Option<order::Column> {
-        Some(order::Column::Version)
-    }
-}
+pub(crate) use crate::model::{OrderStatus, create_tables, order, payment};
 
 /// A simulated payment gateway with its own idempotency: a charge key seen before returns
 /// the charge it created then (as Stripe does). The second line of defence for effects
@@ -130,21 +53,6 @@ impl Gateway {
 pub(crate) struct AppState {
     pub(crate) db: DatabaseConnection,
     pub(crate) gateway: Gateway,
-}
-
-/// Creates the service's tables and the idem ledger.
-pub(crate) async fn create_tables(
-    db: &DatabaseConnection,
-) -> Result<(), Box<dyn std::error::Error>> {
-    idem::sea_orm::create_tables(db).await?;
-    let schema = Schema::new(db.get_database_backend());
-    for mut table in [
-        schema.create_table_from_entity(order::Entity),
-        schema.create_table_from_entity(payment::Entity),
-    ] {
-        db.execute(table.if_not_exists()).await?;
-    }
-    Ok(())
 }
 
 pub(crate) fn router(state: AppState) -> Router {

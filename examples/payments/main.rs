@@ -4,6 +4,8 @@
 //! address (default 127.0.0.1:3000). Every POST needs an `Idempotency-Key` header.
 
 mod app;
+#[path = "../shop/model.rs"]
+mod model;
 
 use sea_orm::{ConnectOptions, Database};
 

@@ -1,0 +1,132 @@
+//! The shop's data model, shared by the examples (and by tests that include this file): the
+//! order lifecycle declared as a state machine, and the order and payment tables.
+
+#![allow(dead_code)] // each includer uses its own part of this shared module
+
+use idem::sea_orm::Stateful;
+use sea_orm::entity::prelude::*;
+use sea_orm::{DatabaseConnection, Schema};
+use serde::{Deserialize, Serialize};
+
+/// The order's lifecycle, declared once. `transition!` checks every use at compile time.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    EnumIter,
+    DeriveActiveEnum,
+    Serialize,
+    Deserialize,
+    idem::StateMachine,
+)]
+#[sea_orm(rs_type = "String", db_type = "String(StringLen::N(16))")]
+#[serde(rename_all = "lowercase")]
+#[transitions(Pending -> Paid, Pending -> Cancelled, Paid -> Shipped, Paid -> Refunded)]
+pub(crate) enum OrderStatus {
+    #[sea_orm(string_value = "pending")]
+    Pending,
+    #[sea_orm(string_value = "paid")]
+    Paid,
+    #[sea_orm(string_value = "cancelled")]
+    Cancelled,
+    #[sea_orm(string_value = "shipped")]
+    Shipped,
+    #[sea_orm(string_value = "refunded")]
+    Refunded,
+}
+
+pub(crate) mod order {
+    use super::OrderStatus;
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "shop_orders")]
+    pub(crate) struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub(crate) id: String,
+        pub(crate) customer: String,
+        pub(crate) amount_cents: i64,
+        pub(crate) currency: String,
+        pub(crate) status: OrderStatus,
+        /// Advanced by every applied transition (optimistic concurrency for other writers).
+        pub(crate) version: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub(crate) enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub(crate) mod payment {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "shop_payments")]
+    pub(crate) struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub(crate) id: String,
+        pub(crate) order_id: String,
+        pub(crate) amount_cents: i64,
+        pub(crate) charge_id: String,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub(crate) enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+impl Stateful for order::Entity {
+    type State = OrderStatus;
+    fn state_column() -> order::Column {
+        order::Column::Status
+    }
+    fn version_column() -> Option<order::Column> {
+        Some(order::Column::Version)
+    }
+}
+
+/// Creates the idem ledger and the shop's tables (if they do not exist).
+pub(crate) async fn create_tables(
+    db: &DatabaseConnection,
+) -> Result<(), Box<dyn std::error::Error>> {
+    idem::sea_orm::create_tables(db).await?;
+    let schema = Schema::new(db.get_database_backend());
+    for mut table in [
+        schema.create_table_from_entity(order::Entity),
+        schema.create_table_from_entity(payment::Entity),
+    ] {
+        db.execute(table.if_not_exists()).await?;
+    }
+    Ok(())
+}
+
+/// Inserts a pending order.
+pub(crate) async fn insert_order(
+    db: &DatabaseConnection,
+    id: &str,
+    customer: &str,
+    amount_cents: i64,
+) -> Result<order::Model, DbErr> {
+    order::Entity::insert(order::ActiveModel {
+        id: sea_orm::ActiveValue::Set(id.to_owned()),
+        customer: sea_orm::ActiveValue::Set(customer.to_owned()),
+        amount_cents: sea_orm::ActiveValue::Set(amount_cents),
+        currency: sea_orm::ActiveValue::Set("usd".to_owned()),
+        status: sea_orm::ActiveValue::Set(OrderStatus::Pending),
+        version: sea_orm::ActiveValue::Set(0),
+    })
+    .exec_with_returning(db)
+    .await
+}
+
+/// The payment rows of an order.
+pub(crate) async fn payments_of(db: &DatabaseConnection, order_id: &str) -> Result<u64, DbErr> {
+    payment::Entity::find()
+        .filter(payment::Column::OrderId.eq(order_id))
+        .count(db)
+        .await
+}
