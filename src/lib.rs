@@ -110,8 +110,8 @@ pub mod sea_orm {
     #[cfg(feature = "migration")]
     pub use idem_sea_orm::Migration;
     pub use idem_sea_orm::{
-        LEDGER_TABLE, SeaOrmStore, Stateful, create_tables, database_now_ms, ledger, purge_expired,
-        purge_expired_batch,
+        LEDGER_TABLE, SeaOrmStore, Stateful, create_tables, database_now_ms, ledger, placeholders,
+        purge_expired, purge_expired_batch,
     };
 }
 

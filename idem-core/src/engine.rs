@@ -436,7 +436,7 @@ where
             }
         };
         let recorded = match payload {
-            Ok(payload) => record(&store, tx, &request, status, &payload).await,
+            Ok(payload) => store.record(tx, &request, status, &payload).await,
             Err(e) => {
                 let _ = store.release(tx).await;
                 Err(encode_error(e))
@@ -455,20 +455,6 @@ where
             }
         })
     }
-}
-
-/// Records the answer; a final error first undoes the body's writes (back to the savepoint).
-async fn record<S: Store>(
-    store: &S,
-    tx: S::Tx,
-    request: &ClaimRequest<'_>,
-    status: RecordStatus,
-    payload: &[u8],
-) -> Result<(), Error> {
-    if status == RecordStatus::Failed {
-        store.rollback_to_claim(&tx).await?;
-    }
-    store.record(tx, request, status, payload).await
 }
 
 /// What `#[idempotent]` expands to: claims the key, runs the body in the claim's transaction

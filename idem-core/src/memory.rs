@@ -109,10 +109,6 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    async fn rollback_to_claim(&self, _tx: &MemoryTx) -> Result<(), Error> {
-        Ok(())
-    }
-
     async fn release(&self, tx: MemoryTx) -> Result<(), Error> {
         drop(tx);
         Ok(())

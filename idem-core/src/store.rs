@@ -125,7 +125,9 @@ pub trait Store: Sync {
         req: &ClaimRequest<'_>,
     ) -> impl Future<Output = Result<Claim<Self::Tx>, Error>> + Send;
 
-    /// Records `payload` with `status` for the claimed key and commits `tx`.
+    /// Records `payload` with `status` for the claimed key and commits `tx`. For
+    /// [`RecordStatus::Failed`] (a final error) the store first undoes the handler's writes,
+    /// back to the savepoint it took at claim time, so only the recorded error commits.
     fn record(
         &self,
         tx: Self::Tx,
@@ -133,10 +135,6 @@ pub trait Store: Sync {
         status: RecordStatus,
         payload: &[u8],
     ) -> impl Future<Output = Result<(), Error>> + Send;
-
-    /// Undoes the handler's writes back to the savepoint taken at claim time, keeping the
-    /// claim. Only called when the request asked for a savepoint.
-    fn rollback_to_claim(&self, tx: &Self::Tx) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// Rolls `tx` back entirely: the key is free again.
     fn release(&self, tx: Self::Tx) -> impl Future<Output = Result<(), Error>> + Send;
@@ -160,10 +158,6 @@ impl<S: Store + ?Sized> Store for &S {
         payload: &[u8],
     ) -> impl Future<Output = Result<(), Error>> + Send {
         (**self).record(tx, req, status, payload)
-    }
-
-    fn rollback_to_claim(&self, tx: &Self::Tx) -> impl Future<Output = Result<(), Error>> + Send {
-        (**self).rollback_to_claim(tx)
     }
 
     fn release(&self, tx: Self::Tx) -> impl Future<Output = Result<(), Error>> + Send {

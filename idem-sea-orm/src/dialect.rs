@@ -53,14 +53,20 @@ const TAKE_OVER: &str = "UPDATE idem_ledger SET owner = ?, fingerprint = ?, stat
 const RECORD: &str = "UPDATE idem_ledger SET state = ?, response = ?, expires_at_ms = {now} + ? \
     WHERE id = ? AND owner = ?";
 
-fn render(template: &str, now: &str, numbered: bool) -> String {
-    let sql = template.replace("{now}", now);
-    if !numbered {
-        return sql;
+fn render(template: &str, now: &str, backend: DbBackend) -> String {
+    placeholders(backend, &template.replace("{now}", now))
+}
+
+/// Writes `?` placeholders the way `backend` wants them: PostgreSQL numbers them (`$1`,
+/// `$2`, …), MySQL and SQLite keep `?`. For raw SQL that runs on every backend; the template
+/// must not contain `?` anywhere but in placeholders.
+pub fn placeholders(backend: DbBackend, template: &str) -> String {
+    if backend != DbBackend::Postgres {
+        return template.to_owned();
     }
-    let mut out = String::with_capacity(sql.len() + 8);
+    let mut out = String::with_capacity(template.len() + 8);
     let mut n = 0;
-    for c in sql.chars() {
+    for c in template.chars() {
         if c == '?' {
             n += 1;
             out.push('$');
@@ -73,7 +79,7 @@ fn render(template: &str, now: &str, numbered: bool) -> String {
 }
 
 static POSTGRES: LazyLock<Dialect> = LazyLock::new(|| {
-    let r = |t: &str| render(t, PG_NOW, true);
+    let r = |t: &str| render(t, PG_NOW, DbBackend::Postgres);
     let claim = r(&format!(
         "{INSERT} ON CONFLICT (id) DO NOTHING RETURNING owner"
     ));
@@ -111,7 +117,7 @@ static POSTGRES: LazyLock<Dialect> = LazyLock::new(|| {
 });
 
 static MYSQL: LazyLock<Dialect> = LazyLock::new(|| {
-    let r = |t: &str| render(t, MYSQL_NOW, false);
+    let r = |t: &str| render(t, MYSQL_NOW, DbBackend::MySql);
     // sqlx sets CLIENT_FOUND_ROWS, so the affected-row count cannot tell an insert from a
     // duplicate: the row is always read back with a locking read (which, unlike a plain read
     // under REPEATABLE READ, sees the committed row).
@@ -146,7 +152,7 @@ static MYSQL: LazyLock<Dialect> = LazyLock::new(|| {
 });
 
 static SQLITE: LazyLock<Dialect> = LazyLock::new(|| {
-    let r = |t: &str| render(t, SQLITE_NOW, false);
+    let r = |t: &str| render(t, SQLITE_NOW, DbBackend::Sqlite);
     // The write lock is taken by BEGIN IMMEDIATE, so reads need no FOR UPDATE (SQLite has
     // none) and a concurrent duplicate always waits in BEGIN.
     let claim = r(&format!(

@@ -26,7 +26,7 @@ pub mod ledger;
 #[cfg(feature = "migration")]
 mod migration;
 
-pub use dialect::LEDGER_TABLE;
+pub use dialect::{LEDGER_TABLE, placeholders};
 #[cfg(feature = "migration")]
 pub use migration::Migration;
 pub use state::Stateful;

@@ -1,5 +1,7 @@
 //! The SeaORM [`Store`]: the claim, record and release steps on a [`DatabaseConnection`].
 
+use std::future::Future;
+
 use idem_core::{
     Claim, ClaimRequest, Concurrency, Error, Fingerprint, RecordStatus, Recorded, Store,
 };
@@ -28,10 +30,6 @@ impl<'c> SeaOrmStore<'c> {
     /// A store on `db`. The ledger table must exist ([`crate::create_tables`]).
     pub fn new(db: &'c DatabaseConnection) -> Self {
         Self { db }
-    }
-
-    fn dialect(&self) -> &'static Dialect {
-        Dialect::of(self.db.get_database_backend())
     }
 }
 
@@ -62,6 +60,7 @@ pub(crate) async fn begin(db: &DatabaseConnection) -> Result<DatabaseTransaction
 
 use sea_orm::DbErr;
 
+/// A row of the ledger, as the claim reads it back.
 struct Row {
     owner: i64,
     fingerprint: Fingerprint,
@@ -84,24 +83,176 @@ fn read_row(row: &QueryResult) -> Result<Row, DbErr> {
     })
 }
 
+/// Runs one store step on its own task, so it always runs to completion.
+///
+/// A caller may stop waiting at any point (a timeout, a client that disconnects, the wait
+/// bound). If the step's future were dropped with it, sqlx 0.9 can leave the pooled
+/// connection inside a transaction (a `BEGIN` cut off in flight) or, on MySQL, with a
+/// half-prepared statement. Detached, the step finishes; if nobody takes its transaction, it is
+/// dropped after its last statement completed, which rolls it back cleanly.
+async fn detached<T: Send + 'static>(
+    step: impl Future<Output = Result<T, Error>> + Send + 'static,
+) -> Result<T, Error> {
+    tokio::spawn(step)
+        .await
+        .map_err(|e| Error::store("a ledger step did not complete", e))?
+}
+
+/// What the claim step needs, owned, so it can run on its own task.
+struct ClaimStep {
+    id: Vec<u8>,
+    insert: Vec<Value>,
+    owner: i64,
+    fingerprint: Fingerprint,
+    ttl_ms: i64,
+    reject: bool,
+    savepoint: bool,
+}
+
+/// How often a claim that hit a deadlock, serialization failure or busy database is tried
+/// before the error is returned. Retrying is safe: nothing but the claim ran in its
+/// transaction, and that transaction rolled back.
+const CLAIM_ATTEMPTS: usize = 4;
+
+async fn claim_step(
+    db: DatabaseConnection,
+    step: ClaimStep,
+) -> Result<Claim<DatabaseTransaction>, Error> {
+    let mut attempt = 1;
+    loop {
+        match try_claim(&db, &step).await {
+            Ok(claim) => return Ok(claim),
+            // InnoDB can deadlock two waiters for a key whose holder rolled back; PostgreSQL
+            // and SQLite have their own transient conflicts.
+            Err((_, e)) if classify(&e) == Failure::Transient && attempt < CLAIM_ATTEMPTS => {
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(2 * attempt as u64)).await;
+            }
+            Err((doing, e)) => return Err(store_error(doing, e)),
+        }
+    }
+}
+
+/// One claim attempt; an error says what it was doing.
+async fn try_claim(
+    db: &DatabaseConnection,
+    step: &ClaimStep,
+) -> Result<Claim<DatabaseTransaction>, (&'static str, DbErr)> {
+    let d = Dialect::of(db.get_database_backend());
+    let tx = begin(db)
+        .await
+        .map_err(|e| ("beginning the claim transaction", e))?;
+    if step.reject
+        && let Some(sql) = d.before_nowait
+    {
+        tx.execute_unprepared(sql)
+            .await
+            .map_err(|e| ("setting the lock timeout", e))?;
+    }
+    let insert = statement(
+        d,
+        if step.reject {
+            &d.claim_nowait
+        } else {
+            &d.claim
+        },
+        step.insert.clone(),
+    );
+    let inserted = if d.claim_returns {
+        tx.query_one_raw(insert).await.map(|row| row.is_some())
+    } else {
+        tx.execute_raw(insert).await.map(|_| false)
+    };
+    let inserted = match inserted {
+        Ok(inserted) => inserted,
+        Err(e) if classify(&e) == Failure::LockTimeout => {
+            let _ = tx.rollback().await;
+            return Ok(Claim::InFlight);
+        }
+        Err(e) => return Err(("claiming the key", e)),
+    };
+    if !inserted {
+        let row = tx
+            .query_one_raw(statement(d, &d.read_locked, vec![step.id.clone().into()]))
+            .await
+            .and_then(|row| match row {
+                Some(row) => read_row(&row),
+                None => Err(DbErr::RecordNotFound("the claimed ledger row".into())),
+            })
+            .map_err(|e| ("reading the claimed key", e))?;
+        if row.owner != step.owner {
+            if row.expires_at_ms > row.now_ms {
+                // A live record: nothing was written, end the read-only transaction.
+                let _ = tx.rollback().await;
+                return match row.status {
+                    Some(RecordStatus::Pending) => Ok(Claim::InFlight),
+                    Some(status) => Ok(Claim::Recorded(Recorded {
+                        fingerprint: row.fingerprint,
+                        status,
+                        payload: row.response.unwrap_or_default(),
+                    })),
+                    None => Err((
+                        "reading a ledger row with an unknown state",
+                        DbErr::Custom("the ledger row has an unknown state".into()),
+                    )),
+                };
+            }
+            // An expired record is a new execution: take it over in this transaction.
+            tx.execute_raw(statement(
+                d,
+                &d.take_over,
+                vec![
+                    step.owner.into(),
+                    step.fingerprint.0.to_vec().into(),
+                    step.ttl_ms.into(),
+                    step.id.clone().into(),
+                ],
+            ))
+            .await
+            .map_err(|e| ("taking over an expired key", e))?;
+        }
+    }
+    if step.savepoint {
+        tx.execute_unprepared(SAVEPOINT)
+            .await
+            .map_err(|e| ("taking the claim savepoint", e))?;
+    }
+    Ok(Claim::Execute(tx))
+}
+
+async fn record_step(
+    tx: DatabaseTransaction,
+    values: Vec<Value>,
+    undo_body: bool,
+) -> Result<(), Error> {
+    let d = Dialect::of(tx.get_database_backend());
+    if undo_body {
+        tx.execute_unprepared(ROLLBACK_TO_SAVEPOINT)
+            .await
+            .map_err(|e| store_error("rolling back the handler's writes", e))?;
+    }
+    let updated = tx
+        .execute_raw(statement(d, &d.record, values))
+        .await
+        .map_err(|e| store_error("recording the result", e))?;
+    if updated.rows_affected() != 1 {
+        return Err(Error::Store {
+            message: "the claim was lost before its result was recorded".to_owned(),
+            source: None,
+        });
+    }
+    tx.commit()
+        .await
+        .map_err(|e| store_error("committing the result", e))
+}
+
 impl Store for SeaOrmStore<'_> {
     type Tx = DatabaseTransaction;
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim<DatabaseTransaction>, Error> {
-        let d = self.dialect();
-        let tx = begin(self.db)
-            .await
-            .map_err(|e| store_error("beginning the claim transaction", e))?;
-        let reject = matches!(req.concurrency, Concurrency::Reject);
-        if reject && let Some(sql) = d.before_nowait {
-            tx.execute_unprepared(sql)
-                .await
-                .map_err(|e| store_error("setting the lock timeout", e))?;
-        }
-        let insert = statement(
-            d,
-            if reject { &d.claim_nowait } else { &d.claim },
-            vec![
+        let step = ClaimStep {
+            id: req.id.to_vec(),
+            insert: vec![
                 req.id.to_vec().into(),
                 req.scope.into(),
                 req.principal.into(),
@@ -110,72 +261,13 @@ impl Store for SeaOrmStore<'_> {
                 req.fingerprint.0.to_vec().into(),
                 ttl_ms(req).into(),
             ],
-        );
-        let inserted = if d.claim_returns {
-            tx.query_one_raw(insert).await.map(|row| row.is_some())
-        } else {
-            tx.execute_raw(insert).await.map(|_| false)
+            owner: req.owner,
+            fingerprint: req.fingerprint,
+            ttl_ms: ttl_ms(req),
+            reject: matches!(req.concurrency, Concurrency::Reject),
+            savepoint: req.savepoint,
         };
-        let inserted = match inserted {
-            Ok(inserted) => inserted,
-            Err(e) if classify(&e) == Failure::LockTimeout => {
-                let _ = tx.rollback().await;
-                return Ok(Claim::InFlight);
-            }
-            Err(e) => return Err(store_error("claiming the key", e)),
-        };
-        if !inserted {
-            let row = tx
-                .query_one_raw(statement(d, &d.read_locked, vec![req.id.to_vec().into()]))
-                .await
-                .and_then(|row| {
-                    row.map(|r| read_row(&r))
-                        .transpose()
-                        .map(|r| r.ok_or_else(|| DbErr::RecordNotFound("claimed row".into())))
-                })
-                .and_then(|r| r)
-                .map_err(|e| store_error("reading the claimed key", e))?;
-            if row.owner != req.owner {
-                if row.expires_at_ms <= row.now_ms {
-                    // An expired record is a new execution: take it over in this transaction.
-                    tx.execute_raw(statement(
-                        d,
-                        &d.take_over,
-                        vec![
-                            req.owner.into(),
-                            req.fingerprint.0.to_vec().into(),
-                            ttl_ms(req).into(),
-                            req.id.to_vec().into(),
-                        ],
-                    ))
-                    .await
-                    .map_err(|e| store_error("taking over an expired key", e))?;
-                } else {
-                    // Nothing was written: end the read-only transaction.
-                    let _ = tx.rollback().await;
-                    return Ok(match row.status {
-                        Some(RecordStatus::Pending) => Claim::InFlight,
-                        Some(status) => Claim::Recorded(Recorded {
-                            fingerprint: row.fingerprint,
-                            status,
-                            payload: row.response.unwrap_or_default(),
-                        }),
-                        None => {
-                            return Err(Error::Store {
-                                message: "the ledger row has an unknown state".to_owned(),
-                                source: None,
-                            });
-                        }
-                    });
-                }
-            }
-        }
-        if req.savepoint {
-            tx.execute_unprepared(SAVEPOINT)
-                .await
-                .map_err(|e| store_error("taking the claim savepoint", e))?;
-        }
-        Ok(Claim::Execute(tx))
+        detached(claim_step(self.db.clone(), step)).await
     }
 
     async fn record(
@@ -185,42 +277,24 @@ impl Store for SeaOrmStore<'_> {
         status: RecordStatus,
         payload: &[u8],
     ) -> Result<(), Error> {
-        let d = self.dialect();
-        let updated = tx
-            .execute_raw(statement(
-                d,
-                &d.record,
-                vec![
-                    status.code().into(),
-                    payload.to_vec().into(),
-                    ttl_ms(req).into(),
-                    req.id.to_vec().into(),
-                    req.owner.into(),
-                ],
-            ))
-            .await
-            .map_err(|e| store_error("recording the result", e))?;
-        if updated.rows_affected() != 1 {
-            return Err(Error::Store {
-                message: "the claim was lost before its result was recorded".to_owned(),
-                source: None,
-            });
-        }
-        tx.commit()
-            .await
-            .map_err(|e| store_error("committing the result", e))
-    }
-
-    async fn rollback_to_claim(&self, tx: &DatabaseTransaction) -> Result<(), Error> {
-        tx.execute_unprepared(ROLLBACK_TO_SAVEPOINT)
-            .await
-            .map(drop)
-            .map_err(|e| store_error("rolling back the handler's writes", e))
+        let values = vec![
+            status.code().into(),
+            payload.to_vec().into(),
+            ttl_ms(req).into(),
+            req.id.to_vec().into(),
+            req.owner.into(),
+        ];
+        // A final error keeps only the recorded error: back to the claim's savepoint first.
+        let undo_body = status == RecordStatus::Failed;
+        detached(record_step(tx, values, undo_body)).await
     }
 
     async fn release(&self, tx: DatabaseTransaction) -> Result<(), Error> {
-        tx.rollback()
-            .await
-            .map_err(|e| store_error("releasing the key", e))
+        detached(async move {
+            tx.rollback()
+                .await
+                .map_err(|e| store_error("releasing the key", e))
+        })
+        .await
     }
 }

@@ -10,6 +10,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use idem::sea_orm::placeholders;
 use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement,
 };
@@ -99,12 +100,10 @@ pub async fn prepare(db: &DatabaseConnection) {
 /// Writes one effect row (what a handler's business write looks like).
 pub async fn insert_effect<C: ConnectionTrait>(db: &C, run_id: &str, label: &str, amount: i64) {
     let backend = db.get_database_backend();
-    let sql = match backend {
-        DbBackend::Postgres => {
-            "INSERT INTO idem_test_effects (run_id, label, amount) VALUES ($1, $2, $3)"
-        }
-        _ => "INSERT INTO idem_test_effects (run_id, label, amount) VALUES (?, ?, ?)",
-    };
+    let sql = placeholders(
+        backend,
+        "INSERT INTO idem_test_effects (run_id, label, amount) VALUES (?, ?, ?)",
+    );
     db.execute_raw(Statement::from_sql_and_values(
         backend,
         sql,
@@ -117,10 +116,10 @@ pub async fn insert_effect<C: ConnectionTrait>(db: &C, run_id: &str, label: &str
 /// How many effect rows a run wrote (committed ones only: a fresh statement on the pool).
 pub async fn effects(db: &DatabaseConnection, run_id: &str) -> i64 {
     let backend = db.get_database_backend();
-    let sql = match backend {
-        DbBackend::Postgres => "SELECT COUNT(*) FROM idem_test_effects WHERE run_id = $1",
-        _ => "SELECT COUNT(*) FROM idem_test_effects WHERE run_id = ?",
-    };
+    let sql = placeholders(
+        backend,
+        "SELECT COUNT(*) FROM idem_test_effects WHERE run_id = ?",
+    );
     let row = db
         .query_one_raw(Statement::from_sql_and_values(
             backend,
@@ -136,10 +135,10 @@ pub async fn effects(db: &DatabaseConnection, run_id: &str) -> i64 {
 /// How many ledger records hold `key` (in any scope).
 pub async fn ledger_rows(db: &DatabaseConnection, key: &str) -> i64 {
     let backend = db.get_database_backend();
-    let sql = match backend {
-        DbBackend::Postgres => "SELECT COUNT(*) FROM idem_ledger WHERE idem_key = $1",
-        _ => "SELECT COUNT(*) FROM idem_ledger WHERE idem_key = ?",
-    };
+    let sql = placeholders(
+        backend,
+        "SELECT COUNT(*) FROM idem_ledger WHERE idem_key = ?",
+    );
     let row = db
         .query_one_raw(Statement::from_sql_and_values(backend, sql, [key.into()]))
         .await
