@@ -29,7 +29,7 @@ pub(crate) struct Dialect {
     pub(crate) read_locked: String,
     /// Binds owner, fingerprint, ttl_ms, id.
     pub(crate) take_over: String,
-    /// Binds state, response, ttl_ms, id, owner.
+    /// Binds state, response, id, owner.
     pub(crate) record: String,
     /// Binds batch size; deletes up to that many expired rows.
     pub(crate) purge: String,
@@ -50,8 +50,9 @@ const READ: &str = "SELECT owner, fingerprint, state, response, expires_at_ms, {
     FROM idem_ledger WHERE id = ?";
 const TAKE_OVER: &str = "UPDATE idem_ledger SET owner = ?, fingerprint = ?, state = 0, response = NULL, \
     created_at_ms = {now}, expires_at_ms = {now} + ? WHERE id = ?";
-const RECORD: &str = "UPDATE idem_ledger SET state = ?, response = ?, expires_at_ms = {now} + ? \
-    WHERE id = ? AND owner = ?";
+// The expiry set by the claim stands (a record's TTL counts from its claim): leaving the
+// indexed `expires_at_ms` alone lets PostgreSQL update the row in place (a HOT update).
+const RECORD: &str = "UPDATE idem_ledger SET state = ?, response = ? WHERE id = ? AND owner = ?";
 
 fn render(template: &str, now: &str, backend: DbBackend) -> String {
     placeholders(backend, &template.replace("{now}", now))
@@ -97,7 +98,8 @@ static POSTGRES: LazyLock<Dialect> = LazyLock::new(|| {
                 state SMALLINT NOT NULL, \
                 response BYTEA NULL, \
                 created_at_ms BIGINT NOT NULL, \
-                expires_at_ms BIGINT NOT NULL)",
+                expires_at_ms BIGINT NOT NULL) \
+            WITH (fillfactor = 90)",
             "CREATE INDEX IF NOT EXISTS idem_ledger_expires ON idem_ledger (expires_at_ms)",
         ],
         claim_nowait: claim.clone(),
@@ -214,7 +216,7 @@ mod tests {
             d.claim
                 .ends_with("+ $7) ON CONFLICT (id) DO NOTHING RETURNING owner")
         );
-        assert!(d.record.contains("WHERE id = $4 AND owner = $5"));
+        assert!(d.record.contains("WHERE id = $3 AND owner = $4"));
         assert!(!d.read_locked.contains('?'));
     }
 
@@ -222,7 +224,7 @@ mod tests {
     fn every_statement_reads_the_database_clock() {
         for backend in [DbBackend::Postgres, DbBackend::MySql, DbBackend::Sqlite] {
             let d = Dialect::of(backend);
-            for sql in [&d.claim, &d.read_locked, &d.take_over, &d.record, &d.purge] {
+            for sql in [&d.claim, &d.read_locked, &d.take_over, &d.purge] {
                 assert!(sql.contains(d.now), "{backend:?}: {sql}");
             }
         }

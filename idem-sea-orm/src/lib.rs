@@ -73,17 +73,24 @@ pub async fn purge_expired_batch<C: ConnectionTrait>(db: &C, batch: u32) -> Resu
     .map_err(|e| store_error("purging expired records", e))
 }
 
-/// Deletes every expired record, `batch` rows per statement (each its own short
-/// transaction, so claims are never blocked for long), and returns how many it deleted.
+/// Deletes every expired record, `batch` rows per statement, and returns how many it
+/// deleted.
+///
+/// Each statement is its own short transaction, and after each one the purge pauses for as
+/// long as the statement took, so it never holds more than half of the database's write time:
+/// claims queue behind at most one batch. Small batches keep that wait short (the benchmark's
+/// P7: about 150 rows per statement on PostgreSQL, 50 on SQLite keep a statement near 2 ms).
 pub async fn purge_expired<C: ConnectionTrait>(db: &C, batch: u32) -> Result<u64, Error> {
     let batch = batch.max(1);
     let mut total = 0;
     loop {
+        let started = std::time::Instant::now();
         let deleted = purge_expired_batch(db, batch).await?;
         total += deleted;
         if deleted < u64::from(batch) {
             return Ok(total);
         }
+        tokio::time::sleep(started.elapsed()).await;
     }
 }
 

@@ -7,7 +7,7 @@ use crate::dialect::Dialect;
 
 /// Creates the ledger table; add it to your Migrator's list:
 ///
-/// ```ignore
+/// ```text
 /// fn migrations() -> Vec<Box<dyn MigrationTrait>> {
 ///     vec![Box::new(idem::sea_orm::Migration), Box::new(m20260101_create_orders::Migration)]
 /// }

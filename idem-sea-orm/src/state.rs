@@ -15,7 +15,7 @@ use crate::error::store_error;
 /// An entity with a state column (a `#[derive(idem::StateMachine)]` SeaORM `ActiveEnum`) and,
 /// optionally, an optimistic version column.
 ///
-/// ```ignore
+/// ```text
 /// impl idem::sea_orm::Stateful for order::Entity {
 ///     type State = OrderStatus;
 ///     fn state_column() -> order::Column { order::Column::Status }

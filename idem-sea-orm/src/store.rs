@@ -280,7 +280,6 @@ impl Store for SeaOrmStore<'_> {
         let values = vec![
             status.code().into(),
             payload.to_vec().into(),
-            ttl_ms(req).into(),
             req.id.to_vec().into(),
             req.owner.into(),
         ];
