@@ -126,6 +126,8 @@ pub mod __private {
 
     use idem_core::{Error, Key, KeySource, Store};
 
+    pub use idem_core::declared;
+
     /// Validates the key (or principal) expression's value.
     pub fn key<K: KeySource + ?Sized>(source: &K) -> Result<Key, Error> {
         source.to_key()

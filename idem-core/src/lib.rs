@@ -23,7 +23,7 @@ pub use fingerprint::{
 pub use key::{Key, KeySource, MAX_KEY_LEN};
 pub use memory::{MemoryStore, MemoryTx};
 pub use outcome::{Outcome, with_outcome};
-pub use state::{StateMachine, Transition, TransitionOutcome};
+pub use state::{StateMachine, Transition, TransitionOutcome, declared};
 pub use store::{Claim, ClaimRequest, Concurrency, RecordStatus, Recorded, Store};
 
 pub use engine::FinalError;

@@ -20,6 +20,10 @@ pub trait StateMachine: Copy + Eq + std::fmt::Debug + Send + Sync + 'static {
     const STATES: &'static [Self];
     /// Every declared `(from, to)` transition.
     const TRANSITIONS: &'static [(Self, Self)];
+    /// The declared transitions as variant discriminants, for the compile-time check of
+    /// `transition!` (const code cannot compare `Self` values). Written by the derive.
+    #[doc(hidden)]
+    const DECLARED: &'static [(i128, i128)];
 
     /// The state's name (the variant's identifier).
     fn name(self) -> &'static str;
@@ -47,12 +51,35 @@ pub trait StateMachine: Copy + Eq + std::fmt::Debug + Send + Sync + 'static {
     }
 }
 
+/// Whether `S` declares the transition between the variants with discriminants `from` and
+/// `to`: the compile-time check behind `transition!`.
+#[doc(hidden)]
+pub const fn declared<S: StateMachine>(from: i128, to: i128) -> bool {
+    let mut i = 0;
+    while i < S::DECLARED.len() {
+        if S::DECLARED[i].0 == from && S::DECLARED[i].1 == to {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
 /// A declared transition `from -> to` of `S`. Build it with `idem::transition!` (checked at
 /// compile time) or [`Transition::new`] (checked at run time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transition<S> {
     from: S,
     to: S,
+}
+
+impl<S> Transition<S> {
+    /// Used by `idem::transition!` after its compile-time check (which also checks that `S`
+    /// is a state machine, so this needs no bound: one error, not two).
+    #[doc(hidden)]
+    pub const fn checked(from: S, to: S) -> Self {
+        Self { from, to }
+    }
 }
 
 impl<S: StateMachine> Transition<S> {
@@ -63,12 +90,6 @@ impl<S: StateMachine> Transition<S> {
         } else {
             Err(invalid(from, to))
         }
-    }
-
-    /// Used by `idem::transition!` after its compile-time check.
-    #[doc(hidden)]
-    pub const fn checked(from: S, to: S) -> Self {
-        Self { from, to }
     }
 
     /// The state the row must be in.
@@ -142,6 +163,7 @@ mod tests {
         const STATES: &'static [Self] = &[S::Pending, S::Paid, S::Cancelled];
         const TRANSITIONS: &'static [(Self, Self)] =
             &[(S::Pending, S::Paid), (S::Pending, S::Cancelled)];
+        const DECLARED: &'static [(i128, i128)] = &[(0, 1), (0, 2)];
         fn name(self) -> &'static str {
             match self {
                 S::Pending => "Pending",

@@ -123,6 +123,9 @@ pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
         .iter()
         .map(|Edge { from, to }| quote!((Self::#from, Self::#to)))
         .collect();
+    let indices = edges
+        .iter()
+        .map(|Edge { from, to }| quote!((Self::#from as i128, Self::#to as i128)));
     let patterns = edges
         .iter()
         .map(|Edge { from, to }| quote!((Self::#from, Self::#to)));
@@ -135,6 +138,7 @@ pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
         impl #impl_generics #krate::StateMachine for #name #ty_generics #where_clause {
             const STATES: &'static [Self] = &[#(Self::#variants),*];
             const TRANSITIONS: &'static [(Self, Self)] = &[#(#pairs),*];
+            const DECLARED: &'static [(i128, i128)] = &[#(#indices),*];
             fn name(self) -> &'static str {
                 match self {
                     #(Self::#variants => #names,)*
@@ -192,8 +196,10 @@ pub(crate) fn transition(call: &TransitionCall) -> TokenStream {
     let message = format!(
         "transition `{from} -> {to}` is not declared on `{type_name}`; add it to `#[transitions(...)]` or use a declared one"
     );
+    // The check also requires `#ty: StateMachine`: a type that is none is one error, on `#ty`.
+    let declared = quote_spanned! {ty.span()=> ::idem::__private::declared::<#ty> };
     let check = quote_spanned! {span=>
-        const _: () = ::core::assert!(<#ty>::can_transition(#ty::#from, #ty::#to), #message);
+        const _: () = ::core::assert!(#declared(#ty::#from as i128, #ty::#to as i128), #message);
     };
     let value = quote_spanned! {ty.span()=>
         ::idem::Transition::<#ty>::checked(#ty::#from, #ty::#to)
