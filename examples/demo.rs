@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 #[path = "shop/model.rs"]
 mod model;
 
-use model::{OrderStatus, order, payment};
+use model::{OrderCommand, OrderStatus, cancel_order, order, payment, ship_order};
 
 /// What the client sends; `idempotency_key` comes from its `Idempotency-Key` header.
 #[derive(Debug, Clone, Serialize)]
@@ -118,34 +118,6 @@ async fn pay_order(db: &DatabaseConnection, cmd: PayOrder) -> Result<Receipt, Pa
         order_id: cmd.order_id,
         amount_cents: cmd.amount_cents,
     })
-}
-
-#[derive(Debug, Clone, Serialize)]
-struct OrderCommand {
-    idempotency_key: String,
-    order_id: String,
-}
-
-#[idempotent(scope = "orders.cancel", key = cmd.idempotency_key)]
-async fn cancel_order(db: &DatabaseConnection, cmd: OrderCommand) -> Result<String, idem::Error> {
-    let outcome = order::Entity::apply_transition(
-        db,
-        cmd.order_id,
-        transition!(OrderStatus: Pending -> Cancelled),
-    )
-    .await?;
-    Ok(format!("{outcome:?}"))
-}
-
-#[idempotent(scope = "orders.ship", key = cmd.idempotency_key)]
-async fn ship_order(db: &DatabaseConnection, cmd: OrderCommand) -> Result<String, idem::Error> {
-    let outcome = order::Entity::apply_transition(
-        db,
-        cmd.order_id,
-        transition!(OrderStatus: Paid -> Shipped),
-    )
-    .await?;
-    Ok(format!("{outcome:?}"))
 }
 
 fn cmd(key: &str, order: &str, amount_cents: i64, card: &str) -> PayOrder {

@@ -14,7 +14,7 @@ use serde::Serialize;
 #[allow(unreachable_pub)]
 mod model;
 
-use model::{OrderStatus, order};
+use model::{OrderCommand, OrderStatus, cancel_order, order, ship_order};
 
 async fn new_order(db: &DatabaseConnection, run: &str, status: OrderStatus) -> String {
     // Tests creating the tables at once can race on PostgreSQL's catalog: retry.
@@ -73,26 +73,20 @@ async fn pay(db: &DatabaseConnection, cmd: OrderCmd) -> Result<String, idem::Err
     Ok(format!("{outcome:?}"))
 }
 
-#[idempotent(scope = "test.sm.cancel", key = cmd.key)]
-async fn cancel(db: &DatabaseConnection, cmd: OrderCmd) -> Result<String, idem::Error> {
-    let outcome = order::Entity::apply_transition(
-        db,
-        cmd.order_id,
-        transition!(OrderStatus: Pending -> Cancelled),
-    )
-    .await?;
-    Ok(format!("{outcome:?}"))
+/// The shop's own cancel and ship commands, for an order of this test.
+fn order_cmd(c: &OrderCmd) -> OrderCommand {
+    OrderCommand {
+        idempotency_key: c.key.clone(),
+        order_id: c.order_id.clone(),
+    }
 }
 
-#[idempotent(scope = "test.sm.ship", key = cmd.key)]
-async fn ship(db: &DatabaseConnection, cmd: OrderCmd) -> Result<String, idem::Error> {
-    let outcome = order::Entity::apply_transition(
-        db,
-        cmd.order_id,
-        transition!(OrderStatus: Paid -> Shipped),
-    )
-    .await?;
-    Ok(format!("{outcome:?}"))
+async fn cancel(db: &DatabaseConnection, c: OrderCmd) -> Result<String, idem::Error> {
+    cancel_order(db, order_cmd(&c)).await
+}
+
+async fn ship(db: &DatabaseConnection, c: OrderCmd) -> Result<String, idem::Error> {
+    ship_order(db, order_cmd(&c)).await
 }
 
 fn cmd(run: &str, order_id: &str) -> OrderCmd {

@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each includer uses its own part of this shared module
 
 use idem::sea_orm::Stateful;
+use idem::{idempotent, transition};
 use sea_orm::entity::prelude::*;
 use sea_orm::{DatabaseConnection, Schema};
 use serde::{Deserialize, Serialize};
@@ -129,4 +130,42 @@ pub(crate) async fn payments_of(db: &DatabaseConnection, order_id: &str) -> Resu
         .filter(payment::Column::OrderId.eq(order_id))
         .count(db)
         .await
+}
+
+/// A command on one order; `idempotency_key` comes from the client.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct OrderCommand {
+    pub(crate) idempotency_key: String,
+    pub(crate) order_id: String,
+}
+
+/// Cancels a pending order; answers the transition's outcome (`Applied`, `AlreadyApplied`,
+/// `NotFound`), or `InvalidTransition` for an order past `Pending`.
+#[idempotent(scope = "shop.orders.cancel-order", key = cmd.idempotency_key)]
+pub(crate) async fn cancel_order(
+    db: &DatabaseConnection,
+    cmd: OrderCommand,
+) -> Result<String, idem::Error> {
+    let outcome = order::Entity::apply_transition(
+        db,
+        cmd.order_id,
+        transition!(OrderStatus: Pending -> Cancelled),
+    )
+    .await?;
+    Ok(format!("{outcome:?}"))
+}
+
+/// Ships a paid order; answers like [`cancel_order`].
+#[idempotent(scope = "shop.orders.ship-order", key = cmd.idempotency_key)]
+pub(crate) async fn ship_order(
+    db: &DatabaseConnection,
+    cmd: OrderCommand,
+) -> Result<String, idem::Error> {
+    let outcome = order::Entity::apply_transition(
+        db,
+        cmd.order_id,
+        transition!(OrderStatus: Paid -> Shipped),
+    )
+    .await?;
+    Ok(format!("{outcome:?}"))
 }
