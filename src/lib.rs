@@ -10,7 +10,8 @@
 ///     principal = cmd.customer_id,     // optional: tenant/user/client; keys never cross principals
 ///     skip(clock, now),                // optional: parameters left out of the fingerprint
 ///     ttl = "24h",                     // optional: how long results are kept (database clock)
-///     on_concurrent = wait,            // optional: `wait` (default, bounded at 5 s) or `reject`
+///     on_concurrent = wait,            // optional: `wait` (default, bounded at 5 s), `wait("2s")`
+///                                      //   (another bound) or `reject` (`InFlight` at once)
 ///     conn = self.db as db,            // optional: where the connection comes from
 ///     crate = "::my_app::idem",        // optional: path to this crate for re-exporters
 /// )]

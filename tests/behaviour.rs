@@ -608,3 +608,60 @@ async fn methods_take_the_connection_from_self() {
         assert_eq!(effects(&b.db, &run).await, 1, "{}", b.name);
     }
 }
+
+#[idempotent(scope = "test.bounded-wait", key = cmd.key, on_concurrent = wait("300ms"), skip(entered, release))]
+async fn bounded_wait_pay(
+    db: &DatabaseConnection,
+    cmd: Pay,
+    entered: Arc<tokio::sync::Notify>,
+    release: Arc<tokio::sync::Notify>,
+) -> Result<Receipt, PayError> {
+    insert_effect(db, &cmd.run, "bounded", cmd.amount).await;
+    entered.notify_one();
+    release.notified().await;
+    Ok(Receipt {
+        amount: cmd.amount,
+        execution: unique("exec"),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wait_past_its_bound_is_in_flight_then_the_retry_replays() {
+    for b in backends().await {
+        let run = unique("bounded");
+        let (entered, release) = (
+            Arc::new(tokio::sync::Notify::new()),
+            Arc::new(tokio::sync::Notify::new()),
+        );
+        let first = {
+            let (db, cmd, e, r) = (
+                b.db.clone(),
+                Pay::new(&run, 5),
+                entered.clone(),
+                release.clone(),
+            );
+            tokio::spawn(async move { bounded_wait_pay(&db, cmd, e, r).await })
+        };
+        entered.notified().await;
+        let started = Instant::now();
+        let idle = || Arc::new(tokio::sync::Notify::new());
+        let duplicate = bounded_wait_pay(&b.db, Pay::new(&run, 5), idle(), idle()).await;
+        let waited = started.elapsed();
+        assert_eq!(
+            duplicate.unwrap_err().kind(),
+            Some(ErrorKind::InFlight),
+            "{}",
+            b.name
+        );
+        assert!(
+            waited >= Duration::from_millis(250) && waited < Duration::from_secs(3),
+            "{}: waited {waited:?} for a 300 ms bound",
+            b.name
+        );
+        release.notify_one();
+        let first = first.await.expect("join").expect("first");
+        let retry = bounded_wait_pay(&b.db, Pay::new(&run, 5), idle(), idle()).await;
+        assert_eq!(retry.expect("replay"), first, "{}", b.name);
+        assert_eq!(effects(&b.db, &run).await, 1, "{}", b.name);
+    }
+}

@@ -43,9 +43,18 @@ pub(crate) struct Args {
     pub(crate) principal: Option<Expr>,
     pub(crate) skip: Vec<Ident>,
     pub(crate) ttl_ms: u64,
-    pub(crate) reject: bool,
+    pub(crate) policy: Policy,
     pub(crate) conn: Option<Conn>,
     pub(crate) krate: Option<Path>,
+}
+
+/// `on_concurrent = wait`, `wait("2s")` or `reject`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Policy {
+    /// Wait for the other call, at most `bound_ms` (the engine's default when `None`).
+    Wait { bound_ms: Option<u64> },
+    /// Fail fast with `InFlight`.
+    Reject,
 }
 
 /// Where the connection comes from and the name the body sees the transaction under.
@@ -71,20 +80,30 @@ fn push(errors: &mut Option<syn::Error>, e: syn::Error) {
 
 /// Parses a duration such as `24h`, `90s`, `1h30m` or `500ms` into milliseconds.
 fn parse_ttl(text: &str) -> Result<u64, String> {
+    parse_duration(
+        text,
+        "ttl",
+        "a record that expires at once deduplicates nothing",
+    )
+}
+
+/// Parses a duration such as `24h`, `90s`, `1h30m` or `500ms` into milliseconds; `what` names
+/// the argument in messages, `zero` says why zero is refused.
+fn parse_duration(text: &str, what: &str, zero: &str) -> Result<u64, String> {
     let hint = "write it as a number and a unit: `30s`, `15m`, `24h`, `7d` or `1h30m`";
     if text.is_empty() {
-        return Err(format!("empty `ttl`; {hint}"));
+        return Err(format!("empty `{what}`; {hint}"));
     }
     let mut total: u64 = 0;
     let mut rest = text;
     while !rest.is_empty() {
         let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
         if digits == 0 {
-            return Err(format!("invalid `ttl` \"{text}\"; {hint}"));
+            return Err(format!("invalid `{what}` \"{text}\"; {hint}"));
         }
         let number: u64 = rest[..digits]
             .parse()
-            .map_err(|_| format!("`ttl` \"{text}\" is too large"))?;
+            .map_err(|_| format!("`{what}` \"{text}\" is too large"))?;
         rest = &rest[digits..];
         let (unit_ms, len) = if rest.starts_with("ms") {
             (1, 2)
@@ -94,19 +113,17 @@ fn parse_ttl(text: &str) -> Result<u64, String> {
                 Some('m') => (60_000, 1),
                 Some('h') => (3_600_000, 1),
                 Some('d') => (86_400_000, 1),
-                _ => return Err(format!("invalid `ttl` \"{text}\": missing unit; {hint}")),
+                _ => return Err(format!("invalid `{what}` \"{text}\": missing unit; {hint}")),
             }
         };
         rest = &rest[len..];
         total = number
             .checked_mul(unit_ms)
             .and_then(|ms| total.checked_add(ms))
-            .ok_or_else(|| format!("`ttl` \"{text}\" is too large"))?;
+            .ok_or_else(|| format!("`{what}` \"{text}\" is too large"))?;
     }
     if total == 0 {
-        return Err(format!(
-            "`ttl` must be longer than zero: a record that expires at once deduplicates nothing; {hint}"
-        ));
+        return Err(format!("`{what}` must be longer than zero: {zero}; {hint}"));
     }
     Ok(total)
 }
@@ -134,7 +151,8 @@ impl Parse for RawArgs {
         let mut skip: Option<Vec<Ident>> = None;
         let mut ttl_ms: Option<u64> = None;
         let mut ttl_seen = false;
-        let mut reject: Option<bool> = None;
+        let mut policy: Option<Policy> = None;
+        let mut policy_seen = false;
         let mut conn: Option<Conn> = None;
         let mut krate: Option<Path> = None;
 
@@ -207,17 +225,36 @@ impl Parse for RawArgs {
                 }
                 "on_concurrent" => {
                     input.parse::<Token![=]>()?;
-                    let policy: Ident = input.parse()?;
-                    duplicate(reject.is_some(), &mut errors);
-                    match policy.to_string().as_str() {
-                        "wait" => reject = Some(false),
-                        "reject" => reject = Some(true),
+                    let name: Ident = input.parse()?;
+                    duplicate(policy_seen, &mut errors);
+                    policy_seen = true;
+                    match name.to_string().as_str() {
+                        "wait" if input.peek(syn::token::Paren) => {
+                            let content;
+                            syn::parenthesized!(content in input);
+                            let lit: LitStr = content.parse().map_err(|e| {
+                                syn::Error::new(
+                                    e.span(),
+                                    "`wait(..)` takes the longest wait as a string, e.g. `wait(\"2s\")`",
+                                )
+                            })?;
+                            match parse_duration(
+                                &lit.value(),
+                                "wait",
+                                "a duplicate would never wait; use `reject` to fail fast",
+                            ) {
+                                Ok(ms) => policy = Some(Policy::Wait { bound_ms: Some(ms) }),
+                                Err(m) => push(&mut errors, syn::Error::new(lit.span(), m)),
+                            }
+                        }
+                        "wait" => policy = Some(Policy::Wait { bound_ms: None }),
+                        "reject" => policy = Some(Policy::Reject),
                         other => push(
                             &mut errors,
                             syn::Error::new(
-                                policy.span(),
+                                name.span(),
                                 format!(
-                                    "unknown policy `{other}`; expected `wait` (replay once the other call finishes) or `reject` (fail with `InFlight`)"
+                                    "unknown policy `{other}`; expected `wait` (replay once the other call finishes; `wait(\"2s\")` bounds the wait) or `reject` (fail with `InFlight`)"
                                 ),
                             ),
                         ),
@@ -316,7 +353,7 @@ impl Parse for RawArgs {
             principal,
             skip: skip.unwrap_or_default(),
             ttl_ms: ttl_ms.unwrap_or(24 * 3_600_000),
-            reject: reject.unwrap_or(false),
+            policy: policy.unwrap_or(Policy::Wait { bound_ms: None }),
             conn,
             krate,
         });
@@ -399,7 +436,7 @@ mod tests {
         assert_eq!(args.scope.value(), "orders.pay");
         assert_eq!(args.skip.len(), 2);
         assert_eq!(args.ttl_ms, 5_400_000);
-        assert!(args.reject);
+        assert_eq!(args.policy, Policy::Reject);
         assert!(matches!(args.conn, Some(Conn::Expr { .. })));
     }
 
@@ -427,6 +464,17 @@ mod tests {
     #[test]
     fn ttl_units() {
         assert_eq!(parse_ttl("24h"), Ok(86_400_000));
+        let raw = parse(quote::quote!(
+            scope = "s",
+            key = k,
+            on_concurrent = wait("1500ms")
+        ));
+        assert_eq!(
+            raw.args.expect("complete").policy,
+            Policy::Wait {
+                bound_ms: Some(1500)
+            }
+        );
         assert_eq!(parse_ttl("500ms"), Ok(500));
         assert_eq!(parse_ttl("7d"), Ok(604_800_000));
         assert!(parse_ttl("h").is_err());

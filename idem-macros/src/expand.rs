@@ -7,7 +7,7 @@ use syn::spanned::Spanned;
 use syn::visit::Visit;
 use syn::{Expr, FnArg, Ident, ItemFn, Pat, ReturnType, Type};
 
-use crate::args::{Args, Conn};
+use crate::args::{Args, Conn, Policy};
 
 /// A parameter that goes into the fingerprint: the names it binds, and where its type is.
 struct Fingerprinted {
@@ -357,10 +357,12 @@ pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> 
     let p = quote!(#krate::__private);
     let scope = &args.scope;
     let ttl_ms = args.ttl_ms;
-    let concurrency = if args.reject {
-        quote!(#p::Concurrency::Reject)
-    } else {
-        quote!(#p::Concurrency::DEFAULT)
+    let concurrency = match args.policy {
+        Policy::Reject => quote!(#p::Concurrency::Reject),
+        Policy::Wait { bound_ms: None } => quote!(#p::Concurrency::DEFAULT),
+        Policy::Wait { bound_ms: Some(ms) } => {
+            quote!(#p::Concurrency::Wait { bound: #p::Duration::from_millis(#ms) })
+        }
     };
     // Each call whose bounds rustc checks covers exactly the user's tokens it checks (the key
     // expression, a parameter's type, the return type), so the error lands there, once.
