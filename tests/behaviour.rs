@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::{backends, effects, insert_effect, ledger_rows, unique};
 use idem::{ErrorKind, FinalError, Outcome, idempotent, with_outcome};
-use sea_orm::DatabaseConnection;
+use sea_orm::{ConnectionTrait, DatabaseConnection};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -325,6 +325,16 @@ async fn held_pay(
     entered: Arc<tokio::sync::Notify>,
     release: Arc<tokio::sync::Notify>,
 ) -> Result<Receipt, PayError> {
+    write_then_hold(db, cmd, &entered, &release).await
+}
+
+/// A body that writes its effect, says it holds the claim, and keeps it until released.
+async fn write_then_hold<C: ConnectionTrait>(
+    db: &C,
+    cmd: Pay,
+    entered: &tokio::sync::Notify,
+    release: &tokio::sync::Notify,
+) -> Result<Receipt, PayError> {
     insert_effect(db, &cmd.run, "held", cmd.amount).await;
     entered.notify_one();
     release.notified().await;
@@ -616,13 +626,7 @@ async fn bounded_wait_pay(
     entered: Arc<tokio::sync::Notify>,
     release: Arc<tokio::sync::Notify>,
 ) -> Result<Receipt, PayError> {
-    insert_effect(db, &cmd.run, "bounded", cmd.amount).await;
-    entered.notify_one();
-    release.notified().await;
-    Ok(Receipt {
-        amount: cmd.amount,
-        execution: unique("exec"),
-    })
+    write_then_hold(db, cmd, &entered, &release).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

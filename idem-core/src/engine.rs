@@ -327,11 +327,6 @@ impl<S: Store> Call<S> {
     }
 }
 
-impl Concurrency {
-    /// The wait bound used by [`Concurrency::DEFAULT`].
-    pub const DEFAULT_BOUND: Duration = Duration::from_secs(5);
-}
-
 /// The parts of a [`ClaimRequest`] a guard keeps for the record step.
 #[derive(Debug)]
 struct OwnedRequest {

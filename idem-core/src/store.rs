@@ -22,9 +22,13 @@ pub enum Concurrency {
 }
 
 impl Concurrency {
-    /// The default: wait up to 5 seconds.
+    /// The wait bound of [`Concurrency::DEFAULT`], and the safety bound of `Reject` on stores
+    /// that cannot fail fast.
+    pub const DEFAULT_BOUND: Duration = Duration::from_secs(5);
+
+    /// The default: wait up to [`Concurrency::DEFAULT_BOUND`].
     pub const DEFAULT: Self = Self::Wait {
-        bound: Duration::from_secs(5),
+        bound: Self::DEFAULT_BOUND,
     };
 }
 
