@@ -93,6 +93,27 @@ pub mod store {
     pub use idem_core::{Claim, ClaimRequest, Concurrency, RecordStatus, Recorded, Store};
 }
 
+/// Effects outside the database: messages staged in a handler's transaction and relayed
+/// afterwards (the outbox), sinks, and the consumer-side dead letters. Staging and the relay
+/// run on the SeaORM store: [`sea_orm::Outbox`](crate::sea_orm::Outbox),
+/// [`sea_orm::Relay`](crate::sea_orm::Relay). See `docs/OUTBOX.md`.
+pub mod outbox {
+    pub use idem_core::outbox::{
+        Backoff, DeadLetter, DeadLetters, FnSink, LogSink, MAX_NAME_LEN, Message, OutboxHealth,
+        OutboxMessage, RelayOptions, Sink, SinkError, wake,
+    };
+}
+
+/// NATS JetStream: a sink for the outbox relay and a consumer runner whose `#[idempotent]`
+/// handler makes the ledger its inbox.
+#[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+pub mod nats {
+    pub use idem_core::nats::{
+        Consumer, Delivery, JetStreamSink, MESSAGE_ID_HEADER, async_nats, ensure_stream,
+    };
+}
+
 /// HTTP glue for axum 0.8 (the IETF Idempotency-Key draft): the `Idempotency-Key` extractor,
 /// problem+json errors with the draft's statuses, and [`respond`](axum::respond), which adds
 /// `Idempotent-Replayed: true` to replays.
@@ -110,9 +131,13 @@ pub mod axum {
 pub mod sea_orm {
     #[cfg(feature = "migration")]
     pub use idem_sea_orm::Migration;
+    #[cfg(feature = "migration")]
+    pub use idem_sea_orm::OutboxMigration;
     pub use idem_sea_orm::{
-        LEDGER_TABLE, SeaOrmStore, Stateful, create_tables, database_now_ms, ledger, placeholders,
-        purge_expired, purge_expired_batch,
+        DEAD_LETTERS_TABLE, DeadLetterTable, DeadMessage, LEDGER_TABLE, OUTBOX_HEADS_TABLE,
+        OUTBOX_TABLE, Outbox, Relay, RelayCounters, RelayRound, SeaOrmStore, Stateful,
+        create_tables, database_now_ms, dead_messages, ledger, outbox_health, placeholders,
+        purge_expired, purge_expired_batch, purge_published, retry_dead,
     };
 }
 

@@ -468,8 +468,13 @@ where
         Ok(guard) => guard,
         Err(answer) => return answer,
     };
-    let output = guard.in_span(body(guard.tx())).await;
-    guard.finish(output).await
+    let (output, staged) = crate::outbox::tracking_staged(guard.in_span(body(guard.tx()))).await;
+    let answer = guard.finish(output).await;
+    if staged {
+        // The call's messages are committed (or rolled back, and a relay finds nothing).
+        crate::outbox::wake();
+    }
+    answer
 }
 
 /// The first 8 bytes of a record id in hex: identifies a key in logs without revealing it.

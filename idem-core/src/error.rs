@@ -112,6 +112,13 @@ pub enum Error {
         #[source]
         source: BoxError,
     },
+    /// A message staged in the outbox cannot be stored: an empty or over-long topic or
+    /// aggregate key, or a malformed header. Nothing was staged.
+    #[error("invalid outbox message: {message}")]
+    InvalidMessage {
+        /// What is wrong with it.
+        message: String,
+    },
     /// The arguments could not be fingerprinted (their `Serialize` impl failed).
     #[error("arguments of a call in scope `{scope}` cannot be fingerprinted: {message}")]
     Fingerprint {
@@ -151,6 +158,8 @@ pub enum ErrorKind {
     Encode,
     /// See [`Error::Fingerprint`].
     Fingerprint,
+    /// See [`Error::InvalidMessage`].
+    InvalidMessage,
     /// See [`Error::Store`].
     Store,
 }
@@ -167,6 +176,7 @@ impl ErrorKind {
             Self::Decode => "decode",
             Self::Encode => "encode",
             Self::Fingerprint => "fingerprint",
+            Self::InvalidMessage => "invalid-message",
             Self::Store => "store",
         }
     }
@@ -178,7 +188,7 @@ impl ErrorKind {
             Self::KeyReused => 422,
             Self::InFlight | Self::InvalidTransition => 409,
             Self::Store => 503,
-            Self::Decode | Self::Encode | Self::Fingerprint => 500,
+            Self::Decode | Self::Encode | Self::Fingerprint | Self::InvalidMessage => 500,
         }
     }
 }
@@ -195,6 +205,7 @@ impl Error {
             Self::Decode { .. } => ErrorKind::Decode,
             Self::Encode { .. } => ErrorKind::Encode,
             Self::Fingerprint { .. } => ErrorKind::Fingerprint,
+            Self::InvalidMessage { .. } => ErrorKind::InvalidMessage,
             Self::Store { .. } => ErrorKind::Store,
         }
     }

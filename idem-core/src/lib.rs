@@ -10,6 +10,9 @@ mod fingerprint;
 pub mod http;
 mod key;
 mod memory;
+#[cfg(feature = "nats")]
+pub mod nats;
+pub mod outbox;
 mod outcome;
 mod state;
 mod store;

@@ -37,11 +37,12 @@ pub(crate) struct Dialect {
     pub(crate) select_now: String,
 }
 
-const PG_NOW: &str = "CAST(FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000) AS BIGINT)";
+pub(crate) const PG_NOW: &str =
+    "CAST(FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000) AS BIGINT)";
 // UNIX_TIMESTAMP is independent of the session time zone.
-const MYSQL_NOW: &str = "CAST(FLOOR(UNIX_TIMESTAMP(NOW(3)) * 1000) AS SIGNED)";
+pub(crate) const MYSQL_NOW: &str = "CAST(FLOOR(UNIX_TIMESTAMP(NOW(3)) * 1000) AS SIGNED)";
 // julianday works on every SQLite; unixepoch('subsec') needs 3.42.
-const SQLITE_NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+pub(crate) const SQLITE_NOW: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
 
 const INSERT: &str = "INSERT INTO idem_ledger \
     (id, scope, principal, idem_key, owner, fingerprint, state, response, created_at_ms, expires_at_ms) \
@@ -54,7 +55,7 @@ const TAKE_OVER: &str = "UPDATE idem_ledger SET owner = ?, fingerprint = ?, stat
 // indexed `expires_at_ms` alone lets PostgreSQL update the row in place (a HOT update).
 const RECORD: &str = "UPDATE idem_ledger SET state = ?, response = ? WHERE id = ? AND owner = ?";
 
-fn render(template: &str, now: &str, backend: DbBackend) -> String {
+pub(crate) fn render(template: &str, now: &str, backend: DbBackend) -> String {
     placeholders(backend, &template.replace("{now}", now))
 }
 

@@ -19,6 +19,8 @@
 
 mod dialect;
 mod error;
+mod outbox;
+mod outbox_sql;
 mod state;
 mod store;
 
@@ -28,7 +30,12 @@ mod migration;
 
 pub use dialect::{LEDGER_TABLE, placeholders};
 #[cfg(feature = "migration")]
-pub use migration::Migration;
+pub use migration::{Migration, OutboxMigration};
+pub use outbox::{
+    DeadLetterTable, DeadMessage, Outbox, Relay, RelayCounters, RelayRound, dead_messages,
+    outbox_health, purge_published, retry_dead,
+};
+pub use outbox_sql::{DEAD_LETTERS_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE};
 pub use state::Stateful;
 pub use store::SeaOrmStore;
 
@@ -40,8 +47,8 @@ use sea_orm::{ConnectionTrait, Statement};
 use crate::dialect::Dialect;
 use crate::error::store_error;
 
-/// Creates the ledger table and its index if they do not exist. Call it once at startup (or
-/// use `Migration`, feature `migration`).
+/// Creates the ledger table and the outbox tables (with their indexes) if they do not exist.
+/// Call it once at startup (or use `Migration` and `OutboxMigration`, feature `migration`).
 ///
 /// ```
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -56,7 +63,7 @@ pub async fn create_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
             .await
             .map_err(|e| store_error("creating the ledger table", e))?;
     }
-    Ok(())
+    outbox::create_outbox_tables(db).await
 }
 
 /// Deletes up to `batch` expired records in one statement and returns how many it deleted.

@@ -4,6 +4,7 @@ use sea_orm::{ConnectionTrait, DbErr};
 use sea_orm_migration::{MigrationName, MigrationTrait, SchemaManager, async_trait};
 
 use crate::dialect::Dialect;
+use crate::outbox::outbox_ddl;
 
 /// Creates the ledger table; add it to your Migrator's list:
 ///
@@ -40,5 +41,40 @@ impl MigrationTrait for Migration {
             .execute_unprepared("DROP TABLE IF EXISTS idem_ledger")
             .await
             .map(drop)
+    }
+}
+
+/// Creates the outbox tables (`idem_outbox`, `idem_outbox_heads`, `idem_dead_letters`); add
+/// it after [`Migration`]:
+///
+/// ```text
+/// vec![Box::new(idem::sea_orm::Migration), Box::new(idem::sea_orm::OutboxMigration), ...]
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OutboxMigration;
+
+impl MigrationName for OutboxMigration {
+    fn name(&self) -> &str {
+        "m20261123_000001_create_idem_outbox"
+    }
+}
+
+#[allow(elided_lifetimes_in_paths)]
+#[async_trait::async_trait]
+impl MigrationTrait for OutboxMigration {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        let db = manager.get_connection();
+        for sql in outbox_ddl(db.get_database_backend()).0 {
+            db.execute_unprepared(sql).await?;
+        }
+        Ok(())
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        let db = manager.get_connection();
+        for sql in outbox_ddl(db.get_database_backend()).1 {
+            db.execute_unprepared(sql).await?;
+        }
+        Ok(())
     }
 }

@@ -90,7 +90,7 @@ fn read_row(row: &QueryResult) -> Result<Row, DbErr> {
 /// connection inside a transaction (a `BEGIN` cut off in flight) or, on MySQL, with a
 /// half-prepared statement. Detached, the step finishes; if nobody takes its transaction, it is
 /// dropped after its last statement completed, which rolls it back cleanly.
-async fn detached<T: Send + 'static>(
+pub(crate) async fn detached<T: Send + 'static>(
     step: impl Future<Output = Result<T, Error>> + Send + 'static,
 ) -> Result<T, Error> {
     tokio::spawn(step)

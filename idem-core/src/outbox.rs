@@ -1,0 +1,547 @@
+//! Effects that leave the database: messages staged in a handler's transaction (the outbox)
+//! and the store-independent parts of the relay that publishes them afterwards.
+//!
+//! A handler stages a [`Message`] in its own transaction (with the SeaORM store:
+//! `idem::sea_orm::Outbox::stage`), so the message commits with the handler's writes or not at
+//! all, and a replay stages nothing. A relay then claims committed messages, hands each to a
+//! [`Sink`] (a broker, an HTTP API) at least once, and marks it published. The message id
+//! travels with every attempt, so the receiver deduplicates (JetStream's `Nats-Msg-Id`, an
+//! API's `Idempotency-Key`, or idem's inbox on the consuming side).
+
+use std::cell::Cell;
+use std::fmt;
+use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::error::{BoxError, Error};
+
+/// Longest topic and aggregate key, in bytes (they are indexed `VARCHAR(255)` columns).
+pub const MAX_NAME_LEN: usize = 255;
+
+/// A message to stage in the outbox, built in a handler.
+///
+/// ```
+/// # #[derive(serde::Serialize)] struct Paid { order_id: String }
+/// let message = idem_core::outbox::Message::json("shop.orders.paid", &Paid { order_id: "o-1".into() })
+///     .unwrap()
+///     .aggregate("o-1")
+///     .header("content-type", "application/json");
+/// assert_eq!(message.topic(), "shop.orders.paid");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    topic: String,
+    payload: Vec<u8>,
+    headers: Vec<(String, String)>,
+    aggregate: Option<String>,
+}
+
+impl Message {
+    /// A message on `topic` (a NATS subject, a queue name, an API route) with raw bytes.
+    pub fn new(topic: impl Into<String>, payload: impl Into<Vec<u8>>) -> Self {
+        Self {
+            topic: topic.into(),
+            payload: payload.into(),
+            headers: Vec::new(),
+            aggregate: None,
+        }
+    }
+
+    /// A message whose payload is `value` as JSON.
+    pub fn json<T: Serialize + ?Sized>(topic: impl Into<String>, value: &T) -> Result<Self, Error> {
+        let topic = topic.into();
+        let payload = serde_json::to_vec(value).map_err(|e| Error::Encode {
+            scope: topic.clone(),
+            source: Box::new(e),
+        })?;
+        Ok(Self::new(topic, payload))
+    }
+
+    /// Orders this message after every earlier message of the same aggregate (an order id,
+    /// an account): the relay publishes them in commit order. Messages of different
+    /// aggregates, and messages without one, flow in parallel.
+    #[must_use]
+    pub fn aggregate(mut self, key: impl Into<String>) -> Self {
+        self.aggregate = Some(key.into());
+        self
+    }
+
+    /// Adds a header, delivered with the message (NATS headers, HTTP headers of a function
+    /// sink).
+    #[must_use]
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// The topic.
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// The payload bytes.
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+
+    /// The headers, in the order they were added.
+    pub fn headers(&self) -> &[(String, String)] {
+        &self.headers
+    }
+
+    /// The aggregate key, if any.
+    pub fn aggregate_key(&self) -> Option<&str> {
+        self.aggregate.as_deref()
+    }
+
+    /// Checks what the outbox table can hold: a non-empty topic and aggregate of at most
+    /// [`MAX_NAME_LEN`] bytes without control characters, header names that are tokens.
+    pub fn validate(&self) -> Result<(), Error> {
+        let name = |what: &str, value: &str| {
+            let problem = if value.is_empty() {
+                "is empty"
+            } else if value.len() > MAX_NAME_LEN {
+                "is longer than 255 bytes"
+            } else if value.chars().any(char::is_control) {
+                "contains a control character"
+            } else {
+                return Ok(());
+            };
+            Err(invalid(format!("the message's {what} {problem}")))
+        };
+        name("topic", &self.topic)?;
+        if let Some(aggregate) = &self.aggregate {
+            name("aggregate key", aggregate)?;
+        }
+        for (header, value) in &self.headers {
+            if header.is_empty() || !header.bytes().all(|b| b.is_ascii_graphic() && b != b':') {
+                return Err(invalid(format!(
+                    "header name `{}` is not a token (visible ASCII without `:`)",
+                    header.escape_debug()
+                )));
+            }
+            if value.chars().any(|c| c == '\r' || c == '\n') {
+                return Err(invalid(format!(
+                    "the value of header `{header}` contains a line break"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Splits into topic, payload, headers and aggregate.
+    pub fn into_parts(self) -> (String, Vec<u8>, Vec<(String, String)>, Option<String>) {
+        (self.topic, self.payload, self.headers, self.aggregate)
+    }
+}
+
+fn invalid(message: String) -> Error {
+    Error::InvalidMessage { message }
+}
+
+/// A committed message as the relay hands it to a [`Sink`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OutboxMessage {
+    /// Stable, unique id (a UUID): the same on every attempt. Send it downstream as the
+    /// deduplication key (`Nats-Msg-Id`, `Idempotency-Key`).
+    pub id: String,
+    /// The topic it was staged on.
+    pub topic: String,
+    /// The payload bytes.
+    pub payload: Vec<u8>,
+    /// The headers it was staged with.
+    pub headers: Vec<(String, String)>,
+    /// The aggregate key, if any.
+    pub aggregate: Option<String>,
+    /// Position within its aggregate (1, 2, …, in commit order), if it has one.
+    pub aggregate_seq: Option<i64>,
+    /// Which attempt this is (1 for the first).
+    pub attempt: u32,
+}
+
+impl OutboxMessage {
+    /// A message for tests and custom relays.
+    pub fn new(id: impl Into<String>, topic: impl Into<String>, payload: Vec<u8>) -> Self {
+        Self {
+            id: id.into(),
+            topic: topic.into(),
+            payload,
+            headers: Vec::new(),
+            aggregate: None,
+            aggregate_seq: None,
+            attempt: 1,
+        }
+    }
+}
+
+/// Why a sink could not deliver a message.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct SinkError {
+    message: String,
+    permanent: bool,
+    #[source]
+    source: Option<BoxError>,
+}
+
+impl SinkError {
+    /// A failure that may pass (broker down, timeout, 5xx): the relay retries with backoff.
+    pub fn transient(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            permanent: false,
+            source: None,
+        }
+    }
+
+    /// A failure that will not pass (the receiver refused the message, 4xx): the message is
+    /// dead at once and waits for an operator.
+    pub fn permanent(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            permanent: true,
+            source: None,
+        }
+    }
+
+    /// Attaches the underlying error.
+    #[must_use]
+    pub fn with_source(mut self, source: impl Into<BoxError>) -> Self {
+        self.source = Some(source.into());
+        self
+    }
+
+    /// Whether retrying cannot help.
+    pub fn is_permanent(&self) -> bool {
+        self.permanent
+    }
+}
+
+/// Where a relay delivers messages: a broker, an HTTP API, a log.
+///
+/// `publish` returns once the receiver has the message durably (a broker's ack, a 2xx). It
+/// must be safe to call again with the same message: delivery is at least once, and the
+/// message id is the receiver's deduplication key.
+pub trait Sink: Send + Sync {
+    /// Delivers one message.
+    fn publish(
+        &self,
+        message: &OutboxMessage,
+    ) -> impl Future<Output = Result<(), SinkError>> + Send;
+}
+
+impl<S: Sink + ?Sized> Sink for std::sync::Arc<S> {
+    fn publish(
+        &self,
+        message: &OutboxMessage,
+    ) -> impl Future<Output = Result<(), SinkError>> + Send {
+        (**self).publish(message)
+    }
+}
+
+/// A sink that calls a function: an HTTP API, an email service, a test's counter. The
+/// function gets the message (its `id` is the call's idempotency key).
+///
+/// ```
+/// use idem_core::outbox::{FnSink, OutboxMessage, SinkError};
+/// let sink = FnSink::new(|message: OutboxMessage| async move {
+///     // e.g. POST message.payload with `Idempotency-Key: {message.id}`
+///     if message.payload.is_empty() {
+///         return Err(SinkError::permanent("empty payload"));
+///     }
+///     Ok(())
+/// });
+/// # let _ = sink;
+/// ```
+pub struct FnSink<F> {
+    call: F,
+}
+
+impl<F> FnSink<F> {
+    /// A sink that calls `call` for every message.
+    pub fn new(call: F) -> Self {
+        Self { call }
+    }
+}
+
+impl<F> fmt::Debug for FnSink<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FnSink").finish_non_exhaustive()
+    }
+}
+
+impl<F, Fut> Sink for FnSink<F>
+where
+    F: Fn(OutboxMessage) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<(), SinkError>> + Send,
+{
+    fn publish(
+        &self,
+        message: &OutboxMessage,
+    ) -> impl Future<Output = Result<(), SinkError>> + Send {
+        (self.call)(message.clone())
+    }
+}
+
+/// A sink that logs each message at `info` (topic, id, size): the default when no broker is
+/// configured, so a program runs end to end without one.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LogSink;
+
+impl Sink for LogSink {
+    async fn publish(&self, message: &OutboxMessage) -> Result<(), SinkError> {
+        tracing::info!(
+            topic = %message.topic,
+            id = %message.id,
+            aggregate = message.aggregate.as_deref().unwrap_or(""),
+            bytes = message.payload.len(),
+            "outbox message published to the log sink"
+        );
+        Ok(())
+    }
+}
+
+/// Exponential backoff with jitter, for redelivery after a transient failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// Delay after the first failure.
+    pub initial: Duration,
+    /// Longest delay.
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(500),
+            max: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay after failed attempt `attempt` (1-based): `initial · 2^(attempt-1)`, at most
+    /// `max`, scaled by a random factor in [0.5, 1) so retries of many messages spread out.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let exponent = attempt.saturating_sub(1).min(30);
+        let full = self.initial.saturating_mul(1u32 << exponent).min(self.max);
+        full.mul_f64(0.5 + 0.5 * unit_random())
+    }
+}
+
+/// A random number in [0, 1) (std's randomly keyed SipHash; no extra dependency).
+fn unit_random() -> f64 {
+    let mut hasher = std::hash::RandomState::new().build_hasher();
+    hasher.write_u64(0);
+    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// A random positive 63-bit token (relay and lease owners).
+pub fn random_token() -> i64 {
+    let mut hasher = std::hash::RandomState::new().build_hasher();
+    hasher.write_u64(0);
+    (hasher.finish() >> 1) as i64
+}
+
+/// How a relay runs. The defaults suit a service; tests shorten the lease and the poll.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RelayOptions {
+    /// Messages claimed per round trip.
+    pub batch_size: u32,
+    /// How long a claimed message stays reserved for this relay. A relay that dies holding
+    /// messages delays them by at most this long; a publish that takes longer may be repeated
+    /// by another relay (the id deduplicates it).
+    pub lease: Duration,
+    /// Attempts before a message is dead (kept, reported, blocking only its own aggregate).
+    pub max_attempts: u32,
+    /// Delay between attempts.
+    pub backoff: Backoff,
+    /// Longest sleep when nothing wakes the relay (another process committed a message, on a
+    /// database without notifications).
+    pub poll_interval: Duration,
+    /// How often the relay logs its figures (pending, oldest pending age, dead, published/s).
+    pub report_interval: Duration,
+}
+
+impl Default for RelayOptions {
+    fn default() -> Self {
+        Self {
+            batch_size: 100,
+            lease: Duration::from_secs(30),
+            max_attempts: 10,
+            backoff: Backoff::default(),
+            poll_interval: Duration::from_millis(500),
+            report_interval: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What a health endpoint or a metrics scrape reads from the outbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[non_exhaustive]
+pub struct OutboxHealth {
+    /// Messages not yet published (and not dead).
+    pub pending: u64,
+    /// Age of the oldest pending message, on the database clock.
+    pub oldest_pending_ms: Option<u64>,
+    /// Dead messages, waiting for an operator.
+    pub dead: u64,
+}
+
+/// A message a consumer gave up on, as it is recorded.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct DeadLetter<'a> {
+    /// The consumer (durable name or handler scope) that gave up.
+    pub consumer: &'a str,
+    /// The message id (its deduplication key).
+    pub message_id: &'a str,
+    /// The subject or topic it arrived on.
+    pub subject: &'a str,
+    /// The payload.
+    pub payload: &'a [u8],
+    /// The handler's last error.
+    pub error: &'a str,
+    /// How often it was delivered.
+    pub deliveries: u64,
+}
+
+impl<'a> DeadLetter<'a> {
+    /// A dead letter of `consumer` for `message_id`.
+    pub fn new(
+        consumer: &'a str,
+        message_id: &'a str,
+        subject: &'a str,
+        payload: &'a [u8],
+        error: &'a str,
+        deliveries: u64,
+    ) -> Self {
+        Self {
+            consumer,
+            message_id,
+            subject,
+            payload,
+            error,
+            deliveries,
+        }
+    }
+}
+
+/// Where a consumer records messages it gave up on (with SeaORM:
+/// `idem::sea_orm::DeadLetterTable`).
+pub trait DeadLetters: Send + Sync {
+    /// Records `letter`; recording the same consumer and message id again updates it.
+    fn record(&self, letter: &DeadLetter<'_>) -> impl Future<Output = Result<(), Error>> + Send;
+}
+
+/// The wake-up signal of relays in this process: bumped after a transaction that staged
+/// messages commits, so a relay picks them up without waiting for its poll interval.
+static WAKE: LazyLock<tokio::sync::watch::Sender<u64>> =
+    LazyLock::new(|| tokio::sync::watch::Sender::new(0));
+
+/// Wakes the relays of this process. `#[idempotent]` calls it after a call that staged
+/// messages commits; call it yourself after committing a transaction of your own in which you
+/// staged messages (relays poll anyway, this only saves the wait).
+pub fn wake() {
+    WAKE.send_modify(|generation| *generation = generation.wrapping_add(1));
+}
+
+/// A relay's end of the wake-up signal.
+pub fn wake_signal() -> tokio::sync::watch::Receiver<u64> {
+    WAKE.subscribe()
+}
+
+tokio::task_local! {
+    static STAGED: Cell<bool>;
+}
+
+/// Notes that the running handler body staged a message (the store calls it), so the engine
+/// wakes the relays once the call's transaction commits. `false` when no `#[idempotent]` body
+/// is running in this task (nobody will wake the relays after a commit).
+pub fn note_staged() -> bool {
+    STAGED.try_with(|staged| staged.set(true)).is_ok()
+}
+
+/// Runs a handler body and tells whether it staged messages.
+pub(crate) async fn tracking_staged<F: Future>(body: F) -> (F::Output, bool) {
+    STAGED
+        .scope(Cell::new(false), async move {
+            let output = body.await;
+            (output, STAGED.with(Cell::get))
+        })
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_its_bound_with_jitter_below_the_full_delay() {
+        let backoff = Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+        };
+        for (attempt, full_ms) in [
+            (1, 100),
+            (2, 200),
+            (3, 400),
+            (4, 800),
+            (5, 1000),
+            (40, 1000),
+        ] {
+            let delay = backoff.delay(attempt).as_millis();
+            assert!(
+                delay >= full_ms / 2 && delay < full_ms,
+                "attempt {attempt}: {delay} ms"
+            );
+        }
+        let spread: std::collections::BTreeSet<_> = (0..32).map(|_| backoff.delay(3)).collect();
+        assert!(spread.len() > 1, "jitter spreads retries");
+    }
+
+    #[test]
+    fn messages_with_bad_names_or_headers_are_refused() {
+        let ok = Message::new("a.b", vec![1])
+            .aggregate("o-1")
+            .header("x-a", "1");
+        assert!(ok.validate().is_ok());
+        for bad in [
+            Message::new("", vec![]),
+            Message::new("a".repeat(256), vec![]),
+            Message::new("a\nb", vec![]),
+            Message::new("t", vec![]).aggregate(""),
+            Message::new("t", vec![]).header("bad name", "v"),
+            Message::new("t", vec![]).header("x", "a\r\nb"),
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_that_stages_is_noticed_and_one_that_does_not_is_not() {
+        let (inside, staged) = tracking_staged(async { note_staged() }).await;
+        assert!(inside);
+        assert!(staged);
+        let ((), staged) = tracking_staged(async {}).await;
+        assert!(!staged);
+        assert!(!note_staged(), "outside a body nothing notices");
+    }
+
+    #[tokio::test]
+    async fn wake_reaches_a_waiting_relay() {
+        let mut signal = wake_signal();
+        signal.borrow_and_update();
+        wake();
+        tokio::time::timeout(Duration::from_secs(1), signal.changed())
+            .await
+            .expect("woken")
+            .expect("sender alive");
+    }
+}
