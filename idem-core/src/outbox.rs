@@ -133,9 +133,9 @@ impl Message {
         Ok(())
     }
 
-    /// Splits into topic, payload, headers and aggregate.
-    pub fn into_parts(self) -> (String, Vec<u8>, Vec<(String, String)>, Option<String>) {
-        (self.topic, self.payload, self.headers, self.aggregate)
+    /// The payload, by value.
+    pub fn into_payload(self) -> Vec<u8> {
+        self.payload
     }
 }
 

@@ -56,14 +56,16 @@ impl<C: ConnectionTrait + Sync + ?Sized> Outbox for C {
         message.validate()?;
         let sql = OutboxSql::of(self.get_database_backend());
         let id = uuid::Uuid::now_v7().to_string();
-        let (topic, payload, headers, aggregate) = message.into_parts();
-        let headers: Value = if headers.is_empty() {
+        let topic = message.topic().to_owned();
+        let aggregate = message.aggregate_key().map(str::to_owned);
+        let headers: Value = if message.headers().is_empty() {
             Option::<String>::None.into()
         } else {
-            serde_json::to_string(&headers)
+            serde_json::to_string(message.headers())
                 .map_err(|e| Error::store("encoding message headers", e))?
                 .into()
         };
+        let payload = message.into_payload();
         let statement = match aggregate {
             Some(aggregate) => {
                 if let Some(bump) = &sql.bump_head {
