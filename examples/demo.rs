@@ -4,10 +4,12 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use idem::sea_orm::Stateful;
+use idem::nats::Delivery;
+use idem::outbox::{FnSink, Message, OutboxMessage, SinkError};
+use idem::sea_orm::{Outbox, Relay, Stateful};
 use idem::{FinalError, Outcome, TransitionOutcome, idempotent, transition, with_outcome};
 use sea_orm::entity::prelude::*;
-use sea_orm::{ActiveValue::Set, Database, DatabaseConnection};
+use sea_orm::{ActiveValue::Set, Database, DatabaseConnection, Statement};
 use serde::{Deserialize, Serialize};
 
 #[path = "shop/model.rs"]
@@ -107,6 +109,15 @@ async fn pay_order(db: &DatabaseConnection, cmd: PayOrder) -> Result<Receipt, Pa
     .exec(db)
     .await
     .map_err(|e| idem::Error::store("saving the payment", e))?;
+    // The event for other services commits with the payment, or not at all.
+    db.stage(
+        Message::json(
+            "shop.orders.paid",
+            &(&cmd.order_id, &payment_id, cmd.amount_cents),
+        )?
+        .aggregate(cmd.order_id.clone()),
+    )
+    .await?;
     if cmd.card.ends_with("0002") {
         return Err(PayError::Declined("insufficient funds".into()));
     }
@@ -118,6 +129,112 @@ async fn pay_order(db: &DatabaseConnection, cmd: PayOrder) -> Result<Receipt, Pa
         order_id: cmd.order_id,
         amount_cents: cmd.amount_cents,
     })
+}
+
+/// Counts how often the receipt handler's body really ran.
+static RECEIPT_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+/// The consuming side: sends a receipt for a paid order. Keyed by the message id, so the
+/// ledger is its inbox: a message delivered again replays instead of sending again.
+#[idempotent(scope = "demo.receipt", key = delivery.id())]
+async fn send_receipt(db: &DatabaseConnection, delivery: Delivery) -> Result<String, idem::Error> {
+    RECEIPT_RUNS.fetch_add(1, Ordering::SeqCst);
+    let (order_id, _payment_id, _amount): (String, String, i64) = delivery
+        .json()
+        .map_err(|e| idem::Error::store("decoding the event", e))?;
+    db.execute_raw(Statement::from_sql_and_values(
+        db.get_database_backend(),
+        "INSERT INTO demo_receipts (message_id, order_id) VALUES (?, ?)",
+        [delivery.id().into(), order_id.clone().into()],
+    ))
+    .await
+    .map_err(|e| idem::Error::store("saving the receipt", e))?;
+    Ok(order_id)
+}
+
+async fn scalar(db: &DatabaseConnection, sql: &str) -> i64 {
+    let row = db
+        .query_one_raw(Statement::from_string(db.get_database_backend(), sql))
+        .await
+        .ok()
+        .flatten();
+    row.and_then(|r| r.try_get_by_index::<i64>(0).ok())
+        .unwrap_or_default()
+}
+
+/// The outbox and the inbox end to end: the relay delivers the messages the pays above
+/// staged to the receipt handler; once it is interrupted after delivering and before marking,
+/// so one message is delivered twice.
+async fn effects_outside(
+    db: &DatabaseConnection,
+) -> Result<Vec<String>, Box<dyn std::error::Error>> {
+    db.execute_unprepared(
+        "CREATE TABLE IF NOT EXISTS demo_receipts (message_id TEXT PRIMARY KEY, order_id TEXT NOT NULL)",
+    )
+    .await?;
+    let staged = scalar(db, "SELECT COUNT(*) FROM idem_outbox").await;
+    let deliveries = std::sync::Arc::new(AtomicUsize::new(0));
+    let sink = |stall_first: bool| {
+        let (db, deliveries) = (db.clone(), deliveries.clone());
+        FnSink::new(move |m: OutboxMessage| {
+            let (db, deliveries) = (db.clone(), deliveries.clone());
+            async move {
+                let n = deliveries.fetch_add(1, Ordering::SeqCst);
+                send_receipt(&db, Delivery::new(m.id, m.topic, m.payload))
+                    .await
+                    .map_err(|e| SinkError::transient(e.to_string()))?;
+                if stall_first && n == 0 {
+                    // Delivered, but the relay dies before it marks the message published.
+                    std::future::pending::<()>().await;
+                }
+                Ok(())
+            }
+        })
+    };
+    let lease = std::time::Duration::from_millis(300);
+    let interrupted = Relay::new(db.clone(), sink(true))
+        .batch_size(1)
+        .lease(lease);
+    let _ = tokio::time::timeout(lease / 3, interrupted.run_once()).await;
+    tokio::time::sleep(lease).await; // the dead relay's lease lapses
+    let relay = Relay::new(db.clone(), sink(false)).lease(lease);
+    while relay.run_once().await?.claimed > 0 {}
+    let receipts = scalar(db, "SELECT COUNT(*) FROM demo_receipts").await;
+    let mut lines = vec![format!(
+        "{:<38} {:>10} {:>8}  {staged} messages staged by the pays above (declined and failed pays staged none); relay cut after its first delivery, before marking it: redelivered, replayed by the inbox",
+        "10. relay interrupted mid-publish",
+        deliveries.load(Ordering::SeqCst),
+        receipts,
+    )];
+
+    let runs_before = RECEIPT_RUNS.load(Ordering::SeqCst);
+    let event = Delivery::new(
+        "evt-redelivered",
+        "shop.orders.paid",
+        serde_json::to_vec(&("o-3", "pay-x", 500))?,
+    );
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        let (result, outcome) = with_outcome(send_receipt(db, event.clone())).await;
+        answers.push(match (result, outcome) {
+            (Ok(_), Some(Outcome::Executed)) => "executed",
+            (Ok(_), Some(Outcome::Replayed)) => "replayed",
+            _ => "failed",
+        });
+    }
+    lines.push(format!(
+        "{:<38} {:>10} {:>8}  handler body ran {} time(s): {}",
+        "11. one message delivered three times",
+        3,
+        scalar(
+            db,
+            "SELECT COUNT(*) FROM demo_receipts WHERE message_id = 'evt-redelivered'"
+        )
+        .await,
+        RECEIPT_RUNS.load(Ordering::SeqCst) - runs_before,
+        answers.join(", then "),
+    ));
+    Ok(lines)
 }
 
 fn cmd(key: &str, order: &str, amount_cents: i64, card: &str) -> PayOrder {
@@ -324,6 +441,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "{:<38} {:>9} {:>8}  {}",
             r.scenario, r.body_runs, r.payments, r.answer
         );
+    }
+    println!("\neffects outside the database (outbox, then inbox):");
+    println!(
+        "{:<38} {:>10} {:>8}  what happened",
+        "scenario", "deliveries", "receipts"
+    );
+    for line in effects_outside(&db).await? {
+        println!("{line}");
     }
     let states: Vec<(String, OrderStatus)> = order::Entity::find()
         .all(&db)

@@ -10,7 +10,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use idem::axum::{IdempotencyKey, Problem, respond};
-use idem::sea_orm::Stateful;
+use idem::outbox::Message;
+use idem::sea_orm::{Outbox, Stateful};
 use idem::{TransitionOutcome, idempotent, transition};
 use sea_orm::entity::prelude::*;
 use sea_orm::{ActiveValue::Set, DatabaseConnection, QueryOrder};
@@ -133,6 +134,17 @@ pub(crate) struct PaymentView {
     pub(crate) payment_id: String,
 }
 
+/// The subject of the event a payment publishes.
+pub(crate) const ORDER_PAID: &str = "shop.orders.paid";
+
+/// What other services hear when an order is paid (published through the outbox).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct OrderPaid {
+    pub(crate) order_id: String,
+    pub(crate) payment_id: String,
+    pub(crate) amount_cents: i64,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct StatusView {
     pub(crate) order_id: String,
@@ -209,6 +221,15 @@ async fn pay(
             })
             .exec_with_returning(db)
             .await?;
+            // Other services learn of the payment through the outbox: the message commits
+            // with the payment or not at all, and the relay publishes it afterwards.
+            let paid = OrderPaid {
+                order_id: order_id.clone(),
+                payment_id: saved.id.clone(),
+                amount_cents: saved.amount_cents,
+            };
+            db.stage(Message::json(ORDER_PAID, &paid)?.aggregate(order_id.clone()))
+                .await?;
             Ok(PaymentView {
                 order_id,
                 status: OrderStatus::Paid,

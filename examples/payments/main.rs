@@ -2,12 +2,31 @@
 //!
 //! SQLite file by default; `DATABASE_URL` picks PostgreSQL or MariaDB; `--addr` the listen
 //! address (default 127.0.0.1:3000). Every POST needs an `Idempotency-Key` header.
+//!
+//! Paying an order stages a `shop.orders.paid` message in the payment's transaction. A relay
+//! in this process publishes it: to JetStream stream `SHOP` (subjects `shop.>`, created if
+//! missing) when `NATS_URL` is set, else to the log. `cargo run --example notifier` consumes it.
 
 mod app;
 #[path = "../shop/model.rs"]
 mod model;
 
+use idem::nats::{JetStreamSink, async_nats, ensure_stream};
+use idem::outbox::LogSink;
+use idem::sea_orm::Relay;
 use sea_orm::{ConnectOptions, Database};
+
+/// Connects to NATS and makes sure stream `SHOP` captures `shop.>`.
+async fn connect_jetstream(url: &str) -> Result<async_nats::jetstream::Context, idem::Error> {
+    let client = async_nats::ConnectOptions::new()
+        .retry_on_initial_connect()
+        .connect(url)
+        .await
+        .map_err(|e| idem::Error::store(format!("connecting to NATS at {url}"), e))?;
+    let jetstream = async_nats::jetstream::new(client);
+    ensure_stream(&jetstream, "SHOP", &["shop.>"]).await?;
+    Ok(jetstream)
+}
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -44,6 +63,31 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     options.sqlx_logging(false);
     let db = Database::connect(options).await?;
     app::create_tables(&db).await?;
+
+    // The relay publishes what paying stages: to JetStream with NATS_URL, else to the log.
+    let relay_db = db.clone();
+    tokio::spawn(async move {
+        let result = match std::env::var("NATS_URL") {
+            Ok(nats_url) => match connect_jetstream(&nats_url).await {
+                Ok(jetstream) => {
+                    tracing::info!(%nats_url, stream = "SHOP", "relaying the outbox to JetStream");
+                    Relay::new(relay_db, JetStreamSink::new(jetstream))
+                        .run(std::future::pending::<()>())
+                        .await
+                }
+                Err(e) => Err(e),
+            },
+            Err(_) => {
+                tracing::info!("relaying the outbox to the log (set NATS_URL for JetStream)");
+                Relay::new(relay_db, LogSink)
+                    .run(std::future::pending::<()>())
+                    .await
+            }
+        };
+        if let Err(e) = result {
+            tracing::error!(error = %e, "the outbox relay stopped");
+        }
+    });
 
     let state = app::AppState {
         db,
