@@ -95,8 +95,8 @@ pub mod store {
 
 /// Effects outside the database: messages staged in a handler's transaction and relayed
 /// afterwards (the outbox), sinks, and the consumer-side dead letters. Staging and the relay
-/// run on the SeaORM store: [`sea_orm::Outbox`](crate::sea_orm::Outbox),
-/// [`sea_orm::Relay`](crate::sea_orm::Relay). See `docs/OUTBOX.md`.
+/// run on the SeaORM store: [`sea_orm::Outbox`],
+/// [`sea_orm::Relay`]. See `docs/OUTBOX.md`.
 pub mod outbox {
     pub use idem_core::outbox::{
         Backoff, DeadLetter, DeadLetters, FnSink, LogSink, MAX_NAME_LEN, Message, OutboxHealth,

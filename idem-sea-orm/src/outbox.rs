@@ -317,7 +317,9 @@ struct Counters {
 /// # async fn run(db: sea_orm::DatabaseConnection) -> Result<(), idem_core::Error> {
 /// use idem_sea_orm::Relay;
 /// let relay = Relay::new(db, idem_core::outbox::LogSink).batch_size(200);
-/// relay.run(tokio::signal::ctrl_c()).await
+/// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+/// # drop(stop);
+/// relay.run(stopped).await // until `stop` is sent or dropped
 /// # }
 /// ```
 #[derive(Debug)]
