@@ -14,7 +14,7 @@ use crate::error::{BoxError, Error};
 use crate::fingerprint::{FingerprintError, Fingerprinter};
 use crate::key::Key;
 use crate::outcome::{self, Outcome};
-use crate::store::{Claim, ClaimRequest, Concurrency, RecordStatus, Store};
+use crate::store::{Claim, ClaimRequest, Concurrency, RecordStatus, Recorded, Store};
 
 /// How long a caller should wait before retrying an in-flight key.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -205,6 +205,43 @@ impl<S: Store> Call<S> {
         }
     }
 
+    /// Checks the key, the principal and the fingerprint: everything a claim needs, before
+    /// any store work.
+    pub(crate) fn prepare(self) -> Result<(S, Prepared), Error> {
+        let site = self.site;
+        let key = self.key?;
+        let principal = self.principal?;
+        if let Some(e) = self.fingerprint_error {
+            return Err(e.into_error(site.scope));
+        }
+        let fingerprint = self.fingerprint.finish();
+        let id = record_id(
+            site.scope,
+            principal.as_ref().map_or("", Key::as_str),
+            key.as_str(),
+        );
+        let span = tracing::info_span!(
+            "idem",
+            scope = site.scope,
+            key_hash = %KeyHash(&id),
+            principal = principal.as_ref().map_or("", Key::as_str),
+            outcome = tracing::field::Empty,
+        );
+        // The raw key only at debug level: keys can carry user data.
+        tracing::debug!(parent: &span, key = key.as_str(), "claiming");
+        Ok((
+            self.store,
+            Prepared {
+                site,
+                key,
+                principal,
+                fingerprint,
+                id,
+                span,
+            },
+        ))
+    }
+
     /// Claims the key. `Ok` hands out the transaction to run the body in; `Err` carries the
     /// call's final answer (a replay, or an error) and the body must not run.
     pub async fn claim<R>(self, finality: Option<Finality<R::Error>>) -> Result<Guard<S, R>, R>
@@ -213,88 +250,106 @@ impl<S: Store> Call<S> {
         R::Ok: Replayable,
         R::Error: HandlerError,
     {
-        let site = self.site;
-        let prepared = (|| {
-            let key = self.key?;
-            let principal = self.principal?;
-            if let Some(e) = self.fingerprint_error {
-                return Err(e.into_error(site.scope));
-            }
-            Ok((key, principal, self.fingerprint.finish()))
-        })();
-        let (key, principal, fingerprint) = match prepared {
+        let (store, prepared) = match self.prepare() {
             Ok(parts) => parts,
             Err(e) => return Err(R::from_result(Err(e.into()))),
         };
-        let principal = principal.as_ref().map_or("", Key::as_str);
-        let request = ClaimRequest {
-            scope: site.scope,
-            principal,
-            key: key.as_str(),
-            id: record_id(site.scope, principal, key.as_str()),
-            fingerprint,
-            owner: owner_token(),
-            ttl: site.ttl,
-            concurrency: site.concurrency,
-            savepoint: finality.is_some(),
-        };
-        let span = tracing::info_span!(
-            "idem",
-            scope = site.scope,
-            key_hash = %KeyHash(&request.id),
-            principal = request.principal,
-            outcome = tracing::field::Empty,
-        );
-        // The raw key only at debug level: keys can carry user data.
-        tracing::debug!(parent: &span, key = key.as_str(), "claiming");
+        let site = prepared.site;
+        let request = prepared.request(owner_token(), finality.is_some());
         let bound = match site.concurrency {
             Concurrency::Wait { bound } => bound,
             _ => Concurrency::DEFAULT_BOUND,
         };
-        let claimed = match tokio::time::timeout(bound, self.store.claim(&request)).await {
+        let claimed = match tokio::time::timeout(bound, store.claim(&request)).await {
             Ok(claimed) => claimed,
             Err(_elapsed) => Ok(Claim::InFlight),
         };
-        let recorded = match claimed {
+        match claimed {
             Ok(Claim::Execute(tx)) => {
                 let request = OwnedRequest::from(&request);
-                return Ok(Guard {
-                    store: self.store,
+                Ok(Guard {
+                    store,
                     tx,
                     site,
                     request,
-                    key,
+                    key: prepared.key,
                     finality,
-                    span,
+                    span: prepared.span,
                     nested: outcome::Nested::enter(),
                     _output: PhantomData,
-                });
+                })
             }
-            Ok(Claim::Recorded(recorded)) => recorded,
-            Ok(Claim::InFlight) => {
-                span.record("outcome", "in_flight");
-                return Err(R::from_result(Err(Error::InFlight {
-                    scope: site.scope.to_owned(),
-                    retry_after: RETRY_AFTER,
-                }
-                .into())));
-            }
-            Err(e) => {
-                span.record("outcome", "error");
-                tracing::warn!(parent: &span, error = %e, "claim failed");
-                return Err(R::from_result(Err(e.into())));
-            }
-        };
-        if recorded.fingerprint != fingerprint {
-            span.record("outcome", "reused");
-            return Err(R::from_result(Err(Error::KeyReused {
+            Ok(Claim::Recorded(recorded)) => Err(prepared.replay(&recorded, finality)),
+            Ok(Claim::InFlight) => Err(prepared.fail(Error::InFlight {
                 scope: site.scope.to_owned(),
-            }
-            .into())));
+                retry_after: RETRY_AFTER,
+            })),
+            Err(e) => Err(prepared.fail(e)),
+        }
+    }
+}
+
+/// A call whose key, principal and fingerprint passed their checks.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    pub(crate) site: &'static Site,
+    pub(crate) key: Key,
+    pub(crate) principal: Option<Key>,
+    pub(crate) fingerprint: crate::Fingerprint,
+    pub(crate) id: [u8; 32],
+    pub(crate) span: tracing::Span,
+}
+
+impl Prepared {
+    /// The store's view of this call.
+    pub(crate) fn request(&self, owner: i64, savepoint: bool) -> ClaimRequest<'_> {
+        ClaimRequest {
+            scope: self.site.scope,
+            principal: self.principal.as_ref().map_or("", Key::as_str),
+            key: self.key.as_str(),
+            id: self.id,
+            fingerprint: self.fingerprint,
+            owner,
+            ttl: self.site.ttl,
+            concurrency: self.site.concurrency,
+            savepoint,
+        }
+    }
+
+    /// Ends the call with an idem error, logged in its span.
+    pub(crate) fn fail<R: HandlerOutput>(&self, e: Error) -> R
+    where
+        R::Error: HandlerError,
+    {
+        let outcome = match e.kind() {
+            crate::ErrorKind::InFlight => "in_flight",
+            crate::ErrorKind::KeyReused => "reused",
+            _ => "error",
+        };
+        self.span.record("outcome", outcome);
+        if outcome == "error" {
+            tracing::warn!(parent: &self.span, error = %e, "call failed");
+        }
+        R::from_result(Err(e.into()))
+    }
+
+    /// Answers from a recorded outcome: the value or final error it holds, `KeyReused` for
+    /// other arguments, `Decode` when it no longer reads as the handler's types.
+    pub(crate) fn replay<R>(&self, recorded: &Recorded, finality: Option<Finality<R::Error>>) -> R
+    where
+        R: HandlerOutput,
+        R::Ok: Replayable,
+        R::Error: HandlerError,
+    {
+        let scope = self.site.scope;
+        if recorded.fingerprint != self.fingerprint {
+            return self.fail(Error::KeyReused {
+                scope: scope.to_owned(),
+            });
         }
         let decode_error = |source: BoxError| Error::Decode {
-            scope: site.scope.to_owned(),
-            key: key.as_str().to_owned(),
+            scope: scope.to_owned(),
+            key: self.key.as_str().to_owned(),
             source,
         };
         let replay: Result<Result<R::Ok, R::Error>, Error> = match recorded.status {
@@ -308,22 +363,18 @@ impl<S: Store> Call<S> {
                 "a final error was recorded, but the handler's error type no longer implements `idem::FinalError`".into(),
             )),
             _ => Err(Error::InFlight {
-                scope: site.scope.to_owned(),
+                scope: scope.to_owned(),
                 retry_after: RETRY_AFTER,
             }),
         };
-        Err(R::from_result(match replay {
+        match replay {
             Ok(answer) => {
-                span.record("outcome", "replayed");
+                self.span.record("outcome", "replayed");
                 outcome::report(Outcome::Replayed);
-                answer
+                R::from_result(answer)
             }
-            Err(e) => {
-                span.record("outcome", "error");
-                tracing::warn!(parent: &span, error = %e, "replay failed");
-                Err(e.into())
-            }
-        }))
+            Err(e) => self.fail(e),
+        }
     }
 }
 
