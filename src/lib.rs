@@ -114,6 +114,19 @@ pub mod nats {
     };
 }
 
+/// Runs a recovery point of a lease-mode handler once, recording its value; see
+/// [`lease::step`].
+pub use idem_core::lease::step;
+
+/// Lease mode (`#[idempotent(..., lease = "30s")]`): recovery points ([`step`]), derived
+/// downstream keys, and the store contract. The SeaORM final phase is
+/// [`sea_orm::final_step`].
+pub mod lease {
+    pub use idem_core::lease::{
+        BoxFuture, LeaseClaim, LeaseHandle, LeaseStore, Ticket, derived_key, step,
+    };
+}
+
 /// HTTP glue for axum 0.8 (the IETF Idempotency-Key draft): the `Idempotency-Key` extractor,
 /// problem+json errors with the draft's statuses, and [`respond`](axum::respond), which adds
 /// `Idempotent-Replayed: true` to replays.
@@ -131,14 +144,15 @@ pub mod axum {
 pub mod sea_orm {
     #[cfg(feature = "migration")]
     pub use idem_sea_orm::Migration;
-    #[cfg(feature = "migration")]
-    pub use idem_sea_orm::OutboxMigration;
     pub use idem_sea_orm::{
-        DEAD_LETTERS_TABLE, DeadLetterTable, DeadMessage, LEDGER_TABLE, OUTBOX_HEADS_TABLE,
-        OUTBOX_TABLE, Outbox, Relay, RelayCounters, RelayRound, SeaOrmStore, Stateful,
-        create_tables, database_now_ms, dead_messages, ledger, outbox_health, placeholders,
-        purge_expired, purge_expired_batch, purge_published, retry_dead,
+        DEAD_LETTERS_TABLE, DeadLetterTable, DeadMessage, ExpiredLease, LEDGER_TABLE,
+        OUTBOX_HEADS_TABLE, OUTBOX_TABLE, Outbox, Relay, RelayCounters, RelayRound, STEPS_TABLE,
+        SeaOrmLeaseStore, SeaOrmStore, Stateful, create_tables, database_now_ms, dead_messages,
+        expired_leases, final_step, ledger, outbox_health, placeholders, purge_expired,
+        purge_expired_batch, purge_published, retry_dead,
     };
+    #[cfg(feature = "migration")]
+    pub use idem_sea_orm::{LeaseMigration, OutboxMigration, migrations};
 }
 
 /// What `#[idempotent]` expands to. Not public API: it changes without notice.
@@ -149,6 +163,44 @@ pub mod __private {
     pub use idem_core::engine::{
         Call, FinalProbe, Guard, HandlerOutput, Site, ViaFinal, ViaPlain, run,
     };
+    pub use idem_core::lease::run_lease;
+
+    /// Something lease mode can hold leases on.
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` cannot hold the leases of `#[idempotent(..., lease = ...)]`",
+        label = "expected the connection here",
+        note = "lease mode needs a `sea_orm::DatabaseConnection` (or an `idem::MemoryStore`)"
+    )]
+    pub trait LeaseConnection {
+        /// An owned lease store over this connection.
+        fn lease_store(&self) -> std::sync::Arc<dyn idem_core::lease::LeaseStore>;
+    }
+
+    impl<C: LeaseConnection + ?Sized> LeaseConnection for &C {
+        fn lease_store(&self) -> std::sync::Arc<dyn idem_core::lease::LeaseStore> {
+            (**self).lease_store()
+        }
+    }
+
+    impl LeaseConnection for idem_core::MemoryStore {
+        fn lease_store(&self) -> std::sync::Arc<dyn idem_core::lease::LeaseStore> {
+            std::sync::Arc::new(self.clone())
+        }
+    }
+
+    #[cfg(feature = "sea-orm")]
+    impl LeaseConnection for idem_sea_orm::sea_orm::DatabaseConnection {
+        fn lease_store(&self) -> std::sync::Arc<dyn idem_core::lease::LeaseStore> {
+            std::sync::Arc::new(idem_sea_orm::SeaOrmLeaseStore::new(self.clone()))
+        }
+    }
+
+    /// The lease store behind a connection expression.
+    pub fn lease_store<C: LeaseConnection + ?Sized>(
+        connection: &C,
+    ) -> std::sync::Arc<dyn idem_core::lease::LeaseStore> {
+        connection.lease_store()
+    }
 
     use idem_core::{Error, Key, KeySource, Store};
 

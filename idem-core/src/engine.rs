@@ -41,6 +41,16 @@ impl Site {
     pub const fn scope(&self) -> &'static str {
         self.scope
     }
+
+    /// How long recorded results are kept.
+    pub const fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// How a concurrent duplicate is treated.
+    pub const fn concurrency(&self) -> Concurrency {
+        self.concurrency
+    }
 }
 
 /// The return type of a handler: `Result<T, E>`.
@@ -464,16 +474,13 @@ where
             scope: site.scope.to_owned(),
             source: Box::new(source),
         };
-        let (status, payload, answer) = match output.into_result() {
-            Ok(value) => (
-                RecordStatus::Completed,
-                serde_json::to_vec(&value),
-                Ok(value),
-            ),
-            Err(error) if let Some(f) = finality.filter(|f| (f.is_final)(&error)) => {
-                (RecordStatus::Failed, (f.encode)(&error), Err(error))
-            }
-            Err(error) => {
+        let (status, payload, answer) = match verdict(output, finality) {
+            Verdict::Record {
+                status,
+                payload,
+                answer,
+            } => (status, payload, answer),
+            Verdict::Release(error) => {
                 // A transient error: roll back so a retry executes again. A failed rollback
                 // changes nothing for the caller: the dropped transaction rolls back anyway.
                 let _ = store.release(tx).await;
@@ -500,6 +507,41 @@ where
                 Err(e.into())
             }
         })
+    }
+}
+
+/// What a handler's output means for its record.
+pub(crate) enum Verdict<T, E> {
+    /// Record `payload` (the value, or a final error) with `status`; the caller gets `answer`.
+    Record {
+        status: RecordStatus,
+        payload: serde_json::Result<Vec<u8>>,
+        answer: Result<T, E>,
+    },
+    /// A transient error: record nothing, free the key.
+    Release(E),
+}
+
+/// Sorts a handler's output: values and final errors are recorded, other errors release.
+pub(crate) fn verdict<R: HandlerOutput>(
+    output: R,
+    finality: Option<Finality<R::Error>>,
+) -> Verdict<R::Ok, R::Error>
+where
+    R::Ok: Replayable,
+{
+    match output.into_result() {
+        Ok(value) => Verdict::Record {
+            status: RecordStatus::Completed,
+            payload: serde_json::to_vec(&value),
+            answer: Ok(value),
+        },
+        Err(error) if let Some(f) = finality.filter(|f| (f.is_final)(&error)) => Verdict::Record {
+            status: RecordStatus::Failed,
+            payload: (f.encode)(&error),
+            answer: Err(error),
+        },
+        Err(error) => Verdict::Release(error),
     }
 }
 

@@ -112,6 +112,16 @@ pub enum Error {
         #[source]
         source: BoxError,
     },
+    /// A lease-mode call lost its lease: it ran past the lease and a retry took the key over
+    /// (or the record was completed meanwhile). Its step records, final writes and result
+    /// were rejected and rolled back; the retry's answer stands.
+    #[error(
+        "the lease on a call in scope `{scope}` was taken over by a retry; this attempt's work was rejected"
+    )]
+    LeaseLost {
+        /// Scope of the call.
+        scope: String,
+    },
     /// A message staged in the outbox cannot be stored: an empty or over-long topic or
     /// aggregate key, or a malformed header. Nothing was staged.
     #[error("invalid outbox message: {message}")]
@@ -160,6 +170,8 @@ pub enum ErrorKind {
     Fingerprint,
     /// See [`Error::InvalidMessage`].
     InvalidMessage,
+    /// See [`Error::LeaseLost`].
+    LeaseLost,
     /// See [`Error::Store`].
     Store,
 }
@@ -177,6 +189,7 @@ impl ErrorKind {
             Self::Encode => "encode",
             Self::Fingerprint => "fingerprint",
             Self::InvalidMessage => "invalid-message",
+            Self::LeaseLost => "lease-lost",
             Self::Store => "store",
         }
     }
@@ -186,7 +199,7 @@ impl ErrorKind {
         match self {
             Self::InvalidKey | Self::MissingKey => 400,
             Self::KeyReused => 422,
-            Self::InFlight | Self::InvalidTransition => 409,
+            Self::InFlight | Self::InvalidTransition | Self::LeaseLost => 409,
             Self::Store => 503,
             Self::Decode | Self::Encode | Self::Fingerprint | Self::InvalidMessage => 500,
         }
@@ -206,6 +219,7 @@ impl Error {
             Self::Encode { .. } => ErrorKind::Encode,
             Self::Fingerprint { .. } => ErrorKind::Fingerprint,
             Self::InvalidMessage { .. } => ErrorKind::InvalidMessage,
+            Self::LeaseLost { .. } => ErrorKind::LeaseLost,
             Self::Store { .. } => ErrorKind::Store,
         }
     }

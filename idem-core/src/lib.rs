@@ -9,6 +9,7 @@ mod fingerprint;
 #[cfg(feature = "axum")]
 pub mod http;
 mod key;
+pub mod lease;
 mod memory;
 #[cfg(feature = "nats")]
 pub mod nats;

@@ -7,7 +7,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
+use std::time::Duration;
+
 use tokio::sync::OwnedMutexGuard;
+
+use crate::lease::{BoxFuture, LeaseClaim, LeaseStore, Ticket};
 
 use crate::error::Error;
 use crate::store::{Claim, ClaimRequest, Concurrency, RecordStatus, Recorded, Store};
@@ -22,6 +26,16 @@ pub struct MemoryStore {
 struct Inner {
     records: Mutex<HashMap<[u8; 32], Entry>>,
     locks: Mutex<HashMap<[u8; 32], Arc<tokio::sync::Mutex<()>>>>,
+    leases: Mutex<HashMap<[u8; 32], Lease>>,
+}
+
+/// A lease-mode call in progress.
+#[derive(Debug)]
+struct Lease {
+    token: i64,
+    fingerprint: crate::Fingerprint,
+    ends: Instant,
+    steps: HashMap<String, Vec<u8>>,
 }
 
 #[derive(Debug)]
@@ -112,5 +126,148 @@ impl Store for MemoryStore {
     async fn release(&self, tx: MemoryTx) -> Result<(), Error> {
         drop(tx);
         Ok(())
+    }
+}
+
+impl MemoryStore {
+    fn leases(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Lease>> {
+        self.inner
+            .leases
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `change` on the lease `ticket` holds, or reports it lost.
+    fn holding<T>(
+        &self,
+        ticket: &Ticket,
+        change: impl FnOnce(&mut Lease) -> T,
+    ) -> Result<T, Error> {
+        match self.leases().get_mut(&ticket.id) {
+            Some(lease) if lease.token == ticket.token => Ok(change(lease)),
+            _ => Err(Error::LeaseLost {
+                scope: String::new(),
+            }),
+        }
+    }
+}
+
+/// Milliseconds from now to `at` on this store's clock, as an epoch-like figure for tickets.
+fn ticket_ms(ends: Instant) -> i64 {
+    let from_now = ends.saturating_duration_since(Instant::now());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from((now + from_now).as_millis()).unwrap_or(i64::MAX)
+}
+
+impl LeaseStore for MemoryStore {
+    fn claim_lease<'a>(
+        &'a self,
+        req: &'a ClaimRequest<'a>,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let mut records = self.records();
+            if let Some(entry) = records.get(&req.id) {
+                if entry.expires > now {
+                    return Ok(LeaseClaim::Recorded(entry.recorded.clone()));
+                }
+                records.remove(&req.id);
+            }
+            let mut leases = self.leases();
+            let claim = match leases.get_mut(&req.id) {
+                Some(held) if held.fingerprint != req.fingerprint => {
+                    LeaseClaim::Recorded(Recorded {
+                        fingerprint: held.fingerprint,
+                        status: RecordStatus::Pending,
+                        payload: Vec::new(),
+                    })
+                }
+                Some(held) if held.ends > now => LeaseClaim::InFlight {
+                    retry_after: held.ends - now,
+                },
+                Some(held) => {
+                    held.token = held.token.wrapping_add(1);
+                    held.ends = now + lease;
+                    LeaseClaim::Execute {
+                        ticket: Ticket::new(req.id, held.token, ticket_ms(held.ends)),
+                        steps: held
+                            .steps
+                            .iter()
+                            .map(|(k, v)| (k.clone(), v.clone()))
+                            .collect(),
+                    }
+                }
+                None => {
+                    let token = crate::outbox::random_token();
+                    leases.insert(
+                        req.id,
+                        Lease {
+                            token,
+                            fingerprint: req.fingerprint,
+                            ends: now + lease,
+                            steps: HashMap::new(),
+                        },
+                    );
+                    LeaseClaim::Execute {
+                        ticket: Ticket::new(req.id, token, ticket_ms(now + lease)),
+                        steps: Vec::new(),
+                    }
+                }
+            };
+            Ok(claim)
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        ticket: &'a Ticket,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move { self.holding(ticket, |held| held.ends = Instant::now() + lease) })
+    }
+
+    fn record_step<'a>(
+        &'a self,
+        ticket: &'a Ticket,
+        name: &'a str,
+        payload: &'a [u8],
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            self.holding(ticket, |held| {
+                held.steps.insert(name.to_owned(), payload.to_vec());
+            })
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        ticket: &'a Ticket,
+        status: RecordStatus,
+        payload: &'a [u8],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let fingerprint = self.holding(ticket, |held| held.fingerprint)?;
+            self.leases().remove(&ticket.id);
+            self.records().insert(
+                ticket.id,
+                Entry {
+                    recorded: Recorded {
+                        fingerprint,
+                        status,
+                        payload: payload.to_vec(),
+                    },
+                    expires: Instant::now() + ttl,
+                },
+            );
+            Ok(())
+        })
+    }
+
+    fn release_lease<'a>(&'a self, ticket: &'a Ticket) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move { self.holding(ticket, |held| held.ends = Instant::now()) })
     }
 }

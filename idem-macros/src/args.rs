@@ -5,6 +5,9 @@ use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
 use syn::{Expr, Ident, LitStr, Path, Token};
 
+/// The lease of `lease` without a value.
+const DEFAULT_LEASE_MS: u64 = 30_000;
+
 /// Every argument name, in the order the docs list them.
 const ARGUMENTS: &[&str] = &[
     "scope",
@@ -13,6 +16,7 @@ const ARGUMENTS: &[&str] = &[
     "skip",
     "ttl",
     "on_concurrent",
+    "lease",
     "conn",
     "crate",
 ];
@@ -34,6 +38,8 @@ const RENAMES: &[(&str, &str)] = &[
     ("store", "conn"),
     ("connection", "conn"),
     ("krate", "crate"),
+    ("mode", "lease"),
+    ("lease_ms", "lease"),
 ];
 
 /// The parsed, validated attribute arguments.
@@ -44,6 +50,8 @@ pub(crate) struct Args {
     pub(crate) skip: Vec<Ident>,
     pub(crate) ttl_ms: u64,
     pub(crate) policy: Policy,
+    /// `lease` / `lease = "30s"`: lease mode, with this lease in milliseconds.
+    pub(crate) lease_ms: Option<u64>,
     pub(crate) conn: Option<Conn>,
     pub(crate) krate: Option<Path>,
 }
@@ -153,6 +161,10 @@ impl Parse for RawArgs {
         let mut ttl_seen = false;
         let mut policy: Option<Policy> = None;
         let mut policy_seen = false;
+        // Where a bare `wait` was written (lease mode refuses it there).
+        let mut bare_wait: Option<Span> = None;
+        let mut lease_ms: Option<u64> = None;
+        let mut lease_seen = false;
         let mut conn: Option<Conn> = None;
         let mut krate: Option<Path> = None;
 
@@ -247,7 +259,10 @@ impl Parse for RawArgs {
                                 Err(m) => push(&mut errors, syn::Error::new(lit.span(), m)),
                             }
                         }
-                        "wait" => policy = Some(Policy::Wait { bound_ms: None }),
+                        "wait" => {
+                            bare_wait = Some(name.span());
+                            policy = Some(Policy::Wait { bound_ms: None });
+                        }
                         "reject" => policy = Some(Policy::Reject),
                         other => push(
                             &mut errors,
@@ -258,6 +273,29 @@ impl Parse for RawArgs {
                                 ),
                             ),
                         ),
+                    }
+                }
+                "lease" => {
+                    duplicate(lease_seen, &mut errors);
+                    lease_seen = true;
+                    if input.peek(Token![=]) {
+                        input.parse::<Token![=]>()?;
+                        let lit: LitStr = input.parse().map_err(|e| {
+                            syn::Error::new(
+                                e.span(),
+                                "`lease` takes a duration string, e.g. `lease = \"30s\"` (or `lease` alone for 30 s)",
+                            )
+                        })?;
+                        match parse_duration(
+                            &lit.value(),
+                            "lease",
+                            "a zero lease ends before the body starts; give the longest the body may take, e.g. `lease = \"30s\"`",
+                        ) {
+                            Ok(ms) => lease_ms = Some(ms),
+                            Err(m) => push(&mut errors, syn::Error::new(lit.span(), m)),
+                        }
+                    } else {
+                        lease_ms = Some(DEFAULT_LEASE_MS);
                     }
                 }
                 "conn" => {
@@ -345,6 +383,17 @@ impl Parse for RawArgs {
                 ),
             );
         }
+        if let (true, Some(span)) = (lease_seen, bare_wait) {
+            push(
+                &mut errors,
+                syn::Error::new(
+                    span,
+                    "in lease mode a duplicate cannot wait on the claim's lock (the claim has committed); \
+                     use `reject` (the default: `InFlight` with Retry-After until the lease ends) or \
+                     bound the wait, e.g. `wait(\"2s\")`, to poll for the recorded result",
+                ),
+            );
+        }
         // A missing `scope` or `key` is already an error, so the expansion is discarded; the
         // placeholders only let the signature checks run, and their errors join these.
         let args = Some(Args {
@@ -353,7 +402,13 @@ impl Parse for RawArgs {
             principal,
             skip: skip.unwrap_or_default(),
             ttl_ms: ttl_ms.unwrap_or(24 * 3_600_000),
-            policy: policy.unwrap_or(Policy::Wait { bound_ms: None }),
+            // Lease mode answers a duplicate at once by default: its claim is no lock to wait on.
+            policy: policy.unwrap_or(if lease_seen {
+                Policy::Reject
+            } else {
+                Policy::Wait { bound_ms: None }
+            }),
+            lease_ms,
             conn,
             krate,
         });

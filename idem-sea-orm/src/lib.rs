@@ -19,6 +19,7 @@
 
 mod dialect;
 mod error;
+mod lease;
 mod outbox;
 mod outbox_sql;
 mod state;
@@ -29,8 +30,9 @@ pub mod ledger;
 mod migration;
 
 pub use dialect::{LEDGER_TABLE, placeholders};
+pub use lease::{ExpiredLease, STEPS_TABLE, SeaOrmLeaseStore, expired_leases, final_step};
 #[cfg(feature = "migration")]
-pub use migration::{Migration, OutboxMigration};
+pub use migration::{LeaseMigration, Migration, OutboxMigration, migrations};
 pub use outbox::{
     DeadLetterTable, DeadMessage, Outbox, Relay, RelayCounters, RelayRound, dead_messages,
     outbox_health, purge_published, retry_dead,
@@ -63,6 +65,7 @@ pub async fn create_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
             .await
             .map_err(|e| store_error("creating the ledger table", e))?;
     }
+    lease::create_lease_tables(db).await?;
     outbox::create_outbox_tables(db).await
 }
 

@@ -4,6 +4,7 @@ use sea_orm::{ConnectionTrait, DbErr};
 use sea_orm_migration::{MigrationName, MigrationTrait, SchemaManager, async_trait};
 
 use crate::dialect::Dialect;
+use crate::lease::lease_ddl;
 use crate::outbox::outbox_ddl;
 
 /// Creates the ledger table; add it to your Migrator's list:
@@ -77,4 +78,43 @@ impl MigrationTrait for OutboxMigration {
         }
         Ok(())
     }
+}
+
+/// Creates the steps table of lease mode (`idem_steps`); add it after [`Migration`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LeaseMigration;
+
+impl MigrationName for LeaseMigration {
+    fn name(&self) -> &str {
+        "m20261123_000002_create_idem_steps"
+    }
+}
+
+#[allow(elided_lifetimes_in_paths)]
+#[async_trait::async_trait]
+impl MigrationTrait for LeaseMigration {
+    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        let db = manager.get_connection();
+        for sql in lease_ddl(db.get_database_backend()).0 {
+            db.execute_unprepared(sql).await?;
+        }
+        Ok(())
+    }
+
+    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+        let db = manager.get_connection();
+        db.execute_unprepared(&lease_ddl(db.get_database_backend()).1)
+            .await
+            .map(drop)
+    }
+}
+
+/// Every idem migration, in order: the ledger, the outbox, the steps of lease mode. Put them
+/// first in your Migrator's list: `let mut all = idem::sea_orm::migrations(); all.push(..)`.
+pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+    vec![
+        Box::new(Migration),
+        Box::new(OutboxMigration),
+        Box::new(LeaseMigration),
+    ]
 }

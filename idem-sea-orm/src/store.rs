@@ -33,7 +33,7 @@ impl<'c> SeaOrmStore<'c> {
     }
 }
 
-fn statement(dialect: &Dialect, sql: &str, values: Vec<Value>) -> Statement {
+pub(crate) fn statement(dialect: &Dialect, sql: &str, values: Vec<Value>) -> Statement {
     Statement::from_sql_and_values(dialect.backend, sql, values)
 }
 
@@ -61,16 +61,16 @@ pub(crate) async fn begin(db: &DatabaseConnection) -> Result<DatabaseTransaction
 use sea_orm::DbErr;
 
 /// A row of the ledger, as the claim reads it back.
-struct Row {
-    owner: i64,
-    fingerprint: Fingerprint,
-    status: Option<RecordStatus>,
-    response: Option<Vec<u8>>,
-    expires_at_ms: i64,
-    now_ms: i64,
+pub(crate) struct Row {
+    pub(crate) owner: i64,
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) status: Option<RecordStatus>,
+    pub(crate) response: Option<Vec<u8>>,
+    pub(crate) expires_at_ms: i64,
+    pub(crate) now_ms: i64,
 }
 
-fn read_row(row: &QueryResult) -> Result<Row, DbErr> {
+pub(crate) fn read_row(row: &QueryResult) -> Result<Row, DbErr> {
     let fingerprint: Vec<u8> = row.try_get_by_index(1)?;
     let state: i16 = row.try_get_by_index(2)?;
     Ok(Row {

@@ -1,0 +1,505 @@
+//! Lease mode on every backend of the run (and the in-memory store): the claim commits first,
+//! steps are recovery points a takeover replays, a stale holder's writes are rejected by the
+//! fencing token, duplicates during a live lease get `InFlight` with Retry-After, and lease
+//! expiry is read from the database's clock. Every test counts effect rows and gateway calls.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{backends, effects, insert_effect, unique};
+use idem::{ErrorKind, Outcome, idempotent, with_outcome};
+use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
+use serde::Serialize;
+use tokio::sync::Notify;
+
+/// A payment gateway that deduplicates on the idempotency key, as Stripe does, and counts
+/// every call it gets.
+#[derive(Clone, Default)]
+struct Gateway {
+    calls: Arc<Mutex<Vec<String>>>,
+}
+
+impl Gateway {
+    async fn charge(&self, key: String, amount: i64) -> Result<String, TestError> {
+        self.calls.lock().expect("lock").push(key.clone());
+        Ok(format!("ch_{}_{amount}", &key[5..13]))
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.lock().expect("lock").len()
+    }
+
+    fn distinct_keys(&self) -> usize {
+        let calls = self.calls.lock().expect("lock");
+        calls.iter().collect::<std::collections::HashSet<_>>().len()
+    }
+}
+
+/// Where a test can hold a call: after its charge step, until released.
+#[derive(Clone, Default)]
+struct Pause {
+    reached: Arc<Notify>,
+    resume: Option<Arc<Notify>>,
+    /// Fail (transiently) after the charge: the gateway timed out on the way back, say.
+    fail_after_charge: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Pay {
+    key: String,
+    run: String,
+    amount: i64,
+}
+
+#[derive(Debug)]
+enum TestError {
+    Idem(idem::Error),
+    Flaky,
+}
+
+impl From<idem::Error> for TestError {
+    fn from(e: idem::Error) -> Self {
+        Self::Idem(e)
+    }
+}
+
+impl TestError {
+    fn kind(&self) -> Option<ErrorKind> {
+        match self {
+            Self::Idem(e) => Some(e.kind()),
+            Self::Flaky => None,
+        }
+    }
+}
+
+/// The handler body: charge at the gateway (a recovery point), maybe pause or fail, then the
+/// final phase writes the payment row with the step record.
+async fn charge_and_record(
+    db: &DatabaseConnection,
+    gateway: &Gateway,
+    pause: &Pause,
+    cmd: Pay,
+) -> Result<String, TestError> {
+    let charge: String = idem::step("charge", |key| gateway.charge(key, cmd.amount)).await?;
+    pause.reached.notify_one();
+    if let Some(resume) = &pause.resume {
+        resume.notified().await;
+    }
+    if pause.fail_after_charge {
+        return Err(TestError::Flaky);
+    }
+    let (run, amount, recorded) = (cmd.run.clone(), cmd.amount, charge.clone());
+    idem::sea_orm::final_step(db, "record-payment", move |tx| {
+        Box::pin(async move {
+            insert_effect(tx, &run, "payment", amount).await;
+            Ok::<_, TestError>(recorded)
+        })
+    })
+    .await
+}
+
+#[idempotent(scope = "lease.pay", key = cmd.key, lease = "2s", skip(gateway, pause))]
+async fn pay(
+    db: &DatabaseConnection,
+    gateway: &Gateway,
+    pause: &Pause,
+    cmd: Pay,
+) -> Result<String, TestError> {
+    charge_and_record(db, gateway, pause, cmd).await
+}
+
+/// The same, but a duplicate polls for the holder's result (up to 5 s) instead of 409.
+#[idempotent(
+    scope = "lease.pay-waiting",
+    key = cmd.key,
+    lease = "2s",
+    on_concurrent = wait("5s"),
+    skip(gateway, pause)
+)]
+async fn pay_waiting(
+    db: &DatabaseConnection,
+    gateway: &Gateway,
+    pause: &Pause,
+    cmd: Pay,
+) -> Result<String, TestError> {
+    charge_and_record(db, gateway, pause, cmd).await
+}
+
+fn cmd(run: &str) -> Pay {
+    Pay {
+        key: format!("{run}-k"),
+        run: run.to_owned(),
+        amount: 1200,
+    }
+}
+
+async fn scalar(db: &DatabaseConnection, sql: &str, value: &str) -> i64 {
+    let backend = db.get_database_backend();
+    db.query_one_raw(Statement::from_sql_and_values(
+        backend,
+        idem::sea_orm::placeholders(backend, sql),
+        [value.into()],
+    ))
+    .await
+    .expect("query")
+    .expect("row")
+    .try_get_by_index::<i64>(0)
+    .expect("integer")
+}
+
+/// Ends the lease of `key` now, as if its holder had been paused past it (database clock).
+async fn expire_lease(db: &DatabaseConnection, key: &str) {
+    let backend = db.get_database_backend();
+    db.execute_raw(Statement::from_sql_and_values(
+        backend,
+        idem::sea_orm::placeholders(
+            backend,
+            "UPDATE idem_ledger SET expires_at_ms = expires_at_ms - 3600000 WHERE idem_key = ? AND state = 0",
+        ),
+        [key.into()],
+    ))
+    .await
+    .expect("expire the lease");
+}
+
+#[tokio::test]
+async fn a_lease_call_records_its_steps_result_and_replays() {
+    for backend in backends().await {
+        let (name, db) = (backend.name, &backend.db);
+        let gateway = Gateway::default();
+        let run = unique("lease-basic");
+        let (first, outcome) = with_outcome(pay(db, &gateway, &Pause::default(), cmd(&run))).await;
+        let first = first.expect("first");
+        assert_eq!(outcome, Some(Outcome::Executed), "{name}");
+        let (again, outcome) = with_outcome(pay(db, &gateway, &Pause::default(), cmd(&run))).await;
+        assert_eq!(again.expect("replay"), first, "{name}");
+        assert_eq!(outcome, Some(Outcome::Replayed), "{name}");
+        assert_eq!(effects(db, &run).await, 1, "{name}: one payment");
+        assert_eq!(gateway.calls(), 1, "{name}: one charge");
+        let key = format!("{run}-k");
+        assert_eq!(
+            scalar(
+                db,
+                "SELECT COUNT(*) FROM idem_ledger WHERE idem_key = ? AND state = 1",
+                &key
+            )
+            .await,
+            1,
+            "{name}: completed record"
+        );
+        assert_eq!(
+            scalar(
+                db,
+                "SELECT COUNT(*) FROM idem_steps WHERE record_id IN (SELECT id FROM idem_ledger WHERE idem_key = ?)",
+                &key
+            )
+            .await,
+            0,
+            "{name}: steps are forgotten once the result is recorded"
+        );
+        let mut other = cmd(&run);
+        other.amount = 9900;
+        let reused = pay(db, &gateway, &Pause::default(), other).await;
+        assert_eq!(
+            reused.unwrap_err().kind(),
+            Some(ErrorKind::KeyReused),
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_stale_holder_is_fenced_off_and_the_takeover_resumes_after_its_steps() {
+    for backend in backends().await {
+        let (name, db) = (backend.name, backend.db.clone());
+        let gateway = Gateway::default();
+        let run = unique("lease-stale");
+        let resume = Arc::new(Notify::new());
+        let stale_pause = Pause {
+            reached: Arc::new(Notify::new()),
+            resume: Some(resume.clone()),
+            ..Pause::default()
+        };
+        let stale = {
+            let (db, gateway, pause, cmd) =
+                (db.clone(), gateway.clone(), stale_pause.clone(), cmd(&run));
+            tokio::spawn(async move { pay(&db, &gateway, &pause, cmd).await })
+        };
+        stale_pause.reached.notified().await; // charged, step recorded, now paused
+        expire_lease(&db, &format!("{run}-k")).await; // ... past its lease
+
+        let taken_over = pay(&db, &gateway, &Pause::default(), cmd(&run))
+            .await
+            .expect("the retry takes over and completes");
+        resume.notify_one();
+        let stale = stale.await.expect("task");
+        assert_eq!(
+            stale.as_ref().map_err(TestError::kind).unwrap_err(),
+            Some(ErrorKind::LeaseLost),
+            "{name}: the stale completion is rejected, got {stale:?}"
+        );
+        assert_eq!(
+            effects(&db, &run).await,
+            1,
+            "{name}: exactly one payment row"
+        );
+        assert_eq!(
+            gateway.calls(),
+            1,
+            "{name}: the charge step was replayed, not run again"
+        );
+        let replay = pay(&db, &gateway, &Pause::default(), cmd(&run))
+            .await
+            .expect("replay");
+        assert_eq!(replay, taken_over, "{name}: the takeover's answer stands");
+    }
+}
+
+#[tokio::test]
+async fn a_dropped_holder_leaves_a_lease_a_retry_takes_over_once_it_ends() {
+    for backend in backends().await {
+        let (name, db) = (backend.name, backend.db.clone());
+        let gateway = Gateway::default();
+        let run = unique("lease-drop");
+        let pause = Pause {
+            reached: Arc::new(Notify::new()),
+            resume: Some(Arc::new(Notify::new())), // never released: the call is dropped
+            ..Pause::default()
+        };
+        let held = {
+            let (db, gateway, pause, cmd) = (db.clone(), gateway.clone(), pause.clone(), cmd(&run));
+            tokio::spawn(async move { pay(&db, &gateway, &pause, cmd).await })
+        };
+        pause.reached.notified().await;
+        held.abort();
+        let _ = held.await;
+        // During the lease a retry is told to come back, with the lease's remaining time.
+        let busy = pay(&db, &gateway, &Pause::default(), cmd(&run)).await;
+        match busy {
+            Err(TestError::Idem(idem::Error::InFlight { retry_after, .. })) => {
+                assert!(
+                    retry_after <= Duration::from_secs(2),
+                    "{name}: {retry_after:?}"
+                )
+            }
+            other => panic!("{name}: expected InFlight, got {other:?}"),
+        }
+        // After the lease (2 s, database clock), the retry takes over and completes.
+        tokio::time::sleep(Duration::from_millis(2100)).await;
+        pay(&db, &gateway, &Pause::default(), cmd(&run))
+            .await
+            .expect("takeover");
+        assert_eq!(effects(&db, &run).await, 1, "{name}");
+        assert_eq!(
+            gateway.calls(),
+            1,
+            "{name}: charged once across the two holders"
+        );
+        assert!(
+            idem::sea_orm::expired_leases(&db, 1000)
+                .await
+                .expect("list")
+                .iter()
+                .all(|l| l.key != format!("{run}-k")),
+            "{name}: no unfinished lease left"
+        );
+    }
+}
+
+#[tokio::test]
+async fn duplicates_during_a_live_lease_get_in_flight_and_one_execution() {
+    for backend in backends().await {
+        let (name, db) = (backend.name, backend.db.clone());
+        let gateway = Gateway::default();
+        let run = unique("lease-dup");
+        let resume = Arc::new(Notify::new());
+        let first_pause = Pause {
+            reached: Arc::new(Notify::new()),
+            resume: Some(resume.clone()),
+            ..Pause::default()
+        };
+        let first = {
+            let (db, gateway, pause, cmd) =
+                (db.clone(), gateway.clone(), first_pause.clone(), cmd(&run));
+            tokio::spawn(async move { pay(&db, &gateway, &pause, cmd).await })
+        };
+        first_pause.reached.notified().await;
+        let mut duplicates = Vec::new();
+        for _ in 0..8 {
+            let (db, gateway, cmd) = (db.clone(), gateway.clone(), cmd(&run));
+            duplicates.push(tokio::spawn(async move {
+                pay(&db, &gateway, &Pause::default(), cmd).await
+            }));
+        }
+        let mut in_flight = 0;
+        for d in duplicates {
+            match d.await.expect("task") {
+                Err(TestError::Idem(idem::Error::InFlight { retry_after, .. })) => {
+                    assert!(retry_after > Duration::ZERO && retry_after <= Duration::from_secs(2));
+                    in_flight += 1;
+                }
+                other => panic!("{name}: expected InFlight, got {other:?}"),
+            }
+        }
+        resume.notify_one();
+        first.await.expect("task").expect("the holder completes");
+        assert_eq!(in_flight, 8, "{name}");
+        assert_eq!(effects(&db, &run).await, 1, "{name}");
+        assert_eq!(gateway.calls(), 1, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_transient_error_hands_the_key_on_at_once_with_its_steps() {
+    for backend in backends().await {
+        let (name, db) = (backend.name, backend.db.clone());
+        let gateway = Gateway::default();
+        let run = unique("lease-flaky");
+        let failing = Pause {
+            fail_after_charge: true,
+            ..Pause::default()
+        };
+        let failed = pay(&db, &gateway, &failing, cmd(&run)).await;
+        assert!(matches!(failed, Err(TestError::Flaky)), "{name}");
+        assert_eq!(effects(&db, &run).await, 0, "{name}");
+        // No waiting for the lease: the retry resumes after the recorded charge.
+        pay(&db, &gateway, &Pause::default(), cmd(&run))
+            .await
+            .expect("retry");
+        assert_eq!(effects(&db, &run).await, 1, "{name}");
+        assert_eq!(gateway.calls(), 1, "{name}: the charge was not repeated");
+        assert_eq!(gateway.distinct_keys(), 1, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn lease_expiry_is_read_on_the_database_clock() {
+    for backend in backends().await {
+        let (name, db) = (backend.name, backend.db.clone());
+        let gateway = Gateway::default();
+        let run = unique("lease-clock");
+        let key = format!("{run}-k");
+        let pause = Pause {
+            reached: Arc::new(Notify::new()),
+            resume: Some(Arc::new(Notify::new())),
+            ..Pause::default()
+        };
+        let held = {
+            let (db, gateway, pause, cmd) = (db.clone(), gateway.clone(), pause.clone(), cmd(&run));
+            tokio::spawn(async move { pay(&db, &gateway, &pause, cmd).await })
+        };
+        pause.reached.notified().await;
+        held.abort();
+        let _ = held.await;
+        // The lease end stored in the ledger is the database's now + 2 s ...
+        let now = idem::sea_orm::database_now_ms(&db).await.expect("clock");
+        let end = scalar(
+            &db,
+            "SELECT expires_at_ms FROM idem_ledger WHERE idem_key = ?",
+            &key,
+        )
+        .await;
+        assert!(
+            (end - now) > 0 && (end - now) <= 2_000,
+            "{name}: lease end {end} vs database now {now}"
+        );
+        // ... and moving it back on that clock (not waiting on ours) lets a retry take over.
+        expire_lease(&db, &key).await;
+        pay(&db, &gateway, &Pause::default(), cmd(&run))
+            .await
+            .expect("takeover decided by the stored lease end");
+        assert_eq!(effects(&db, &run).await, 1, "{name}");
+    }
+}
+
+/// The in-memory store runs lease mode too (steps and fencing; no database writes).
+#[idempotent(scope = "lease.memory", key = key, lease = "1s", skip(gateway))]
+async fn greet(
+    store: &idem::MemoryStore,
+    gateway: &Gateway,
+    key: String,
+) -> Result<String, TestError> {
+    idem::step("send", |k| gateway.charge(k, 1)).await
+}
+
+#[tokio::test]
+async fn the_in_memory_store_holds_leases_too() {
+    let store = idem::MemoryStore::new();
+    let gateway = Gateway::default();
+    let first = greet(&store, &gateway, "m-1".into()).await.expect("first");
+    let again = greet(&store, &gateway, "m-1".into()).await.expect("replay");
+    assert_eq!(first, again);
+    assert_eq!(gateway.calls(), 1);
+}
+
+#[tokio::test]
+async fn with_a_bounded_wait_duplicates_get_the_holders_answer() {
+    for backend in backends().await {
+        let (name, db) = (backend.name, backend.db.clone());
+        let gateway = Gateway::default();
+        let run = unique("lease-wait");
+        let resume = Arc::new(Notify::new());
+        let pause = Pause {
+            reached: Arc::new(Notify::new()),
+            resume: Some(resume.clone()),
+            ..Pause::default()
+        };
+        let first = {
+            let (db, gateway, pause, cmd) = (db.clone(), gateway.clone(), pause.clone(), cmd(&run));
+            tokio::spawn(async move { pay_waiting(&db, &gateway, &pause, cmd).await })
+        };
+        pause.reached.notified().await;
+        let duplicates: Vec<_> = (0..4)
+            .map(|_| {
+                let (db, gateway, cmd) = (db.clone(), gateway.clone(), cmd(&run));
+                tokio::spawn(async move {
+                    with_outcome(pay_waiting(&db, &gateway, &Pause::default(), cmd)).await
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        resume.notify_one();
+        let answer = first.await.expect("task").expect("holder");
+        for d in duplicates {
+            let (result, outcome) = d.await.expect("task");
+            assert_eq!(result.expect("waited"), answer, "{name}");
+            assert_eq!(outcome, Some(Outcome::Replayed), "{name}");
+        }
+        assert_eq!(effects(&db, &run).await, 1, "{name}");
+        assert_eq!(gateway.calls(), 1, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_long_body_keeps_its_lease_by_renewing_it() {
+    for backend in backends().await {
+        let (name, db) = (backend.name, backend.db.clone());
+        let gateway = Gateway::default();
+        let run = unique("lease-renew");
+        let resume = Arc::new(Notify::new());
+        let pause = Pause {
+            reached: Arc::new(Notify::new()),
+            resume: Some(resume.clone()),
+            ..Pause::default()
+        };
+        let holder = {
+            let (db, gateway, pause, cmd) = (db.clone(), gateway.clone(), pause.clone(), cmd(&run));
+            tokio::spawn(async move { pay(&db, &gateway, &pause, cmd).await })
+        };
+        pause.reached.notified().await;
+        // Past the 2 s lease the holder is still busy; its renewals keep duplicates out.
+        tokio::time::sleep(Duration::from_millis(2600)).await;
+        let duplicate = pay(&db, &gateway, &Pause::default(), cmd(&run)).await;
+        assert_eq!(
+            duplicate.as_ref().map_err(TestError::kind).unwrap_err(),
+            Some(ErrorKind::InFlight),
+            "{name}: {duplicate:?}"
+        );
+        resume.notify_one();
+        holder.await.expect("task").expect("the holder completes");
+        assert_eq!(effects(&db, &run).await, 1, "{name}");
+        assert_eq!(gateway.calls(), 1, "{name}");
+    }
+}
