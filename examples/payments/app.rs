@@ -14,36 +14,80 @@ use idem::outbox::Message;
 use idem::sea_orm::{Outbox, Stateful};
 use idem::{TransitionOutcome, idempotent, transition};
 use sea_orm::entity::prelude::*;
-use sea_orm::{ActiveValue::Set, DatabaseConnection, QueryOrder};
+use sea_orm::{ActiveValue::Set, ConnectionTrait, DatabaseConnection, QueryOrder};
 use serde::{Deserialize, Serialize};
 
 pub(crate) use crate::model::{OrderStatus, create_tables, order, payment};
 
-/// A simulated payment gateway with its own idempotency: a charge key seen before returns
-/// the charge it created then (as Stripe does). The second line of defence for effects
-/// outside our database.
+/// The payment gateway: the `gateway` example over HTTP (`Gateway::http`, with `GATEWAY_URL`),
+/// or an in-process simulation (`Gateway::default()`). Both deduplicate on the idempotency
+/// key, as Stripe does: a key seen before returns the charge it created then.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Gateway {
-    charges: Arc<Mutex<HashMap<String, String>>>,
+    simulated: Arc<Mutex<HashMap<String, String>>>,
+    http: Option<(reqwest::Client, String)>,
+}
+
+/// What the gateway answers (the fields payments reads).
+#[derive(Debug, Deserialize)]
+struct GatewayCharge {
+    charge_id: String,
 }
 
 impl Gateway {
-    pub(crate) fn charge(&self, idempotency_key: &str, amount_cents: i64) -> String {
-        let mut charges = self
-            .charges
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let next = charges.len() + 1;
-        charges
-            .entry(idempotency_key.to_owned())
-            .or_insert_with(|| format!("ch_{next:06}_{amount_cents}"))
-            .clone()
+    /// The gateway service at `base_url` (e.g. `http://127.0.0.1:3100`).
+    pub(crate) fn http(base_url: &str) -> Self {
+        Self {
+            simulated: Arc::default(),
+            http: Some((
+                reqwest::Client::new(),
+                base_url.trim_end_matches('/').to_owned(),
+            )),
+        }
     }
 
-    /// How many distinct charges it made.
+    /// Charges `amount_cents` for `reference` once per `idempotency_key`.
+    pub(crate) async fn charge(
+        &self,
+        idempotency_key: String,
+        reference: &str,
+        amount_cents: i64,
+    ) -> Result<String, ApiError> {
+        let Some((client, base)) = &self.http else {
+            let mut charges = self
+                .simulated
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let next = charges.len() + 1;
+            return Ok(charges
+                .entry(idempotency_key)
+                .or_insert_with(|| format!("ch_{next:06}_{amount_cents}"))
+                .clone());
+        };
+        let response = client
+            .post(format!("{base}/charges"))
+            .header(idem::axum::IDEMPOTENCY_KEY, idempotency_key)
+            .json(&serde_json::json!({ "amount_cents": amount_cents, "reference": reference }))
+            .send()
+            .await
+            .map_err(|e| ApiError::Gateway(e.to_string()))?;
+        if !response.status().is_success() {
+            return Err(ApiError::Gateway(format!(
+                "the gateway answered {}",
+                response.status()
+            )));
+        }
+        let charge: GatewayCharge = response
+            .json()
+            .await
+            .map_err(|e| ApiError::Gateway(e.to_string()))?;
+        Ok(charge.charge_id)
+    }
+
+    /// How many distinct charges the simulated gateway made.
     #[allow(dead_code)] // read by tests/http.rs, which includes this file
     pub(crate) fn charges(&self) -> usize {
-        self.charges
+        self.simulated
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .len()
@@ -72,6 +116,8 @@ pub(crate) enum ApiError {
     Idem(idem::Error),
     NotFound(String),
     Database,
+    /// The gateway could not be reached or refused: transient, the key is released.
+    Gateway(String),
 }
 
 impl From<idem::Error> for ApiError {
@@ -102,6 +148,16 @@ impl IntoResponse for ApiError {
                 "the database is unavailable; retry later",
             )
             .into_response(),
+            Self::Gateway(detail) => {
+                tracing::warn!(%detail, "gateway call failed");
+                Problem::new(
+                    502,
+                    "gateway",
+                    "Payment gateway unavailable",
+                    "the payment gateway did not answer; retry with the same key",
+                )
+                .into_response()
+            }
         }
     }
 }
@@ -178,7 +234,19 @@ async fn place_order(
     })
 }
 
-#[idempotent(scope = "shop.orders.pay", key = key, skip(gateway))]
+/// Pays an order in lease mode: the claim commits first, the charge at the gateway is a
+/// recorded step (no database transaction is open while the gateway is called), and the final
+/// phase moves the order `Pending -> Paid`, writes the payment and stages `shop.orders.paid` in
+/// one transaction that also checks the lease. A retry after a crash resumes after the charge;
+/// a duplicate that arrives while the first call holds the lease waits for its answer (up to
+/// 10 s), so concurrent retries all get the same 200.
+#[idempotent(
+    scope = "shop.orders.pay",
+    key = key,
+    lease = "30s",
+    on_concurrent = wait("10s"),
+    skip(gateway)
+)]
 async fn pay(
     db: &DatabaseConnection,
     gateway: &Gateway,
@@ -186,40 +254,52 @@ async fn pay(
     order_id: String,
     request: PayRequest,
 ) -> Result<PaymentView, ApiError> {
-    let moved = order::Entity::apply_transition(
-        db,
-        order_id.clone(),
-        transition!(OrderStatus: Pending -> Paid),
-    )
-    .await?;
-    match moved {
-        TransitionOutcome::NotFound => Err(ApiError::NotFound(order_id)),
-        // Already paid under another key: answer with the payment that exists.
-        TransitionOutcome::AlreadyApplied => {
-            let existing = payment::Entity::find()
-                .filter(payment::Column::OrderId.eq(order_id.as_str()))
-                .order_by_asc(payment::Column::Id)
-                .one(db)
-                .await?
-                .ok_or_else(|| ApiError::NotFound(order_id.clone()))?;
-            Ok(PaymentView {
-                order_id,
-                status: OrderStatus::Paid,
-                payment_id: existing.id,
-            })
+    let Some(found) = order::Entity::find_by_id(order_id.clone()).one(db).await? else {
+        return Err(ApiError::NotFound(order_id));
+    };
+    match found.status {
+        OrderStatus::Pending => {}
+        // Paid already (under another key): answer with the payment that exists.
+        OrderStatus::Paid | OrderStatus::Shipped | OrderStatus::Refunded => {
+            return existing_payment(db, order_id).await;
         }
-        _ => {
-            // The gateway deduplicates on a key derived from ours (scope:key:step), so a
-            // rolled-back attempt that charged is not charged again on retry.
-            let charge_key = format!("shop.orders.pay:{}:charge", key.key());
-            let charge_id = gateway.charge(&charge_key, request.amount_cents);
+        from => {
+            return Err(idem::Error::InvalidTransition {
+                from: format!("{from:?}"),
+                to: "Paid".to_owned(),
+            }
+            .into());
+        }
+    }
+    // One charge per order, whichever key the client retries with: the gateway's key is
+    // derived from the order, not from this request's key.
+    let charge_key = idem::lease::derived_key("shop.orders.pay", "", &order_id, "charge");
+    let charge_id: String = idem::step("charge", |_step_key| {
+        gateway.charge(charge_key, &order_id, request.amount_cents)
+    })
+    .await?;
+    let amount_cents = request.amount_cents;
+    idem::sea_orm::final_step(db, "record-payment", move |tx| {
+        Box::pin(async move {
+            let moved = order::Entity::apply_transition(
+                tx,
+                order_id.clone(),
+                transition!(OrderStatus: Pending -> Paid),
+            )
+            .await?;
+            match moved {
+                TransitionOutcome::NotFound => return Err(ApiError::NotFound(order_id)),
+                // Another key paid it meanwhile, with the same (order-derived) charge.
+                TransitionOutcome::AlreadyApplied => return existing_payment(tx, order_id).await,
+                _ => {}
+            }
             let saved = payment::Entity::insert(payment::ActiveModel {
                 id: Set(format!("pay_{}", uuid::Uuid::new_v4().simple())),
                 order_id: Set(order_id.clone()),
-                amount_cents: Set(request.amount_cents),
+                amount_cents: Set(amount_cents),
                 charge_id: Set(charge_id),
             })
-            .exec_with_returning(db)
+            .exec_with_returning(tx)
             .await?;
             // Other services learn of the payment through the outbox: the message commits
             // with the payment or not at all, and the relay publishes it afterwards.
@@ -228,15 +308,34 @@ async fn pay(
                 payment_id: saved.id.clone(),
                 amount_cents: saved.amount_cents,
             };
-            db.stage(Message::json(ORDER_PAID, &paid)?.aggregate(order_id.clone()))
+            tx.stage(Message::json(ORDER_PAID, &paid)?.aggregate(order_id.clone()))
                 .await?;
             Ok(PaymentView {
                 order_id,
                 status: OrderStatus::Paid,
                 payment_id: saved.id,
             })
-        }
-    }
+        })
+    })
+    .await
+}
+
+/// The payment an already-paid order has.
+async fn existing_payment<C: ConnectionTrait>(
+    db: &C,
+    order_id: String,
+) -> Result<PaymentView, ApiError> {
+    let existing = payment::Entity::find()
+        .filter(payment::Column::OrderId.eq(order_id.as_str()))
+        .order_by_asc(payment::Column::Id)
+        .one(db)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(order_id.clone()))?;
+    Ok(PaymentView {
+        order_id,
+        status: OrderStatus::Paid,
+        payment_id: existing.id,
+    })
 }
 
 #[idempotent(scope = "shop.orders.cancel", key = key)]

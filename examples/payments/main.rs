@@ -89,10 +89,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     });
 
-    let state = app::AppState {
-        db,
-        gateway: app::Gateway::default(),
+    // The gateway: the `gateway` example over HTTP with GATEWAY_URL, else simulated in-process.
+    let gateway = match std::env::var("GATEWAY_URL") {
+        Ok(gateway_url) => {
+            tracing::info!(%gateway_url, "charging through the gateway service");
+            app::Gateway::http(&gateway_url)
+        }
+        Err(_) => app::Gateway::default(),
     };
+    let state = app::AppState { db, gateway };
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     tracing::info!(%addr, database = %url.split('?').next().unwrap_or_default(), "payments service listening");
     axum::serve(listener, app::router(state)).await?;
