@@ -503,3 +503,52 @@ async fn a_long_body_keeps_its_lease_by_renewing_it() {
         assert_eq!(gateway.calls(), 1, "{name}");
     }
 }
+
+#[tokio::test]
+async fn an_abandoned_lease_is_listed_then_purged_with_its_steps() {
+    // A database of its own: the purge removes every expired record in it.
+    let db = common::sqlite().await;
+    let gateway = Gateway::default();
+    let run = unique("lease-purge");
+    let key = format!("{run}-k");
+    let pause = Pause {
+        reached: Arc::new(Notify::new()),
+        resume: Some(Arc::new(Notify::new())),
+        ..Pause::default()
+    };
+    let held = {
+        let (db, gateway, pause, cmd) = (db.clone(), gateway.clone(), pause.clone(), cmd(&run));
+        tokio::spawn(async move { pay(&db, &gateway, &pause, cmd).await })
+    };
+    pause.reached.notified().await;
+    held.abort();
+    let _ = held.await;
+    assert!(
+        idem::sea_orm::expired_leases(&db, 10)
+            .await
+            .expect("list")
+            .is_empty()
+    );
+    expire_lease(&db, &key).await;
+    let expired = idem::sea_orm::expired_leases(&db, 10).await.expect("list");
+    assert_eq!(expired.len(), 1);
+    assert_eq!(expired[0].key, key);
+    assert!(expired[0].ended_ms_ago >= 3_500_000, "{:?}", expired[0]);
+    let steps = "SELECT COUNT(*) FROM idem_steps WHERE ? <> ''";
+    assert_eq!(
+        scalar(&db, steps, "x").await,
+        1,
+        "the charge step is recorded"
+    );
+    assert_eq!(
+        idem::sea_orm::purge_expired(&db, 100).await.expect("purge"),
+        1
+    );
+    assert_eq!(scalar(&db, steps, "x").await, 0, "its steps went with it");
+    assert!(
+        idem::sea_orm::expired_leases(&db, 10)
+            .await
+            .expect("list")
+            .is_empty()
+    );
+}

@@ -40,6 +40,8 @@ struct LeaseSql {
     release: String,
     /// Returns id, scope, idem_key, owner, expires_at_ms, now_ms of leases that ended.
     expired: String,
+    /// Deletes the steps of records that no longer exist (purged).
+    purge_orphans: String,
 }
 
 fn lease_sql(backend: DbBackend) -> &'static LeaseSql {
@@ -106,6 +108,7 @@ fn build(backend: DbBackend) -> LeaseSql {
             "SELECT id, scope, idem_key, owner, expires_at_ms, {now} AS now_ms FROM idem_ledger \
             WHERE state = 0 AND expires_at_ms <= {now} ORDER BY expires_at_ms LIMIT ?",
         ),
+        purge_orphans: r("DELETE FROM {steps} WHERE record_id NOT IN (SELECT id FROM idem_ledger)"),
     }
 }
 
@@ -559,4 +562,14 @@ pub async fn expired_leases<C: ConnectionTrait>(
         })
         .collect::<Result<_, DbErr>>()
         .map_err(|e| store_error(doing, e))
+}
+
+/// Deletes the steps of records `purge_expired` removed (leases that ended and were never
+/// taken over). The steps table only holds calls in progress, so this stays small.
+pub(crate) async fn purge_orphaned_steps<C: ConnectionTrait>(db: &C) -> Result<u64, Error> {
+    let sql = lease_sql(db.get_database_backend());
+    db.execute_unprepared(&sql.purge_orphans)
+        .await
+        .map(|r| r.rows_affected())
+        .map_err(|e| store_error("purging the steps of purged records", e))
 }

@@ -84,7 +84,8 @@ pub async fn purge_expired_batch<C: ConnectionTrait>(db: &C, batch: u32) -> Resu
 }
 
 /// Deletes every expired record, `batch` rows per statement, and returns how many it
-/// deleted.
+/// deleted. Leases that ended without their call finishing are expired records too; their
+/// recorded steps go with them.
 ///
 /// Each statement is its own short transaction, and after each one the purge pauses for as
 /// long as the statement took, so it never holds more than half of the database's write time:
@@ -98,6 +99,7 @@ pub async fn purge_expired<C: ConnectionTrait>(db: &C, batch: u32) -> Result<u64
         let deleted = purge_expired_batch(db, batch).await?;
         total += deleted;
         if deleted < u64::from(batch) {
+            lease::purge_orphaned_steps(db).await?;
             return Ok(total);
         }
         tokio::time::sleep(started.elapsed()).await;
