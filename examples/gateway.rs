@@ -163,7 +163,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .ok_or("--addr needs a value, e.g. 127.0.0.1:3100")?
             }
             other => {
-                return Err(format!("unknown argument `{other}`; expected --addr HOST:PORT").into());
+                return Err(
+                    format!("unknown argument `{other}`; expected --addr HOST:PORT").into(),
+                );
             }
         }
     }

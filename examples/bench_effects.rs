@@ -1,8 +1,9 @@
-//! The outbox's figures P8 (relay throughput) and P9 (commit-to-publish latency) against a
-//! hand-written relay measured in the same run:
+//! Round 2's figures: the outbox's P8 (relay throughput) and P9 (commit-to-publish latency)
+//! against a hand-written relay measured in the same run, and P10 (lease mode against atomic
+//! mode for the same handler):
 //!
 //! ```text
-//! cargo run --release --example outbox_bench -- [--backend sqlite|postgres|mysql] [--quick] [--url URL]
+//! cargo run --release --example bench_effects -- [--backend sqlite|postgres|mysql] [--quick] [--url URL]
 //! ```
 //!
 //! Needs a nats-server with JetStream (`NATS_URL`, default `nats://127.0.0.1:4222`); it uses a
@@ -10,6 +11,8 @@
 //! live in the temp directory (SQLite), schema `bench_idem` (PostgreSQL) or database
 //! `bench_idem` (MariaDB). The last line is one JSON object.
 
+#[path = "bench/lease.rs"]
+mod lease;
 #[path = "bench/outbox.rs"]
 mod outbox;
 
@@ -87,6 +90,7 @@ async fn main() -> Res<()> {
 
     let p8 = outbox::throughput(&db, &js, n8).await?;
     let p9 = outbox::latency(&db, &js, &client, n9).await?;
+    let p10 = lease::lease_cost(&db, if quick { 300 } else { 2_000 }).await?;
 
     println!(
         "outbox figures on {backend} ({} load: {})",
@@ -106,6 +110,17 @@ async fn main() -> Res<()> {
         "P9 commit-to-publish, {} messages at 100/s (ms): idem woken by commit p50 {:.2} p99 {:.2} (goal p99 <= 10); hand-written polling every 100 ms p50 {:.2} p99 {:.2}",
         p9.messages, p9.wake_p50_ms, p9.wake_p99_ms, p9.polling_p50_ms, p9.polling_p99_ms
     );
+    let per_call =
+        |c: Option<f64>| c.map_or_else(|| "not counted".to_owned(), |c| format!("{c:.2}"));
+    println!(
+        "P10 lease mode vs atomic mode, same handler, {} first executions each: median {:.0} µs vs {:.0} µs (ratio {:.2}); write transactions per call {} vs {}",
+        p10.calls,
+        p10.lease_median_us,
+        p10.atomic_median_us,
+        p10.ratio(),
+        per_call(p10.lease_commits_per_call),
+        per_call(p10.atomic_commits_per_call)
+    );
     println!(
         "{}",
         serde_json::json!({
@@ -122,6 +137,12 @@ async fn main() -> Res<()> {
             "p9_wake_p99_ms": p9.wake_p99_ms,
             "p9_polling_p50_ms": p9.polling_p50_ms,
             "p9_polling_p99_ms": p9.polling_p99_ms,
+            "p10_calls": p10.calls,
+            "p10_atomic_median_us": p10.atomic_median_us,
+            "p10_lease_median_us": p10.lease_median_us,
+            "p10_ratio": p10.ratio(),
+            "p10_atomic_commits_per_call": p10.atomic_commits_per_call,
+            "p10_lease_commits_per_call": p10.lease_commits_per_call,
         })
     );
     Ok(())

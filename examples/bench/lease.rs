@@ -1,0 +1,165 @@
+//! P10: the same handler in lease mode against atomic mode: latency per first execution and
+//! commits per call (counted by the server where it counts them).
+//!
+//! The handler calls an external service (here an in-process stand-in that answers at once)
+//! and writes one row. Atomic mode makes the call inside its transaction (what lease mode
+//! exists to avoid); lease mode makes it a recorded step and writes in its final phase.
+
+use std::time::Instant;
+
+use idem::idempotent;
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
+
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+/// P10's figures.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LeaseCost {
+    pub(crate) calls: usize,
+    pub(crate) atomic_median_us: f64,
+    pub(crate) lease_median_us: f64,
+    /// Write transactions per call as the server counts them (PostgreSQL: transaction ids,
+    /// MariaDB: COMMIT statements; `None` on SQLite, which keeps no count).
+    pub(crate) atomic_commits_per_call: Option<f64>,
+    pub(crate) lease_commits_per_call: Option<f64>,
+}
+
+impl LeaseCost {
+    /// Lease-mode latency over atomic-mode latency.
+    pub(crate) fn ratio(&self) -> f64 {
+        self.lease_median_us / self.atomic_median_us
+    }
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Order {
+    key: String,
+    amount_cents: i64,
+}
+
+async fn external_call(key: String, amount_cents: i64) -> Result<String, idem::Error> {
+    Ok(format!("{}:{amount_cents}", &key[..key.len().min(12)]))
+}
+
+async fn insert_row<C: ConnectionTrait>(db: &C, reference: &str) -> Result<(), idem::Error> {
+    let backend = db.get_database_backend();
+    db.execute_raw(Statement::from_sql_and_values(
+        backend,
+        idem::sea_orm::placeholders(
+            backend,
+            "INSERT INTO bench_lease_rows (reference) VALUES (?)",
+        ),
+        [reference.into()],
+    ))
+    .await
+    .map(drop)
+    .map_err(|e| idem::Error::store("inserting the row", e))
+}
+
+#[idempotent(scope = "bench.p10.atomic", key = order.key)]
+async fn atomic(db: &DatabaseConnection, order: Order) -> Result<String, idem::Error> {
+    let reference = external_call(order.key.clone(), order.amount_cents).await?;
+    insert_row(db, &reference).await?;
+    Ok(reference)
+}
+
+#[idempotent(scope = "bench.p10.lease", key = order.key, lease = "30s")]
+async fn leased(db: &DatabaseConnection, order: Order) -> Result<String, idem::Error> {
+    let reference: String =
+        idem::step("call", |key| external_call(key, order.amount_cents)).await?;
+    idem::sea_orm::final_step(db, "write", move |tx| {
+        Box::pin(async move {
+            insert_row(tx, &reference).await?;
+            Ok::<_, idem::Error>(reference)
+        })
+    })
+    .await
+}
+
+/// The server's commit counter, where it has one.
+async fn commits(db: &DatabaseConnection) -> Res<Option<i64>> {
+    let sql = match db.get_database_backend() {
+        // Every committed write transaction takes a transaction id (the probe takes one too).
+        DbBackend::Postgres => "SELECT CAST(CAST(pg_current_xact_id() AS TEXT) AS BIGINT)",
+        // COMMIT statements, server-wide (the bench runs alone; autocommit statements such as
+        // a lease renewal are not counted).
+        DbBackend::MySql => {
+            "SELECT CAST(VARIABLE_VALUE AS SIGNED) + 1 FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'COM_COMMIT'"
+        }
+        _ => return Ok(None),
+    };
+    let row = db
+        .query_one_raw(Statement::from_string(db.get_database_backend(), sql))
+        .await?;
+    Ok(row.and_then(|r| r.try_get_by_index::<i64>(0).ok()))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Runs `calls` first executions of each mode, alternating, on fresh keys.
+pub(crate) async fn lease_cost(db: &DatabaseConnection, calls: usize) -> Res<LeaseCost> {
+    let create = match db.get_database_backend() {
+        DbBackend::Postgres => {
+            "CREATE TABLE IF NOT EXISTS bench_lease_rows (id BIGSERIAL PRIMARY KEY, reference VARCHAR(64) NOT NULL)"
+        }
+        DbBackend::MySql => {
+            "CREATE TABLE IF NOT EXISTS bench_lease_rows (id BIGINT AUTO_INCREMENT PRIMARY KEY, reference VARCHAR(64) NOT NULL)"
+        }
+        _ => {
+            "CREATE TABLE IF NOT EXISTS bench_lease_rows (id INTEGER PRIMARY KEY AUTOINCREMENT, reference TEXT NOT NULL)"
+        }
+    };
+    db.execute_unprepared(create).await?;
+    let run = format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_nanos()
+    );
+    let order = |mode: &str, i: usize| Order {
+        key: format!("{run}-{mode}-{i}"),
+        amount_cents: 1200,
+    };
+    // Warm both paths (prepared statements, pool).
+    for i in 0..20 {
+        atomic(db, order("wa", i)).await?;
+        leased(db, order("wl", i)).await?;
+    }
+    let (mut a, mut l) = (Vec::with_capacity(calls), Vec::with_capacity(calls));
+    for i in 0..calls {
+        let started = Instant::now();
+        atomic(db, order("a", i)).await?;
+        a.push(started.elapsed().as_secs_f64() * 1e6);
+        let started = Instant::now();
+        leased(db, order("l", i)).await?;
+        l.push(started.elapsed().as_secs_f64() * 1e6);
+    }
+    // Commits, counted apart from the timing runs (the counter query commits too).
+    let per_call = |before: Option<i64>, after: Option<i64>, n: usize| {
+        before
+            .zip(after)
+            .map(|(b, a)| (a - b - 1) as f64 / n as f64)
+    };
+    let n = calls.min(200);
+    let before = commits(db).await?;
+    for i in 0..n {
+        atomic(db, order("ca", i)).await?;
+    }
+    let atomic_commits_per_call = per_call(before, commits(db).await?, n);
+    let before = commits(db).await?;
+    for i in 0..n {
+        leased(db, order("cl", i)).await?;
+    }
+    let lease_commits_per_call = per_call(before, commits(db).await?, n);
+    Ok(LeaseCost {
+        calls,
+        atomic_median_us: median(a),
+        lease_median_us: median(l),
+        atomic_commits_per_call,
+        lease_commits_per_call,
+    })
+}
