@@ -110,7 +110,8 @@ pub mod outbox {
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats {
     pub use idem_core::nats::{
-        Consumer, Delivery, JetStreamSink, MESSAGE_ID_HEADER, async_nats, ensure_stream,
+        AGGREGATE_HEADER, AGGREGATE_SEQ_HEADER, Consumer, Delivery, JetStreamSink,
+        MESSAGE_ID_HEADER, async_nats, ensure_stream,
     };
 }
 

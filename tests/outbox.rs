@@ -12,51 +12,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::isolated::{Isolated, isolated};
 use common::{effects, insert_effect, unique};
 use idem::outbox::{Backoff, FnSink, Message, OutboxMessage, SinkError};
 use idem::sea_orm::{Outbox, Relay, dead_messages, outbox_health, purge_published, retry_dead};
 use idem::{ErrorKind, idempotent};
-use sea_orm::{
-    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, Statement, TransactionTrait,
-};
+use sea_orm::{ConnectionTrait, DatabaseConnection, Statement, TransactionTrait};
 use serde::{Deserialize, Serialize};
-
-/// Databases of their own for one test, on every backend of the run.
-async fn isolated() -> Vec<(&'static str, DatabaseConnection)> {
-    let mut all = vec![("sqlite", common::sqlite().await)];
-    let namespace = unique("ob").replace('-', "_");
-    if let Ok(url) = std::env::var("IDEM_TEST_POSTGRES_URL") {
-        let admin = connect(&url).await;
-        admin
-            .execute_unprepared(&format!("CREATE SCHEMA {namespace}"))
-            .await
-            .expect("create schema");
-        let sep = if url.contains('?') { '&' } else { '?' };
-        let db = connect(&format!("{url}{sep}options=-c%20search_path%3D{namespace}")).await;
-        common::prepare(&db).await;
-        all.push(("postgres", db));
-    }
-    if let Ok(url) = std::env::var("IDEM_TEST_MYSQL_URL") {
-        let admin = connect(&url).await;
-        admin
-            .execute_unprepared(&format!("CREATE DATABASE {namespace}"))
-            .await
-            .expect("create database");
-        let base = url.rsplit_once('/').map_or(url.as_str(), |(base, _)| base);
-        let db = connect(&format!("{base}/{namespace}")).await;
-        common::prepare(&db).await;
-        all.push(("mysql", db));
-    }
-    all
-}
-
-async fn connect(url: &str) -> DatabaseConnection {
-    let mut options = ConnectOptions::new(url.to_owned());
-    options.sqlx_logging(false).max_connections(16);
-    Database::connect(options)
-        .await
-        .unwrap_or_else(|e| panic!("cannot connect to {url} (set by the environment): {e}"))
-}
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Place {
@@ -144,7 +106,7 @@ async fn drain<S: idem::outbox::Sink>(relay: &Relay<S>) {
 
 #[tokio::test]
 async fn staged_messages_commit_with_the_handler_and_a_replay_stages_nothing() {
-    for (name, db) in isolated().await {
+    for Isolated { name, db, .. } in isolated().await {
         let run = unique("stage");
         let cmd = Place {
             key: format!("{run}-k"),
@@ -208,7 +170,7 @@ async fn staged_messages_commit_with_the_handler_and_a_replay_stages_nothing() {
 
 #[tokio::test]
 async fn invalid_messages_are_refused_before_anything_is_written() {
-    for (name, db) in isolated().await {
+    for Isolated { name, db, .. } in isolated().await {
         for message in [
             Message::new("", b"x".to_vec()),
             Message::new("t", b"x".to_vec()).aggregate("a".repeat(256)),
@@ -249,7 +211,7 @@ async fn stage_interleaved(db: &DatabaseConnection, aggregates: usize, per_aggre
 
 #[tokio::test]
 async fn each_aggregate_reaches_the_sink_in_commit_order_across_four_relays() {
-    for (name, db) in isolated().await {
+    for Isolated { name, db, .. } in isolated().await {
         let (aggregates, per_aggregate) = (8, 8);
         stage_interleaved(&db, aggregates, per_aggregate).await;
         let recorder = Recorder::default();
@@ -313,7 +275,7 @@ async fn each_aggregate_reaches_the_sink_in_commit_order_across_four_relays() {
 
 #[tokio::test]
 async fn a_poison_message_goes_dead_and_blocks_only_its_own_aggregate() {
-    for (name, db) in isolated().await {
+    for Isolated { name, db, .. } in isolated().await {
         let tx = db.begin().await.expect("begin");
         let poison = tx
             .stage(Message::new("t.p", b"poison".to_vec()).aggregate("sick"))
@@ -420,7 +382,7 @@ async fn a_poison_message_goes_dead_and_blocks_only_its_own_aggregate() {
 
 #[tokio::test]
 async fn a_permanent_refusal_is_dead_at_once_and_purge_keeps_recent_messages() {
-    for (name, db) in isolated().await {
+    for Isolated { name, db, .. } in isolated().await {
         db.stage(Message::new("t.refused", b"no".to_vec()))
             .await
             .expect("stage");
@@ -470,7 +432,7 @@ async fn a_permanent_refusal_is_dead_at_once_and_purge_keeps_recent_messages() {
 
 #[tokio::test]
 async fn a_committed_call_wakes_the_relay_before_its_poll_interval() {
-    for (name, db) in isolated().await {
+    for Isolated { name, db, .. } in isolated().await {
         let recorder = Recorder::default();
         let relay = Arc::new(
             Relay::new(db.clone(), recorder.sink()).poll_interval(Duration::from_secs(3600)),
@@ -512,7 +474,7 @@ async fn a_committed_call_wakes_the_relay_before_its_poll_interval() {
 
 #[tokio::test]
 async fn a_message_whose_lease_lapsed_is_claimed_again_and_the_stale_mark_is_ignored() {
-    for (name, db) in isolated().await {
+    for Isolated { name, db, .. } in isolated().await {
         db.stage(Message::new("t.lease", b"x".to_vec()))
             .await
             .expect("stage");

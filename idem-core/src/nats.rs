@@ -23,9 +23,15 @@ pub use async_nats;
 
 /// The JetStream header that carries a message's deduplication id.
 pub const MESSAGE_ID_HEADER: &str = "Nats-Msg-Id";
+/// The header that carries a message's aggregate key, when it has one.
+pub const AGGREGATE_HEADER: &str = "Idem-Aggregate";
+/// The header that carries a message's position in its aggregate (1, 2, … in commit order),
+/// so a consumer can check it saw every message of an aggregate, in order.
+pub const AGGREGATE_SEQ_HEADER: &str = "Idem-Aggregate-Seq";
 
 /// Publishes outbox messages to JetStream: the topic is the subject, the message id goes in
-/// `Nats-Msg-Id`, and a publish counts once the stream acknowledged it (a duplicate's
+/// `Nats-Msg-Id` (and the aggregate and its sequence number in `Idem-Aggregate` and
+/// `Idem-Aggregate-Seq`), and a publish counts once the stream acknowledged it (a duplicate's
 /// acknowledgement too).
 #[derive(Debug, Clone)]
 pub struct JetStreamSink {
@@ -46,6 +52,10 @@ impl Sink for JetStreamSink {
             headers.insert(name.as_str(), value.as_str());
         }
         headers.insert(MESSAGE_ID_HEADER, message.id.as_str());
+        if let (Some(aggregate), Some(seq)) = (&message.aggregate, message.aggregate_seq) {
+            headers.insert(AGGREGATE_HEADER, aggregate.as_str());
+            headers.insert(AGGREGATE_SEQ_HEADER, seq.to_string());
+        }
         let ack = self
             .jetstream
             .publish_with_headers(

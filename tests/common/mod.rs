@@ -7,6 +7,8 @@
 
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
+pub mod isolated;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -1,0 +1,921 @@
+//! R9–R12: the outbox, the relay and the inbox under faults, end to end through a real
+//! nats-server (each test starts its own, on a free port with a temporary store, so it can
+//! stop and kill it). Every figure is counted in the database: one effect row per message id
+//! at the consumer, so a lost message is a missing row and a duplicate is a second one.
+//!
+//! - R9: relay processes SIGKILLed at ≥ 100 points (before a publish, after a publish before
+//!   its mark, mid-batch, and at random by the parent), 4 relays at a time.
+//! - R10: the consumer process SIGKILLed between its commit and its ack, ≥ 50 times.
+//! - R11: the broker stopped for 5 s under load, then started; the database unreachable for
+//!   the relay for 5 s (a TCP proxy cut; PostgreSQL and MariaDB).
+//! - R12: 1,000 messages over 50 aggregates, 4 relays, random commit delays: per-aggregate
+//!   order at the consumer; one poison message dead after N attempts, its aggregate held, the
+//!   other 49 delivered.
+//!
+//! `IDEM_RELIABILITY_QUICK=1` shrinks the sizes, not the invariants.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::isolated::{Isolated, connect, isolated};
+use common::{insert_effect, unique};
+use idem::idempotent;
+use idem::nats::{Consumer, Delivery, JetStreamSink, async_nats};
+use idem::outbox::{Backoff, FnSink, Message, OutboxMessage, Sink, SinkError};
+use idem::sea_orm::{DeadLetterTable, Outbox, Relay, dead_messages, outbox_health};
+use sea_orm::{ConnectionTrait, DatabaseConnection, Statement, TransactionTrait};
+
+fn quick() -> bool {
+    std::env::var("IDEM_RELIABILITY_QUICK").is_ok_and(|v| v == "1")
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A nats-server of the test's own: stop, kill and restart it on the same port and store.
+struct NatsServer {
+    port: u16,
+    store: std::path::PathBuf,
+    child: Option<Child>,
+}
+
+impl NatsServer {
+    fn start() -> Self {
+        let store = std::env::temp_dir().join(unique("idem-nats"));
+        std::fs::create_dir_all(&store).expect("store dir");
+        let mut server = Self {
+            port: free_port(),
+            store,
+            child: None,
+        };
+        server.run();
+        server
+    }
+
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    fn run(&mut self) {
+        let child = Command::new("/usr/sbin/nats-server")
+            .args([
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-js",
+                "-sd",
+            ])
+            .arg(&self.store)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nats-server (install the nats-server package)");
+        self.child = Some(child);
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "nats-server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn restart(&mut self) {
+        self.kill();
+        self.run();
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.store);
+    }
+}
+
+async fn jetstream(url: &str, stream: &str, subjects: &str) -> async_nats::jetstream::Context {
+    let client = async_nats::ConnectOptions::new()
+        .retry_on_initial_connect()
+        .connect(url)
+        .await
+        .expect("connect to nats");
+    let js = async_nats::jetstream::new(client);
+    idem::nats::ensure_stream(&js, stream, &[subjects])
+        .await
+        .expect("stream");
+    js
+}
+
+/// The consumer's handler: one effect row per message id (the run is the subject's last
+/// token, the label the message id, the amount its aggregate sequence). The ledger is the
+/// inbox: a redelivery replays.
+#[idempotent(scope = "faults.consume", key = delivery.id())]
+async fn consume(db: &DatabaseConnection, delivery: Delivery) -> Result<(), idem::Error> {
+    let run = delivery
+        .subject()
+        .rsplit('.')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let seq = delivery
+        .headers()
+        .iter()
+        .find(|(n, _)| n == idem::nats::AGGREGATE_SEQ_HEADER)
+        .and_then(|(_, v)| v.parse::<i64>().ok())
+        .unwrap_or(0);
+    let aggregate = delivery
+        .headers()
+        .iter()
+        .find(|(n, _)| n == idem::nats::AGGREGATE_HEADER)
+        .map_or("", |(_, v)| v.as_str())
+        .to_owned();
+    insert_effect(db, &run, &format!("{aggregate}|{}", delivery.id()), seq).await;
+    Ok(())
+}
+
+/// Effect rows of a run, in insertion order: (aggregate, message id, sequence).
+async fn effects(db: &DatabaseConnection, run: &str) -> Vec<(String, String, i64)> {
+    let backend = db.get_database_backend();
+    db.query_all_raw(Statement::from_sql_and_values(
+        backend,
+        idem::sea_orm::placeholders(
+            backend,
+            "SELECT label, amount FROM idem_test_effects WHERE run_id = ? ORDER BY id",
+        ),
+        [run.into()],
+    ))
+    .await
+    .expect("effects")
+    .iter()
+    .map(|r| {
+        let label: String = r.try_get_by_index(0).expect("label");
+        let (aggregate, id) = label.split_once('|').expect("aggregate|id");
+        (
+            aggregate.to_owned(),
+            id.to_owned(),
+            r.try_get_by_index(1).expect("seq"),
+        )
+    })
+    .collect()
+}
+
+/// Stages `n` messages on `subject` over `aggregates` aggregates, ten per transaction;
+/// returns their ids.
+async fn stage(db: &DatabaseConnection, subject: &str, n: usize, aggregates: usize) -> Vec<String> {
+    let mut ids = Vec::with_capacity(n);
+    for chunk in (0..n).collect::<Vec<_>>().chunks(10) {
+        let tx = db.begin().await.expect("begin");
+        for &i in chunk {
+            ids.push(
+                tx.stage(
+                    Message::new(subject, format!("{i}").into_bytes())
+                        .aggregate(format!("a{}", i % aggregates)),
+                )
+                .await
+                .expect("stage"),
+            );
+        }
+        tx.commit().await.expect("commit");
+    }
+    ids
+}
+
+/// Runs a consumer in this process until `stop`.
+fn spawn_consumer(
+    db: DatabaseConnection,
+    js: async_nats::jetstream::Context,
+    stream: &'static str,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let dead = DeadLetterTable::new(db.clone());
+        Consumer::new(js, stream, "faults")
+            .ack_wait(Duration::from_secs(2))
+            .max_deliver(1000)
+            .run(|d| consume(&db, d), &dead, async {
+                while !stop.load(Ordering::Relaxed) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await
+            .expect("consumer");
+    })
+}
+
+/// Waits until the run has `n` effect rows, or panics after `limit`.
+async fn await_effects(db: &DatabaseConnection, run: &str, n: usize, limit: Duration, what: &str) {
+    let started = Instant::now();
+    loop {
+        let have = effects(db, run).await.len();
+        if have >= n {
+            return;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "{what}: {have} of {n} effects after {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Every message id exactly once at the consumer.
+fn assert_exactly_once(what: &str, ids: &[String], seen: &[(String, String, i64)]) {
+    let distinct: HashSet<&str> = seen.iter().map(|(_, id, _)| id.as_str()).collect();
+    let lost = ids
+        .iter()
+        .filter(|id| !distinct.contains(id.as_str()))
+        .count();
+    let duplicates = seen.len() - distinct.len();
+    assert_eq!(
+        (lost, duplicates),
+        (0, 0),
+        "{what}: lost, duplicated effects"
+    );
+    assert_eq!(seen.len(), ids.len(), "{what}: effects");
+}
+
+// ---------------------------------------------------------------------------------------
+// The child process: this test binary re-executed as a relay or a consumer that kills itself
+// at a chosen point.
+
+fn kill_self() -> ! {
+    let _ = Command::new("kill")
+        .args(["-9", &std::process::id().to_string()])
+        .status();
+    std::process::abort()
+}
+
+/// A sink that kills its process at a chosen point: `before` the k-th publish, `after` it
+/// (published, not yet marked), or `mid` (after the k-th publish completed while others of
+/// its batch are still in flight).
+struct KillingSink {
+    inner: JetStreamSink,
+    point: String,
+    at: u64,
+    started: AtomicU64,
+    published: AtomicU64,
+    in_flight: AtomicUsize,
+}
+
+impl Sink for KillingSink {
+    async fn publish(&self, message: &OutboxMessage) -> Result<(), SinkError> {
+        let started = self.started.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.point == "before" && started >= self.at {
+            kill_self();
+        }
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let result = self.inner.publish(message).await;
+        let others = self.in_flight.fetch_sub(1, Ordering::SeqCst) - 1;
+        let done = self.published.fetch_add(1, Ordering::SeqCst) + 1;
+        match self.point.as_str() {
+            "after" if done >= self.at => kill_self(),
+            // Mid-batch: others of the batch still in flight (or, with batches of one, soon).
+            "mid" if done >= self.at && (others > 0 || done >= self.at + 8) => kill_self(),
+            _ => {}
+        }
+        result
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the child process of R9/R10: the parent runs it with IDEM_FAULTS_CHILD set"]
+async fn faults_child() {
+    let Ok(role) = std::env::var("IDEM_FAULTS_CHILD") else {
+        return;
+    };
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set"));
+    let db = connect(&var("IDEM_FAULTS_DB")).await;
+    let point = var("IDEM_FAULTS_POINT");
+    let at: u64 = var("IDEM_FAULTS_AT").parse().expect("at");
+    match role.as_str() {
+        "relay" => {
+            let js = jetstream(&var("IDEM_FAULTS_NATS"), "FAULTS", "faults.>").await;
+            let sink = KillingSink {
+                inner: JetStreamSink::new(js),
+                point,
+                at,
+                started: AtomicU64::new(0),
+                published: AtomicU64::new(0),
+                in_flight: AtomicUsize::new(0),
+            };
+            Relay::new(db, sink)
+                .batch_size(8)
+                .lease(Duration::from_millis(800))
+                .max_attempts(1000)
+                .poll_interval(Duration::from_millis(30))
+                .run(std::future::pending::<()>())
+                .await
+                .expect("relay");
+        }
+        "consumer" => {
+            let js = jetstream(&var("IDEM_FAULTS_NATS"), "FAULTS", "faults.>").await;
+            let handled = AtomicU64::new(0);
+            let dead = DeadLetterTable::new(db.clone());
+            Consumer::new(js, "FAULTS", "faults")
+                .ack_wait(Duration::from_secs(1))
+                .max_deliver(1000)
+                .run(
+                    |d| {
+                        let db = &db;
+                        let handled = &handled;
+                        let point = point.as_str();
+                        async move {
+                            let result = consume(db, d).await;
+                            // Committed (or replayed); the runner acks after we return.
+                            let n = handled.fetch_add(1, Ordering::SeqCst) + 1;
+                            if point == "before-ack" && n >= at {
+                                kill_self();
+                            }
+                            result
+                        }
+                    },
+                    &dead,
+                    std::future::pending::<()>(),
+                )
+                .await
+                .expect("consumer");
+        }
+        other => panic!("unknown child role {other}"),
+    }
+}
+
+fn spawn_child(role: &str, db_url: &str, nats: &str, point: &str, at: u64) -> Child {
+    Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "faults_child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("IDEM_FAULTS_CHILD", role)
+        .env("IDEM_FAULTS_DB", db_url)
+        .env("IDEM_FAULTS_NATS", nats)
+        .env("IDEM_FAULTS_POINT", point)
+        .env("IDEM_FAULTS_AT", at.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn a child")
+}
+
+/// A small deterministic generator (no extra dependency), seeded per run and printed.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
+fn seed() -> u64 {
+    std::env::var("IDEM_RELIABILITY_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64 | 1)
+                .unwrap_or(7)
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn r9_relays_killed_at_a_hundred_points_lose_and_duplicate_nothing() {
+    for Isolated { name, db, url } in isolated().await {
+        let nats = NatsServer::start();
+        let js = jetstream(&nats.url(), "FAULTS", "faults.>").await;
+        let run = unique("r9").replace('-', "_");
+        let kills_wanted = if quick() { 40 } else { 100 };
+        let subject = format!("faults.{run}");
+        // Messages keep coming until the relays have been killed often enough.
+        let mut ids = stage(&db, &subject, 80, 24).await;
+        let stop = Arc::new(AtomicBool::new(false));
+        let consumer = spawn_consumer(db.clone(), js.clone(), "FAULTS", stop.clone());
+
+        let seed = seed();
+        let mut rng = Rng(seed);
+        let points = ["before", "after", "mid", "parent"];
+        let mut kills: BTreeMap<&str, usize> = BTreeMap::new();
+        let plan = |rng: &mut Rng, kills: &BTreeMap<&str, usize>| -> (&'static str, u64) {
+            if kills.values().sum::<usize>() >= kills_wanted {
+                ("none", 0)
+            } else {
+                (points[rng.below(4) as usize], 1 + rng.below(6))
+            }
+        };
+        let mut relays: Vec<(Child, &str, Instant, u64)> = (0..4)
+            .map(|_| {
+                let (point, at) = plan(&mut rng, &kills);
+                let child = spawn_child("relay", &url, &nats.url(), point, at);
+                (child, point, Instant::now(), 50 + rng.below(400))
+            })
+            .collect();
+        let started = Instant::now();
+        let limit = Duration::from_secs(if quick() { 120 } else { 240 });
+        loop {
+            let pending = outbox_health(&db).await.expect("health").pending;
+            let killed = kills.values().sum::<usize>();
+            let delivered = effects(&db, &run).await.len();
+            if killed < kills_wanted && pending < 40 && ids.len() - delivered < 120 {
+                ids.extend(stage(&db, &subject, 40, 24).await);
+            }
+            if std::env::var("IDEM_FAULTS_DEBUG").is_ok() {
+                println!(
+                    "r9 {name} {:?}: pending {pending}, staged {}, delivered {delivered}, kills {kills:?}",
+                    started.elapsed(),
+                    ids.len()
+                );
+            }
+            let done = pending == 0 && delivered >= ids.len();
+            if done && killed >= kills_wanted {
+                break;
+            }
+            assert!(
+                started.elapsed() < limit,
+                "{name}: r9 stuck: pending {pending}, kills {kills:?}, seed {seed}"
+            );
+            for slot in &mut relays {
+                let (child, point, since, parent_after_ms) = slot;
+                let died = child.try_wait().expect("child status").is_some();
+                let parent_kills =
+                    *point == "parent" && since.elapsed() > Duration::from_millis(*parent_after_ms);
+                if parent_kills {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                if died || parent_kills {
+                    if *point != "none" {
+                        *kills.entry(point).or_default() += 1;
+                    }
+                    let (next, at) = plan(&mut rng, &kills);
+                    *slot = (
+                        spawn_child("relay", &url, &nats.url(), next, at),
+                        next,
+                        Instant::now(),
+                        50 + rng.below(400),
+                    );
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        for (mut child, ..) in relays {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let n = ids.len();
+        await_effects(&db, &run, n, Duration::from_secs(30), name).await;
+        tokio::time::sleep(Duration::from_millis(500)).await; // late redeliveries, if any
+        stop.store(true, Ordering::Relaxed);
+        consumer.await.expect("consumer task");
+        let seen = effects(&db, &run).await;
+        assert_exactly_once(&format!("{name} r9 (seed {seed})"), &ids, &seen);
+        let stream_messages = js
+            .get_stream("FAULTS")
+            .await
+            .expect("stream")
+            .info()
+            .await
+            .expect("info")
+            .state
+            .messages;
+        let health = outbox_health(&db).await.expect("health");
+        assert_eq!((health.pending, health.dead), (0, 0), "{name}");
+        println!(
+            "R9 {name}: {n} messages, {} relay kills {kills:?}, stream holds {stream_messages} (duplicates dropped by Nats-Msg-Id), consumer effects {} for {} ids, 0 lost, 0 duplicated, {:.1} s, seed {seed}",
+            kills.values().sum::<usize>(),
+            seen.len(),
+            ids.len(),
+            started.elapsed().as_secs_f64()
+        );
+        assert!(kills.values().sum::<usize>() >= kills_wanted, "{name}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn r10_a_consumer_killed_between_commit_and_ack_has_no_duplicate_effects() {
+    for Isolated { name, db, url } in isolated().await {
+        let nats = NatsServer::start();
+        let js = jetstream(&nats.url(), "FAULTS", "faults.>").await;
+        let run = unique("r10").replace('-', "_");
+        let kills_wanted = if quick() { 20 } else { 50 };
+        let n = kills_wanted * 2;
+        let ids = stage(&db, &format!("faults.{run}"), n, 10).await;
+        // Publish everything first, with a plain relay in this process.
+        let relay = Relay::new(db.clone(), JetStreamSink::new(js.clone()));
+        while relay.run_once().await.expect("relay").claimed > 0 {}
+        let started = Instant::now();
+        let mut rng = Rng(seed());
+        let mut kills = 0;
+        loop {
+            let (point, at) = if kills < kills_wanted {
+                ("before-ack", 1 + rng.below(3))
+            } else {
+                ("none", 0)
+            };
+            let mut child = spawn_child("consumer", &url, &nats.url(), point, at);
+            if point == "none" {
+                await_effects(&db, &run, n, Duration::from_secs(60), name).await;
+                // Let it acknowledge the last redeliveries, then stop it.
+                tokio::time::sleep(Duration::from_millis(2500)).await;
+                let _ = child.kill();
+                let _ = child.wait();
+                break;
+            }
+            let status = tokio::task::spawn_blocking(move || child.wait())
+                .await
+                .expect("join")
+                .expect("wait");
+            assert!(
+                !status.success(),
+                "{name}: the consumer child was to kill itself"
+            );
+            kills += 1;
+            assert!(
+                started.elapsed() < Duration::from_secs(240),
+                "{name}: r10 too slow: {kills} kills"
+            );
+        }
+        let seen = effects(&db, &run).await;
+        assert_exactly_once(&format!("{name} r10"), &ids, &seen);
+        println!(
+            "R10 {name}: {n} messages, consumer SIGKILLed {kills} times between its commit and its ack; effects {} for {} ids, 0 duplicated, 0 lost, {:.1} s",
+            seen.len(),
+            ids.len(),
+            started.elapsed().as_secs_f64()
+        );
+    }
+}
+
+/// A TCP proxy the test can cut: connections through it are dropped and new ones refused
+/// while it is down.
+struct Proxy {
+    port: u16,
+    up: Arc<AtomicBool>,
+    generation: Arc<AtomicU64>,
+}
+
+impl Proxy {
+    async fn start(target: String) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let up = Arc::new(AtomicBool::new(true));
+        let generation = Arc::new(AtomicU64::new(0));
+        let (u, g) = (up.clone(), generation.clone());
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                if !u.load(Ordering::SeqCst) {
+                    drop(inbound);
+                    continue;
+                }
+                let target = target.clone();
+                let born = g.load(Ordering::SeqCst);
+                let g = g.clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    let copy = tokio::io::copy_bidirectional(&mut inbound, &mut outbound);
+                    let cut = async {
+                        while g.load(Ordering::SeqCst) == born {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    };
+                    tokio::select! { _ = copy => {}, () = cut => {} }
+                });
+            }
+        });
+        Self {
+            port,
+            up,
+            generation,
+        }
+    }
+
+    fn cut(&self) {
+        self.up.store(false, Ordering::SeqCst);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn restore(&self) {
+        self.up.store(true, Ordering::SeqCst);
+    }
+}
+
+/// `url` with its host and port replaced by the proxy's.
+fn through(url: &str, port: u16) -> String {
+    let (scheme, rest) = url.split_once("://").expect("url");
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let (user, hostport) = authority
+        .rsplit_once('@')
+        .map_or(("", authority), |(u, h)| (u, h));
+    let _ = hostport;
+    let user = if user.is_empty() {
+        String::new()
+    } else {
+        format!("{user}@")
+    };
+    format!("{scheme}://{user}127.0.0.1:{port}/{path}")
+}
+
+fn target_of(url: &str) -> String {
+    let rest = url.split_once("://").expect("url").1;
+    let authority = rest.split('/').next().unwrap_or(rest);
+    authority.rsplit('@').next().unwrap_or(authority).to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn r11_the_broker_and_the_database_go_away_for_five_seconds_and_nothing_is_lost() {
+    for Isolated { name, db, url } in isolated().await {
+        let mut nats = NatsServer::start();
+        let js = jetstream(&nats.url(), "FAULTS", "faults.>").await;
+        let run = unique("r11").replace('-', "_");
+        let subject = format!("faults.{run}");
+        let stop = Arc::new(AtomicBool::new(false));
+        let consumer = spawn_consumer(db.clone(), js.clone(), "FAULTS", stop.clone());
+        // The relay reaches the database through a proxy on servers, so it can be cut.
+        let proxy = if name == "sqlite" {
+            None
+        } else {
+            Some(Proxy::start(target_of(&url)).await)
+        };
+        let relay_db = match &proxy {
+            Some(p) => connect(&through(&url, p.port)).await,
+            None => db.clone(),
+        };
+        let relay = Arc::new(
+            Relay::new(relay_db, JetStreamSink::new(js.clone()))
+                .lease(Duration::from_secs(2))
+                .max_attempts(1000)
+                .backoff(Backoff {
+                    initial: Duration::from_millis(100),
+                    max: Duration::from_millis(800),
+                })
+                .poll_interval(Duration::from_millis(50)),
+        );
+        let relay_stop = Arc::new(AtomicBool::new(false));
+        let relay_task = {
+            let (relay, s) = (relay.clone(), relay_stop.clone());
+            tokio::spawn(async move {
+                relay
+                    .run(async move {
+                        while !s.load(Ordering::Relaxed) {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    })
+                    .await
+            })
+        };
+        // Load: a message every 10 ms while the faults happen.
+        let staged = Arc::new(Mutex::new(Vec::new()));
+        let staging = Arc::new(AtomicBool::new(true));
+        let stager = {
+            let (db, staged, staging, subject) =
+                (db.clone(), staged.clone(), staging.clone(), subject.clone());
+            tokio::spawn(async move {
+                let mut i = 0u64;
+                while staging.load(Ordering::Relaxed) {
+                    let id = db
+                        .stage(
+                            Message::new(subject.as_str(), i.to_string().into_bytes())
+                                .aggregate(format!("a{}", i % 7)),
+                        )
+                        .await
+                        .expect("stage (the stagers' own database connection stays up)");
+                    staged.lock().expect("lock").push(id);
+                    i += 1;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        nats.kill();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let during_broker = staged.lock().expect("lock").len();
+        nats.restart();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        if let Some(proxy) = &proxy {
+            proxy.cut();
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            proxy.restore();
+        }
+        let faults_over = Instant::now();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        staging.store(false, Ordering::Relaxed);
+        stager.await.expect("stager");
+        let ids = staged.lock().expect("lock").clone();
+        await_effects(&db, &run, ids.len(), Duration::from_secs(90), name).await;
+        let caught_up = faults_over.elapsed();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let seen = effects(&db, &run).await;
+        stop.store(true, Ordering::Relaxed);
+        relay_stop.store(true, Ordering::Relaxed);
+        consumer.await.expect("consumer");
+        relay_task.await.expect("relay task").expect("relay");
+        assert_exactly_once(&format!("{name} r11"), &ids, &seen);
+        let counters = relay.counters();
+        assert!(
+            counters.retried > 0,
+            "{name}: the outage was felt: {counters:?}"
+        );
+        println!(
+            "R11 {name}: {} messages staged under load; broker down 5 s ({} staged meanwhile, {} failed publishes retried); database cut for the relay 5 s: {}; effects {} for {} ids, 0 lost, 0 duplicated; every message at the consumer {:.1} s after the last fault ended",
+            ids.len(),
+            during_broker,
+            counters.retried,
+            if proxy.is_some() {
+                "yes"
+            } else {
+                "skipped on SQLite (no network)"
+            },
+            seen.len(),
+            ids.len(),
+            caught_up.as_secs_f64()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn r12_order_holds_per_aggregate_and_a_poison_message_holds_only_its_own() {
+    for Isolated { name, db, .. } in isolated().await {
+        let nats = NatsServer::start();
+        let js = jetstream(&nats.url(), "FAULTS", "faults.>").await;
+        let run = unique("r12").replace('-', "_");
+        let subject = format!("faults.{run}");
+        let (n, aggregates) = if quick() { (400, 20) } else { (1000, 50) };
+        let stop = Arc::new(AtomicBool::new(false));
+        let consumer = spawn_consumer(db.clone(), js.clone(), "FAULTS", stop.clone());
+
+        // Stagers with random commit delays: later ids commit first across aggregates, and
+        // stagers of one aggregate queue on its head row.
+        let poison: Arc<Mutex<Option<String>>> = Arc::default();
+        let mut rng = Rng(seed());
+        let mut stagers = Vec::new();
+        let open = Arc::new(tokio::sync::Semaphore::new(32)); // bounded by the pool
+        for i in 0..n {
+            let delay = Duration::from_millis(rng.below(20));
+            let (db, subject, poison, open) =
+                (db.clone(), subject.clone(), poison.clone(), open.clone());
+            stagers.push(tokio::spawn(async move {
+                let _permit = open.acquire().await.expect("permit");
+                let tx = db.begin().await.expect("begin");
+                let id = tx
+                    .stage(
+                        Message::new(subject.as_str(), i.to_string().into_bytes())
+                            .aggregate(format!("agg{}", i % aggregates)),
+                    )
+                    .await
+                    .expect("stage");
+                tokio::time::sleep(delay).await;
+                tx.commit().await.expect("commit");
+                if i == n / 2 {
+                    *poison.lock().expect("lock") = Some(id.clone());
+                }
+                (i % aggregates, id)
+            }));
+        }
+        let mut staged = Vec::new();
+        for s in stagers {
+            staged.push(s.await.expect("stager"));
+        }
+        let poison_id = poison.lock().expect("lock").clone().expect("poison chosen");
+        let poison_aggregate = staged
+            .iter()
+            .find(|(_, id)| *id == poison_id)
+            .map(|(a, _)| format!("agg{a}"))
+            .expect("poison aggregate");
+
+        let relays: Vec<_> = (0..4)
+            .map(|_| {
+                let inner = JetStreamSink::new(js.clone());
+                let poison_id = poison_id.clone();
+                let sink = Arc::new(inner);
+                let sink = FnSink::new(move |m: OutboxMessage| {
+                    let (sink, refuse) = (sink.clone(), m.id == poison_id);
+                    async move {
+                        if refuse {
+                            return Err(SinkError::transient("the receiver refuses this one"));
+                        }
+                        sink.publish(&m).await
+                    }
+                });
+                Arc::new(
+                    Relay::new(db.clone(), sink)
+                        .batch_size(20)
+                        .max_attempts(4)
+                        .backoff(Backoff {
+                            initial: Duration::from_millis(20),
+                            max: Duration::from_millis(40),
+                        })
+                        .poll_interval(Duration::from_millis(20)),
+                )
+            })
+            .collect();
+        let relay_stop = Arc::new(AtomicBool::new(false));
+        let started = Instant::now();
+        let tasks: Vec<_> = relays
+            .iter()
+            .map(|relay| {
+                let (relay, s) = (relay.clone(), relay_stop.clone());
+                tokio::spawn(async move {
+                    relay
+                        .run(async move {
+                            while !s.load(Ordering::Relaxed) {
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                            }
+                        })
+                        .await
+                })
+            })
+            .collect();
+        let limit = Duration::from_secs(if quick() { 60 } else { 120 });
+        loop {
+            let health = outbox_health(&db).await.expect("health");
+            let delivered = effects(&db, &run).await.len();
+            if health.dead == 1 && delivered + health.pending as usize + 1 == n {
+                break;
+            }
+            assert!(
+                started.elapsed() < limit,
+                "{name}: r12 stuck: {delivered} delivered, {health:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let elapsed = started.elapsed();
+        relay_stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            t.await.expect("relay task").expect("relay");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stop.store(true, Ordering::Relaxed);
+        consumer.await.expect("consumer");
+
+        let seen = effects(&db, &run).await;
+        let mut per_aggregate: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+        for (aggregate, _, seq) in &seen {
+            per_aggregate
+                .entry(aggregate.clone())
+                .or_default()
+                .push(*seq);
+        }
+        let per = n / aggregates;
+        for (aggregate, seqs) in &per_aggregate {
+            let expected: Vec<i64> = (1..=seqs.len() as i64).collect();
+            assert_eq!(
+                seqs, &expected,
+                "{name}: {aggregate} out of order or with gaps"
+            );
+            if *aggregate == poison_aggregate {
+                assert!(seqs.len() < per, "{name}: the poison's aggregate is held");
+            } else {
+                assert_eq!(seqs.len(), per, "{name}: {aggregate} fully delivered");
+            }
+        }
+        assert_eq!(
+            per_aggregate.len(),
+            aggregates,
+            "{name}: every aggregate flowed"
+        );
+        let dead = dead_messages(&db, 10).await.expect("dead");
+        assert_eq!(dead.len(), 1, "{name}");
+        assert_eq!(dead[0].id, poison_id, "{name}");
+        assert_eq!(dead[0].attempts, 4, "{name}");
+        let held_back = outbox_health(&db).await.expect("health").pending;
+        let distinct: HashSet<&str> = seen.iter().map(|(_, id, _)| id.as_str()).collect();
+        assert_eq!(distinct.len(), seen.len(), "{name}: no duplicate effects");
+        let published: u64 = relays.iter().map(|r| r.counters().published).sum();
+        println!(
+            "R12 {name}: {n} messages over {aggregates} aggregates, 4 relays ({} published, {:.0} msg/s end to end, consumer included): every aggregate in commit order at the consumer; poison dead after 4 attempts, {held_back} later message(s) of its aggregate held, the other {} aggregates fully delivered",
+            published,
+            published as f64 / elapsed.as_secs_f64(),
+            aggregates - 1
+        );
+    }
+}
