@@ -552,3 +552,223 @@ async fn an_abandoned_lease_is_listed_then_purged_with_its_steps() {
             .is_empty()
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// SIGKILL across the steps: child processes (this binary re-executed) pay with a kill point,
+// then the parent retries every key. The gateway here is a table written outside the
+// handler's transactions (as an external service would be): every call is a row.
+
+fn kill_self() -> ! {
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &std::process::id().to_string()])
+        .status();
+    std::process::abort()
+}
+
+fn kill_at(point: &str, here: &str) {
+    if point == here {
+        kill_self();
+    }
+}
+
+async fn gateway_call<C: ConnectionTrait>(
+    db: &C,
+    run: &str,
+    key: &str,
+) -> Result<String, TestError> {
+    let backend = db.get_database_backend();
+    db.execute_raw(Statement::from_sql_and_values(
+        backend,
+        idem::sea_orm::placeholders(
+            backend,
+            "INSERT INTO lease_gateway_calls (run_id, charge_key) VALUES (?, ?)",
+        ),
+        [run.into(), key.into()],
+    ))
+    .await
+    .map_err(|e| TestError::Idem(idem::Error::store("gateway", e)))?;
+    Ok(format!("ch_{}", &key[5..17]))
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct CrashPay {
+    key: String,
+    run: String,
+}
+
+#[idempotent(scope = "lease.crash", key = cmd.key, lease = "1s", skip(point))]
+async fn crash_pay(
+    db: &DatabaseConnection,
+    point: &str,
+    cmd: CrashPay,
+) -> Result<String, TestError> {
+    let gateway_run = cmd.run.clone();
+    let charge: String = idem::step("charge", |key| async move {
+        kill_at(point, "before-charge");
+        let charge = gateway_call(db, &gateway_run, &key).await?;
+        kill_at(point, "after-charge");
+        Ok::<_, TestError>(charge)
+    })
+    .await?;
+    let (run, point_owned) = (cmd.run.clone(), point.to_owned());
+    let answer = idem::sea_orm::final_step(db, "record-payment", move |tx| {
+        Box::pin(async move {
+            insert_effect(tx, &run, "payment", 1).await;
+            kill_at(&point_owned, "in-final");
+            Ok::<_, TestError>(charge)
+        })
+    })
+    .await?;
+    kill_at(point, "after-final");
+    Ok(answer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the child process of the lease crash test: the parent runs it with IDEM_LEASE_CHILD set"]
+async fn lease_child() {
+    let Ok(url) = std::env::var("IDEM_LEASE_CHILD") else {
+        return;
+    };
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set"));
+    let db = common::isolated::connect(&url).await;
+    let point = var("IDEM_LEASE_POINT");
+    let _ = crash_pay(
+        &db,
+        &point,
+        CrashPay {
+            key: var("IDEM_LEASE_KEY"),
+            run: var("IDEM_LEASE_RUN"),
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkill_across_the_steps_then_retry_charges_once_and_pays_once() {
+    let quick = std::env::var("IDEM_RELIABILITY_QUICK").is_ok_and(|v| v == "1");
+    let (rounds, per_round) = if quick { (2, 20) } else { (5, 26) };
+    for common::isolated::Isolated { name, db, url } in common::isolated::isolated().await {
+        let create = match db.get_database_backend() {
+            sea_orm::DbBackend::Sqlite => {
+                "CREATE TABLE lease_gateway_calls (run_id TEXT NOT NULL, charge_key TEXT NOT NULL)"
+            }
+            _ => {
+                "CREATE TABLE lease_gateway_calls (run_id VARCHAR(200) NOT NULL, charge_key VARCHAR(100) NOT NULL)"
+            }
+        };
+        db.execute_unprepared(create).await.expect("gateway table");
+        let points = [
+            "before-charge",
+            "after-charge",
+            "in-final",
+            "after-final",
+            "random",
+        ];
+        let mut kills: std::collections::BTreeMap<&str, usize> = Default::default();
+        let mut runs = Vec::new();
+        let started = std::time::Instant::now();
+        for round in 0..rounds {
+            let mut children = Vec::new();
+            for i in 0..per_round {
+                let point = points[(round * per_round + i) % points.len()];
+                let run = unique("crash").replace('-', "_");
+                let child = std::process::Command::new(std::env::current_exe().expect("exe"))
+                    .args([
+                        "lease_child",
+                        "--exact",
+                        "--ignored",
+                        "--nocapture",
+                        "--test-threads=1",
+                    ])
+                    .env("IDEM_LEASE_CHILD", &url)
+                    .env("IDEM_LEASE_POINT", point)
+                    .env("IDEM_LEASE_KEY", format!("{run}-k"))
+                    .env("IDEM_LEASE_RUN", &run)
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                    .expect("spawn");
+                children.push((child, point, 10 + (i as u64 * 7) % 80));
+                runs.push(run);
+            }
+            let waited = tokio::task::spawn_blocking(move || {
+                let mut outcome = Vec::new();
+                let t0 = std::time::Instant::now();
+                for (mut child, point, random_ms) in children {
+                    if point == "random" {
+                        let wait = Duration::from_millis(random_ms).saturating_sub(t0.elapsed());
+                        std::thread::sleep(wait);
+                        let _ = child.kill();
+                    }
+                    let status = child.wait().expect("wait");
+                    outcome.push((point, status.success()));
+                }
+                outcome
+            })
+            .await
+            .expect("join");
+            for (point, success) in waited {
+                if !success {
+                    *kills.entry(point).or_default() += 1;
+                }
+            }
+        }
+        // Every lease has ended (1 s): retry every key to completion.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        for run in &runs {
+            crash_pay(
+                &db,
+                "none",
+                CrashPay {
+                    key: format!("{run}-k"),
+                    run: run.clone(),
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{name}: retry of {run}: {e:?}"));
+        }
+        let mut double_charges = 0;
+        let mut lost = 0;
+        let mut gateway_calls = 0;
+        for run in &runs {
+            let keys = scalar(
+                &db,
+                "SELECT COUNT(DISTINCT charge_key) FROM lease_gateway_calls WHERE run_id = ?",
+                run,
+            )
+            .await;
+            gateway_calls += scalar(
+                &db,
+                "SELECT COUNT(*) FROM lease_gateway_calls WHERE run_id = ?",
+                run,
+            )
+            .await;
+            if keys > 1 {
+                double_charges += 1;
+            }
+            let payments = effects(&db, run).await;
+            if payments != 1 {
+                lost += 1;
+            }
+        }
+        let unfinished = idem::sea_orm::expired_leases(&db, 10_000)
+            .await
+            .expect("list")
+            .len();
+        let total_kills: usize = kills.values().sum();
+        println!(
+            "lease crash {name}: {} calls, {total_kills} SIGKILLs {kills:?}, then a retry each: {gateway_calls} gateway calls for {} charges (0 double charges), {} payments, {unfinished} unfinished leases, {:.1} s",
+            runs.len(),
+            runs.len() - double_charges,
+            runs.len() - lost,
+            started.elapsed().as_secs_f64()
+        );
+        assert_eq!(double_charges, 0, "{name}: double charges at the gateway");
+        assert_eq!(lost, 0, "{name}: payments lost or duplicated");
+        assert_eq!(unfinished, 0, "{name}: leases left unfinished");
+        assert!(
+            total_kills >= if quick { 30 } else { 100 },
+            "{name}: only {total_kills} kills"
+        );
+    }
+}
