@@ -12,6 +12,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{BoxError, Error};
 use crate::fingerprint::{FingerprintError, Fingerprinter};
+use crate::flight;
 use crate::key::Key;
 use crate::outcome::{self, Outcome};
 use crate::store::{Claim, ClaimRequest, Concurrency, RecordStatus, Recorded, Store};
@@ -270,7 +271,35 @@ impl<S: Store> Call<S> {
             Concurrency::Wait { bound } => bound,
             _ => Concurrency::DEFAULT_BOUND,
         };
-        let claimed = match tokio::time::timeout(bound, store.claim(&request)).await {
+        let deadline = tokio::time::Instant::now() + bound;
+        // Single flight: a duplicate of a call running in this process waits for it in memory
+        // and replays its answer; only the first call (or, if it recorded nothing, each
+        // duplicate in turn) goes to the store, where the database decides across processes.
+        let mut leader = None;
+        if let Some(ledger) = store.ledger_identity() {
+            match flight::join(ledger, prepared.id) {
+                flight::Role::Leader(l) => leader = Some(l),
+                flight::Role::Follower(_) if matches!(site.concurrency, Concurrency::Reject) => {
+                    return Err(prepared.fail(Error::InFlight {
+                        scope: site.scope.to_owned(),
+                        retry_after: RETRY_AFTER,
+                    }));
+                }
+                flight::Role::Follower(flight) => {
+                    match tokio::time::timeout_at(deadline, flight::landing(flight)).await {
+                        Ok(Some(recorded)) => return Err(prepared.replay(&recorded, finality)),
+                        Ok(None) => {} // the first call recorded nothing: claim in the store
+                        Err(_elapsed) => {
+                            return Err(prepared.fail(Error::InFlight {
+                                scope: site.scope.to_owned(),
+                                retry_after: RETRY_AFTER,
+                            }));
+                        }
+                    }
+                }
+            }
+        }
+        let claimed = match tokio::time::timeout_at(deadline, store.claim(&request)).await {
             Ok(claimed) => claimed,
             Err(_elapsed) => Ok(Claim::InFlight),
         };
@@ -286,10 +315,17 @@ impl<S: Store> Call<S> {
                     finality,
                     span: prepared.span,
                     nested: outcome::Nested::enter(),
+                    leader,
                     _output: PhantomData,
                 })
             }
-            Ok(Claim::Recorded(recorded)) => Err(prepared.replay(&recorded, finality)),
+            Ok(Claim::Recorded(recorded)) => {
+                let answer = prepared.replay(&recorded, finality);
+                if let Some(leader) = leader {
+                    leader.land(Some(recorded));
+                }
+                Err(answer)
+            }
             Ok(Claim::InFlight) => Err(prepared.fail(Error::InFlight {
                 scope: site.scope.to_owned(),
                 retry_after: RETRY_AFTER,
@@ -425,6 +461,9 @@ pub struct Guard<S: Store, R: HandlerOutput> {
     /// Keeps nested calls from reporting while the body runs; dropped by `finish`, or with
     /// the guard when the call is cancelled.
     nested: outcome::Nested,
+    /// This call's single flight, if it leads one: landed with the recorded answer, or empty
+    /// when dropped.
+    leader: Option<flight::Leader>,
     _output: PhantomData<fn() -> R>,
 }
 
@@ -456,6 +495,7 @@ where
             finality,
             span,
             nested,
+            leader,
             ..
         } = self;
         drop(nested);
@@ -489,14 +529,26 @@ where
             }
         };
         let recorded = match payload {
-            Ok(payload) => store.record(tx, &request, status, &payload).await,
+            Ok(payload) => store
+                .record(tx, &request, status, &payload)
+                .await
+                .map(|()| payload),
             Err(e) => {
                 let _ = store.release(tx).await;
                 Err(encode_error(e))
             }
         };
         R::from_result(match recorded {
-            Ok(()) => {
+            Ok(payload) => {
+                if let Some(leader) = leader {
+                    // Committed: duplicates waiting in this process replay it from memory.
+                    let recorded = leader.has_followers().then(|| Recorded {
+                        fingerprint: request.fingerprint,
+                        status,
+                        payload,
+                    });
+                    leader.land(recorded);
+                }
                 span.record("outcome", "executed");
                 outcome::report(Outcome::Executed);
                 answer

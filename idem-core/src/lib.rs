@@ -6,6 +6,7 @@
 
 mod error;
 mod fingerprint;
+mod flight;
 #[cfg(feature = "axum")]
 pub mod http;
 mod key;

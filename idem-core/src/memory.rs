@@ -127,6 +127,10 @@ impl Store for MemoryStore {
         drop(tx);
         Ok(())
     }
+
+    fn ledger_identity(&self) -> Option<usize> {
+        Some(Arc::as_ptr(&self.inner) as usize)
+    }
 }
 
 impl MemoryStore {

@@ -16,8 +16,9 @@ pub enum Concurrency {
         /// Longest wait for the other call.
         bound: Duration,
     },
-    /// Fail at once with [`Error::InFlight`] where the store can tell (PostgreSQL, MySQL;
-    /// SQLite serialises all writers, so a duplicate there always waits).
+    /// Fail at once with [`Error::InFlight`]: always for a duplicate in the same process (single
+    /// flight), and across processes where the store can tell (PostgreSQL, MySQL; SQLite
+    /// serialises all writers, so a duplicate from another process waits).
     Reject,
 }
 
@@ -142,6 +143,14 @@ pub trait Store: Sync {
 
     /// Rolls `tx` back entirely: the key is free again.
     fn release(&self, tx: Self::Tx) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Which ledger this store writes to, as a number that two stores of this process share
+    /// exactly when they reach the same ledger. With it, concurrent duplicates in this
+    /// process wait for the first call in memory (single flight) instead of queueing on the
+    /// database's lock. `None` (the default) turns that off.
+    fn ledger_identity(&self) -> Option<usize> {
+        None
+    }
 }
 
 impl<S: Store + ?Sized> Store for &S {
@@ -166,5 +175,9 @@ impl<S: Store + ?Sized> Store for &S {
 
     fn release(&self, tx: Self::Tx) -> impl Future<Output = Result<(), Error>> + Send {
         (**self).release(tx)
+    }
+
+    fn ledger_identity(&self) -> Option<usize> {
+        (**self).ledger_identity()
     }
 }

@@ -21,6 +21,10 @@ pub(crate) struct Dialect {
     pub(crate) claim: String,
     /// Whether `claim` returns the inserted row (else: always read the row back).
     pub(crate) claim_returns: bool,
+    /// Whether the atomic claim only reads (the transaction already holds the database's
+    /// write lock: SQLite) and `record` writes the whole row (binds id, scope, principal,
+    /// key, owner, fingerprint, state, response, ttl_ms).
+    pub(crate) claim_by_read: bool,
     /// Same as `claim`, failing at once if another transaction holds the key.
     pub(crate) claim_nowait: String,
     /// Run before `claim_nowait` where the backend needs a separate statement.
@@ -29,7 +33,7 @@ pub(crate) struct Dialect {
     pub(crate) read_locked: String,
     /// Binds owner, fingerprint, ttl_ms, id.
     pub(crate) take_over: String,
-    /// Binds state, response, id, owner.
+    /// Binds state, response, id, owner (with `claim_by_read`: see there).
     pub(crate) record: String,
     /// Binds batch size; deletes up to that many expired rows.
     pub(crate) purge: String,
@@ -106,6 +110,7 @@ static POSTGRES: LazyLock<Dialect> = LazyLock::new(|| {
         claim_nowait: claim.clone(),
         claim,
         claim_returns: true,
+        claim_by_read: false,
         // A lock wait longer than this is another transaction holding the key.
         before_nowait: Some("SET LOCAL lock_timeout = '50ms'"),
         read_locked: r(&format!("{READ} FOR UPDATE")),
@@ -145,6 +150,7 @@ static MYSQL: LazyLock<Dialect> = LazyLock::new(|| {
         claim_nowait: format!("SET STATEMENT innodb_lock_wait_timeout = 0 FOR {claim}"),
         claim,
         claim_returns: false,
+        claim_by_read: false,
         before_nowait: None,
         read_locked: r(&format!("{READ} FOR UPDATE")),
         take_over: r(TAKE_OVER),
@@ -182,10 +188,17 @@ static SQLITE: LazyLock<Dialect> = LazyLock::new(|| {
         claim_nowait: claim.clone(),
         claim,
         claim_returns: true,
+        claim_by_read: true,
         before_nowait: None,
         read_locked: r(READ),
         take_over: r(TAKE_OVER),
-        record: r(RECORD),
+        record: r("INSERT INTO idem_ledger \
+            (id, scope, principal, idem_key, owner, fingerprint, state, response, created_at_ms, expires_at_ms) \
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, {now}, {now} + ?) \
+            ON CONFLICT (id) DO UPDATE SET scope = excluded.scope, principal = excluded.principal, \
+            idem_key = excluded.idem_key, owner = excluded.owner, fingerprint = excluded.fingerprint, \
+            state = excluded.state, response = excluded.response, \
+            created_at_ms = excluded.created_at_ms, expires_at_ms = excluded.expires_at_ms"),
         purge: r(
             "DELETE FROM idem_ledger WHERE id IN (SELECT id FROM idem_ledger \
             WHERE expires_at_ms <= {now} LIMIT ?)",

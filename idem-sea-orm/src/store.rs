@@ -1,6 +1,8 @@
 //! The SeaORM [`Store`]: the claim, record and release steps on a [`DatabaseConnection`].
 
 use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use idem_core::{
     Claim, ClaimRequest, Concurrency, Error, Fingerprint, RecordStatus, Recorded, Store,
@@ -83,19 +85,53 @@ pub(crate) fn read_row(row: &QueryResult) -> Result<Row, DbErr> {
     })
 }
 
-/// Runs one store step on its own task, so it always runs to completion.
+/// Runs one store step to completion, whatever its caller does.
 ///
 /// A caller may stop waiting at any point (a timeout, a client that disconnects, the wait
 /// bound). If the step's future were dropped with it, sqlx 0.9 can leave the pooled
 /// connection inside a transaction (a `BEGIN` cut off in flight) or, on MySQL, with a
-/// half-prepared statement. Detached, the step finishes; if nobody takes its transaction, it is
-/// dropped after its last statement completed, which rolls it back cleanly.
+/// half-prepared statement. So the step runs in place while its caller waits (no task
+/// hand-off on the common path), and if the caller goes away first, the unfinished step is
+/// handed to a task that finishes it; if nobody takes its transaction, it is dropped after its
+/// last statement completed, which rolls it back cleanly.
 pub(crate) async fn detached<T: Send + 'static>(
     step: impl Future<Output = Result<T, Error>> + Send + 'static,
 ) -> Result<T, Error> {
-    tokio::spawn(step)
-        .await
-        .map_err(|e| Error::store("a ledger step did not complete", e))?
+    FinishOnDrop(Some(Box::pin(step))).await
+}
+
+/// A step that, dropped before it completed, finishes on a task of its own.
+struct FinishOnDrop<F: Future + Send + 'static>(Option<Pin<Box<F>>>)
+where
+    F::Output: Send + 'static;
+
+impl<F: Future + Send + 'static> Future for FinishOnDrop<F>
+where
+    F::Output: Send + 'static,
+{
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let Some(step) = self.0.as_mut() else {
+            return Poll::Pending; // polled after completion: never again ready
+        };
+        let output = std::task::ready!(step.as_mut().poll(cx));
+        self.0 = None;
+        Poll::Ready(output)
+    }
+}
+
+impl<F: Future + Send + 'static> Drop for FinishOnDrop<F>
+where
+    F::Output: Send + 'static,
+{
+    fn drop(&mut self) {
+        if let Some(step) = self.0.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(step);
+        }
+    }
 }
 
 /// What the claim step needs, owned, so it can run on its own task.
@@ -149,6 +185,23 @@ async fn try_claim(
             .await
             .map_err(|e| ("setting the lock timeout", e))?;
     }
+    if d.claim_by_read {
+        // SQLite: `BEGIN IMMEDIATE` already holds the only write lock, so nobody can claim
+        // the key before this transaction ends. A plain read decides, and the record step
+        // writes the whole row once (an upsert over an expired record).
+        let row = tx
+            .query_one_raw(statement(d, &d.read_locked, vec![step.id.clone().into()]))
+            .await
+            .and_then(|row| row.map(|row| read_row(&row)).transpose())
+            .map_err(|e| ("reading the key", e))?;
+        if let Some(row) = row
+            && row.expires_at_ms > row.now_ms
+        {
+            let _ = tx.rollback().await;
+            return live_record(row);
+        }
+        return savepoint(tx, step.savepoint).await;
+    }
     let insert = statement(
         d,
         if step.reject {
@@ -184,18 +237,7 @@ async fn try_claim(
             if row.expires_at_ms > row.now_ms {
                 // A live record: nothing was written, end the read-only transaction.
                 let _ = tx.rollback().await;
-                return match row.status {
-                    Some(RecordStatus::Pending) => Ok(Claim::InFlight),
-                    Some(status) => Ok(Claim::Recorded(Recorded {
-                        fingerprint: row.fingerprint,
-                        status,
-                        payload: row.response.unwrap_or_default(),
-                    })),
-                    None => Err((
-                        "reading a ledger row with an unknown state",
-                        DbErr::Custom("the ledger row has an unknown state".into()),
-                    )),
-                };
+                return live_record(row);
             }
             // An expired record is a new execution: take it over in this transaction.
             tx.execute_raw(statement(
@@ -212,7 +254,31 @@ async fn try_claim(
             .map_err(|e| ("taking over an expired key", e))?;
         }
     }
-    if step.savepoint {
+    savepoint(tx, step.savepoint).await
+}
+
+/// What a live record found by the claim answers.
+fn live_record(row: Row) -> Result<Claim<DatabaseTransaction>, (&'static str, DbErr)> {
+    match row.status {
+        Some(RecordStatus::Pending) => Ok(Claim::InFlight),
+        Some(status) => Ok(Claim::Recorded(Recorded {
+            fingerprint: row.fingerprint,
+            status,
+            payload: row.response.unwrap_or_default(),
+        })),
+        None => Err((
+            "reading a ledger row with an unknown state",
+            DbErr::Custom("the ledger row has an unknown state".into()),
+        )),
+    }
+}
+
+/// Hands out the claimed transaction, after a savepoint if a final error may need one.
+async fn savepoint(
+    tx: DatabaseTransaction,
+    take: bool,
+) -> Result<Claim<DatabaseTransaction>, (&'static str, DbErr)> {
+    if take {
         tx.execute_unprepared(SAVEPOINT)
             .await
             .map_err(|e| ("taking the claim savepoint", e))?;
@@ -277,15 +343,54 @@ impl Store for SeaOrmStore<'_> {
         status: RecordStatus,
         payload: &[u8],
     ) -> Result<(), Error> {
-        let values = vec![
-            status.code().into(),
-            payload.to_vec().into(),
-            req.id.to_vec().into(),
-            req.owner.into(),
-        ];
+        let values = if Dialect::of(self.db.get_database_backend()).claim_by_read {
+            // The claim wrote nothing: the record writes the whole row.
+            vec![
+                req.id.to_vec().into(),
+                req.scope.into(),
+                req.principal.into(),
+                req.key.into(),
+                req.owner.into(),
+                req.fingerprint.0.to_vec().into(),
+                status.code().into(),
+                payload.to_vec().into(),
+                ttl_ms(req).into(),
+            ]
+        } else {
+            vec![
+                status.code().into(),
+                payload.to_vec().into(),
+                req.id.to_vec().into(),
+                req.owner.into(),
+            ]
+        };
         // A final error keeps only the recorded error: back to the claim's savepoint first.
         let undo_body = status == RecordStatus::Failed;
         detached(record_step(tx, values, undo_body)).await
+    }
+
+    fn ledger_identity(&self) -> Option<usize> {
+        // The pool's shared options live once per pool, whichever clone reaches them. Other
+        // connection kinds (mock, proxy) fly without single flight.
+        #[allow(unused_imports)]
+        use sea_orm::DatabaseConnectionType as Kind;
+        let options: usize = match &self.db.inner {
+            #[cfg(feature = "sqlite")]
+            Kind::SqlxSqlitePoolConnection(_) => {
+                std::ptr::from_ref(self.db.get_sqlite_connection_pool().options()) as usize
+            }
+            #[cfg(feature = "postgres")]
+            Kind::SqlxPostgresPoolConnection(_) => {
+                std::ptr::from_ref(self.db.get_postgres_connection_pool().options()) as usize
+            }
+            #[cfg(feature = "mysql")]
+            Kind::SqlxMySqlPoolConnection(_) => {
+                std::ptr::from_ref(self.db.get_mysql_connection_pool().options()) as usize
+            }
+            #[allow(unreachable_patterns)]
+            _ => return None,
+        };
+        Some(options)
     }
 
     async fn release(&self, tx: DatabaseTransaction) -> Result<(), Error> {
