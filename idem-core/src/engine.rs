@@ -542,7 +542,7 @@ where
             Ok(payload) => {
                 if let Some(leader) = leader {
                     // Committed: duplicates waiting in this process replay it from memory.
-                    let recorded = leader.has_followers().then(|| Recorded {
+                    let recorded = leader.has_followers().then_some(Recorded {
                         fingerprint: request.fingerprint,
                         status,
                         payload,
