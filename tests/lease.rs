@@ -135,6 +135,37 @@ fn cmd(run: &str) -> Pay {
     }
 }
 
+/// Starts a call of `run` (through `pay_waiting` if `waiting`, else `pay`) that pauses after
+/// its charge; returns its task once it is paused, and what resumes it.
+async fn paused(
+    db: &DatabaseConnection,
+    gateway: &Gateway,
+    run: &str,
+    waiting: bool,
+) -> (
+    tokio::task::JoinHandle<Result<String, TestError>>,
+    Arc<Notify>,
+) {
+    let resume = Arc::new(Notify::new());
+    let pause = Pause {
+        reached: Arc::new(Notify::new()),
+        resume: Some(resume.clone()),
+        ..Pause::default()
+    };
+    let task = {
+        let (db, gateway, pause, cmd) = (db.clone(), gateway.clone(), pause.clone(), cmd(run));
+        tokio::spawn(async move {
+            if waiting {
+                pay_waiting(&db, &gateway, &pause, cmd).await
+            } else {
+                pay(&db, &gateway, &pause, cmd).await
+            }
+        })
+    };
+    pause.reached.notified().await;
+    (task, resume)
+}
+
 async fn scalar(db: &DatabaseConnection, sql: &str, value: &str) -> i64 {
     let backend = db.get_database_backend();
     db.query_one_raw(Statement::from_sql_and_values(
@@ -216,18 +247,7 @@ async fn a_stale_holder_is_fenced_off_and_the_takeover_resumes_after_its_steps()
         let (name, db) = (backend.name, backend.db.clone());
         let gateway = Gateway::default();
         let run = unique("lease-stale");
-        let resume = Arc::new(Notify::new());
-        let stale_pause = Pause {
-            reached: Arc::new(Notify::new()),
-            resume: Some(resume.clone()),
-            ..Pause::default()
-        };
-        let stale = {
-            let (db, gateway, pause, cmd) =
-                (db.clone(), gateway.clone(), stale_pause.clone(), cmd(&run));
-            tokio::spawn(async move { pay(&db, &gateway, &pause, cmd).await })
-        };
-        stale_pause.reached.notified().await; // charged, step recorded, now paused
+        let (stale, resume) = paused(&db, &gateway, &run, false).await; // charged, step recorded, now paused
         expire_lease(&db, &format!("{run}-k")).await; // ... past its lease
 
         let taken_over = pay(&db, &gateway, &Pause::default(), cmd(&run))
@@ -263,16 +283,7 @@ async fn a_dropped_holder_leaves_a_lease_a_retry_takes_over_once_it_ends() {
         let (name, db) = (backend.name, backend.db.clone());
         let gateway = Gateway::default();
         let run = unique("lease-drop");
-        let pause = Pause {
-            reached: Arc::new(Notify::new()),
-            resume: Some(Arc::new(Notify::new())), // never released: the call is dropped
-            ..Pause::default()
-        };
-        let held = {
-            let (db, gateway, pause, cmd) = (db.clone(), gateway.clone(), pause.clone(), cmd(&run));
-            tokio::spawn(async move { pay(&db, &gateway, &pause, cmd).await })
-        };
-        pause.reached.notified().await;
+        let (held, _resume) = paused(&db, &gateway, &run, false).await;
         held.abort();
         let _ = held.await;
         // During the lease a retry is told to come back, with the lease's remaining time.
@@ -314,18 +325,7 @@ async fn duplicates_during_a_live_lease_get_in_flight_and_one_execution() {
         let (name, db) = (backend.name, backend.db.clone());
         let gateway = Gateway::default();
         let run = unique("lease-dup");
-        let resume = Arc::new(Notify::new());
-        let first_pause = Pause {
-            reached: Arc::new(Notify::new()),
-            resume: Some(resume.clone()),
-            ..Pause::default()
-        };
-        let first = {
-            let (db, gateway, pause, cmd) =
-                (db.clone(), gateway.clone(), first_pause.clone(), cmd(&run));
-            tokio::spawn(async move { pay(&db, &gateway, &pause, cmd).await })
-        };
-        first_pause.reached.notified().await;
+        let (first, resume) = paused(&db, &gateway, &run, false).await;
         let mut duplicates = Vec::new();
         for _ in 0..8 {
             let (db, gateway, cmd) = (db.clone(), gateway.clone(), cmd(&run));
@@ -381,16 +381,7 @@ async fn lease_expiry_is_read_on_the_database_clock() {
         let gateway = Gateway::default();
         let run = unique("lease-clock");
         let key = format!("{run}-k");
-        let pause = Pause {
-            reached: Arc::new(Notify::new()),
-            resume: Some(Arc::new(Notify::new())),
-            ..Pause::default()
-        };
-        let held = {
-            let (db, gateway, pause, cmd) = (db.clone(), gateway.clone(), pause.clone(), cmd(&run));
-            tokio::spawn(async move { pay(&db, &gateway, &pause, cmd).await })
-        };
-        pause.reached.notified().await;
+        let (held, _resume) = paused(&db, &gateway, &run, false).await;
         held.abort();
         let _ = held.await;
         // The lease end stored in the ledger is the database's now + 2 s ...
@@ -440,17 +431,7 @@ async fn with_a_bounded_wait_duplicates_get_the_holders_answer() {
         let (name, db) = (backend.name, backend.db.clone());
         let gateway = Gateway::default();
         let run = unique("lease-wait");
-        let resume = Arc::new(Notify::new());
-        let pause = Pause {
-            reached: Arc::new(Notify::new()),
-            resume: Some(resume.clone()),
-            ..Pause::default()
-        };
-        let first = {
-            let (db, gateway, pause, cmd) = (db.clone(), gateway.clone(), pause.clone(), cmd(&run));
-            tokio::spawn(async move { pay_waiting(&db, &gateway, &pause, cmd).await })
-        };
-        pause.reached.notified().await;
+        let (first, resume) = paused(&db, &gateway, &run, true).await;
         let duplicates: Vec<_> = (0..4)
             .map(|_| {
                 let (db, gateway, cmd) = (db.clone(), gateway.clone(), cmd(&run));
@@ -478,17 +459,7 @@ async fn a_long_body_keeps_its_lease_by_renewing_it() {
         let (name, db) = (backend.name, backend.db.clone());
         let gateway = Gateway::default();
         let run = unique("lease-renew");
-        let resume = Arc::new(Notify::new());
-        let pause = Pause {
-            reached: Arc::new(Notify::new()),
-            resume: Some(resume.clone()),
-            ..Pause::default()
-        };
-        let holder = {
-            let (db, gateway, pause, cmd) = (db.clone(), gateway.clone(), pause.clone(), cmd(&run));
-            tokio::spawn(async move { pay(&db, &gateway, &pause, cmd).await })
-        };
-        pause.reached.notified().await;
+        let (holder, resume) = paused(&db, &gateway, &run, false).await;
         // Past the 2 s lease the holder is still busy; its renewals keep duplicates out.
         tokio::time::sleep(Duration::from_millis(2600)).await;
         let duplicate = pay(&db, &gateway, &Pause::default(), cmd(&run)).await;
@@ -511,16 +482,7 @@ async fn an_abandoned_lease_is_listed_then_purged_with_its_steps() {
     let gateway = Gateway::default();
     let run = unique("lease-purge");
     let key = format!("{run}-k");
-    let pause = Pause {
-        reached: Arc::new(Notify::new()),
-        resume: Some(Arc::new(Notify::new())),
-        ..Pause::default()
-    };
-    let held = {
-        let (db, gateway, pause, cmd) = (db.clone(), gateway.clone(), pause.clone(), cmd(&run));
-        tokio::spawn(async move { pay(&db, &gateway, &pause, cmd).await })
-    };
-    pause.reached.notified().await;
+    let (held, _resume) = paused(&db, &gateway, &run, false).await;
     held.abort();
     let _ = held.await;
     assert!(

@@ -415,60 +415,43 @@ pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> 
         at,
     );
     let body = &item.block;
-    if let Some(lease_ms) = args.lease_ms {
+    // The mode decides the engine entry, its leading arguments, the closure's parameter and
+    // anything bound before the call; the rest of the expansion is shared.
+    let (entry, leading, closure_param, rebind) = match args.lease_ms {
         // Lease mode: the body runs outside any claim transaction, on the connection itself
         // (a `conn = expr as name` binding is made here); its steps and final phase reach the
         // lease through `idem::step` and `idem::sea_orm::final_step`.
-        let rebind = match &args.conn {
-            Some(Conn::Expr { binding, .. }) => quote!(let #binding = #conn;),
-            _ => quote!(),
-        };
-        let run_lease = respan(&quote!(#p::run_lease::<_, #output, _>), at);
-        let lease_store = respan(&quote!(#p::lease_store(#conn)), conn.span());
-        let mut run_args = Group::new(
-            Delimiter::Parenthesis,
-            quote! {
-                __idem_call,
-                #lease_store,
-                #p::Duration::from_millis(#lease_ms),
-                #finality,
-                async move || -> #output {
-                    let __idem_out: #output = #body;
-                    #[allow(unreachable_code)] // after a body that ends in `return`
-                    __idem_out
-                },
-            },
-        );
-        run_args.set_span(Span::call_site().located_at(at));
-        let dot_await = respan(&quote!(.await), at);
-        let new_body = quote! {{
-            #[allow(unused_imports)]
-            use #p::{ViaFinal as _, ViaPlain as _};
-            static __IDEM_SITE: #p::Site = #p::Site::new(
-                #scope,
-                #p::Duration::from_millis(#ttl_ms),
-                #concurrency,
-            );
-            let #conn = &(#conn_expr);
-            let mut __idem_call = #p::Call::new(&__IDEM_SITE, #store_call, #key_call);
-            #principal
-            #(#fingerprint_args)*
-            #rebind
-            #run_lease #run_args #dot_await
-        }};
-        item.block = syn::parse2(new_body)?;
-        let _ = conn_binding;
-        return Ok(item.into_token_stream());
-    }
+        Some(lease_ms) => {
+            let lease_store = respan(&quote!(#p::lease_store(#conn)), conn.span());
+            let rebind = match &args.conn {
+                Some(Conn::Expr { binding, .. }) => quote!(let #binding = #conn;),
+                _ => quote!(),
+            };
+            (
+                respan(&quote!(#p::run_lease::<_, #output, _>), at),
+                quote!(#lease_store, #p::Duration::from_millis(#lease_ms),),
+                quote!(),
+                rebind,
+            )
+        }
+        // Atomic mode: the body sees the claim's transaction under the connection's name, so
+        // its writes commit (or roll back) together with the recorded result.
+        None => (
+            run,
+            quote!(),
+            quote!(#[allow(unused_variables)] #conn_binding),
+            quote!(),
+        ),
+    };
     let mut run_args = Group::new(
         Delimiter::Parenthesis,
         quote! {
             __idem_call,
+            #leading
             #finality,
-            // The body sees the claim's transaction under the connection's name, so its writes
-            // commit (or roll back) together with the recorded result. The `let` gives the body
-            // its expected type, so a type mismatch is reported inside the body.
-            async move |#[allow(unused_variables)] #conn_binding| -> #output {
+            // The `let` gives the body its expected type, so a type mismatch is reported
+            // inside the body.
+            async move |#closure_param| -> #output {
                 let __idem_out: #output = #body;
                 #[allow(unreachable_code)] // after a body that ends in `return`
                 __idem_out
@@ -491,7 +474,8 @@ pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> 
         let mut __idem_call = #p::Call::new(&__IDEM_SITE, #store_call, #key_call);
         #principal
         #(#fingerprint_args)*
-        #run #run_args #dot_await
+        #rebind
+        #entry #run_args #dot_await
     }};
     item.block = syn::parse2(new_body)?;
     Ok(item.into_token_stream())

@@ -182,10 +182,8 @@ static POSTGRES: LazyLock<OutboxSql> = LazyLock::new(|| {
         select_eligible: String::new(),
         lock_claimable: String::new(),
         lease: String::new(),
-        mark_published: r("UPDATE {outbox} SET state = {published}, published_at_ms = {now}, locked_until_ms = 0 \
-            WHERE locked_by = ? AND state = {pending} AND id IN ({ids})"),
-        mark_failed: r("UPDATE {outbox} SET state = ?, last_error = ?, next_attempt_at_ms = {now} + ?, \
-            locked_until_ms = 0 WHERE id = ? AND locked_by = ? AND state = {pending}"),
+        mark_published: r(MARK_PUBLISHED),
+        mark_failed: r(MARK_FAILED),
         purge_published: r("DELETE FROM {outbox} WHERE id IN (SELECT id FROM {outbox} \
             WHERE state = {published} AND published_at_ms <= {now} - ? LIMIT ? FOR UPDATE SKIP LOCKED)"),
         health: r(HEALTH),
@@ -198,6 +196,10 @@ static POSTGRES: LazyLock<OutboxSql> = LazyLock::new(|| {
     }
 });
 
+const MARK_PUBLISHED: &str = "UPDATE {outbox} SET state = {published}, published_at_ms = {now}, \
+    locked_until_ms = 0 WHERE locked_by = ? AND state = {pending} AND id IN ({ids})";
+const MARK_FAILED: &str = "UPDATE {outbox} SET state = ?, last_error = ?, next_attempt_at_ms = {now} + ?, \
+    locked_until_ms = 0 WHERE id = ? AND locked_by = ? AND state = {pending}";
 const HEALTH: &str = "SELECT \
     (SELECT COUNT(*) FROM {outbox} WHERE state = {pending}) AS pending, \
     (SELECT MIN(created_at_ms) FROM {outbox} WHERE state = {pending}) AS oldest_pending_ms, \
@@ -276,14 +278,8 @@ static MYSQL: LazyLock<OutboxSql> = LazyLock::new(|| {
             "UPDATE {outbox} SET locked_until_ms = {now} + ?, locked_by = ?, attempts = attempts + 1 \
             WHERE id IN ({ids})",
         ),
-        mark_published: r(
-            "UPDATE {outbox} SET state = {published}, published_at_ms = {now}, locked_until_ms = 0 \
-            WHERE locked_by = ? AND state = {pending} AND id IN ({ids})",
-        ),
-        mark_failed: r(
-            "UPDATE {outbox} SET state = ?, last_error = ?, next_attempt_at_ms = {now} + ?, \
-            locked_until_ms = 0 WHERE id = ? AND locked_by = ? AND state = {pending}",
-        ),
+        mark_published: r(MARK_PUBLISHED),
+        mark_failed: r(MARK_FAILED),
         purge_published: r(
             "DELETE FROM {outbox} WHERE state = {published} AND published_at_ms <= {now} - ? LIMIT ?",
         ),
@@ -352,10 +348,8 @@ static SQLITE: LazyLock<OutboxSql> = LazyLock::new(|| {
         select_eligible: String::new(),
         lock_claimable: String::new(),
         lease: String::new(),
-        mark_published: r("UPDATE {outbox} SET state = {published}, published_at_ms = {now}, locked_until_ms = 0 \
-            WHERE locked_by = ? AND state = {pending} AND id IN ({ids})"),
-        mark_failed: r("UPDATE {outbox} SET state = ?, last_error = ?, next_attempt_at_ms = {now} + ?, \
-            locked_until_ms = 0 WHERE id = ? AND locked_by = ? AND state = {pending}"),
+        mark_published: r(MARK_PUBLISHED),
+        mark_failed: r(MARK_FAILED),
         purge_published: r("DELETE FROM {outbox} WHERE id IN (SELECT id FROM {outbox} \
             WHERE state = {published} AND published_at_ms <= {now} - ? LIMIT ?)"),
         health: r(HEALTH),
