@@ -358,24 +358,49 @@ async fn faults_child() {
     }
 }
 
-fn spawn_child(role: &str, db_url: &str, nats: &str, point: &str, at: u64) -> Child {
-    Command::new(std::env::current_exe().expect("test binary"))
-        .args([
-            "faults_child",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("IDEM_FAULTS_CHILD", role)
-        .env("IDEM_FAULTS_DB", db_url)
-        .env("IDEM_FAULTS_NATS", nats)
-        .env("IDEM_FAULTS_POINT", point)
-        .env("IDEM_FAULTS_AT", at.to_string())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn a child")
+/// A child process that is killed when dropped, so a failing test leaves none running.
+struct Reaped(Child);
+
+impl std::ops::Deref for Reaped {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reaped {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_child(role: &str, db_url: &str, nats: &str, point: &str, at: u64) -> Reaped {
+    Reaped(
+        Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "faults_child",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("IDEM_FAULTS_CHILD", role)
+            .env("IDEM_FAULTS_DB", db_url)
+            .env("IDEM_FAULTS_NATS", nats)
+            .env("IDEM_FAULTS_POINT", point)
+            .env("IDEM_FAULTS_AT", at.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn a child"),
+    )
 }
 
 /// A small deterministic generator (no extra dependency), seeded per run and printed.
@@ -426,7 +451,7 @@ async fn r9_relays_killed_at_a_hundred_points_lose_and_duplicate_nothing() {
                 (points[rng.below(4) as usize], 1 + rng.below(6))
             }
         };
-        let mut relays: Vec<(Child, &str, Instant, u64)> = (0..4)
+        let mut relays: Vec<(Reaped, &str, Instant, u64)> = (0..4)
             .map(|_| {
                 let (point, at) = plan(&mut rng, &kills);
                 let child = spawn_child("relay", &url, &nats.url(), point, at);
@@ -544,7 +569,7 @@ async fn r10_a_consumer_killed_between_commit_and_ack_has_no_duplicate_effects()
                 let _ = child.wait();
                 break;
             }
-            let status = tokio::task::spawn_blocking(move || child.wait())
+            let status = tokio::task::spawn_blocking(move || child.0.wait())
                 .await
                 .expect("join")
                 .expect("wait");
