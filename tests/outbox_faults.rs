@@ -199,19 +199,25 @@ async fn stage(db: &DatabaseConnection, subject: &str, n: usize, aggregates: usi
     ids
 }
 
-/// Runs a consumer in this process until `stop`.
+/// Runs a consumer in this process until `stop`, counting the deliveries it handles
+/// (deliveries − effect rows = redeliveries the inbox absorbed).
 fn spawn_consumer(
     db: DatabaseConnection,
     js: async_nats::jetstream::Context,
     stream: &'static str,
     stop: Arc<AtomicBool>,
+    deliveries: Arc<AtomicUsize>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let dead = DeadLetterTable::new(db.clone());
+        let handle = |d: Delivery| {
+            deliveries.fetch_add(1, Ordering::Relaxed);
+            consume(&db, d)
+        };
         Consumer::new(js, stream, "faults")
             .ack_wait(Duration::from_secs(2))
             .max_deliver(1000)
-            .run(|d| consume(&db, d), &dead, async {
+            .run(handle, &dead, async {
                 while !stop.load(Ordering::Relaxed) {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
@@ -438,7 +444,14 @@ async fn r9_relays_killed_at_a_hundred_points_lose_and_duplicate_nothing() {
         // Messages keep coming until the relays have been killed often enough.
         let mut ids = stage(&db, &subject, 80, 24).await;
         let stop = Arc::new(AtomicBool::new(false));
-        let consumer = spawn_consumer(db.clone(), js.clone(), "FAULTS", stop.clone());
+        let deliveries = Arc::new(AtomicUsize::new(0));
+        let consumer = spawn_consumer(
+            db.clone(),
+            js.clone(),
+            "FAULTS",
+            stop.clone(),
+            deliveries.clone(),
+        );
 
         let seed = seed();
         let mut rng = Rng(seed);
@@ -529,8 +542,12 @@ async fn r9_relays_killed_at_a_hundred_points_lose_and_duplicate_nothing() {
         let health = outbox_health(&db).await.expect("health");
         assert_eq!((health.pending, health.dead), (0, 0), "{name}");
         println!(
-            "R9 {name}: {n} messages, {} relay kills {kills:?}, stream holds {stream_messages} (duplicates dropped by Nats-Msg-Id), consumer effects {} for {} ids, 0 lost, 0 duplicated, {:.1} s, seed {seed}",
+            "R9 {name}: {n} messages, {} relay kills {kills:?}, stream holds {stream_messages} (duplicates dropped by Nats-Msg-Id), {} deliveries ({} redeliveries absorbed by the inbox), consumer effects {} for {} ids, 0 lost, 0 duplicated, {:.1} s, seed {seed}",
             kills.values().sum::<usize>(),
+            deliveries.load(Ordering::Relaxed),
+            deliveries
+                .load(Ordering::Relaxed)
+                .saturating_sub(seen.len()),
             seen.len(),
             ids.len(),
             started.elapsed().as_secs_f64()
@@ -684,7 +701,13 @@ async fn r11_the_broker_and_the_database_go_away_for_five_seconds_and_nothing_is
         let run = unique("r11").replace('-', "_");
         let subject = format!("faults.{run}");
         let stop = Arc::new(AtomicBool::new(false));
-        let consumer = spawn_consumer(db.clone(), js.clone(), "FAULTS", stop.clone());
+        let consumer = spawn_consumer(
+            db.clone(),
+            js.clone(),
+            "FAULTS",
+            stop.clone(),
+            Arc::default(),
+        );
         // The relay reaches the database through a proxy on servers, so it can be cut.
         let proxy = if name == "sqlite" {
             None
@@ -796,7 +819,13 @@ async fn r12_order_holds_per_aggregate_and_a_poison_message_holds_only_its_own()
         let subject = format!("faults.{run}");
         let (n, aggregates) = if quick() { (400, 20) } else { (1000, 50) };
         let stop = Arc::new(AtomicBool::new(false));
-        let consumer = spawn_consumer(db.clone(), js.clone(), "FAULTS", stop.clone());
+        let consumer = spawn_consumer(
+            db.clone(),
+            js.clone(),
+            "FAULTS",
+            stop.clone(),
+            Arc::default(),
+        );
 
         // Stagers with random commit delays: later ids commit first across aggregates, and
         // stagers of one aggregate queue on its head row.
