@@ -259,6 +259,45 @@ async fn the_contract_holds() {
         .await;
         assert_eq!(empty.status, StatusCode::BAD_REQUEST, "{name}");
         assert_eq!(empty.body["type"], "urn:idem:problem:invalid-key");
+
+        // Two Idempotency-Key fields: no value of them can be trusted: 400, nothing created.
+        use sea_orm::{EntityTrait, PaginatorTrait};
+        let orders_before = model::order::Entity::find()
+            .count(&state.db)
+            .await
+            .expect("count orders");
+        let request = Request::builder()
+            .method("POST")
+            .uri("/orders")
+            .header("idempotency-key", "a")
+            .header("idempotency-key", "b")
+            .header("content-type", "application/json")
+            .body(Body::from(
+                json!({"customer": "c", "amount_cents": 1, "currency": "usd"}).to_string(),
+            ))
+            .expect("request");
+        let response = router.clone().oneshot(request).await.expect("infallible");
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{name}");
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .expect("body");
+        let body: Value = serde_json::from_slice(&body).expect("problem+json");
+        assert_eq!(body["type"], "urn:idem:problem:invalid-key", "{name}");
+        assert!(
+            body["detail"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("2 times"),
+            "{name}: {body}"
+        );
+        assert_eq!(
+            model::order::Entity::find()
+                .count(&state.db)
+                .await
+                .expect("count orders"),
+            orders_before,
+            "{name}: nothing created"
+        );
     }
 }
 

@@ -26,6 +26,12 @@ pub enum KeyProblem {
     },
     /// The key bytes are not UTF-8.
     NotUtf8,
+    /// The request carries the key header more than once (a repeated field is not one
+    /// structured-field string, so no value of it can be trusted).
+    Repeated {
+        /// How many fields were sent.
+        count: usize,
+    },
 }
 
 impl std::fmt::Display for KeyProblem {
@@ -41,6 +47,10 @@ impl std::fmt::Display for KeyProblem {
                 write!(f, "the key contains a control character at byte {at}")
             }
             Self::NotUtf8 => f.write_str("the key is not valid UTF-8"),
+            Self::Repeated { count } => write!(
+                f,
+                "the Idempotency-Key header was sent {count} times; send it once"
+            ),
         }
     }
 }

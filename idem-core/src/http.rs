@@ -79,14 +79,29 @@ impl KeySource for IdempotencyKey {
     }
 }
 
+impl IdempotencyKey {
+    /// The key of a request: `None` without the header, an error for a malformed or repeated
+    /// one.
+    fn of_request(parts: &Parts) -> Result<Option<Self>, Error> {
+        let mut fields = parts.headers.get_all(IDEMPOTENCY_KEY).iter();
+        let Some(value) = fields.next() else {
+            return Ok(None);
+        };
+        let more = fields.count();
+        if more > 0 {
+            return Err(Error::InvalidKey {
+                problem: crate::KeyProblem::Repeated { count: more + 1 },
+            });
+        }
+        Self::parse(value.as_bytes()).map(Some)
+    }
+}
+
 impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
     type Rejection = Error;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Error> {
-        match parts.headers.get(IDEMPOTENCY_KEY) {
-            Some(value) => Self::parse(value.as_bytes()),
-            None => Err(Error::MissingKey),
-        }
+        Self::of_request(parts)?.ok_or(Error::MissingKey)
     }
 }
 
@@ -94,11 +109,7 @@ impl<S: Send + Sync> OptionalFromRequestParts<S> for IdempotencyKey {
     type Rejection = Error;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Option<Self>, Error> {
-        parts
-            .headers
-            .get(IDEMPOTENCY_KEY)
-            .map(|value| Self::parse(value.as_bytes()))
-            .transpose()
+        Self::of_request(parts)
     }
 }
 
