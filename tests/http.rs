@@ -260,12 +260,38 @@ async fn the_contract_holds() {
         assert_eq!(empty.status, StatusCode::BAD_REQUEST, "{name}");
         assert_eq!(empty.body["type"], "urn:idem:problem:invalid-key");
 
-        // Two Idempotency-Key fields: no value of them can be trusted: 400, nothing created.
+        // A malformed body is problem+json 400; a negative amount is 422; nothing created.
         use sea_orm::{EntityTrait, PaginatorTrait};
         let orders_before = model::order::Entity::find()
             .count(&state.db)
             .await
             .expect("count orders");
+        let malformed = Request::builder()
+            .method("POST")
+            .uri("/orders")
+            .header("idempotency-key", unique("bad-body"))
+            .header("content-type", "application/json")
+            .body(Body::from("{\"customer\": "))
+            .expect("request");
+        let response = router.clone().oneshot(malformed).await.expect("infallible");
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{name}");
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json",
+            "{name}"
+        );
+        let negative = call(
+            &router,
+            "POST",
+            "/orders",
+            Some(&unique("negative")),
+            Some(json!({"customer": "c", "amount_cents": -5, "currency": "usd"})),
+        )
+        .await;
+        assert_eq!(negative.status, StatusCode::UNPROCESSABLE_ENTITY, "{name}");
+        assert_eq!(negative.body["type"], "urn:idem:problem:invalid-amount");
+
+        // Two Idempotency-Key fields: no value of them can be trusted: 400, nothing created.
         let request = Request::builder()
             .method("POST")
             .uri("/orders")

@@ -361,11 +361,48 @@ async fn cancel(
 
 // ---- HTTP handlers: extract, call, respond ----
 
+/// A JSON body whose rejection (malformed JSON, wrong content type, missing fields) is a
+/// problem+json 400 like every other error of the service.
+pub(crate) struct Body<T>(pub(crate) T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<S> for Body<T> {
+    type Rejection = Response;
+
+    async fn from_request(request: axum::extract::Request, state: &S) -> Result<Self, Response> {
+        match Json::<T>::from_request(request, state).await {
+            Ok(Json(value)) => Ok(Self(value)),
+            Err(rejection) => Err(Problem::new(
+                rejection.status().as_u16(),
+                "invalid-body",
+                "Invalid request body",
+                rejection.body_text(),
+            )
+            .into_response()),
+        }
+    }
+}
+
+/// A shop refuses amounts it cannot charge: 422 before any work.
+fn positive(amount_cents: i64) -> Result<(), Problem> {
+    if amount_cents > 0 {
+        return Ok(());
+    }
+    Err(Problem::new(
+        422,
+        "invalid-amount",
+        "Invalid amount",
+        format!("`amount_cents` must be positive, not {amount_cents}"),
+    ))
+}
+
 async fn create_order(
     State(app): State<AppState>,
     key: IdempotencyKey,
-    Json(new): Json<NewOrder>,
+    Body(new): Body<NewOrder>,
 ) -> Response {
+    if let Err(refused) = positive(new.amount_cents) {
+        return refused.into_response();
+    }
     respond(StatusCode::CREATED, place_order(&app.db, key, new)).await
 }
 
@@ -373,8 +410,11 @@ async fn pay_order(
     State(app): State<AppState>,
     key: IdempotencyKey,
     Path(id): Path<String>,
-    Json(request): Json<PayRequest>,
+    Body(request): Body<PayRequest>,
 ) -> Response {
+    if let Err(refused) = positive(request.amount_cents) {
+        return refused.into_response();
+    }
     respond(StatusCode::OK, pay(&app.db, &app.gateway, key, id, request)).await
 }
 
