@@ -266,7 +266,7 @@ impl<S: Store> Call<S> {
             Err(e) => return Err(R::from_result(Err(e.into()))),
         };
         let site = prepared.site;
-        let request = prepared.request(owner_token(), finality.is_some());
+        let request = prepared.request(random_token(), finality.is_some());
         let bound = match site.concurrency {
             Concurrency::Wait { bound } => bound,
             _ => Concurrency::DEFAULT_BOUND,
@@ -642,9 +642,9 @@ pub fn record_id(scope: &str, principal: &str, key: &str) -> [u8; 32] {
     hasher.finalize().into()
 }
 
-/// A random 63-bit owner token (no extra dependency: std's randomly keyed SipHash over a
+/// A random positive 63-bit token: record owners, relay rounds, lease owners (no extra dependency: std's randomly keyed SipHash over a
 /// process-wide counter).
-fn owner_token() -> i64 {
+pub fn random_token() -> i64 {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let mut hasher = std::hash::RandomState::new().build_hasher();
     hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));

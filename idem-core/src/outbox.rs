@@ -11,7 +11,6 @@
 use std::cell::Cell;
 use std::fmt;
 use std::future::Future;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -336,17 +335,11 @@ impl Backoff {
 
 /// A random number in [0, 1) (std's randomly keyed SipHash; no extra dependency).
 fn unit_random() -> f64 {
-    let mut hasher = std::hash::RandomState::new().build_hasher();
-    hasher.write_u64(0);
-    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
+    (random_token() >> 10) as f64 / (1u64 << 53) as f64
 }
 
-/// A random positive 63-bit token (relay and lease owners).
-pub fn random_token() -> i64 {
-    let mut hasher = std::hash::RandomState::new().build_hasher();
-    hasher.write_u64(0);
-    (hasher.finish() >> 1) as i64
-}
+/// A random positive 63-bit token (relay rounds and lease owners), as the engine makes them.
+pub use crate::engine::random_token;
 
 /// How a relay runs. The defaults suit a service; tests shorten the lease and the poll.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,7 +16,7 @@ use sea_orm::{
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::dialect::{Dialect, MYSQL_NOW, PG_NOW, SQLITE_NOW, render};
+use crate::dialect::{Dialect, LEDGER_TABLE, MYSQL_NOW, PG_NOW, SQLITE_NOW, render};
 use crate::error::store_error;
 use crate::store::{begin, detached, read_row, statement};
 
@@ -61,7 +61,12 @@ fn build(backend: DbBackend) -> LeaseSql {
         DbBackend::MySql => MYSQL_NOW,
         _ => SQLITE_NOW,
     };
-    let r = |t: &str| render(&t.replace("{steps}", STEPS_TABLE), now, backend);
+    let r = |t: &str| {
+        let t = t
+            .replace("{steps}", STEPS_TABLE)
+            .replace("{ledger}", LEDGER_TABLE);
+        render(&t, now, backend)
+    };
     let create = match backend {
         DbBackend::Postgres => {
             "CREATE TABLE IF NOT EXISTS {steps} (\
@@ -96,19 +101,19 @@ fn build(backend: DbBackend) -> LeaseSql {
         select_steps: r("SELECT name, result FROM {steps} WHERE record_id = ?"),
         insert_step: r(&insert_step),
         delete_steps: r("DELETE FROM {steps} WHERE record_id = ?"),
-        renew: r("UPDATE idem_ledger SET expires_at_ms = {now} + ? \
+        renew: r("UPDATE {ledger} SET expires_at_ms = {now} + ? \
             WHERE id = ? AND owner = ? AND state = 0"),
         complete: r(
-            "UPDATE idem_ledger SET state = ?, response = ?, expires_at_ms = {now} + ? \
+            "UPDATE {ledger} SET state = ?, response = ?, expires_at_ms = {now} + ? \
             WHERE id = ? AND owner = ? AND state = 0",
         ),
-        release: r("UPDATE idem_ledger SET expires_at_ms = {now} \
+        release: r("UPDATE {ledger} SET expires_at_ms = {now} \
             WHERE id = ? AND owner = ? AND state = 0"),
         expired: r(
-            "SELECT id, scope, idem_key, owner, expires_at_ms, {now} AS now_ms FROM idem_ledger \
+            "SELECT id, scope, idem_key, owner, expires_at_ms, {now} AS now_ms FROM {ledger} \
             WHERE state = 0 AND expires_at_ms <= {now} ORDER BY expires_at_ms LIMIT ?",
         ),
-        purge_orphans: r("DELETE FROM {steps} WHERE record_id NOT IN (SELECT id FROM idem_ledger)"),
+        purge_orphans: r("DELETE FROM {steps} WHERE record_id NOT IN (SELECT id FROM {ledger})"),
     }
 }
 
