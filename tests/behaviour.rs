@@ -661,3 +661,40 @@ async fn a_wait_past_its_bound_is_in_flight_then_the_retry_replays() {
         assert_eq!(effects(&b.db, &run).await, 1, "{}", b.name);
     }
 }
+
+/// PostgreSQL answers a replay from the claim statement's own snapshot: a completed record
+/// is final until it expires, so the replay needs no row lock and is not held up by another
+/// transaction that holds one (MySQL's claim locks the row; SQLite serialises writers).
+#[tokio::test]
+async fn a_replay_on_postgres_takes_no_row_lock() {
+    for b in backends().await {
+        if b.db.get_database_backend() != sea_orm::DbBackend::Postgres {
+            continue;
+        }
+        let run = unique("nolock");
+        let first = pay(&b.db, Pay::new(&run, 700)).await.expect("first call");
+        let blocker = sea_orm::TransactionTrait::begin(&b.db)
+            .await
+            .expect("begin");
+        let id = idem::store::record_id("test.pay", "", &format!("{run}-key"));
+        blocker
+            .query_one_raw(sea_orm::Statement::from_sql_and_values(
+                sea_orm::DbBackend::Postgres,
+                "SELECT state FROM idem_ledger WHERE id = $1 FOR UPDATE",
+                vec![id.to_vec().into()],
+            ))
+            .await
+            .expect("lock the record")
+            .expect("the record");
+        let (again, outcome) = tokio::time::timeout(
+            Duration::from_secs(3),
+            with_outcome(pay(&b.db, Pay::new(&run, 700))),
+        )
+        .await
+        .expect("the replay waited for the row lock");
+        drop(blocker);
+        assert_eq!(again.expect("replay"), first);
+        assert_eq!(outcome, Some(Outcome::Replayed));
+        assert_eq!(effects(&b.db, &run).await, 1, "body ran once");
+    }
+}

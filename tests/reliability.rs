@@ -1311,7 +1311,7 @@ async fn r5_a_broken_connection_is_a_store_error_and_the_retry_succeeds_once() {
                 (
                     "SELECT CAST(pg_backend_pid() AS BIGINT)",
                     "SELECT COUNT(*) FROM pg_stat_activity WHERE pid = ? \
-                     AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO idem_ledger%'",
+                     AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO idem_ledger%'",
                     "SELECT pg_terminate_backend(CAST(? AS INTEGER))",
                     "SELECT COUNT(*) FROM pg_stat_activity WHERE pid = ?",
                 )

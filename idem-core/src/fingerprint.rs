@@ -58,10 +58,22 @@ pub struct Fingerprinter {
     encoded: Vec<u8>,
 }
 
+thread_local! {
+    /// The encoding buffer of this thread's last finished fingerprint, reused by the next:
+    /// a typical request encodes to a few KiB, and growing a fresh buffer to that size costs
+    /// as much as encoding it.
+    static SPARE_BUFFER: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Buffers larger than this are freed rather than kept for the next fingerprint.
+const SPARE_BUFFER_LIMIT: usize = 64 * 1024;
+
 impl Fingerprinter {
     /// Starts a fingerprint for `scope`.
     pub fn new(scope: &str) -> Self {
-        let mut encoded = Vec::with_capacity(256);
+        let mut encoded = SPARE_BUFFER.take();
+        encoded.clear();
+        encoded.reserve(2048);
         put_str(&mut encoded, FINGERPRINT_VERSION);
         put_str(&mut encoded, scope);
         Self { encoded }
@@ -81,7 +93,11 @@ impl Fingerprinter {
 
     /// Hashes everything added.
     pub fn finish(self) -> Fingerprint {
-        Fingerprint(Sha256::digest(&self.encoded).into())
+        let fingerprint = Fingerprint(Sha256::digest(&self.encoded).into());
+        if self.encoded.capacity() <= SPARE_BUFFER_LIMIT {
+            SPARE_BUFFER.set(self.encoded);
+        }
+        fingerprint
     }
 }
 

@@ -16,10 +16,11 @@ pub(crate) struct Dialect {
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) now: &'static str,
     pub(crate) create: &'static [&'static str],
-    /// Binds id, scope, principal, key, owner, fingerprint, ttl_ms. PostgreSQL and SQLite
-    /// return a row only when the insert happened.
+    /// Binds id, scope, principal, key, owner, fingerprint, ttl_ms. Where `claim_returns`,
+    /// it returns owner, fingerprint, state, response, expires_at_ms, now_ms of the inserted
+    /// row or (PostgreSQL) of the committed row it conflicted with, as the statement saw it.
     pub(crate) claim: String,
-    /// Whether `claim` returns the inserted row (else: always read the row back).
+    /// Whether `claim` returns a row (else: always read the row back, locked).
     pub(crate) claim_returns: bool,
     /// Whether the atomic claim only reads (the transaction already holds the database's
     /// write lock: SQLite) and `record` writes the whole row (binds id, scope, principal,
@@ -53,6 +54,8 @@ const INSERT: &str = "INSERT INTO idem_ledger \
     VALUES (?, ?, ?, ?, ?, ?, 0, NULL, {now}, {now} + ?)";
 const READ: &str = "SELECT owner, fingerprint, state, response, expires_at_ms, {now} AS now_ms \
     FROM idem_ledger WHERE id = ?";
+const RETURNING_ROW: &str =
+    "RETURNING owner, fingerprint, state, response, expires_at_ms, {now} AS now_ms";
 const TAKE_OVER: &str = "UPDATE idem_ledger SET owner = ?, fingerprint = ?, state = 0, response = NULL, \
     created_at_ms = {now}, expires_at_ms = {now} + ? WHERE id = ?";
 // The expiry set by the claim stands (a record's TTL counts from its claim): leaving the
@@ -86,8 +89,14 @@ pub fn placeholders(backend: DbBackend, template: &str) -> String {
 
 static POSTGRES: LazyLock<Dialect> = LazyLock::new(|| {
     let r = |t: &str| render(t, PG_NOW, DbBackend::Postgres);
+    // One round trip answers a new key and a replay alike: the insert's row, or else the
+    // committed row it ran into, read without a lock. A row committed while the insert waited
+    // is not in the statement's snapshot: then no row, and the store reads it locked.
     let claim = r(&format!(
-        "{INSERT} ON CONFLICT (id) DO NOTHING RETURNING owner"
+        "WITH claimed AS ({INSERT} ON CONFLICT (id) DO NOTHING {RETURNING_ROW}) \
+        SELECT * FROM claimed UNION ALL \
+        SELECT owner, fingerprint, state, response, expires_at_ms, {{now}} AS now_ms \
+        FROM idem_ledger WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM claimed)"
     ));
     Dialect {
         backend: DbBackend::Postgres,
@@ -165,7 +174,7 @@ static SQLITE: LazyLock<Dialect> = LazyLock::new(|| {
     // The write lock is taken by BEGIN IMMEDIATE, so reads need no FOR UPDATE (SQLite has
     // none) and a concurrent duplicate always waits in BEGIN.
     let claim = r(&format!(
-        "{INSERT} ON CONFLICT (id) DO NOTHING RETURNING owner"
+        "{INSERT} ON CONFLICT (id) DO NOTHING {RETURNING_ROW}"
     ));
     Dialect {
         backend: DbBackend::Sqlite,
@@ -228,7 +237,11 @@ mod tests {
         assert!(d.claim.contains("VALUES ($1, $2, $3, $4, $5, $6, 0, NULL,"));
         assert!(
             d.claim
-                .ends_with("+ $7) ON CONFLICT (id) DO NOTHING RETURNING owner")
+                .contains("+ $7) ON CONFLICT (id) DO NOTHING RETURNING owner,")
+        );
+        assert!(
+            d.claim
+                .ends_with("WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM claimed)")
         );
         assert!(d.record.contains("WHERE id = $3 AND owner = $4"));
         assert!(!d.read_locked.contains('?'));

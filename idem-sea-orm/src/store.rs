@@ -197,7 +197,7 @@ async fn try_claim(
         if let Some(row) = row
             && row.expires_at_ms > row.now_ms
         {
-            let _ = tx.rollback().await;
+            end_unwritten(tx);
             return live_record(row);
         }
         return savepoint(tx, step.savepoint).await;
@@ -211,50 +211,75 @@ async fn try_claim(
         },
         step.insert.clone(),
     );
-    let inserted = if d.claim_returns {
-        tx.query_one_raw(insert).await.map(|row| row.is_some())
+    let seen = if d.claim_returns {
+        tx.query_one_raw(insert)
+            .await
+            .and_then(|row| row.map(|row| read_row(&row)).transpose())
     } else {
-        tx.execute_raw(insert).await.map(|_| false)
+        tx.execute_raw(insert).await.map(|_| None)
     };
-    let inserted = match inserted {
-        Ok(inserted) => inserted,
+    let seen = match seen {
+        Ok(seen) => seen,
         Err(e) if classify(&e) == Failure::LockTimeout => {
-            let _ = tx.rollback().await;
+            end_unwritten(tx);
             return Ok(Claim::InFlight);
         }
         Err(e) => return Err(("claiming the key", e)),
     };
-    if !inserted {
-        let row = tx
-            .query_one_raw(statement(d, &d.read_locked, vec![step.id.clone().into()]))
-            .await
-            .and_then(|row| match row {
-                Some(row) => read_row(&row),
-                None => Err(DbErr::RecordNotFound("the claimed ledger row".into())),
-            })
-            .map_err(|e| ("reading the claimed key", e))?;
-        if row.owner != step.owner {
-            if row.expires_at_ms > row.now_ms {
-                // A live record: nothing was written, end the read-only transaction.
-                let _ = tx.rollback().await;
-                return live_record(row);
-            }
-            // An expired record is a new execution: take it over in this transaction.
-            tx.execute_raw(statement(
-                d,
-                &d.take_over,
-                vec![
-                    step.owner.into(),
-                    step.fingerprint.0.to_vec().into(),
-                    step.ttl_ms.into(),
-                    step.id.clone().into(),
-                ],
-            ))
-            .await
-            .map_err(|e| ("taking over an expired key", e))?;
+    match seen {
+        Some(row) if row.owner == step.owner => return savepoint(tx, step.savepoint).await,
+        // A committed final record never changes before it expires: it answers as the
+        // statement saw it, without a lock or a second read.
+        Some(row)
+            if row.expires_at_ms > row.now_ms
+                && matches!(
+                    row.status,
+                    Some(RecordStatus::Completed | RecordStatus::Failed)
+                ) =>
+        {
+            end_unwritten(tx);
+            return live_record(row);
         }
+        _ => {}
+    }
+    // Another owner's row: read it locked, as it is now.
+    let row = tx
+        .query_one_raw(statement(d, &d.read_locked, vec![step.id.clone().into()]))
+        .await
+        .and_then(|row| match row {
+            Some(row) => read_row(&row),
+            None => Err(DbErr::RecordNotFound("the claimed ledger row".into())),
+        })
+        .map_err(|e| ("reading the claimed key", e))?;
+    if row.owner != step.owner {
+        if row.expires_at_ms > row.now_ms {
+            // A live record: nothing was written.
+            end_unwritten(tx);
+            return live_record(row);
+        }
+        // An expired record is a new execution: take it over in this transaction.
+        tx.execute_raw(statement(
+            d,
+            &d.take_over,
+            vec![
+                step.owner.into(),
+                step.fingerprint.0.to_vec().into(),
+                step.ttl_ms.into(),
+                step.id.clone().into(),
+            ],
+        ))
+        .await
+        .map_err(|e| ("taking over an expired key", e))?;
     }
     savepoint(tx, step.savepoint).await
+}
+
+/// Ends a claim transaction that wrote nothing, without waiting for it. Dropping it queues the
+/// rollback on its connection (sqlx's `start_rollback`): the rollback runs before the
+/// connection serves anyone else, and on PostgreSQL and MySQL it travels with the pool's
+/// release check instead of costing the caller a round trip of its own.
+fn end_unwritten(tx: DatabaseTransaction) {
+    drop(tx);
 }
 
 /// What a live record found by the claim answers.
