@@ -151,20 +151,25 @@ mod tag {
     pub(super) const END: u8 = 0x0c;
 }
 
-fn put_len(out: &mut Vec<u8>, len: usize) {
-    out.extend_from_slice(&(len as u64).to_be_bytes());
+// Each token is written with one copy of a stack array: the encoder's cost is its number of
+// writes, not its bytes.
+/// A tag and a length, as one write.
+fn put_header(out: &mut Vec<u8>, tag: u8, len: usize) {
+    let mut header = [tag; 9];
+    header[1..].copy_from_slice(&(len as u64).to_be_bytes());
+    out.extend_from_slice(&header);
 }
 
 fn put_str(out: &mut Vec<u8>, s: &str) {
-    out.push(tag::STR);
-    put_len(out, s.len());
+    put_header(out, tag::STR, s.len());
     out.extend_from_slice(s.as_bytes());
 }
 
 fn put_int(out: &mut Vec<u8>, negative: bool, magnitude: u128) {
-    out.push(tag::INT);
-    out.push(u8::from(negative && magnitude != 0));
-    out.extend_from_slice(&magnitude.to_be_bytes());
+    let mut token = [tag::INT; 18];
+    token[1] = u8::from(negative && magnitude != 0);
+    token[2..].copy_from_slice(&magnitude.to_be_bytes());
+    out.extend_from_slice(&token);
 }
 
 fn put_signed(out: &mut Vec<u8>, v: i128) {
@@ -187,10 +192,13 @@ struct Canonical<'a> {
     out: &'a mut Vec<u8>,
 }
 
-/// Collects map entries so they can be written sorted by encoded key.
+/// Writes map entries in place, then reorders them by encoded key when the map ends.
 struct MapEncoder<'a> {
     out: &'a mut Vec<u8>,
-    entries: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Where the first entry starts in `out`.
+    start: usize,
+    /// Each entry as offsets in `out`: key start, key end (its value's start), value end.
+    entries: Vec<(usize, usize, usize)>,
 }
 
 impl<'a> ser::Serializer for &'a mut Canonical<'_> {
@@ -265,8 +273,7 @@ impl<'a> ser::Serializer for &'a mut Canonical<'_> {
         Ok(())
     }
     fn serialize_bytes(self, v: &[u8]) -> Result<(), FingerprintError> {
-        self.out.push(tag::BYTES);
-        put_len(self.out, v.len());
+        put_header(self.out, tag::BYTES, v.len());
         self.out.extend_from_slice(v);
         Ok(())
     }
@@ -343,7 +350,9 @@ impl<'a> ser::Serializer for &'a mut Canonical<'_> {
         Ok(self)
     }
     fn serialize_map(self, len: Option<usize>) -> Result<MapEncoder<'a>, FingerprintError> {
+        self.out.push(tag::MAP);
         Ok(MapEncoder {
+            start: self.out.len(),
             out: self.out,
             entries: Vec::with_capacity(len.unwrap_or(0)),
         })
@@ -429,26 +438,39 @@ impl ser::SerializeMap for MapEncoder<'_> {
     type Ok = ();
     type Error = FingerprintError;
     fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), FingerprintError> {
-        self.entries.push((canonical_bytes(key)?, Vec::new()));
+        let key_start = self.out.len();
+        key.serialize(&mut Canonical { out: self.out })?;
+        let key_end = self.out.len();
+        self.entries.push((key_start, key_end, key_end));
         Ok(())
     }
     fn serialize_value<T: Serialize + ?Sized>(
         &mut self,
         value: &T,
     ) -> Result<(), FingerprintError> {
-        let Some((_, slot)) = self.entries.last_mut() else {
+        if self.entries.is_empty() {
             return Err(FingerprintError(
                 "map value serialized before its key".to_owned(),
             ));
-        };
-        value.serialize(&mut Canonical { out: slot })
+        }
+        value.serialize(&mut Canonical { out: self.out })?;
+        let value_end = self.out.len();
+        if let Some(entry) = self.entries.last_mut() {
+            entry.2 = value_end;
+        }
+        Ok(())
     }
     fn end(mut self) -> Result<(), FingerprintError> {
-        self.entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        self.out.push(tag::MAP);
-        for (key, value) in &self.entries {
-            self.out.extend_from_slice(key);
-            self.out.extend_from_slice(value);
+        // Entries are written as they come; the canonical order is by encoded key.
+        if self.entries.len() > 1 {
+            let written = self.out.split_off(self.start);
+            let at = |offset: usize| offset - self.start;
+            self.entries
+                .sort_unstable_by(|a, b| written[at(a.0)..at(a.1)].cmp(&written[at(b.0)..at(b.1)]));
+            for &(key_start, _, value_end) in &self.entries {
+                self.out
+                    .extend_from_slice(&written[at(key_start)..at(value_end)]);
+            }
         }
         self.out.push(tag::END);
         Ok(())
@@ -578,5 +600,80 @@ mod tests {
                 .unwrap_or(false);
             prop_assert_eq!(parsed.is_ok(), valid);
         }
+    }
+}
+
+#[cfg(test)]
+mod golden {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[derive(serde::Serialize)]
+    enum Kind {
+        Card { last4: String },
+        Cash,
+    }
+
+    #[derive(serde::Serialize)]
+    struct Order {
+        id: u64,
+        amount: i64,
+        ratio: f64,
+        note: Option<String>,
+        tags: Vec<&'static str>,
+        kind: Kind,
+        other: Kind,
+        meta: BTreeMap<String, BTreeMap<String, i32>>,
+        pair: (bool, char),
+        bytes: serde_bytes_like::Bytes,
+    }
+
+    mod serde_bytes_like {
+        pub struct Bytes(pub &'static [u8]);
+        impl serde::Serialize for Bytes {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_bytes(self.0)
+            }
+        }
+    }
+
+    /// Records fingerprinted by earlier releases must keep matching: this value's
+    /// fingerprint is fixed for `idem/fingerprint/v1`.
+    #[test]
+    fn the_v1_encoding_never_changes() {
+        let inner = |pairs: &[(&str, i32)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), *v))
+                .collect::<BTreeMap<_, _>>()
+        };
+        let mut meta = BTreeMap::new();
+        meta.insert(
+            "zeta".to_owned(),
+            inner(&[("b", 2), ("a", 1), ("long key", -3)]),
+        );
+        meta.insert("a".to_owned(), inner(&[]));
+        meta.insert("mid".to_owned(), inner(&[("x", 9)]));
+        let order = Order {
+            id: 4_200_017,
+            amount: -12_990,
+            ratio: 0.25,
+            note: Some("leave it with the concierge".to_owned()),
+            tags: vec!["b", "a"],
+            kind: Kind::Card {
+                last4: "4242".to_owned(),
+            },
+            other: Kind::Cash,
+            meta,
+            pair: (true, 'é'),
+            bytes: serde_bytes_like::Bytes(b"\x00\xff"),
+        };
+        let mut f = Fingerprinter::new("orders.pay");
+        f.arg(&order).unwrap();
+        f.arg("second argument").unwrap();
+        assert_eq!(
+            f.finish().to_string(),
+            "f35bfc7c3d152143f387f618f48adbb71138af072625b5405a49c9aa79c35ece"
+        );
     }
 }
