@@ -629,7 +629,7 @@ mod golden {
     }
 
     mod serde_bytes_like {
-        pub struct Bytes(pub &'static [u8]);
+        pub(super) struct Bytes(pub(super) &'static [u8]);
         impl serde::Serialize for Bytes {
             fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 s.serialize_bytes(self.0)
