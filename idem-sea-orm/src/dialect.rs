@@ -16,12 +16,14 @@ pub(crate) struct Dialect {
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) now: &'static str,
     pub(crate) create: &'static [&'static str],
-    /// Binds id, scope, principal, key, owner, fingerprint, ttl_ms. Where `claim_returns`,
-    /// it returns owner, fingerprint, state, response, expires_at_ms, now_ms of the inserted
-    /// row or (PostgreSQL) of the committed row it conflicted with, as the statement saw it.
+    /// Binds id, scope, principal, key, owner, fingerprint, ttl_ms. Returns owner,
+    /// fingerprint, state, response, expires_at_ms, now_ms of the inserted row or of the row
+    /// it ran into: locked and current on MariaDB, as the statement's snapshot saw it on
+    /// PostgreSQL (SQLite claims by a read instead; its `claim` serves leases).
     pub(crate) claim: String,
-    /// Whether `claim` returns a row (else: always read the row back, locked).
-    pub(crate) claim_returns: bool,
+    /// Whether the row `claim` returns is locked and current, so it decides without a
+    /// second read.
+    pub(crate) claim_locks_row: bool,
     /// Whether the atomic claim only reads (the transaction already holds the database's
     /// write lock: SQLite) and `record` writes the whole row (binds id, scope, principal,
     /// key, owner, fingerprint, state, response, ttl_ms).
@@ -118,7 +120,7 @@ static POSTGRES: LazyLock<Dialect> = LazyLock::new(|| {
         ],
         claim_nowait: claim.clone(),
         claim,
-        claim_returns: true,
+        claim_locks_row: false,
         claim_by_read: false,
         // A lock wait longer than this is another transaction holding the key.
         before_nowait: Some("SET LOCAL lock_timeout = '50ms'"),
@@ -135,10 +137,12 @@ static POSTGRES: LazyLock<Dialect> = LazyLock::new(|| {
 
 static MYSQL: LazyLock<Dialect> = LazyLock::new(|| {
     let r = |t: &str| render(t, MYSQL_NOW, DbBackend::MySql);
-    // sqlx sets CLIENT_FOUND_ROWS, so the affected-row count cannot tell an insert from a
-    // duplicate: the row is always read back with a locking read (which, unlike a plain read
-    // under REPEATABLE READ, sees the committed row).
-    let claim = r(&format!("{INSERT} ON DUPLICATE KEY UPDATE id = id"));
+    // MariaDB (10.5+) returns the row an upsert leaves: ours if inserted, else the existing
+    // one, locked by the duplicate-key update and read as committed. One round trip decides.
+    // (MySQL 8 has neither `RETURNING` nor `SET STATEMENT`: MariaDB is the supported server.)
+    let claim = r(&format!(
+        "{INSERT} ON DUPLICATE KEY UPDATE id = id {RETURNING_ROW}"
+    ));
     Dialect {
         backend: DbBackend::MySql,
         now: MYSQL_NOW,
@@ -158,7 +162,7 @@ static MYSQL: LazyLock<Dialect> = LazyLock::new(|| {
         // MariaDB: a lock wait of 0 s fails at once with error 1205.
         claim_nowait: format!("SET STATEMENT innodb_lock_wait_timeout = 0 FOR {claim}"),
         claim,
-        claim_returns: false,
+        claim_locks_row: true,
         claim_by_read: false,
         before_nowait: None,
         read_locked: r(&format!("{READ} FOR UPDATE")),
@@ -196,7 +200,7 @@ static SQLITE: LazyLock<Dialect> = LazyLock::new(|| {
         ],
         claim_nowait: claim.clone(),
         claim,
-        claim_returns: true,
+        claim_locks_row: false,
         claim_by_read: true,
         before_nowait: None,
         read_locked: r(READ),

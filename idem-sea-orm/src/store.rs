@@ -211,13 +211,10 @@ async fn try_claim(
         },
         step.insert.clone(),
     );
-    let seen = if d.claim_returns {
-        tx.query_one_raw(insert)
-            .await
-            .and_then(|row| row.map(|row| read_row(&row)).transpose())
-    } else {
-        tx.execute_raw(insert).await.map(|_| None)
-    };
+    let seen = tx
+        .query_one_raw(insert)
+        .await
+        .and_then(|row| row.map(|row| read_row(&row)).transpose());
     let seen = match seen {
         Ok(seen) => seen,
         Err(e) if classify(&e) == Failure::LockTimeout => {
@@ -240,9 +237,10 @@ async fn try_claim(
             end_unwritten(tx);
             return live_record(row);
         }
+        Some(row) if d.claim_locks_row => return settle(tx, d, row, step).await,
         _ => {}
     }
-    // Another owner's row: read it locked, as it is now.
+    // Another owner's row, seen without a lock: read it locked, as it is now.
     let row = tx
         .query_one_raw(statement(d, &d.read_locked, vec![step.id.clone().into()]))
         .await
@@ -251,6 +249,17 @@ async fn try_claim(
             None => Err(DbErr::RecordNotFound("the claimed ledger row".into())),
         })
         .map_err(|e| ("reading the claimed key", e))?;
+    settle(tx, d, row, step).await
+}
+
+/// Decides on the current, locked row of the key: ours, another owner's live record, or an
+/// expired record this claim takes over.
+async fn settle(
+    tx: DatabaseTransaction,
+    d: &Dialect,
+    row: Row,
+    step: &ClaimStep,
+) -> Result<Claim<DatabaseTransaction>, (&'static str, DbErr)> {
     if row.owner != step.owner {
         if row.expires_at_ms > row.now_ms {
             // A live record: nothing was written.
