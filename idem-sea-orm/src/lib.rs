@@ -8,12 +8,14 @@
 //! - [`ledger`] is the ledger's SeaORM entity, for inspection and admin tools.
 //!
 //! The claim, per backend (every statement is in one place, `dialect.rs`):
-//! - **PostgreSQL**: `INSERT … ON CONFLICT DO NOTHING RETURNING` at READ COMMITTED; when the
-//!   key exists, `SELECT … FOR UPDATE` waits for its owner and reads the committed record.
-//! - **MySQL / MariaDB**: `INSERT … ON DUPLICATE KEY UPDATE id = id`, then `SELECT … FOR
-//!   UPDATE` and an owner-token comparison (the affected-row count cannot be trusted: sqlx
-//!   sets `CLIENT_FOUND_ROWS`).
-//! - **SQLite**: `BEGIN IMMEDIATE` takes the write lock, then the PostgreSQL statements.
+//! - **PostgreSQL**: at READ COMMITTED, one statement inserts the key (`ON CONFLICT DO
+//!   NOTHING`) or returns the committed row it ran into; a completed record replays from that
+//!   row without a lock, anything else is read again with `SELECT … FOR UPDATE`.
+//! - **MariaDB** (10.5+): `INSERT … ON DUPLICATE KEY UPDATE id = id RETURNING …` returns the
+//!   inserted row or the existing one, locked and current, then an owner-token comparison
+//!   (MySQL 8 has no `RETURNING`).
+//! - **SQLite**: `BEGIN IMMEDIATE` takes the only write lock, then a plain read; the record
+//!   writes the whole row once.
 //!
 //! Expiry is always computed on the database's clock, never the application's.
 
