@@ -82,7 +82,8 @@ pub use idem_macros::StateMachine;
 pub use idem_macros::transition;
 
 pub use idem_core::{
-    BoxError, Error, ErrorKind, FinalError, Fingerprint, Fingerprinter, Key, KeyProblem, KeySource,
+    BoxError, EntityTag, Error, ErrorKind, FinalError, Fingerprint, Fingerprinter, IfMatch, Key,
+    KeyProblem, KeySource,
     MAX_KEY_LEN, MemoryStore, MemoryTx, Outcome, Result, StateMachine, Store, Transition,
     TransitionOutcome, with_outcome,
 };
@@ -129,14 +130,19 @@ pub mod lease {
 }
 
 /// HTTP glue for axum 0.8 (the IETF Idempotency-Key draft): the `Idempotency-Key` extractor,
-/// problem+json errors with the draft's statuses, and [`respond`](axum::respond), which adds
-/// `Idempotent-Replayed: true` to replays.
+/// problem+json errors with the draft's statuses, [`respond`](axum::respond), which adds
+/// `Idempotent-Replayed: true` to replays ([`Respond`](axum::Respond) to answer replays with
+/// 200 or send an `ETag`), and the [`IfMatch`](axum::IfMatch) extractor for conditional
+/// writes (428 without it, 412 when it no longer matches; see
+/// [`sea_orm::Stateful::update_if_match`]).
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod axum {
     pub use idem_core::http::{
-        IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, Problem, respond,
+        IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, Problem, ReplayStatus, Respond,
+        respond,
     };
+    pub use idem_core::{EntityTag, IfMatch};
 }
 
 /// The SeaORM ledger store: schema, migration, purge.
@@ -148,7 +154,7 @@ pub mod sea_orm {
     pub use idem_sea_orm::{
         DEAD_LETTERS_TABLE, DeadLetterTable, DeadMessage, ExpiredLease, LEDGER_TABLE,
         OUTBOX_HEADS_TABLE, OUTBOX_TABLE, Outbox, Relay, RelayCounters, RelayRound, STEPS_TABLE,
-        SeaOrmLeaseStore, SeaOrmStore, Stateful, create_tables, database_now_ms, dead_messages,
+        ConditionalUpdate, SeaOrmLeaseStore, SeaOrmStore, Stateful, create_tables, database_now_ms, dead_messages,
         expired_leases, final_step, ledger, outbox_health, placeholders, purge_expired,
         purge_expired_batch, purge_published, retry_dead,
     };

@@ -147,6 +147,29 @@ pub enum Error {
         /// What the serializer reported.
         message: String,
     },
+    /// A write that must be conditional arrived without a precondition (`If-Match`).
+    /// Nothing was done.
+    #[error(
+        "this request must be conditional: send `If-Match` with the `ETag` of your last read (or `*`)"
+    )]
+    PreconditionRequired,
+    /// The precondition of a conditional write did not hold: the resource changed since the
+    /// client read it (its version moved on). Nothing was written.
+    #[error(
+        "the resource changed since it was read: `If-Match` does not match its current entity tag{}; read it again and retry with the new `ETag`",
+        current.as_ref().map(|tag| format!(" {tag}")).unwrap_or_default()
+    )]
+    PreconditionFailed {
+        /// The resource's current entity tag, when it is known.
+        current: Option<crate::EntityTag>,
+    },
+    /// A precondition header (`If-Match`) is not `*` or a list of entity tags. Raised before
+    /// any database work.
+    #[error("invalid precondition: {problem}")]
+    InvalidPrecondition {
+        /// What is wrong with it.
+        problem: String,
+    },
     /// The store (database) failed. No partial effects were committed.
     #[error("idempotency store failed: {message}")]
     Store {
@@ -182,6 +205,12 @@ pub enum ErrorKind {
     InvalidMessage,
     /// See [`Error::LeaseLost`].
     LeaseLost,
+    /// See [`Error::PreconditionRequired`].
+    PreconditionRequired,
+    /// See [`Error::PreconditionFailed`].
+    PreconditionFailed,
+    /// See [`Error::InvalidPrecondition`].
+    InvalidPrecondition,
     /// See [`Error::Store`].
     Store,
 }
@@ -200,14 +229,20 @@ impl ErrorKind {
             Self::Fingerprint => "fingerprint",
             Self::InvalidMessage => "invalid-message",
             Self::LeaseLost => "lease-lost",
+            Self::PreconditionRequired => "precondition-required",
+            Self::PreconditionFailed => "precondition-failed",
+            Self::InvalidPrecondition => "invalid-precondition",
             Self::Store => "store",
         }
     }
 
-    /// The HTTP status the IETF Idempotency-Key draft (and RFC 9110) gives this kind.
+    /// The HTTP status the IETF Idempotency-Key draft, RFC 9110 and RFC 6585 (428) give this
+    /// kind.
     pub const fn http_status(self) -> u16 {
         match self {
-            Self::InvalidKey | Self::MissingKey => 400,
+            Self::InvalidKey | Self::MissingKey | Self::InvalidPrecondition => 400,
+            Self::PreconditionFailed => 412,
+            Self::PreconditionRequired => 428,
             Self::KeyReused => 422,
             Self::InFlight | Self::InvalidTransition | Self::LeaseLost => 409,
             Self::Store => 503,
@@ -230,6 +265,9 @@ impl Error {
             Self::Fingerprint { .. } => ErrorKind::Fingerprint,
             Self::InvalidMessage { .. } => ErrorKind::InvalidMessage,
             Self::LeaseLost { .. } => ErrorKind::LeaseLost,
+            Self::PreconditionRequired => ErrorKind::PreconditionRequired,
+            Self::PreconditionFailed { .. } => ErrorKind::PreconditionFailed,
+            Self::InvalidPrecondition { .. } => ErrorKind::InvalidPrecondition,
             Self::Store { .. } => ErrorKind::Store,
         }
     }

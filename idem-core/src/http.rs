@@ -7,14 +7,17 @@
 //! | key reused with a different payload | 422 |
 //! | same key still in flight | 409 + `Retry-After` |
 //! | invalid state transition | 409 |
+//! | malformed `If-Match` | 400 |
+//! | `If-Match` does not match the resource's current `ETag` | 412, nothing written |
+//! | missing `If-Match` where the route requires it | 428 |
 //! | store failure | 503 (no SQL in the body) |
-//! | replay | the recorded status and body + `Idempotent-Replayed: true` |
+//! | replay | the recorded status (or 200, see [`ReplayStatus`]) and body + `Idempotent-Replayed: true` |
 
 use std::future::Future;
 
 use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
-use axum_core::response::{IntoResponse, Response};
-use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use axum_core::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
+use http::header::{CONTENT_TYPE, ETAG, IF_MATCH, RETRY_AFTER};
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, StatusCode};
 use serde::Serialize;
@@ -22,6 +25,7 @@ use serde::Serialize;
 use crate::error::{Error, ErrorKind};
 use crate::key::{Key, KeySource};
 use crate::outcome::{Outcome, with_outcome};
+use crate::precondition::{EntityTag, IfMatch};
 
 /// The request header carrying the key.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -113,6 +117,61 @@ impl<S: Send + Sync> OptionalFromRequestParts<S> for IdempotencyKey {
     }
 }
 
+/// `If-Match` as an extractor: a route that takes `IfMatch` requires the header (428
+/// `precondition-required` without it) and refuses a malformed one (400
+/// `invalid-precondition`); take `Option<IfMatch>` where a precondition is optional. Several
+/// `If-Match` field lines are one list (RFC 9110 §5.3).
+impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Error> {
+        if_match_of(parts)?.ok_or(Error::PreconditionRequired)
+    }
+}
+
+impl<S: Send + Sync> OptionalFromRequestParts<S> for IfMatch {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Option<Self>, Error> {
+        if_match_of(parts)
+    }
+}
+
+/// The `If-Match` of a request: `None` without the header.
+fn if_match_of(parts: &Parts) -> Result<Option<IfMatch>, Error> {
+    let mut lines = Vec::new();
+    for value in parts.headers.get_all(IF_MATCH) {
+        lines.push(
+            value
+                .to_str()
+                .map_err(|_| Error::InvalidPrecondition {
+                    problem: "the `If-Match` header is not visible ASCII".to_owned(),
+                })?
+                .to_owned(),
+        );
+    }
+    if lines.is_empty() {
+        return Ok(None);
+    }
+    IfMatch::parse(&lines.join(", ")).map(Some)
+}
+
+/// An entity tag in a response sets its `ETag` header: `(EntityTag::from_version(3),
+/// Json(order))`.
+impl IntoResponseParts for EntityTag {
+    type Error = Error;
+
+    fn into_response_parts(self, mut parts: ResponseParts) -> Result<ResponseParts, Error> {
+        // A tag holds visible ASCII only (checked when it was made), so this cannot fail.
+        let value =
+            HeaderValue::from_str(&self.to_string()).map_err(|e| Error::InvalidPrecondition {
+                problem: format!("the entity tag {self} is not a header value: {e}"),
+            })?;
+        parts.headers_mut().insert(ETAG, value);
+        Ok(parts)
+    }
+}
+
 /// An RFC 9457 problem document.
 #[derive(Debug, Clone, Serialize)]
 pub struct Problem {
@@ -172,6 +231,9 @@ impl From<&Error> for Problem {
             ErrorKind::KeyReused => ("Idempotency key reused", e.to_string()),
             ErrorKind::InFlight => ("Request in flight", e.to_string()),
             ErrorKind::InvalidTransition => ("Invalid state transition", e.to_string()),
+            ErrorKind::PreconditionRequired => ("Precondition required", e.to_string()),
+            ErrorKind::PreconditionFailed => ("Precondition failed", e.to_string()),
+            ErrorKind::InvalidPrecondition => ("Invalid precondition", e.to_string()),
             ErrorKind::Store => (
                 "Service unavailable",
                 "the idempotency store is unavailable; retry later".to_owned(),
@@ -187,7 +249,13 @@ impl From<&Error> for Problem {
 
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
-        if !matches!(self.kind(), ErrorKind::InvalidKey | ErrorKind::MissingKey) {
+        if !matches!(
+            self.kind(),
+            ErrorKind::InvalidKey
+                | ErrorKind::MissingKey
+                | ErrorKind::PreconditionRequired
+                | ErrorKind::InvalidPrecondition
+        ) {
             tracing::debug!(error = %self, "idem error answered over HTTP");
         }
         let mut response = Problem::from(&self).into_response();
@@ -206,36 +274,144 @@ impl IntoResponse for Error {
 /// `Idempotent-Replayed: true`, a first execution does not.
 ///
 /// Because the recorded value is replayed and rendered the same way, a replay returns the
-/// originally recorded status and body.
+/// originally recorded status and body. Shorthand for `Respond::new(status).run(call)`; see
+/// [`Respond`] for replays answered with 200 and for an `ETag` taken from the value.
 pub async fn respond<T, E, F>(status: StatusCode, call: F) -> Response
 where
     F: Future<Output = Result<T, E>>,
     T: Serialize,
     E: IntoResponse,
 {
-    let (result, outcome) = with_outcome(call).await;
-    let mut response = match result {
-        Ok(value) => match serde_json::to_vec(&value) {
-            Ok(body) => (
-                status,
-                [(CONTENT_TYPE, HeaderValue::from_static("application/json"))],
-                body,
-            )
-                .into_response(),
-            Err(e) => Error::Encode {
-                scope: "http response".to_owned(),
-                source: Box::new(e),
-            }
-            .into_response(),
-        },
-        Err(e) => e.into_response(),
-    };
-    if outcome == Some(Outcome::Replayed) {
-        response
-            .headers_mut()
-            .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    Respond::new(status).run(call).await
+}
+
+/// Which status a replayed value is answered with.
+///
+/// Replayed final errors always keep their own status (a recorded 409 stays a 409).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ReplayStatus {
+    /// The status of the first execution, e.g. 201 again for a replayed create: the IETF
+    /// Idempotency-Key draft and Stripe. The default.
+    #[default]
+    Original,
+    /// `200 OK` whatever the first execution answered: "201 Created" once, then "200 OK" with
+    /// the same body for every replay, for clients that treat 201 as "created just now".
+    Ok,
+}
+
+/// How to answer an idempotent call over HTTP: [`respond`] with options.
+///
+/// ```
+/// use idem_core::http::{ReplayStatus, Respond};
+/// use http::StatusCode;
+///
+/// // 201 for the first execution, 200 for its replays.
+/// let created = Respond::<String>::new(StatusCode::CREATED).replay_status(ReplayStatus::Ok);
+/// # let _ = created;
+/// ```
+///
+/// In a handler: `Respond::new(StatusCode::CREATED).replay_status(ReplayStatus::Ok).run(place_order(&db, key, new)).await`,
+/// or, to send the `ETag` of the written row,
+/// `Respond::new(StatusCode::OK).etag(OrderView::etag).run(change_note(&db, key, id, if_match, patch)).await`.
+#[must_use = "a `Respond` does nothing until `.run(call)` is awaited"]
+pub struct Respond<T> {
+    status: StatusCode,
+    replay_status: ReplayStatus,
+    etag: Option<fn(&T) -> EntityTag>,
+}
+
+impl<T> Clone for Respond<T> {
+    fn clone(&self) -> Self {
+        *self
     }
-    response
+}
+
+impl<T> Copy for Respond<T> {}
+
+impl<T> std::fmt::Debug for Respond<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Respond")
+            .field("status", &self.status)
+            .field("replay_status", &self.replay_status)
+            .field("etag", &self.etag.is_some())
+            .finish()
+    }
+}
+
+impl<T: Serialize> Respond<T> {
+    /// Answers a value with `status` (and a replayed value with the same status, unless
+    /// [`replay_status`](Self::replay_status) says otherwise).
+    pub const fn new(status: StatusCode) -> Self {
+        Self {
+            status,
+            replay_status: ReplayStatus::Original,
+            etag: None,
+        }
+    }
+
+    /// Chooses the status of replayed values.
+    pub const fn replay_status(mut self, policy: ReplayStatus) -> Self {
+        self.replay_status = policy;
+        self
+    }
+
+    /// Sends `ETag: <etag(&value)>` with every value, first execution and replay alike (a
+    /// replay's tag is the one the first answer had, taken from the recorded value).
+    pub const fn etag(mut self, etag: fn(&T) -> EntityTag) -> Self {
+        self.etag = Some(etag);
+        self
+    }
+
+    /// Runs the idempotent call and answers it: the value as JSON, an error as its own
+    /// response, a replay with `Idempotent-Replayed: true`.
+    pub async fn run<E, F>(self, call: F) -> Response
+    where
+        F: Future<Output = Result<T, E>>,
+        E: IntoResponse,
+    {
+        let (result, outcome) = with_outcome(call).await;
+        let replayed = outcome == Some(Outcome::Replayed);
+        let mut response = match result {
+            Ok(value) => self.render(&value, replayed),
+            Err(e) => e.into_response(),
+        };
+        if replayed {
+            response
+                .headers_mut()
+                .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+        }
+        response
+    }
+
+    fn render(&self, value: &T, replayed: bool) -> Response {
+        let body = match serde_json::to_vec(value) {
+            Ok(body) => body,
+            Err(e) => {
+                return Error::Encode {
+                    scope: "http response".to_owned(),
+                    source: Box::new(e),
+                }
+                .into_response();
+            }
+        };
+        let status = match (replayed, self.replay_status) {
+            (true, ReplayStatus::Ok) => StatusCode::OK,
+            _ => self.status,
+        };
+        let mut response = (
+            status,
+            [(CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+            body,
+        )
+            .into_response();
+        if let Some(etag) = self.etag
+            && let Ok(value) = HeaderValue::from_str(&etag(value).to_string())
+        {
+            response.headers_mut().insert(ETAG, value);
+        }
+        response
+    }
 }
 
 #[cfg(test)]
@@ -252,6 +428,38 @@ mod tests {
         assert!(parse(r#""bad\escape""#).is_err());
         assert!(parse(r#""in"side""#).is_err());
         assert!(IdempotencyKey::parse(b"\xff").is_err());
+    }
+
+    fn parts_with(if_match: &[&str]) -> Parts {
+        let mut request = http::Request::builder();
+        for value in if_match {
+            request = request.header(IF_MATCH, *value);
+        }
+        request.body(()).expect("request").into_parts().0
+    }
+
+    #[test]
+    fn if_match_lines_are_one_list_and_absence_is_428() {
+        assert_eq!(if_match_of(&parts_with(&[])).expect("absent"), None);
+        assert_eq!(
+            if_match_of(&parts_with(&["\"1\"", "W/\"2\", \"3\""])).expect("lines"),
+            Some(IfMatch::parse("\"1\", W/\"2\", \"3\"").expect("list"))
+        );
+        let mixed = if_match_of(&parts_with(&["*", "\"1\""])).expect_err("`*` and a tag");
+        assert_eq!(mixed.http_status(), 400);
+        let p = Problem::from(&Error::PreconditionRequired);
+        assert_eq!(
+            (p.status, p.kind.as_str()),
+            (428, "urn:idem:problem:precondition-required")
+        );
+        let p = Problem::from(&Error::PreconditionFailed {
+            current: Some(EntityTag::from_version(4)),
+        });
+        assert_eq!(
+            (p.status, p.kind.as_str()),
+            (412, "urn:idem:problem:precondition-failed")
+        );
+        assert!(p.detail.contains("\"4\""), "{}", p.detail);
     }
 
     #[test]

@@ -16,6 +16,7 @@ mod memory;
 pub mod nats;
 pub mod outbox;
 mod outcome;
+mod precondition;
 mod state;
 mod store;
 
@@ -28,6 +29,7 @@ pub use fingerprint::{
 pub use key::{Key, KeySource, MAX_KEY_LEN};
 pub use memory::{MemoryStore, MemoryTx};
 pub use outcome::{Outcome, with_outcome};
+pub use precondition::{EntityTag, IfMatch};
 pub use state::{StateMachine, Transition, TransitionOutcome, declared};
 pub use store::{Claim, ClaimRequest, Concurrency, RecordStatus, Recorded, Store};
 

@@ -40,7 +40,7 @@ pub use outbox::{
     outbox_health, purge_published, retry_dead,
 };
 pub use outbox_sql::{DEAD_LETTERS_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE};
-pub use state::Stateful;
+pub use state::{ConditionalUpdate, Stateful};
 pub use store::SeaOrmStore;
 
 pub use sea_orm;
