@@ -83,9 +83,8 @@ pub use idem_macros::transition;
 
 pub use idem_core::{
     BoxError, EntityTag, Error, ErrorKind, FinalError, Fingerprint, Fingerprinter, IfMatch, Key,
-    KeyProblem, KeySource,
-    MAX_KEY_LEN, MemoryStore, MemoryTx, Outcome, Result, StateMachine, Store, Transition,
-    TransitionOutcome, with_outcome,
+    KeyProblem, KeySource, MAX_KEY_LEN, MemoryStore, MemoryTx, Outcome, Result, StateMachine,
+    Store, Transition, TransitionOutcome, with_outcome,
 };
 
 /// Building blocks for custom stores and wrappers: the store contract and the engine.
@@ -132,7 +131,7 @@ pub mod lease {
 /// HTTP glue for axum 0.8 (the IETF Idempotency-Key draft): the `Idempotency-Key` extractor,
 /// problem+json errors with the draft's statuses, [`respond`](axum::respond), which adds
 /// `Idempotent-Replayed: true` to replays ([`Respond`](axum::Respond) to answer replays with
-/// 200 or send an `ETag`), and the [`IfMatch`](axum::IfMatch) extractor for conditional
+/// 200 or send an `ETag`), and the [`IfMatch`] extractor for conditional
 /// writes (428 without it, 412 when it no longer matches; see
 /// [`sea_orm::Stateful::update_if_match`]).
 #[cfg(feature = "axum")]
@@ -152,11 +151,11 @@ pub mod sea_orm {
     #[cfg(feature = "migration")]
     pub use idem_sea_orm::Migration;
     pub use idem_sea_orm::{
-        DEAD_LETTERS_TABLE, DeadLetterTable, DeadMessage, ExpiredLease, LEDGER_TABLE,
-        OUTBOX_HEADS_TABLE, OUTBOX_TABLE, Outbox, Relay, RelayCounters, RelayRound, STEPS_TABLE,
-        ConditionalUpdate, SeaOrmLeaseStore, SeaOrmStore, Stateful, create_tables, database_now_ms, dead_messages,
-        expired_leases, final_step, ledger, outbox_health, placeholders, purge_expired,
-        purge_expired_batch, purge_published, retry_dead,
+        ConditionalUpdate, DEAD_LETTERS_TABLE, DeadLetterTable, DeadMessage, ExpiredLease,
+        LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, Outbox, Relay, RelayCounters, RelayRound,
+        STEPS_TABLE, SeaOrmLeaseStore, SeaOrmStore, Stateful, create_tables, database_now_ms,
+        dead_messages, expired_leases, final_step, ledger, outbox_health, placeholders,
+        purge_expired, purge_expired_batch, purge_published, retry_dead,
     };
     #[cfg(feature = "migration")]
     pub use idem_sea_orm::{LeaseMigration, OutboxMigration, migrations};

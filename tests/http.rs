@@ -17,12 +17,13 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower::ServiceExt;
 
 use app::{AppState, Gateway};
-use common::{Backend, backends, unique};
+use common::{Backend, backends, ledger_rows, unique};
 
 struct Answer {
     status: StatusCode,
     replayed: bool,
     content_type: String,
+    etag: Option<String>,
     body: Value,
 }
 
@@ -33,9 +34,21 @@ async fn call(
     key: Option<&str>,
     body: Option<Value>,
 ) -> Answer {
+    let key: Vec<(&str, &str)> = key.map(|k| ("idempotency-key", k)).into_iter().collect();
+    call_with(router, method, uri, &key, body).await
+}
+
+/// `call` with any request headers.
+async fn call_with(
+    router: &axum::Router,
+    method: &str,
+    uri: &str,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+) -> Answer {
     let mut request = Request::builder().method(method).uri(uri);
-    if let Some(key) = key {
-        request = request.header("idempotency-key", key);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
     }
     let request = match body {
         Some(body) => request
@@ -45,18 +58,21 @@ async fn call(
     }
     .expect("request");
     let response = router.clone().oneshot(request).await.expect("infallible");
-    let header = |name: &str| {
-        response
-            .headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
+    let (status, replayed, content_type, etag) = {
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        (
+            response.status(),
+            header("idempotent-replayed").as_deref() == Some("true"),
+            header("content-type").unwrap_or_default(),
+            header("etag"),
+        )
     };
-    let (status, replayed, content_type) = (
-        response.status(),
-        header("idempotent-replayed").as_deref() == Some("true"),
-        header("content-type").unwrap_or_default(),
-    );
     let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
         .await
         .expect("body");
@@ -65,6 +81,7 @@ async fn call(
         status,
         replayed,
         content_type,
+        etag,
         body,
     }
 }
@@ -100,6 +117,37 @@ async fn new_order(router: &axum::Router) -> String {
 
 async fn payment_rows(db: &sea_orm::DatabaseConnection, order: &str) -> u64 {
     model::payments_of(db, order).await.expect("count payments")
+}
+
+/// The order's row as committed: (note, version).
+async fn order_row(db: &sea_orm::DatabaseConnection, order: &str) -> (Option<String>, i64) {
+    use sea_orm::EntityTrait;
+    let row = model::order::Entity::find_by_id(order.to_owned())
+        .one(db)
+        .await
+        .expect("read order")
+        .expect("the order exists");
+    (row.note, row.version)
+}
+
+/// `PATCH /orders/{id}` with a key, an optional `If-Match` and a new note.
+async fn patch_note(
+    router: &axum::Router,
+    order: &str,
+    key: &str,
+    if_match: Option<&str>,
+    note: &str,
+) -> Answer {
+    let mut headers = vec![("idempotency-key", key)];
+    headers.extend(if_match.map(|tag| ("if-match", tag)));
+    call_with(
+        router,
+        "PATCH",
+        &format!("/orders/{order}"),
+        &headers,
+        Some(json!({ "note": note })),
+    )
+    .await
 }
 
 #[tokio::test]
@@ -447,5 +495,249 @@ async fn fifty_concurrent_pays_over_a_real_socket_make_one_payment() {
         );
         assert_eq!(state.gateway.charges(), 1, "{}: one charge", b.name);
         server.abort();
+    }
+}
+
+#[tokio::test]
+async fn get_answers_with_the_etag_of_the_row_version() {
+    for b in backends().await {
+        let (router, _) = service(&b).await;
+        let name = b.name;
+        let id = new_order(&router).await;
+        let shown = call(&router, "GET", &format!("/orders/{id}"), None, None).await;
+        assert_eq!(shown.status, StatusCode::OK, "{name}");
+        assert_eq!(order_row(&b.db, &id).await.1, 0, "{name}");
+        assert_eq!(shown.etag.as_deref(), Some("\"0\""), "{name}");
+        assert_eq!(shown.body["note"], Value::Null, "{name}");
+
+        // Paying moves the order Pending -> Paid, which advances its version: a new ETag.
+        let paid = call(
+            &router,
+            "POST",
+            &format!("/orders/{id}/pay"),
+            Some(&unique("pay")),
+            Some(json!({"amount_cents": 1200})),
+        )
+        .await;
+        assert_eq!(paid.status, StatusCode::OK, "{name}: {:?}", paid.body);
+        let shown = call(&router, "GET", &format!("/orders/{id}"), None, None).await;
+        assert_eq!(order_row(&b.db, &id).await.1, 1, "{name}");
+        assert_eq!(shown.etag.as_deref(), Some("\"1\""), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_conditional_patch_writes_only_the_version_it_names() {
+    for b in backends().await {
+        let (router, _) = service(&b).await;
+        let name = b.name;
+        let id = new_order(&router).await;
+        let etag = call(&router, "GET", &format!("/orders/{id}"), None, None)
+            .await
+            .etag
+            .expect("an ETag");
+
+        // The current ETag: 200, the note written, the version advanced, the new ETag sent.
+        let first_key = unique("note");
+        let changed = patch_note(&router, &id, &first_key, Some(&etag), "leave at the door").await;
+        assert_eq!(changed.status, StatusCode::OK, "{name}: {:?}", changed.body);
+        assert!(!changed.replayed, "{name}");
+        assert_eq!(changed.body["note"], "leave at the door", "{name}");
+        assert_eq!(changed.body["version"], 1, "{name}");
+        assert_eq!(changed.etag.as_deref(), Some("\"1\""), "{name}");
+        assert_eq!(
+            order_row(&b.db, &id).await,
+            (Some("leave at the door".to_owned()), 1),
+            "{name}"
+        );
+
+        // The ETag read before that change is stale now: 412, nothing written or recorded.
+        let stale_key = unique("note");
+        let stale = patch_note(&router, &id, &stale_key, Some(&etag), "ring twice").await;
+        assert_eq!(stale.status, StatusCode::PRECONDITION_FAILED, "{name}");
+        assert_eq!(stale.content_type, "application/problem+json", "{name}");
+        assert_eq!(stale.body["type"], "urn:idem:problem:precondition-failed");
+        assert!(
+            stale.body["detail"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("\"1\""),
+            "{name}: the detail names the current tag: {}",
+            stale.body
+        );
+        assert_eq!(
+            order_row(&b.db, &id).await,
+            (Some("leave at the door".to_owned()), 1),
+            "{name}: a 412 writes nothing"
+        );
+        assert_eq!(ledger_rows(&b.db, &stale_key).await, 0, "{name}");
+        // A weak tag never satisfies If-Match, even with the current version in it.
+        let weak = patch_note(&router, &id, &unique("note"), Some("W/\"1\""), "weak").await;
+        assert_eq!(weak.status, StatusCode::PRECONDITION_FAILED, "{name}");
+
+        // Another client changes the note with the current tag: version 2.
+        let other = patch_note(&router, &id, &unique("note"), Some("\"1\""), "back door").await;
+        assert_eq!(other.status, StatusCode::OK, "{name}: {:?}", other.body);
+        assert_eq!(order_row(&b.db, &id).await.1, 2, "{name}");
+
+        // The first client retries its change (same key, same If-Match): the version has
+        // moved on twice, yet it gets its original answer replayed, not a 412, and nothing
+        // is written.
+        let retried = patch_note(&router, &id, &first_key, Some(&etag), "leave at the door").await;
+        assert_eq!(
+            (retried.status, retried.replayed),
+            (StatusCode::OK, true),
+            "{name}: {:?}",
+            retried.body
+        );
+        assert_eq!(retried.body, changed.body, "{name}");
+        assert_eq!(
+            retried.etag.as_deref(),
+            Some("\"1\""),
+            "{name}: the original ETag"
+        );
+        assert_eq!(
+            order_row(&b.db, &id).await,
+            (Some("back door".to_owned()), 2),
+            "{name}: a replay writes nothing"
+        );
+        // The same key with another precondition is another request: 422.
+        let reused = patch_note(&router, &id, &first_key, Some("\"2\""), "leave at the door").await;
+        assert_eq!(reused.status, StatusCode::UNPROCESSABLE_ENTITY, "{name}");
+
+        // `*` matches whatever version exists.
+        let any = patch_note(&router, &id, &unique("note"), Some("*"), "any version").await;
+        assert_eq!(any.status, StatusCode::OK, "{name}: {:?}", any.body);
+        assert_eq!(
+            order_row(&b.db, &id).await,
+            (Some("any version".to_owned()), 3),
+            "{name}"
+        );
+        let gone = patch_note(&router, "ord_missing", &unique("note"), Some("*"), "x").await;
+        assert_eq!(gone.status, StatusCode::NOT_FOUND, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_patch_without_a_valid_if_match_is_refused_before_any_work() {
+    for b in backends().await {
+        let (router, _) = service(&b).await;
+        let name = b.name;
+        let id = new_order(&router).await;
+
+        let key = unique("note");
+        let missing = patch_note(&router, &id, &key, None, "no precondition").await;
+        assert_eq!(missing.status, StatusCode::PRECONDITION_REQUIRED, "{name}");
+        assert_eq!(missing.content_type, "application/problem+json", "{name}");
+        assert_eq!(
+            missing.body["type"],
+            "urn:idem:problem:precondition-required"
+        );
+        assert!(
+            missing.body["detail"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("If-Match"),
+            "{name}: {}",
+            missing.body
+        );
+
+        let malformed = patch_note(&router, &id, &unique("note"), Some("0"), "bare").await;
+        assert_eq!(malformed.status, StatusCode::BAD_REQUEST, "{name}");
+        assert_eq!(
+            malformed.body["type"],
+            "urn:idem:problem:invalid-precondition"
+        );
+
+        assert_eq!(
+            order_row(&b.db, &id).await,
+            (None, 0),
+            "{name}: nothing written"
+        );
+        assert_eq!(ledger_rows(&b.db, &key).await, 0, "{name}: nothing claimed");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_patches_with_one_etag_make_one_change() {
+    for b in backends().await {
+        let (router, _) = service(&b).await;
+        let name = b.name;
+        let id = new_order(&router).await;
+        let mut tasks = tokio::task::JoinSet::new();
+        for n in 0..12 {
+            let (router, id) = (router.clone(), id.clone());
+            tasks.spawn(async move {
+                let note = format!("writer {n}");
+                let answer = patch_note(&router, &id, &unique("note"), Some("\"0\""), &note).await;
+                (answer.status, note)
+            });
+        }
+        let answers = tasks.join_all().await;
+        let winners: Vec<&String> = answers
+            .iter()
+            .filter(|(status, _)| *status == StatusCode::OK)
+            .map(|(_, note)| note)
+            .collect();
+        assert_eq!(winners.len(), 1, "{name}: {answers:?}");
+        assert!(
+            answers.iter().all(|(status, _)| *status == StatusCode::OK
+                || *status == StatusCode::PRECONDITION_FAILED),
+            "{name}: {answers:?}"
+        );
+        assert_eq!(
+            order_row(&b.db, &id).await,
+            (Some(winners[0].clone()), 1),
+            "{name}: the one winner's note, one version step"
+        );
+    }
+}
+
+#[tokio::test]
+async fn replays_can_answer_200_after_a_201() {
+    use axum::extract::State;
+    use idem::axum::{IdempotencyKey, ReplayStatus, Respond};
+
+    for b in backends().await {
+        let (_, state) = service(&b).await;
+        let name = b.name;
+        let router = axum::Router::new()
+            .route(
+                "/orders",
+                axum::routing::post(
+                    |State(app): State<AppState>,
+                     key: IdempotencyKey,
+                     axum::Json(new): axum::Json<app::NewOrder>| async move {
+                        Respond::new(StatusCode::CREATED)
+                            .replay_status(ReplayStatus::Ok)
+                            .run(app::place_order(&app.db, key, new))
+                            .await
+                    },
+                ),
+            )
+            .with_state(state.clone());
+        let customer = unique("replay-status");
+        let order = json!({"customer": customer, "amount_cents": 700, "currency": "usd"});
+        let key = unique("create");
+        let first = call(&router, "POST", "/orders", Some(&key), Some(order.clone())).await;
+        assert_eq!(
+            (first.status, first.replayed),
+            (StatusCode::CREATED, false),
+            "{name}"
+        );
+        let again = call(&router, "POST", "/orders", Some(&key), Some(order)).await;
+        assert_eq!(
+            (again.status, again.replayed),
+            (StatusCode::OK, true),
+            "{name}"
+        );
+        assert_eq!(again.body, first.body, "{name}");
+        use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
+        let rows = model::order::Entity::find()
+            .filter(model::order::Column::Customer.eq(customer.as_str()))
+            .count(&state.db)
+            .await
+            .expect("count orders");
+        assert_eq!(rows, 1, "{name}: one order, replayed");
     }
 }

@@ -9,9 +9,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idem::axum::{IdempotencyKey, Problem, respond};
+use idem::axum::{EntityTag, IdempotencyKey, IfMatch, Problem, Respond, respond};
 use idem::outbox::Message;
-use idem::sea_orm::{Outbox, Stateful};
+use idem::sea_orm::{ConditionalUpdate, Outbox, Stateful};
 use idem::{TransitionOutcome, idempotent, transition};
 use sea_orm::entity::prelude::*;
 use sea_orm::{ActiveValue::Set, ConnectionTrait, DatabaseConnection, QueryOrder};
@@ -104,7 +104,7 @@ pub(crate) fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/orders", post(create_order))
-        .route("/orders/{id}", get(show_order))
+        .route("/orders/{id}", get(show_order).patch(change_order))
         .route("/orders/{id}/pay", post(pay_order))
         .route("/orders/{id}/cancel", post(cancel_order))
         .with_state(state)
@@ -176,7 +176,43 @@ pub(crate) struct OrderView {
     pub(crate) customer: String,
     pub(crate) amount_cents: i64,
     pub(crate) currency: String,
+    /// `#[serde(default)]` on the fields added later: answers recorded before them replay.
+    #[serde(default)]
+    pub(crate) note: Option<String>,
+    /// The row's version when this answer was made; its `ETag` is made from it.
+    #[serde(default)]
+    pub(crate) version: i64,
 }
+
+impl OrderView {
+    /// The `ETag` of the order as this view shows it.
+    pub(crate) fn etag(&self) -> EntityTag {
+        EntityTag::from_version(self.version)
+    }
+}
+
+impl From<order::Model> for OrderView {
+    fn from(row: order::Model) -> Self {
+        Self {
+            id: row.id,
+            status: row.status,
+            customer: row.customer,
+            amount_cents: row.amount_cents,
+            currency: row.currency,
+            note: row.note,
+            version: row.version,
+        }
+    }
+}
+
+/// The body of `PATCH /orders/{id}`: the new note (`null` removes it).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ChangeNote {
+    pub(crate) note: Option<String>,
+}
+
+/// The longest note an order keeps, in characters.
+pub(crate) const MAX_NOTE_CHARS: usize = 500;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct PayRequest {
@@ -210,7 +246,7 @@ pub(crate) struct StatusView {
 // ---- the idempotent domain functions: plain async fns, no HTTP in sight ----
 
 #[idempotent(scope = "shop.orders.create", key = key)]
-async fn place_order(
+pub(crate) async fn place_order(
     db: &DatabaseConnection,
     key: IdempotencyKey,
     new: NewOrder,
@@ -222,16 +258,38 @@ async fn place_order(
         currency: Set(new.currency),
         status: Set(OrderStatus::Pending),
         version: Set(0),
+        note: Set(None),
     })
     .exec_with_returning(db)
     .await?;
-    Ok(OrderView {
-        id: saved.id,
-        status: saved.status,
-        customer: saved.customer,
-        amount_cents: saved.amount_cents,
-        currency: saved.currency,
-    })
+    Ok(OrderView::from(saved))
+}
+
+/// Changes an order's note, if the order is still at a version the client has seen
+/// (`if_match`, from its `If-Match` header). The version is compared in the UPDATE itself, so
+/// a concurrent writer cannot slip in between: a stale `If-Match` is a 412 and nothing is
+/// written. `if_match` is fingerprinted with the rest of the request, so a retry of a change
+/// that succeeded replays its answer even though the version has moved on since.
+#[idempotent(scope = "shop.orders.change-note", key = key)]
+async fn change_note(
+    db: &DatabaseConnection,
+    key: IdempotencyKey,
+    order_id: String,
+    if_match: IfMatch,
+    change: ChangeNote,
+) -> Result<OrderView, ApiError> {
+    let set_note = order::Entity::update_many().col_expr(
+        order::Column::Note,
+        sea_orm::sea_query::Expr::value(change.note),
+    );
+    let written = order::Entity::update_if_match(db, order_id.clone(), &if_match, set_note).await?;
+    if written == ConditionalUpdate::NotFound {
+        return Err(ApiError::NotFound(order_id));
+    }
+    let Some(changed) = order::Entity::find_by_id(order_id.clone()).one(db).await? else {
+        return Err(ApiError::NotFound(order_id));
+    };
+    Ok(OrderView::from(changed))
 }
 
 /// Pays an order in lease mode: the claim commits first, the charge at the gateway is a
@@ -426,6 +484,32 @@ async fn cancel_order(
     respond(StatusCode::OK, cancel(&app.db, key, id)).await
 }
 
+async fn change_order(
+    State(app): State<AppState>,
+    key: IdempotencyKey,
+    if_match: IfMatch,
+    Path(id): Path<String>,
+    Body(change): Body<ChangeNote>,
+) -> Response {
+    if let Some(note) = &change.note
+        && note.chars().count() > MAX_NOTE_CHARS
+    {
+        return Problem::new(
+            422,
+            "invalid-note",
+            "Invalid note",
+            format!("a note has at most {MAX_NOTE_CHARS} characters"),
+        )
+        .into_response();
+    }
+    // The answer carries the order's new `ETag`, so the client can chain its next change.
+    Respond::new(StatusCode::OK)
+        .etag(OrderView::etag)
+        .run(change_note(&app.db, key, id, if_match, change))
+        .await
+}
+
+/// The order with its payments, and its `ETag` (the row's version) for conditional writes.
 async fn show_order(
     State(app): State<AppState>,
     Path(id): Path<String>,
@@ -444,13 +528,17 @@ async fn show_order(
             })
         })
         .collect();
-    Ok(Json(serde_json::json!({
-        "id": found.id,
-        "status": found.status,
-        "customer": found.customer,
-        "amount_cents": found.amount_cents,
-        "currency": found.currency,
-        "payments": payments,
-    }))
-    .into_response())
+    Ok((
+        EntityTag::from_version(found.version),
+        Json(serde_json::json!({
+            "id": found.id,
+            "status": found.status,
+            "customer": found.customer,
+            "amount_cents": found.amount_cents,
+            "currency": found.currency,
+            "note": found.note,
+            "payments": payments,
+        })),
+    )
+        .into_response())
 }

@@ -1,7 +1,9 @@
 //! A payments service over HTTP with idem: `cargo run --example payments`.
 //!
 //! SQLite file by default; `DATABASE_URL` picks PostgreSQL or MariaDB; `--addr` the listen
-//! address (default 127.0.0.1:3000). Every POST needs an `Idempotency-Key` header.
+//! address (default 127.0.0.1:3000). Every POST and PATCH needs an `Idempotency-Key` header;
+//! `PATCH /orders/{id}` (the order's note) also needs `If-Match` with the `ETag` that
+//! `GET /orders/{id}` answers (428 without it, 412 once the order has changed).
 //!
 //! Paying an order stages a `shop.orders.paid` message in the payment's transaction. A relay
 //! in this process publishes it: to JetStream stream `SHOP` (subjects `shop.>`, created if

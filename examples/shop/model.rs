@@ -6,7 +6,8 @@
 use idem::sea_orm::Stateful;
 use idem::{idempotent, transition};
 use sea_orm::entity::prelude::*;
-use sea_orm::{DatabaseConnection, Schema};
+use sea_orm::sea_query::{ColumnDef, Table};
+use sea_orm::{DatabaseConnection, QuerySelect, Schema};
 use serde::{Deserialize, Serialize};
 
 /// The order's lifecycle, declared once. `transition!` checks every use at compile time.
@@ -51,8 +52,13 @@ pub(crate) mod order {
         pub(crate) amount_cents: i64,
         pub(crate) currency: String,
         pub(crate) status: OrderStatus,
-        /// Advanced by every applied transition (optimistic concurrency for other writers).
+        /// Advanced by every applied transition and every conditional update (optimistic
+        /// concurrency for other writers); the order's `ETag` is made from it.
         pub(crate) version: i64,
+        /// A note from the customer (`PATCH /orders/{id}` with `If-Match`); nullable, so rows
+        /// and writers from before it existed stay valid.
+        #[sea_orm(column_type = "Text", nullable)]
+        pub(crate) note: Option<String>,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
@@ -102,6 +108,22 @@ pub(crate) async fn create_tables(
     ] {
         db.execute(table.if_not_exists()).await?;
     }
+    // Databases made before orders had a note: add the column (the example's one migration).
+    let has_note = order::Entity::find()
+        .select_only()
+        .column(order::Column::Note)
+        .limit(1)
+        .into_tuple::<Option<String>>()
+        .one(db)
+        .await
+        .is_ok();
+    if !has_note {
+        let mut add_note = Table::alter();
+        add_note
+            .table(order::Entity)
+            .add_column(ColumnDef::new(order::Column::Note).text().null());
+        db.execute(&add_note).await?;
+    }
     Ok(())
 }
 
@@ -119,6 +141,7 @@ pub(crate) async fn insert_order(
         currency: sea_orm::ActiveValue::Set("usd".to_owned()),
         status: sea_orm::ActiveValue::Set(OrderStatus::Pending),
         version: sea_orm::ActiveValue::Set(0),
+        note: sea_orm::ActiveValue::Set(None),
     })
     .exec_with_returning(db)
     .await

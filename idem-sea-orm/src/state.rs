@@ -186,7 +186,10 @@ async fn update_if_match<E: Stateful, C: ConnectionTrait>(
     };
     // A list with no version tag in it (only weak or foreign tags) can match no row: skip
     // the write and only find out whether the row exists.
-    if accepted.as_ref().is_none_or(|versions| !versions.is_empty()) {
+    if accepted
+        .as_ref()
+        .is_none_or(|versions| !versions.is_empty())
+    {
         let mut update = changes
             .col_expr(version, Expr::col(version).add(1))
             .filter(key.eq(id.clone()));
@@ -226,10 +229,7 @@ async fn current_version<E: EntityTrait, C: ConnectionTrait>(
     id: Value,
     lock: bool,
 ) -> Result<Option<i64>, Error> {
-    let mut select = E::find()
-        .select_only()
-        .column(version)
-        .filter(key.eq(id));
+    let mut select = E::find().select_only().column(version).filter(key.eq(id));
     if lock {
         select = select.lock_exclusive();
     }
