@@ -159,28 +159,54 @@ impl IfMatch {
 
     /// Parses a field value: `*` or a comma-separated list of entity tags. Several field
     /// lines of one request are one list: join them with `", "` first. Empty list elements
-    /// are ignored, as RFC 9110 §5.6.1 asks; a list with no tag at all is refused.
+    /// are ignored, as RFC 9110 §5.6.1 asks; a list with no tag at all is refused. A comma
+    /// inside a tag's quotes belongs to the tag (`"a,b"` is one tag).
     pub fn parse(value: &str) -> Result<Self, Error> {
-        let elements: Vec<&str> = value
-            .split(',')
-            .map(|element| element.trim_matches([' ', '\t']))
-            .filter(|element| !element.is_empty())
-            .collect();
-        match elements.as_slice() {
-            [] => Err(invalid(
+        const OWS: [char; 2] = [' ', '\t'];
+        if value.trim_matches(OWS) == "*" {
+            return Ok(Self::Any);
+        }
+        let mut tags = Vec::new();
+        let mut rest = value;
+        loop {
+            rest = rest.trim_start_matches([' ', '\t', ',']);
+            if rest.is_empty() {
+                break;
+            }
+            let element = rest.split(',').next().unwrap_or(rest).trim_end_matches(OWS);
+            if element == "*" {
+                return Err(invalid(
+                    "`If-Match` mixes `*` with entity tags; send either `*` or tags".to_owned(),
+                ));
+            }
+            let (weak, quoted) = match rest.strip_prefix("W/") {
+                Some(after) => (true, after),
+                None => (false, rest),
+            };
+            let Some((opaque, after)) = quoted
+                .strip_prefix('"')
+                .and_then(|inner| inner.split_once('"'))
+            else {
+                return Err(invalid(format!(
+                    "`{element}` is not an entity tag; send it as the `ETag` header gave it, quotes included (e.g. `\"3\"`)"
+                )));
+            };
+            tags.push(EntityTag::new(weak, opaque.to_owned())?);
+            rest = after.trim_start_matches(OWS);
+            if !rest.is_empty() && !rest.starts_with(',') {
+                return Err(invalid(format!(
+                    "`If-Match` has `{}` after an entity tag; separate tags with commas",
+                    rest.split(',').next().unwrap_or(rest).trim_end_matches(OWS)
+                )));
+            }
+        }
+        if tags.is_empty() {
+            return Err(invalid(
                 "the `If-Match` header is empty; send the `ETag` of your last read, or `*`"
                     .to_owned(),
-            )),
-            ["*"] => Ok(Self::Any),
-            _ if elements.contains(&"*") => Err(invalid(
-                "`If-Match` mixes `*` with entity tags; send either `*` or tags".to_owned(),
-            )),
-            _ => elements
-                .iter()
-                .map(|element| element.parse())
-                .collect::<Result<_, _>>()
-                .map(Self::Tags),
+            ));
         }
+        Ok(Self::Tags(tags))
     }
 
     /// Whether a resource whose current tag is `current` satisfies the precondition; `None`
@@ -295,7 +321,23 @@ mod tests {
             IfMatch::Tags(vec![tag("\"1\""), tag("W/\"2\""), tag("\"3\"")])
         );
         assert_eq!(IfMatch::parse("\"4\"").expect("one"), IfMatch::version(4));
-        for bad in ["", " , ", "*, \"1\"", "\"1\", *", "1", "\"1\" \"2\"", "**"] {
+        assert_eq!(
+            IfMatch::parse("\"a,b\", \"c\"").expect("a comma inside quotes"),
+            IfMatch::Tags(vec![tag("\"a,b\""), tag("\"c\"")])
+        );
+        for bad in [
+            "",
+            " , ",
+            "*, \"1\"",
+            "\"1\", *",
+            "1",
+            "\"1\" \"2\"",
+            "\"1\"x",
+            "\"1",
+            "w/\"1\"",
+            "**",
+            "\"a b\"",
+        ] {
             let err = IfMatch::parse(bad).expect_err(bad);
             assert_eq!(err.kind(), ErrorKind::InvalidPrecondition, "{bad:?}");
             assert_eq!(err.http_status(), 400);

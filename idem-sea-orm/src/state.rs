@@ -62,10 +62,7 @@ pub trait Stateful: EntityTrait {
         id: impl Into<Value> + Send,
         if_match: &IfMatch,
         changes: UpdateMany<Self>,
-    ) -> impl Future<Output = Result<ConditionalUpdate, Error>> + Send
-    where
-        UpdateMany<Self>: Send,
-    {
+    ) -> impl Future<Output = Result<ConditionalUpdate, Error>> + Send {
         update_if_match::<Self, C>(db, id.into(), if_match.versions(), changes)
     }
 
