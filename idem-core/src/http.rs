@@ -159,15 +159,13 @@ fn if_match_of(parts: &Parts) -> Result<Option<IfMatch>, Error> {
 /// An entity tag in a response sets its `ETag` header: `(EntityTag::from_version(3),
 /// Json(order))`.
 impl IntoResponseParts for EntityTag {
-    type Error = Error;
+    type Error = std::convert::Infallible;
 
-    fn into_response_parts(self, mut parts: ResponseParts) -> Result<ResponseParts, Error> {
-        // A tag holds visible ASCII only (checked when it was made), so this cannot fail.
-        let value =
-            HeaderValue::from_str(&self.to_string()).map_err(|e| Error::InvalidPrecondition {
-                problem: format!("the entity tag {self} is not a header value: {e}"),
-            })?;
-        parts.headers_mut().insert(ETAG, value);
+    fn into_response_parts(self, mut parts: ResponseParts) -> Result<ResponseParts, Self::Error> {
+        // Always a header value: a tag holds visible ASCII only, checked when it was made.
+        if let Ok(value) = HeaderValue::from_str(&self.to_string()) {
+            parts.headers_mut().insert(ETAG, value);
+        }
         Ok(parts)
     }
 }
@@ -460,6 +458,50 @@ mod tests {
             (412, "urn:idem:problem:precondition-failed")
         );
         assert!(p.detail.contains("\"4\""), "{}", p.detail);
+    }
+
+    /// A call that answers `result` as the engine would after a first execution or a replay.
+    async fn answered<T>(outcome: Outcome, result: Result<T, Error>) -> Result<T, Error> {
+        crate::outcome::report(outcome);
+        result
+    }
+
+    #[tokio::test]
+    async fn replay_status_ok_answers_replayed_values_with_200_and_keeps_error_statuses() {
+        let created = Respond::new(StatusCode::CREATED).replay_status(ReplayStatus::Ok);
+        let first = created.run(answered(Outcome::Executed, Ok(1))).await;
+        assert_eq!(first.status(), StatusCode::CREATED);
+        assert!(first.headers().get(IDEMPOTENT_REPLAYED).is_none());
+        let replay = created.run(answered(Outcome::Replayed, Ok(1))).await;
+        assert_eq!(replay.status(), StatusCode::OK);
+        assert_eq!(replay.headers()[IDEMPOTENT_REPLAYED], "true");
+        let refused = Error::InvalidTransition {
+            from: "Paid".into(),
+            to: "Cancelled".into(),
+        };
+        let replayed_error = created
+            .run(answered::<i32>(Outcome::Replayed, Err(refused)))
+            .await;
+        assert_eq!(replayed_error.status(), StatusCode::CONFLICT);
+        assert_eq!(replayed_error.headers()[IDEMPOTENT_REPLAYED], "true");
+
+        let original = respond(StatusCode::CREATED, answered(Outcome::Replayed, Ok(1))).await;
+        assert_eq!(original.status(), StatusCode::CREATED, "the default");
+    }
+
+    #[tokio::test]
+    async fn respond_sends_the_etag_of_the_value() {
+        let tagged = Respond::new(StatusCode::OK).etag(|v: &i64| EntityTag::from_version(*v));
+        let answer = tagged.run(answered(Outcome::Replayed, Ok(5))).await;
+        assert_eq!(answer.headers()[ETAG], "\"5\"");
+        let failed = tagged
+            .run(answered::<i64>(
+                Outcome::Executed,
+                Err(Error::PreconditionRequired),
+            ))
+            .await;
+        assert_eq!(failed.status(), StatusCode::PRECONDITION_REQUIRED);
+        assert!(failed.headers().get(ETAG).is_none(), "no tag on an error");
     }
 
     #[test]
