@@ -51,7 +51,8 @@ pub trait Stateful: EntityTrait {
     ///
     /// `changes` is an update of this entity with its `SET`s only
     /// (`order::Entity::update_many().col_expr(order::Column::Note, Expr::value(note))`);
-    /// its filters, if any, are kept. Run it on the handler's transaction, and pass `if_match`
+    /// a filter on it that excludes the row makes the call an [`Error::Store`] naming that
+    /// cause. Run it on the handler's transaction, and pass `if_match`
     /// to the `#[idempotent]` function as an argument: a retry of a write that succeeded then
     /// replays its answer instead of failing on the version it moved.
     ///
@@ -190,8 +191,8 @@ async fn update_if_match<E: Stateful, C: ConnectionTrait>(
         let mut update = changes
             .col_expr(version, Expr::col(version).add(1))
             .filter(key.eq(id.clone()));
-        if let Some(versions) = accepted {
-            update = update.filter(version.is_in(versions));
+        if let Some(versions) = &accepted {
+            update = update.filter(version.is_in(versions.iter().copied()));
         }
         let updated = update
             .exec(db)
@@ -213,6 +214,12 @@ async fn update_if_match<E: Stateful, C: ConnectionTrait>(
     // REPEATABLE READ, and keeps it until the transaction ends.
     match current_version::<E, C>(db, key, version, id, true).await? {
         None => Ok(ConditionalUpdate::NotFound),
+        Some(current) if accepted.is_none_or(|versions| versions.contains(&current)) => {
+            Err(Error::Store {
+                message: "the row matches `If-Match` but the conditional update changed nothing: it changed during the update (retry), or a filter on `changes` excludes it".to_owned(),
+                source: None,
+            })
+        }
         Some(current) => Err(Error::PreconditionFailed {
             current: Some(EntityTag::from_version(current)),
         }),
