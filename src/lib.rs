@@ -115,6 +115,10 @@ pub mod nats {
     };
 }
 
+/// Metric names and labels (feature `metrics`): a counter of outcomes per scope and a latency
+/// histogram, through the `metrics` facade.
+pub use idem_core::metrics;
+
 /// Runs a recovery point of a lease-mode handler once, recording its value; see
 /// [`lease::step`].
 pub use idem_core::lease::step;

@@ -110,6 +110,23 @@ pub(crate) fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// `GET /metrics`: idem's call counters and latency histogram (and anything else recorded
+/// through the `metrics` facade) in the Prometheus text format, rendered by `handle`.
+pub(crate) fn metrics_routes(handle: metrics_exporter_prometheus::PrometheusHandle) -> Router {
+    Router::new().route(
+        "/metrics",
+        get(move || async move {
+            (
+                [(
+                    axum::http::header::CONTENT_TYPE,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                )],
+                handle.render(),
+            )
+        }),
+    )
+}
+
 /// The service's errors: idem's own, plus its domain errors.
 #[derive(Debug)]
 pub(crate) enum ApiError {

@@ -8,6 +8,9 @@
 //! Paying an order stages a `shop.orders.paid` message in the payment's transaction. A relay
 //! in this process publishes it: to JetStream stream `SHOP` (subjects `shop.>`, created if
 //! missing) when `NATS_URL` is set, else to the log. `cargo run --example notifier` consumes it.
+//!
+//! `GET /metrics` answers idem's counters per scope and outcome and its latency histogram in
+//! the Prometheus text format (`curl localhost:3000/metrics`).
 
 mod app;
 #[path = "../shop/model.rs"]
@@ -16,6 +19,7 @@ mod model;
 use idem::nats::{JetStreamSink, async_nats, ensure_stream};
 use idem::outbox::LogSink;
 use idem::sea_orm::Relay;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use sea_orm::{ConnectOptions, Database};
 
 /// Connects to NATS and makes sure stream `SHOP` captures `shop.>`.
@@ -61,6 +65,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let path = std::env::temp_dir().join("idem-payments.db");
         format!("sqlite://{}?mode=rwc", path.display())
     });
+    // idem counts its calls through the `metrics` facade; this recorder keeps them for
+    // `GET /metrics`. Latency buckets from 1 ms to 10 s.
+    let metrics = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full(idem::metrics::CALL_DURATION_SECONDS.to_owned()),
+            &[
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+            ],
+        )?
+        .install_recorder()?;
+    idem::metrics::describe();
+
     let mut options = ConnectOptions::new(url.clone());
     options.sqlx_logging(false);
     let db = Database::connect(options).await?;
@@ -102,6 +118,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let state = app::AppState { db, gateway };
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     tracing::info!(%addr, database = %url.split('?').next().unwrap_or_default(), "payments service listening");
-    axum::serve(listener, app::router(state)).await?;
+    let routes = app::router(state).merge(app::metrics_routes(metrics));
+    axum::serve(listener, routes).await?;
     Ok(())
 }

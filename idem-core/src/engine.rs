@@ -14,6 +14,7 @@ use crate::error::{BoxError, Error};
 use crate::fingerprint::{FingerprintError, Fingerprinter};
 use crate::flight;
 use crate::key::Key;
+use crate::metrics::{self, Label};
 use crate::outcome::{self, Outcome};
 use crate::store::{Claim, ClaimRequest, Concurrency, RecordStatus, Recorded, Store};
 
@@ -189,7 +190,7 @@ pub struct Call<S> {
     fingerprint_error: Option<FingerprintError>,
 }
 
-impl<S: Store> Call<S> {
+impl<S> Call<S> {
     /// Starts a call of the handler at `site` with `key`.
     pub fn new(site: &'static Site, store: S, key: Result<Key, Error>) -> Self {
         Self {
@@ -214,6 +215,11 @@ impl<S: Store> Call<S> {
         {
             self.fingerprint_error = Some(e);
         }
+    }
+
+    /// The handler's description.
+    pub(crate) fn site(&self) -> &'static Site {
+        self.site
     }
 
     /// Checks the key, the principal and the fingerprint: everything a claim needs, before
@@ -252,7 +258,9 @@ impl<S: Store> Call<S> {
             },
         ))
     }
+}
 
+impl<S: Store> Call<S> {
     /// Claims the key. `Ok` hands out the transaction to run the body in; `Err` carries the
     /// call's final answer (a replay, or an error) and the body must not run.
     pub async fn claim<R>(self, finality: Option<Finality<R::Error>>) -> Result<Guard<S, R>, R>
@@ -263,7 +271,10 @@ impl<S: Store> Call<S> {
     {
         let (store, prepared) = match self.prepare() {
             Ok(parts) => parts,
-            Err(e) => return Err(R::from_result(Err(e.into()))),
+            Err(e) => {
+                metrics::note(Label::of_error(&e));
+                return Err(R::from_result(Err(e.into())));
+            }
         };
         let site = prepared.site;
         let request = prepared.request(random_token(), finality.is_some());
@@ -367,13 +378,9 @@ impl Prepared {
     where
         R::Error: HandlerError,
     {
-        let outcome = match e.kind() {
-            crate::ErrorKind::InFlight => "in_flight",
-            crate::ErrorKind::KeyReused => "reused",
-            _ => "error",
-        };
-        self.span.record("outcome", outcome);
-        if outcome == "error" {
+        let label = Label::of_error(&e);
+        metrics::settle(&self.span, label);
+        if label == Label::Error {
             tracing::warn!(parent: &self.span, error = %e, "call failed");
         }
         R::from_result(Err(e.into()))
@@ -415,7 +422,7 @@ impl Prepared {
         };
         match replay {
             Ok(answer) => {
-                self.span.record("outcome", "replayed");
+                metrics::settle(&self.span, Label::Replayed);
                 outcome::report(Outcome::Replayed);
                 R::from_result(answer)
             }
@@ -524,7 +531,7 @@ where
                 // A transient error: roll back so a retry executes again. A failed rollback
                 // changes nothing for the caller: the dropped transaction rolls back anyway.
                 let _ = store.release(tx).await;
-                span.record("outcome", "released");
+                metrics::settle(&span, Label::Released);
                 return R::from_result(Err(error));
             }
         };
@@ -549,12 +556,12 @@ where
                     });
                     leader.land(recorded);
                 }
-                span.record("outcome", "executed");
+                metrics::settle(&span, Label::Executed);
                 outcome::report(Outcome::Executed);
                 answer
             }
             Err(e) => {
-                span.record("outcome", "error");
+                metrics::settle(&span, Label::Error);
                 tracing::warn!(parent: &span, error = %e, "recording failed; rolled back");
                 Err(e.into())
             }
@@ -609,17 +616,23 @@ where
     R::Error: HandlerError,
     F: AsyncFnOnce(&S::Tx) -> R,
 {
-    let guard = match call.claim::<R>(finality).await {
-        Ok(guard) => guard,
-        Err(answer) => return answer,
-    };
-    let (output, staged) = crate::outbox::tracking_staged(guard.in_span(body(guard.tx()))).await;
-    let answer = guard.finish(output).await;
-    if staged {
-        // The call's messages are committed (or rolled back, and a relay finds nothing).
-        crate::outbox::wake();
-    }
-    answer
+    let scope = call.site().scope();
+    // Counted once, when the answer is known (feature `metrics`; a no-op without it).
+    metrics::observe(scope, async move {
+        let guard = match call.claim::<R>(finality).await {
+            Ok(guard) => guard,
+            Err(answer) => return answer,
+        };
+        let (output, staged) =
+            crate::outbox::tracking_staged(guard.in_span(body(guard.tx()))).await;
+        let answer = guard.finish(output).await;
+        if staged {
+            // The call's messages are committed (or rolled back, and a relay finds nothing).
+            crate::outbox::wake();
+        }
+        answer
+    })
+    .await
 }
 
 /// The first 8 bytes of a record id in hex: identifies a key in logs without revealing it.

@@ -20,6 +20,7 @@ use sha2::{Digest, Sha256};
 
 use crate::engine::{Call, Finality, HandlerError, HandlerOutput, Replayable, Verdict, verdict};
 use crate::error::Error;
+use crate::metrics::{self, Label};
 use crate::outcome::{self, Outcome};
 use crate::store::{ClaimRequest, RecordStatus, Recorded};
 
@@ -316,7 +317,27 @@ fn renew_in_background(context: Arc<Context>, lease: Duration) -> Renewal {
 /// outside any claim transaction with its steps fenced by the lease, renews the lease while the
 /// body runs, then records the result if the lease still holds. A transient error ends the
 /// lease at once, keeping the recorded steps, so a retry resumes after them.
-pub async fn run_lease<S: crate::Store, R, F>(
+///
+/// `call`'s store is not used: `store` holds the leases.
+pub async fn run_lease<S, R, F>(
+    call: Call<S>,
+    store: Arc<dyn LeaseStore>,
+    lease: Duration,
+    finality: Option<Finality<R::Error>>,
+    body: F,
+) -> R
+where
+    R: HandlerOutput,
+    R::Ok: Replayable,
+    R::Error: HandlerError,
+    F: AsyncFnOnce() -> R,
+{
+    // Counted once, when the answer is known (feature `metrics`; a no-op without it).
+    let scope = call.site().scope();
+    metrics::observe(scope, lease_call(call, store, lease, finality, body)).await
+}
+
+async fn lease_call<S, R, F>(
     call: Call<S>,
     store: Arc<dyn LeaseStore>,
     lease: Duration,
@@ -331,7 +352,10 @@ where
 {
     let (_, prepared) = match call.prepare() {
         Ok(parts) => parts,
-        Err(e) => return R::from_result(Err(e.into())),
+        Err(e) => {
+            metrics::note(Label::of_error(&e));
+            return R::from_result(Err(e.into()));
+        }
     };
     let site = prepared.site;
     let request = prepared.request(0, false);
@@ -396,7 +420,7 @@ where
         Verdict::Release(error) => {
             // Transient: hand the key to the next attempt now, with the steps done so far.
             let _ = store.release_lease(&ticket).await;
-            prepared.span.record("outcome", "released");
+            metrics::settle(&prepared.span, Label::Released);
             return R::from_result(Err(error));
         }
     };
@@ -412,7 +436,7 @@ where
     };
     match store.complete(&ticket, status, &payload, site.ttl()).await {
         Ok(()) => {
-            prepared.span.record("outcome", "executed");
+            metrics::settle(&prepared.span, Label::Executed);
             outcome::report(Outcome::Executed);
             R::from_result(answer)
         }

@@ -12,6 +12,7 @@ pub mod http;
 mod key;
 pub mod lease;
 mod memory;
+pub mod metrics;
 #[cfg(feature = "nats")]
 pub mod nats;
 pub mod outbox;
