@@ -135,15 +135,16 @@ pub mod lease {
 /// HTTP glue for axum 0.8 (the IETF Idempotency-Key draft): the `Idempotency-Key` extractor,
 /// problem+json errors with the draft's statuses, [`respond`](axum::respond), which adds
 /// `Idempotent-Replayed: true` to replays ([`Respond`](axum::Respond) to answer replays with
-/// 200 or send an `ETag`), and the [`IfMatch`] extractor for conditional
+/// 200 or send an `ETag`), the [`IfMatch`] extractor for conditional
 /// writes (428 without it, 412 when it no longer matches; see
-/// [`sea_orm::Stateful::update_if_match`]).
+/// [`sea_orm::Stateful::update_if_match`]), and [`IdempotencyLayer`](axum::IdempotencyLayer),
+/// which records whole responses of plain routes.
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod axum {
     pub use idem_core::http::{
-        IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, Problem, ReplayStatus, Respond,
-        respond,
+        IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, IdempotencyLayer, IdempotencyService,
+        Problem, ReplayStatus, Respond, respond,
     };
     pub use idem_core::{EntityTag, IfMatch};
 }

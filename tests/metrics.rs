@@ -338,6 +338,11 @@ async fn the_payments_example_serves_the_counters_at_get_metrics() {
         let router = app::router(state.clone()).merge(app::metrics_routes(handle.clone()));
         let scope = "shop.orders.pay";
         let before = parse(&scrape(&router).await, "idem_calls_total", scope);
+        let refunds_before = parse(
+            &scrape(&router).await,
+            "idem_calls_total",
+            "shop.orders.refund",
+        );
         let (status, order) = post(
             &router,
             "/orders",
@@ -368,7 +373,19 @@ async fn the_payments_example_serves_the_counters_at_get_metrics() {
         .await;
         assert_eq!(status, 422, "{}", b.name);
 
-        let after = parse(&scrape(&router).await, "idem_calls_total", scope);
+        // The refund route is a plain handler under `IdempotencyLayer`: counted the same way.
+        let refund = format!("/orders/{id}/refund");
+        let refund_key = unique("refund");
+        for _ in 0..2 {
+            let (status, _) = post(&router, &refund, &refund_key, serde_json::json!({})).await;
+            assert_eq!(status, 200, "{}", b.name);
+        }
+        let scraped = scrape(&router).await;
+        let refunds = parse(&scraped, "idem_calls_total", "shop.orders.refund");
+        let expected: BTreeMap<&str, u64> = [("executed", 1), ("replayed", 1)].into();
+        assert_eq!(changes(&refunds, &refunds_before), expected, "{}", b.name);
+
+        let after = parse(&scraped, "idem_calls_total", scope);
         let expected: BTreeMap<&str, u64> =
             [("executed", 1), ("replayed", 2), ("key_reused", 1)].into();
         assert_eq!(changes(&after, &before), expected, "{}", b.name);

@@ -9,9 +9,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idem::axum::{EntityTag, IdempotencyKey, IfMatch, Problem, Respond, respond};
+use idem::axum::{EntityTag, IdempotencyKey, IdempotencyLayer, IfMatch, Problem, Respond, respond};
 use idem::outbox::Message;
-use idem::sea_orm::{ConditionalUpdate, Outbox, Stateful};
+use idem::sea_orm::{ConditionalUpdate, Outbox, SeaOrmLeaseStore, Stateful};
 use idem::{TransitionOutcome, idempotent, transition};
 use sea_orm::entity::prelude::*;
 use sea_orm::{ActiveValue::Set, ConnectionTrait, DatabaseConnection, QueryOrder};
@@ -107,6 +107,15 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/orders/{id}", get(show_order).patch(change_order))
         .route("/orders/{id}/pay", post(pay_order))
         .route("/orders/{id}/cancel", post(cancel_order))
+        // A plain axum handler made idempotent by the layer: its whole response is recorded
+        // on the same ledger (lease mode) and replayed to a retry with the same key.
+        .route(
+            "/orders/{id}/refund",
+            post(refund_order).route_layer(IdempotencyLayer::new(
+                SeaOrmLeaseStore::new(state.db.clone()),
+                "shop.orders.refund",
+            )),
+        )
         .with_state(state)
 }
 
@@ -524,6 +533,41 @@ async fn change_order(
         .etag(OrderView::etag)
         .run(change_note(&app.db, key, id, if_match, change))
         .await
+}
+
+/// What a refund answers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct RefundView {
+    pub(crate) order_id: String,
+    pub(crate) status: OrderStatus,
+    pub(crate) refund_id: String,
+}
+
+/// `POST /orders/{id}/refund`: a plain handler, no `#[idempotent]` and no key in sight; the
+/// route's `IdempotencyLayer` requires the `Idempotency-Key`, records the 200 (or the 404 or
+/// 409) and replays it. A refund moves the order `Paid -> Refunded`.
+async fn refund_order(
+    State(app): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<RefundView>), ApiError> {
+    let moved = order::Entity::apply_transition(
+        &app.db,
+        id.clone(),
+        transition!(OrderStatus: Paid -> Refunded),
+    )
+    .await?;
+    if moved == TransitionOutcome::NotFound {
+        return Err(ApiError::NotFound(id));
+    }
+    Ok((
+        StatusCode::OK,
+        Json(RefundView {
+            order_id: id,
+            status: OrderStatus::Refunded,
+            // Differs between executions: a replay is told from a second refund.
+            refund_id: format!("re_{}", uuid::Uuid::new_v4().simple()),
+        }),
+    ))
 }
 
 /// The order with its payments, and its `ETag` (the row's version) for conditional writes.

@@ -12,6 +12,9 @@
 //! | missing `If-Match` where the route requires it | 428 |
 //! | store failure | 503 (no SQL in the body) |
 //! | replay | the recorded status (or 200, see [`ReplayStatus`]) and body + `Idempotent-Replayed: true` |
+//!
+//! [`IdempotencyLayer`] gives plain routes (not `#[idempotent]` functions) the same contract by
+//! recording their whole responses.
 
 use std::future::Future;
 
@@ -26,6 +29,10 @@ use crate::error::{Error, ErrorKind};
 use crate::key::{Key, KeySource};
 use crate::outcome::{Outcome, with_outcome};
 use crate::precondition::{EntityTag, IfMatch};
+
+mod layer;
+
+pub use layer::{IdempotencyLayer, IdempotencyService};
 
 /// The request header carrying the key.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");

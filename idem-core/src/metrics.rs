@@ -1,7 +1,8 @@
 //! Metrics of idempotent calls through the [`metrics`](https://docs.rs/metrics) facade
 //! (feature `metrics`, off by default). Install any recorder (for example
 //! `metrics-exporter-prometheus`) and every call of an `#[idempotent]` handler, in atomic or
-//! lease mode, is counted once, when its answer is known:
+//! lease mode, and every request through the axum `IdempotencyLayer` (which runs in lease
+//! mode), is counted once, when its answer is known:
 //!
 //! | name | kind | labels | what |
 //! |---|---|---|---|

@@ -1,0 +1,529 @@
+//! [`IdempotencyLayer`]: a tower layer that makes a plain axum route idempotent by recording
+//! its whole response, for routes that are not written as `#[idempotent]` domain functions.
+
+use std::convert::Infallible;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum_core::body::Body;
+use axum_core::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use http::header::{CONTENT_LANGUAGE, CONTENT_TYPE, ETAG, LAST_MODIFIED, LOCATION};
+use http::request::Parts;
+use http::{HeaderName, HeaderValue, Request, StatusCode};
+use serde::{Deserialize, Serialize};
+
+use super::{IDEMPOTENT_REPLAYED, IdempotencyKey, Problem};
+use crate::engine::{Call, Site};
+use crate::error::Error;
+use crate::key::Key;
+use crate::lease::{LeaseStore, run_lease};
+use crate::store::Concurrency;
+
+/// Records the whole response of an axum route on the idem ledger, so a retry with the same
+/// `Idempotency-Key` gets the recorded response instead of running the route again: the
+/// HTTP-middleware style of Stripe's API and the IETF Idempotency-Key draft, for handlers
+/// that are not `#[idempotent]` domain functions.
+///
+/// ```text
+/// use idem::axum::IdempotencyLayer;
+/// use idem::sea_orm::SeaOrmLeaseStore;
+///
+/// let refunds = IdempotencyLayer::new(SeaOrmLeaseStore::new(db.clone()), "shop.refunds");
+/// let app = Router::new().route("/refunds", post(refund).route_layer(refunds));
+/// ```
+///
+/// A request with a key is fingerprinted over its method, path and query, body and (with
+/// [`principal`](Self::principal)) its principal, and claimed in **lease mode**: the claim
+/// commits first, the route runs outside any ledger transaction, and its response is
+/// recorded if the lease still holds. A crash between the two leaves a lease that expires
+/// ([`lease`](Self::lease), default 30 s); the next retry then runs the route again.
+///
+/// | request | answer |
+/// |---|---|
+/// | no `Idempotency-Key`, or a malformed or repeated one | 400 problem+json, the route does not run |
+/// | request body over [`max_request_body`](Self::max_request_body) | 413 problem+json, nothing claimed |
+/// | same key, another method, path, query, body or principal | 422 problem+json |
+/// | same key while the first request runs | 409 problem+json + `Retry-After` (or wait: [`on_concurrent`](Self::on_concurrent)) |
+/// | same key after a recorded response | the recorded status, [recorded headers](Self::record_header) and body + `Idempotent-Replayed: true` |
+/// | the route answers 5xx (or its service fails) | the answer passes through; nothing is recorded and the key is free at once, so a retry runs the route again |
+/// | the route's body is over [`max_response_body`](Self::max_response_body) | the first client gets the whole response; the ledger records that the key was used, without the body, and a retry gets 500 `response-not-recorded` (never a second execution) |
+/// | store unavailable | 503 problem+json, the route does not run |
+///
+/// The route runs on a task of its own: a client that disconnects does not cancel it, so its
+/// response is recorded and its retry replays it. Requests through the layer are counted by
+/// the `metrics` feature like any lease-mode call.
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    config: Arc<Config>,
+}
+
+#[derive(Clone)]
+struct Config {
+    scope: &'static str,
+    /// The engine's description of the route, kept in step with scope, TTL and policy.
+    site: &'static Site,
+    store: Arc<dyn LeaseStore>,
+    ttl: Duration,
+    concurrency: Concurrency,
+    lease: Duration,
+    max_request_body: usize,
+    max_response_body: usize,
+    headers: Vec<HeaderName>,
+    principal: Option<Principal>,
+}
+
+type Principal = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
+
+impl fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.config;
+        f.debug_struct("IdempotencyLayer")
+            .field("scope", &c.scope)
+            .field("ttl", &c.ttl)
+            .field("concurrency", &c.concurrency)
+            .field("lease", &c.lease)
+            .field("max_request_body", &c.max_request_body)
+            .field("max_response_body", &c.max_response_body)
+            .field("headers", &c.headers)
+            .field("principal", &c.principal.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl IdempotencyLayer {
+    /// The default limit of a recorded response body and of a fingerprinted request body: 1 MiB.
+    pub const DEFAULT_MAX_BODY: usize = 1 << 20;
+
+    /// A layer recording responses under `scope` (a name for the route's operation, stable
+    /// across refactors, e.g. `"shop.refunds"`) in `store`, the ledger's lease store (with
+    /// SeaORM: `idem::sea_orm::SeaOrmLeaseStore::new(db)`).
+    ///
+    /// Defaults: responses kept 24 h, leases of 30 s, a duplicate in flight answered 409 at
+    /// once, bodies up to [`DEFAULT_MAX_BODY`](Self::DEFAULT_MAX_BODY), headers
+    /// `content-type`, `content-language`, `location`, `etag` and `last-modified` recorded.
+    pub fn new(store: impl LeaseStore, scope: &'static str) -> Self {
+        let ttl = Duration::from_secs(24 * 60 * 60);
+        Self {
+            config: Arc::new(Config {
+                scope,
+                site: site(scope, ttl, Concurrency::Reject),
+                store: Arc::new(store),
+                ttl,
+                concurrency: Concurrency::Reject,
+                lease: Duration::from_secs(30),
+                max_request_body: Self::DEFAULT_MAX_BODY,
+                max_response_body: Self::DEFAULT_MAX_BODY,
+                headers: vec![
+                    CONTENT_TYPE,
+                    CONTENT_LANGUAGE,
+                    LOCATION,
+                    ETAG,
+                    LAST_MODIFIED,
+                ],
+                principal: None,
+            }),
+        }
+    }
+
+    fn with(mut self, change: impl FnOnce(&mut Config)) -> Self {
+        let config = Arc::make_mut(&mut self.config);
+        change(config);
+        config.site = site(config.scope, config.ttl, config.concurrency);
+        self
+    }
+
+    /// How long a recorded response is replayed (measured on the database's clock).
+    pub fn ttl(self, ttl: Duration) -> Self {
+        self.with(|c| c.ttl = ttl)
+    }
+
+    /// How long a request holds its key before a retry may take it over (renewed while the
+    /// route runs). After a crash, a retry waits at most this long.
+    pub fn lease(self, lease: Duration) -> Self {
+        self.with(|c| c.lease = lease)
+    }
+
+    /// How a duplicate of a running request is answered: [`Concurrency::Reject`] (the default,
+    /// 409 + `Retry-After`) or [`Concurrency::Wait`] (poll until the first response is
+    /// recorded, then replay it; 409 after the bound).
+    pub fn on_concurrent(self, concurrency: Concurrency) -> Self {
+        self.with(|c| c.concurrency = concurrency)
+    }
+
+    /// The largest request body the layer reads to fingerprint it; a larger one is refused
+    /// with 413 before anything is claimed.
+    pub fn max_request_body(self, bytes: usize) -> Self {
+        self.with(|c| c.max_request_body = bytes)
+    }
+
+    /// The largest response body the layer records. A larger response still reaches its
+    /// client whole, but only the fact that the key was used is recorded: a retry gets 500
+    /// `response-not-recorded`, and the route does not run again.
+    pub fn max_response_body(self, bytes: usize) -> Self {
+        self.with(|c| c.max_response_body = bytes)
+    }
+
+    /// Records response header `name` too (besides the defaults of [`new`](Self::new)). Other
+    /// headers reach the first client but are not replayed.
+    pub fn record_header(self, name: HeaderName) -> Self {
+        self.with(|c| {
+            if !c.headers.contains(&name) {
+                c.headers.push(name);
+            }
+        })
+    }
+
+    /// Who the key belongs to (tenant, user, API client), read from the request: keys of two
+    /// principals never meet. `None` is a request without a principal; a principal that is
+    /// not a valid key (empty, over 255 bytes, control characters) is a 400.
+    pub fn principal<F>(self, principal: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    {
+        self.with(|c| c.principal = Some(Arc::new(principal)))
+    }
+}
+
+impl<S> tower_layer::Layer<S> for IdempotencyLayer {
+    type Service = IdempotencyService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService {
+            inner,
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+/// The service [`IdempotencyLayer`] wraps a route in.
+#[derive(Clone)]
+pub struct IdempotencyService<S> {
+    inner: S,
+    config: Arc<Config>,
+}
+
+impl<S> fmt::Debug for IdempotencyService<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyService")
+            .field("scope", &self.config.scope)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> tower_service::Service<Request<Body>> for IdempotencyService<S>
+where
+    S: tower_service::Service<Request<Body>, Response = Response, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // The route is called later, on its own task, after the claim: readiness is awaited there.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let config = Arc::clone(&self.config);
+        let inner = self.inner.clone();
+        Box::pin(async move { Ok(answer(config, inner, request).await) })
+    }
+}
+
+/// The interned [`Site`] of a layer's configuration: one per distinct scope, TTL and policy
+/// in the process, made when a layer is configured (at startup), so the engine's
+/// `&'static Site` holds without a leak per layer.
+fn site(scope: &'static str, ttl: Duration, concurrency: Concurrency) -> &'static Site {
+    static SITES: Mutex<Vec<&'static Site>> = Mutex::new(Vec::new());
+    let mut sites = SITES.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(site) = sites
+        .iter()
+        .find(|s| s.scope() == scope && s.ttl() == ttl && s.concurrency() == concurrency)
+    {
+        return site;
+    }
+    let site: &'static Site = Box::leak(Box::new(Site::new(scope, ttl, concurrency)));
+    sites.push(site);
+    site
+}
+
+/// Reads `body` whole if it has at most `limit` bytes; else the chunks read so far and the
+/// rest of the body, unread.
+async fn read_up_to(body: Body, limit: usize) -> Result<Read, axum_core::Error> {
+    let mut stream = body.into_data_stream();
+    let mut chunks = Vec::new();
+    let mut len = 0;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk?;
+        len += chunk.len();
+        chunks.push(chunk);
+        if len > limit {
+            return Ok(Read::Over {
+                chunks,
+                rest: stream,
+            });
+        }
+    }
+    let mut whole = Vec::with_capacity(len);
+    chunks.iter().for_each(|c| whole.extend_from_slice(c));
+    Ok(Read::Whole(whole))
+}
+
+enum Read {
+    Whole(Vec<u8>),
+    Over {
+        chunks: Vec<Bytes>,
+        rest: axum_core::body::BodyDataStream,
+    },
+}
+
+/// A response as the ledger keeps it.
+#[derive(Serialize, Deserialize)]
+struct Recorded {
+    status: u16,
+    headers: Vec<(String, Vec<u8>)>,
+    body: RecordedBody,
+    /// The route's own response, for the client of the first execution: every header the
+    /// route set, and the whole body even when it was too large to record. Never recorded.
+    #[serde(skip)]
+    live: Option<Response>,
+}
+
+#[derive(Serialize, Deserialize)]
+enum RecordedBody {
+    /// A UTF-8 body (JSON, text), kept as text.
+    Text(String),
+    /// Any other body.
+    Bytes(Vec<u8>),
+    /// The body was over the layer's limit (in bytes) and was not recorded.
+    TooLarge { limit: usize },
+}
+
+impl Recorded {
+    /// The first client's response, or the replay of the recorded one.
+    fn into_response(self) -> Response {
+        if let Some(live) = self.live {
+            return live;
+        }
+        let mut response = match self.body {
+            RecordedBody::Text(text) => Response::new(Body::from(text)),
+            RecordedBody::Bytes(bytes) => Response::new(Body::from(bytes)),
+            RecordedBody::TooLarge { limit } => {
+                let mut response = Problem::new(
+                    500,
+                    "response-not-recorded",
+                    "Response not recorded",
+                    format!(
+                        "the request with this key was executed (status {}), but its response \
+                         body was over the {limit} bytes this route records, so it cannot be \
+                         replayed; do not retry it with this key",
+                        self.status
+                    ),
+                )
+                .into_response();
+                mark_replayed(&mut response);
+                return response;
+            }
+        };
+        *response.status_mut() =
+            StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        for (name, value) in self.headers {
+            if let (Ok(name), Ok(value)) =
+                (HeaderName::try_from(name), HeaderValue::from_bytes(&value))
+            {
+                response.headers_mut().append(name, value);
+            }
+        }
+        mark_replayed(&mut response);
+        response
+    }
+}
+
+fn mark_replayed(response: &mut Response) {
+    response
+        .headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+}
+
+/// Why a request through the layer recorded nothing.
+enum Unrecorded {
+    /// idem's own answer: a bad key, reuse, in flight, a store failure.
+    Idem(Error),
+    /// The route answered 5xx: passed through, the key released.
+    Released(Response),
+}
+
+impl From<Error> for Unrecorded {
+    fn from(e: Error) -> Self {
+        Self::Idem(e)
+    }
+}
+
+/// The request's body as fingerprint input: its bytes, not a sequence of numbers.
+struct BodyBytes<'a>(&'a [u8]);
+
+impl Serialize for BodyBytes<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bytes(self.0)
+    }
+}
+
+/// Answers one request: checks and fingerprints it, then claims, runs and records on a task
+/// of its own, which finishes whether or not the client waits.
+async fn answer<S>(config: Arc<Config>, inner: S, request: Request<Body>) -> Response
+where
+    S: tower_service::Service<Request<Body>, Response = Response, Error = Infallible>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let (parts, body) = request.into_parts();
+    let key = match IdempotencyKey::of_request(&parts) {
+        Ok(Some(key)) => Ok(key.0),
+        Ok(None) => Err(Error::MissingKey),
+        Err(e) => Err(e),
+    };
+    let key_is_valid = key.is_ok();
+    let mut call = Call::new(config.site, (), key);
+    let mut bytes = Vec::new();
+    if key_is_valid {
+        // Read the body only for a request the layer will claim.
+        bytes = match read_up_to(body, config.max_request_body).await {
+            Ok(Read::Whole(bytes)) => bytes,
+            Ok(Read::Over { .. }) => {
+                return Problem::new(
+                    413,
+                    "request-too-large",
+                    "Request body too large",
+                    format!(
+                        "this route reads request bodies of at most {} bytes",
+                        config.max_request_body
+                    ),
+                )
+                .into_response();
+            }
+            Err(e) => {
+                return Problem::new(
+                    400,
+                    "invalid-body",
+                    "Request body unreadable",
+                    format!("the request body could not be read: {e}"),
+                )
+                .into_response();
+            }
+        };
+        if let Some(principal) = &config.principal
+            && let Some(principal) = principal(&parts)
+        {
+            call.principal(Key::new(principal));
+        }
+        call.arg(parts.method.as_str());
+        call.arg(parts.uri.path_and_query().map_or("/", |p| p.as_str()));
+        call.arg(&BodyBytes(&bytes));
+    }
+    let task = tokio::spawn(run_lease(
+        call,
+        Arc::clone(&config.store),
+        config.lease,
+        None,
+        async move || run_route(&config, inner, parts, bytes).await,
+    ));
+    match task.await {
+        Ok(Ok(recorded)) => recorded.into_response(),
+        Ok(Err(Unrecorded::Released(response))) => response,
+        Ok(Err(Unrecorded::Idem(e))) => e.into_response(),
+        Err(e) => {
+            // The route panicked: its lease is left to expire, and a retry runs it again.
+            tracing::error!(error = %e, "a route under IdempotencyLayer panicked");
+            Problem::new(
+                500,
+                "internal",
+                "Internal error",
+                "the request could not be processed",
+            )
+            .into_response()
+        }
+    }
+}
+
+/// Runs the route and sorts its response: 5xx released, the rest recorded (the body up to
+/// the limit).
+async fn run_route<S>(
+    config: &Config,
+    mut inner: S,
+    parts: Parts,
+    bytes: Vec<u8>,
+) -> Result<Recorded, Unrecorded>
+where
+    S: tower_service::Service<Request<Body>, Response = Response, Error = Infallible>,
+{
+    let Ok(()) = std::future::poll_fn(|cx| inner.poll_ready(cx)).await;
+    let Ok(response) = inner
+        .call(Request::from_parts(parts, Body::from(bytes)))
+        .await;
+    if response.status().is_server_error() {
+        return Err(Unrecorded::Released(response));
+    }
+    let (head, body) = response.into_parts();
+    let headers = config
+        .headers
+        .iter()
+        .flat_map(|name| {
+            head.headers
+                .get_all(name)
+                .iter()
+                .map(|value| (name.as_str().to_owned(), value.as_bytes().to_vec()))
+        })
+        .collect();
+    let (body, live) = match read_up_to(body, config.max_response_body).await {
+        Ok(Read::Whole(bytes)) => {
+            let live = Body::from(Bytes::from(bytes.clone()));
+            let body = match String::from_utf8(bytes) {
+                Ok(text) => RecordedBody::Text(text),
+                Err(e) => RecordedBody::Bytes(e.into_bytes()),
+            };
+            (body, live)
+        }
+        Ok(Read::Over { chunks, rest }) => {
+            tracing::warn!(
+                scope = config.scope,
+                limit = config.max_response_body,
+                "response body over the limit: delivered, not recorded"
+            );
+            let whole = futures_util::stream::iter(chunks.into_iter().map(Ok)).chain(rest);
+            let body = RecordedBody::TooLarge {
+                limit: config.max_response_body,
+            };
+            (body, Body::from_stream(whole))
+        }
+        Err(e) => {
+            // The route's body failed mid-way: nothing sensible to record or send.
+            tracing::warn!(scope = config.scope, error = %e, "response body failed; key released");
+            return Err(Unrecorded::Released(
+                Problem::new(
+                    502,
+                    "response-failed",
+                    "Response failed",
+                    "the response body could not be produced; retry with the same key",
+                )
+                .into_response(),
+            ));
+        }
+    };
+    Ok(Recorded {
+        status: head.status.as_u16(),
+        headers,
+        body,
+        live: Some(Response::from_parts(head, live)),
+    })
+}
