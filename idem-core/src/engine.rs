@@ -608,7 +608,11 @@ where
 /// (inside the call's tracing span), then records or releases. A replay or an idem error
 /// returns without running the body. Every bound on the handler's return type is here, on one
 /// call, so an unsuitable type is one compile error.
-pub async fn run<S, R, F>(call: Call<S>, finality: Option<Finality<R::Error>>, body: F) -> R
+pub fn run<S, R, F>(
+    call: Call<S>,
+    finality: Option<Finality<R::Error>>,
+    body: F,
+) -> impl Future<Output = R>
 where
     S: Store,
     R: HandlerOutput,
@@ -616,23 +620,32 @@ where
     R::Error: HandlerError,
     F: AsyncFnOnce(&S::Tx) -> R,
 {
+    // Counted once, when the answer is known (feature `metrics`; without it, `observe` hands
+    // the call back as it is: no extra future around it).
     let scope = call.site().scope();
-    // Counted once, when the answer is known (feature `metrics`; a no-op without it).
-    metrics::observe(scope, async move {
-        let guard = match call.claim::<R>(finality).await {
-            Ok(guard) => guard,
-            Err(answer) => return answer,
-        };
-        let (output, staged) =
-            crate::outbox::tracking_staged(guard.in_span(body(guard.tx()))).await;
-        let answer = guard.finish(output).await;
-        if staged {
-            // The call's messages are committed (or rolled back, and a relay finds nothing).
-            crate::outbox::wake();
-        }
-        answer
-    })
-    .await
+    metrics::observe(scope, atomic_call(call, finality, body))
+}
+
+/// [`run`] without its metrics.
+async fn atomic_call<S, R, F>(call: Call<S>, finality: Option<Finality<R::Error>>, body: F) -> R
+where
+    S: Store,
+    R: HandlerOutput,
+    R::Ok: Replayable,
+    R::Error: HandlerError,
+    F: AsyncFnOnce(&S::Tx) -> R,
+{
+    let guard = match call.claim::<R>(finality).await {
+        Ok(guard) => guard,
+        Err(answer) => return answer,
+    };
+    let (output, staged) = crate::outbox::tracking_staged(guard.in_span(body(guard.tx()))).await;
+    let answer = guard.finish(output).await;
+    if staged {
+        // The call's messages are committed (or rolled back, and a relay finds nothing).
+        crate::outbox::wake();
+    }
+    answer
 }
 
 /// The first 8 bytes of a record id in hex: identifies a key in logs without revealing it.

@@ -319,24 +319,26 @@ fn renew_in_background(context: Arc<Context>, lease: Duration) -> Renewal {
 /// lease at once, keeping the recorded steps, so a retry resumes after them.
 ///
 /// `call`'s store is not used: `store` holds the leases.
-pub async fn run_lease<S, R, F>(
+pub fn run_lease<S, R, F>(
     call: Call<S>,
     store: Arc<dyn LeaseStore>,
     lease: Duration,
     finality: Option<Finality<R::Error>>,
     body: F,
-) -> R
+) -> impl Future<Output = R>
 where
     R: HandlerOutput,
     R::Ok: Replayable,
     R::Error: HandlerError,
     F: AsyncFnOnce() -> R,
 {
-    // Counted once, when the answer is known (feature `metrics`; a no-op without it).
+    // Counted once, when the answer is known (feature `metrics`; without it, `observe` hands
+    // the call back as it is).
     let scope = call.site().scope();
-    metrics::observe(scope, lease_call(call, store, lease, finality, body)).await
+    metrics::observe(scope, lease_call(call, store, lease, finality, body))
 }
 
+/// [`run_lease`] without its metrics.
 async fn lease_call<S, R, F>(
     call: Call<S>,
     store: Arc<dyn LeaseStore>,
