@@ -38,8 +38,9 @@ use crate::store::Concurrency;
 /// let app = Router::new().route("/refunds", post(refund).route_layer(refunds));
 /// ```
 ///
-/// A request with a key is fingerprinted over its method, path and query, body and (with
-/// [`principal`](Self::principal)) its principal, and claimed in **lease mode**: the claim
+/// A request with a key is fingerprinted over its method, path and query, and body (the key
+/// belongs to the request's [`principal`](Self::principal), if one is configured), and
+/// claimed in **lease mode**: the claim
 /// commits first, the route runs outside any ledger transaction, and its response is
 /// recorded if the lease still holds. A crash between the two leaves a lease that expires
 /// ([`lease`](Self::lease), default 30 s); the next retry then runs the route again.
@@ -48,7 +49,8 @@ use crate::store::Concurrency;
 /// |---|---|
 /// | no `Idempotency-Key`, or a malformed or repeated one | 400 problem+json, the route does not run |
 /// | request body over [`max_request_body`](Self::max_request_body) | 413 problem+json, nothing claimed |
-/// | same key, another method, path, query, body or principal | 422 problem+json |
+/// | same key, another method, path, query or body | 422 problem+json |
+/// | same key, another principal | its own key: the two never meet |
 /// | same key while the first request runs | 409 problem+json + `Retry-After` (or wait: [`on_concurrent`](Self::on_concurrent)) |
 /// | same key after a recorded response | the recorded status, [recorded headers](Self::record_header) and body + `Idempotent-Replayed: true` |
 /// | the route answers 5xx (or its service fails) | the answer passes through; nothing is recorded and the key is free at once, so a retry runs the route again |
