@@ -40,9 +40,8 @@ use crate::store::Concurrency;
 ///
 /// A request with a key is fingerprinted over its method, path and query, and body (the key
 /// belongs to the request's [`principal`](Self::principal), if one is configured), and
-/// claimed in **lease mode**: the claim
-/// commits first, the route runs outside any ledger transaction, and its response is
-/// recorded if the lease still holds. A crash between the two leaves a lease that expires
+/// claimed in **lease mode**: the claim commits first, the route runs outside any ledger
+/// transaction, and its response is recorded if the lease still holds. A crash between the two leaves a lease that expires
 /// ([`lease`](Self::lease), default 30 s); the next retry then runs the route again.
 ///
 /// | request | answer |
@@ -53,7 +52,9 @@ use crate::store::Concurrency;
 /// | same key, another principal | its own key: the two never meet |
 /// | same key while the first request runs | 409 problem+json + `Retry-After` (or wait: [`on_concurrent`](Self::on_concurrent)) |
 /// | same key after a recorded response | the recorded status, [recorded headers](Self::record_header) and body + `Idempotent-Replayed: true` |
-/// | the route answers 5xx (or its service fails) | the answer passes through; nothing is recorded and the key is free at once, so a retry runs the route again |
+/// | the route answers 5xx | the answer passes through; nothing is recorded and the key is free at once, so a retry runs the route again |
+/// | the route's body fails mid-stream | 502 problem+json; the key is free at once, as for a 5xx |
+/// | the route panics | 500 problem+json; the lease is left to expire, then a retry runs the route again |
 /// | the route's body is over [`max_response_body`](Self::max_response_body) | the first client gets the whole response; the ledger records that the key was used, without the body, and a retry gets 500 `response-not-recorded` (never a second execution) |
 /// | store unavailable | 503 problem+json, the route does not run |
 ///
