@@ -10,7 +10,8 @@ use std::time::Instant;
 use idem::idempotent;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 
-type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+use crate::Res;
+use crate::setup::{Bench, Plan};
 
 /// P10's figures.
 #[derive(Debug, Clone, Copy)]
@@ -94,25 +95,23 @@ async fn commits(db: &DatabaseConnection) -> Res<Option<i64>> {
     Ok(row.and_then(|r| r.try_get_by_index::<i64>(0).ok()))
 }
 
+/// P10's median: the upper middle sample. Not `stats::median` (which averages the two middle
+/// samples of an even count): P10 has been published with this one.
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
+/// P10: the plan's first executions of each mode, alternating, on fresh keys, in the
+/// bench's `bench_lease_rows` (created with the other bench tables).
+pub(crate) async fn lease(b: &Bench, plan: &Plan) -> Res<LeaseCost> {
+    let cost = lease_cost(&b.db, plan.lease_calls).await?;
+    b.progress("lease done");
+    Ok(cost)
+}
+
 /// Runs `calls` first executions of each mode, alternating, on fresh keys.
-pub(crate) async fn lease_cost(db: &DatabaseConnection, calls: usize) -> Res<LeaseCost> {
-    let create = match db.get_database_backend() {
-        DbBackend::Postgres => {
-            "CREATE TABLE IF NOT EXISTS bench_lease_rows (id BIGSERIAL PRIMARY KEY, reference VARCHAR(64) NOT NULL)"
-        }
-        DbBackend::MySql => {
-            "CREATE TABLE IF NOT EXISTS bench_lease_rows (id BIGINT AUTO_INCREMENT PRIMARY KEY, reference VARCHAR(64) NOT NULL)"
-        }
-        _ => {
-            "CREATE TABLE IF NOT EXISTS bench_lease_rows (id INTEGER PRIMARY KEY AUTOINCREMENT, reference TEXT NOT NULL)"
-        }
-    };
-    db.execute_unprepared(create).await?;
+async fn lease_cost(db: &DatabaseConnection, calls: usize) -> Res<LeaseCost> {
     let run = format!(
         "{}-{}",
         std::process::id(),

@@ -7,6 +7,10 @@
 //! - P9 commit-to-publish latency: one message per `#[idempotent]` call, at a steady rate;
 //!   time from the call's return (committed) to its arrival at a NATS subscriber: idem's relay
 //!   (woken by the commit) against the hand-written relay polling every 100 ms.
+//!
+//! Both need a nats-server with JetStream at `NATS_URL` (default `nats://127.0.0.1:4222`); the
+//! figures use a stream of their own (`BENCH_OUTBOX`, subjects `bench.outbox.>`), recreated each
+//! run. Without the server they are reported as not measured, with the reason.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,7 +23,11 @@ use idem::outbox::Message;
 use idem::sea_orm::{Outbox, Relay, outbox_health};
 use sea_orm::{ConnectionTrait, DatabaseConnection, Statement, TransactionTrait};
 
-type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+use crate::setup::{Bench, Plan};
+use crate::{BoxError, Res};
+
+/// Where the figures look for NATS when `NATS_URL` is not set.
+const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
 
 /// The subjects the figures publish on; the stream captures them.
 const SUBJECTS: &str = "bench.outbox.>";
@@ -54,7 +62,7 @@ pub(crate) struct Latency {
 }
 
 /// A connected JetStream context with a fresh, empty stream for the figures.
-pub(crate) async fn jetstream(url: &str) -> Res<async_nats::jetstream::Context> {
+async fn jetstream(url: &str) -> Res<async_nats::jetstream::Context> {
     let client = async_nats::connect(url).await?;
     let js = async_nats::jetstream::new(client);
     let _ = js.delete_stream(STREAM).await;
@@ -177,7 +185,7 @@ async fn hand_written(
 }
 
 /// P8: N committed messages through each relay variant.
-pub(crate) async fn throughput(
+async fn throughput(
     db: &DatabaseConnection,
     js: &async_nats::jetstream::Context,
     n: usize,
@@ -292,6 +300,8 @@ async fn latencies(
     Ok(samples)
 }
 
+/// P9's percentile of sorted samples: the sample at rank round((n - 1) * p). Not
+/// `stats::percentile` (nearest rank, ceil(n * p)): P9 has been published with this one.
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -302,7 +312,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 /// P9: idem's relay (woken by each commit) against the hand-written relay polling every
 /// 100 ms, at one message every 10 ms.
-pub(crate) async fn latency(
+async fn latency(
     db: &DatabaseConnection,
     js: &async_nats::jetstream::Context,
     client: &async_nats::Client,
@@ -353,5 +363,68 @@ pub(crate) async fn latency(
         wake_p99_ms: percentile(&wake, 0.99),
         polling_p50_ms: percentile(&polling, 0.50),
         polling_p99_ms: percentile(&polling, 0.99),
+    })
+}
+
+/// P8 and P9, or why they were not measured.
+#[derive(Debug)]
+pub(crate) enum OutboxFigures {
+    Measured {
+        throughput: Throughput,
+        latency: Latency,
+    },
+    /// The NATS server could not be reached, or has no JetStream.
+    NotMeasured { reason: String },
+}
+
+impl OutboxFigures {
+    pub(crate) fn throughput(&self) -> Option<&Throughput> {
+        match self {
+            Self::Measured { throughput, .. } => Some(throughput),
+            Self::NotMeasured { .. } => None,
+        }
+    }
+
+    pub(crate) fn latency(&self) -> Option<&Latency> {
+        match self {
+            Self::Measured { latency, .. } => Some(latency),
+            Self::NotMeasured { .. } => None,
+        }
+    }
+
+    pub(crate) fn not_measured(&self) -> Option<&str> {
+        match self {
+            Self::Measured { .. } => None,
+            Self::NotMeasured { reason } => Some(reason),
+        }
+    }
+}
+
+/// P8 then P9 on the bench's database, against the NATS server at `NATS_URL`. Only failing to
+/// reach the server (or its JetStream) makes them "not measured"; any later failure is an
+/// error, so a broken relay cannot pass for a missing server.
+pub(crate) async fn outbox(b: &Bench, plan: &Plan) -> Res<OutboxFigures> {
+    let nats_url = std::env::var("NATS_URL").unwrap_or_else(|_| DEFAULT_NATS_URL.to_owned());
+    let reached = async {
+        let client = async_nats::connect(&nats_url).await?;
+        let js = jetstream(&nats_url).await?;
+        Ok::<_, BoxError>((client, js))
+    }
+    .await;
+    let (client, js) = match reached {
+        Ok(reached) => reached,
+        Err(e) => {
+            let reason = format!("NATS JetStream at {nats_url} unavailable: {e}");
+            b.progress(&format!("outbox: P8 and P9 not measured ({reason})"));
+            return Ok(OutboxFigures::NotMeasured { reason });
+        }
+    };
+    let throughput = throughput(&b.db, &js, plan.relay_messages).await?;
+    b.progress("outbox: relay throughput done");
+    let latency = latency(&b.db, &js, &client, plan.publish_latency_messages).await?;
+    b.progress("outbox: commit-to-publish latency done");
+    Ok(OutboxFigures::Measured {
+        throughput,
+        latency,
     })
 }

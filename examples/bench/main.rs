@@ -1,0 +1,98 @@
+//! What `#[idempotent]` costs, measured side by side with the alternatives, and what the
+//! outbox relay and lease mode cost.
+//!
+//! ```text
+//! cargo run --release --example bench -- [--backend sqlite|postgres|mysql] [--quick] [--json] [--url URL]
+//! ```
+//!
+//! One process runs every workload, alternating the variants round by round (ABCD, DCBA, …)
+//! so drift hits all of them equally, and reports medians. The workload is a "pay order"
+//! handler (read the order, insert a payment row, update the order) whose argument struct is
+//! about 1 KiB of JSON; [`variants`] lists the four ways of running it. One module per figure:
+//!
+//! | figure | module |
+//! |---|---|
+//! | P1, P2, P4 single-client latency | [`latency`] |
+//! | P3 throughput, 16 clients | [`throughput`] |
+//! | P5 fingerprint | [`fingerprint`] |
+//! | P6 concurrent duplicates | [`storm`] |
+//! | where the time goes | [`profile`] |
+//! | ledger size, P7 purge | [`ledger`] |
+//! | P8 relay throughput, P9 commit-to-publish | [`outbox`] (needs NATS JetStream at `NATS_URL`) |
+//! | P10 lease mode against atomic mode | [`lease`] |
+//!
+//! The bench owns its tables: `bench_*` business tables and a ledger, lease steps and outbox of
+//! its own (a SQLite file in the temp directory; schema `bench_idem` on PostgreSQL; database
+//! `bench_idem` on MySQL), so the test suite's tables are never touched. Their rows are deleted
+//! at the start and at the end of every run. See `docs/BENCHMARKS.md` for the figures and their
+//! goals.
+
+mod counters;
+mod fingerprint;
+mod latency;
+mod lease;
+mod ledger;
+mod outbox;
+mod profile;
+mod report;
+mod setup;
+mod stats;
+mod storm;
+mod throughput;
+mod variants;
+mod workload;
+
+use std::time::Instant;
+
+use crate::report::{Results, Run};
+use crate::setup::{Plan, parse_args};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Res<T> = Result<T, BoxError>;
+
+#[tokio::main]
+async fn main() -> Res<()> {
+    let args = parse_args()?;
+    let plan = if args.quick {
+        Plan::quick()
+    } else {
+        Plan::full()
+    };
+    let started = Instant::now();
+    let load_start = counters::loadavg();
+    let (bench, target, facts) = setup::prepare(&args, started).await?;
+    let b = &bench;
+
+    let fingerprint = fingerprint::fingerprint(&facts.sample, &plan)?;
+    b.progress("fingerprint done");
+    let latency = latency::latency(b, &plan).await?;
+    let throughput = throughput::throughput(b, &plan).await?;
+    let storm = storm::storm(b, &plan).await?;
+    b.progress("storm done");
+    let profile = profile::profile(b, &target, &plan).await?;
+    b.progress("profile done");
+    let ledger = ledger::ledger(b, &plan).await?;
+    // Before the outbox and lease figures, whose ledger records are not the workload's.
+    let checked = setup::check(b).await?;
+    let outbox = outbox::outbox(b, &plan).await?;
+    let lease = lease::lease(b, &plan).await?;
+    setup::finish(b, &target).await?;
+
+    let results = Results {
+        fingerprint,
+        latency,
+        throughput,
+        storm,
+        profile,
+        ledger,
+        checked,
+        outbox,
+        lease,
+    };
+    let run = Run::ended(&args, &plan, facts, started, load_start);
+    print!("{}", report::table(&run, &results));
+    if args.json {
+        println!("{}", report::json(&run, &results));
+    }
+    Ok(())
+}

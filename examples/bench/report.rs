@@ -1,0 +1,668 @@
+//! The report: the figures against their goals, the table on stdout, and the JSON object.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use serde_json::json;
+
+use crate::counters::{loadavg, peak_rss_bytes, read_proc, utc_date};
+use crate::fingerprint::Fingerprint;
+use crate::latency::Latency;
+use crate::lease::LeaseCost;
+use crate::ledger::{Ledger, PACED_BUDGET, PurgeHow};
+use crate::outbox::OutboxFigures;
+use crate::profile::Profile;
+use crate::setup::{Args, Backend, Checked, Facts, Plan};
+use crate::stats::{fmt_opt, median, percentile, r3, rounded};
+use crate::storm::Storm;
+use crate::throughput::Throughput;
+use crate::variants::Variant;
+
+/// Everything the figures measured.
+#[derive(Debug)]
+pub(crate) struct Results {
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) latency: Latency,
+    pub(crate) throughput: Throughput,
+    pub(crate) storm: Storm,
+    pub(crate) profile: Profile,
+    pub(crate) ledger: Ledger,
+    pub(crate) checked: Checked,
+    pub(crate) outbox: OutboxFigures,
+    pub(crate) lease: LeaseCost,
+}
+
+/// How the run went, besides the figures.
+#[derive(Debug)]
+pub(crate) struct Run<'a> {
+    pub(crate) args: &'a Args,
+    pub(crate) plan: &'a Plan,
+    pub(crate) facts: Facts,
+    pub(crate) load_start: String,
+    pub(crate) elapsed_s: f64,
+    pub(crate) load_end: String,
+    pub(crate) date: String,
+    pub(crate) peak_rss_bytes: Option<u64>,
+}
+
+impl<'a> Run<'a> {
+    /// Closes the run: its length, the load and memory at the end.
+    pub(crate) fn ended(
+        args: &'a Args,
+        plan: &'a Plan,
+        facts: Facts,
+        started: Instant,
+        load_start: String,
+    ) -> Self {
+        Self {
+            args,
+            plan,
+            facts,
+            load_start,
+            elapsed_s: started.elapsed().as_secs_f64(),
+            load_end: loadavg(),
+            date: utc_date(),
+            peak_rss_bytes: peak_rss_bytes(),
+        }
+    }
+
+    fn mode(&self) -> &'static str {
+        if self.args.quick { "quick" } else { "full" }
+    }
+}
+
+/// Where a figure's goal lies.
+#[derive(Debug, Clone, Copy)]
+enum Goal {
+    AtMost(f64),
+    AtLeast(f64),
+}
+
+/// One line of the figure table, and its keys in the JSON.
+#[derive(Debug)]
+struct Figure {
+    id: &'static str,
+    key: &'static str,
+    what: &'static str,
+    value: Option<f64>,
+    /// `None`: reported without a goal.
+    goal: Option<Goal>,
+    /// Why the figure has no value, when that is worth saying.
+    not_measured: Option<String>,
+}
+
+impl Figure {
+    fn met(&self) -> Option<bool> {
+        let value = self.value?;
+        Some(match self.goal? {
+            Goal::AtMost(goal) => value <= goal,
+            Goal::AtLeast(goal) => value >= goal,
+        })
+    }
+
+    fn goal_text(&self) -> String {
+        match self.goal {
+            Some(Goal::AtMost(goal)) => format!("<= {goal}"),
+            Some(Goal::AtLeast(goal)) => format!(">= {goal}"),
+            None => "-".to_owned(),
+        }
+    }
+}
+
+fn figures(run: &Run<'_>, r: &Results) -> Vec<Figure> {
+    let backend = run.args.backend;
+    let first_vs_bare = r.latency.first_vs_bare();
+    let outbox_not_measured = r.outbox.not_measured().map(str::to_owned);
+    vec![
+        Figure {
+            id: "P1",
+            key: "p1_first_vs_bare",
+            what: "idem first / bare latency (PostgreSQL, durable)",
+            value: (backend == Backend::Postgres).then_some(first_vs_bare),
+            goal: Some(Goal::AtMost(1.10)),
+            not_measured: None,
+        },
+        Figure {
+            id: "P2",
+            key: "p2_replay_vs_first",
+            what: "idem replay / idem first latency",
+            value: Some(r.latency.replay_vs_first()),
+            goal: Some(Goal::AtMost(0.33)),
+            not_measured: None,
+        },
+        Figure {
+            id: "P3",
+            key: "p3_vs_three_commit",
+            what: "idem first / three-commit throughput, 16 clients",
+            value: Some(r.throughput.idem_vs_three_commit()),
+            goal: Some(Goal::AtLeast(2.0)),
+            not_measured: None,
+        },
+        Figure {
+            id: "P4",
+            key: "p4_sqlite_first_vs_bare",
+            what: "idem first / bare latency (SQLite file, WAL)",
+            value: (backend == Backend::Sqlite).then_some(first_vs_bare),
+            goal: Some(Goal::AtMost(1.20)),
+            not_measured: None,
+        },
+        Figure {
+            id: "P5",
+            key: "p5_fingerprint_us",
+            what: "fingerprint of the 1 KiB request, µs",
+            value: Some(r.fingerprint.median_us()),
+            goal: Some(Goal::AtMost(2.0)),
+            not_measured: None,
+        },
+        Figure {
+            id: "P6",
+            key: "p6_storm_vs_single",
+            what: "64 duplicates answered / one execution",
+            value: Some(r.storm.storm_vs_single()),
+            goal: Some(Goal::AtMost(3.0)),
+            not_measured: None,
+        },
+        Figure {
+            id: "P7",
+            key: "p7_purge_p99_ratio",
+            what: "claim p99 during purge of 1M / without (full)",
+            value: r.ledger.p7_ratio(),
+            goal: Some(Goal::AtMost(2.0)),
+            not_measured: None,
+        },
+        Figure {
+            id: "P8",
+            key: "p8_ratio",
+            what: "idem relay / hand-written polling relay, msg/s",
+            value: r.outbox.throughput().map(|t| t.ratio()),
+            goal: Some(Goal::AtLeast(3.0)),
+            not_measured: outbox_not_measured.clone(),
+        },
+        Figure {
+            id: "P9",
+            key: "p9_wake_p99_ms",
+            what: "commit-to-publish p99 (relay woken by commit), ms",
+            value: r.outbox.latency().map(|l| l.wake_p99_ms),
+            goal: Some(Goal::AtMost(10.0)),
+            not_measured: outbox_not_measured,
+        },
+        Figure {
+            id: "P10",
+            key: "p10_ratio",
+            what: "lease / atomic mode latency, same handler",
+            value: Some(r.lease.ratio()),
+            goal: None,
+            not_measured: None,
+        },
+    ]
+}
+
+/// The human report (stdout).
+pub(crate) fn table(run: &Run<'_>, r: &Results) -> String {
+    let mut out = Vec::new();
+    header(&mut out, run, r);
+    out.push(String::new());
+    latency_lines(&mut out, run.plan, &r.latency);
+    out.push(String::new());
+    throughput_lines(&mut out, run.plan, &r.throughput);
+    out.push(String::new());
+    storm_lines(&mut out, run.plan, &r.storm);
+    ledger_lines(&mut out, &r.ledger);
+    outbox_lines(&mut out, &r.outbox);
+    lease_lines(&mut out, &r.lease);
+    out.push(String::new());
+    figure_table(&mut out, &figures(run, r));
+    out.push(String::new());
+    out.push(format!(
+        "peak memory (VmHWM): {}",
+        fmt_opt(run.peak_rss_bytes.map(|p| p as f64 / 1_048_576.0), 1) + " MiB"
+    ));
+    let size = &r.ledger.size;
+    out.push(format!(
+        "ledger on disk: {:.0} bytes per 1,000,000 records ({:.1} MiB; measured over {} records \
+         with a {}-byte recorded receipt, inserted in {:.1} s)",
+        size.per_million(),
+        size.per_million() / 1_048_576.0,
+        size.rows,
+        r.ledger.response_bytes,
+        size.insert_s
+    ));
+    let c = &r.checked;
+    out.push(format!(
+        "checked: {} executions, {} payments, {} ledger records at the end",
+        c.executed, c.payments, c.ledger_records
+    ));
+    out.push(String::new());
+    profile_lines(&mut out, &r.profile);
+    let mut text = out.join("\n");
+    text.push('\n');
+    text
+}
+
+fn header(out: &mut Vec<String>, run: &Run<'_>, r: &Results) {
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let mem = read_proc("/proc/meminfo", "MemTotal").unwrap_or_default();
+    let cpu = read_proc("/proc/cpuinfo", "model name").unwrap_or_default();
+    let facts = &run.facts;
+    let p5 = r.fingerprint.median_us();
+    let p5_encode = r.fingerprint.encoding_median_us();
+    out.push(format!(
+        "idem bench {}: backend {}, {} mode, {:.0} s",
+        run.date,
+        run.args.backend.name(),
+        run.mode(),
+        run.elapsed_s
+    ));
+    out.push(format!(
+        "machine: {cores} cores ({cpu}), {mem} RAM; load {} at start, {} at end",
+        run.load_start, run.load_end
+    ));
+    out.push(format!("server: {}", facts.server));
+    out.push(format!("durability: {}", facts.durability));
+    out.push(format!(
+        "request: {} bytes of JSON ({} canonical bytes fingerprinted); \
+         fingerprint {p5:.2} µs = encoding {p5_encode:.2} µs + SHA-256 {:.2} µs",
+        facts.request_json_bytes,
+        facts.request_canonical_bytes,
+        p5 - p5_encode
+    ));
+}
+
+fn latency_lines(out: &mut Vec<String>, plan: &Plan, latency: &Latency) {
+    out.push(format!(
+        "latency, 1 client: median of {} rounds x {} calls per variant (variants alternate call \
+         by call, ABCD/DCBA)",
+        plan.latency_rounds, plan.latency_calls
+    ));
+    out.push(format!(
+        "  {:<14} {:>10} {:>10} {:>10} {:>9}",
+        "variant", "median µs", "p90 µs", "p99 µs", "vs bare"
+    ));
+    for v in Variant::ALL {
+        let l = latency.get(v);
+        out.push(format!(
+            "  {:<14} {:>10.0} {:>10.0} {:>10.0} {:>9.2}",
+            v.name(),
+            l.median(),
+            l.p90(),
+            l.p99(),
+            l.median() / latency.bare.median()
+        ));
+    }
+}
+
+fn throughput_lines(out: &mut Vec<String>, plan: &Plan, throughput: &Throughput) {
+    out.push(format!(
+        "throughput, {} clients: median of {} rounds x {:.1} s",
+        plan.clients,
+        plan.tput_rounds,
+        plan.tput_round.as_secs_f64()
+    ));
+    out.push(format!(
+        "  {:<14} {:>10} {:>16}   server counters per call",
+        "variant", "calls/s", "vs three-commit"
+    ));
+    for (v, rate) in throughput.rates() {
+        let counters: Vec<String> = rate
+            .counters_per_call()
+            .map(|(k, per_call)| format!("{k} {per_call:.2}"))
+            .collect();
+        out.push(format!(
+            "  {:<14} {:>10.0} {:>16.2}   {}",
+            v.name(),
+            rate.median(),
+            rate.median() / throughput.three_commit.median(),
+            counters.join(", ")
+        ));
+    }
+}
+
+fn storm_lines(out: &mut Vec<String>, plan: &Plan, storm: &Storm) {
+    out.push(format!(
+        "storm: {} concurrent duplicates of one key, median of {} rounds: {:.0} µs until all \
+         answered; one execution {:.0} µs",
+        plan.storm,
+        plan.storm_rounds,
+        median(&storm.storm_us),
+        median(&storm.single_us)
+    ));
+    out.push(format!(
+        "{n} concurrent replays (no execution), median µs until all answered: one key {:.0}, \
+         {n} distinct keys {:.0}",
+        median(&storm.replays_same_us),
+        median(&storm.replays_distinct_us),
+        n = plan.storm
+    ));
+    out.push(format!(
+        "storm scaling (median µs until all answered): {}",
+        storm
+            .scaling
+            .iter()
+            .map(|(n, t)| format!("{n} copies {t:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+}
+
+fn ledger_lines(out: &mut Vec<String>, ledger: &Ledger) {
+    for c in &ledger.cycles {
+        let how = match c.how {
+            PurgeHow::Batch(n) => format!("purge_expired(db, {n})"),
+            PurgeHow::Paced => format!(
+                "paced: ~{} ms statements + equal pauses, median {:.0} rows each",
+                PACED_BUDGET.as_millis(),
+                c.batch
+            ),
+        };
+        out.push(format!(
+            "purge [{how}]: {} expired records in {:.1} s, {} statements, {:.1} ms each (pauses \
+             included); claim p99 \
+             {:.0} µs during ({} claims) vs {:.0} µs without ({} claims): ratio {:.2}; p50 {:.0} vs {:.0} µs",
+            c.deleted,
+            c.purge_s,
+            c.statements,
+            c.purge_s * 1000.0 / c.statements.max(1) as f64,
+            percentile(&c.during_us, 0.99),
+            c.during_us.len(),
+            percentile(&c.baseline_us, 0.99),
+            c.baseline_us.len(),
+            c.ratio(),
+            percentile(&c.during_us, 0.5),
+            percentile(&c.baseline_us, 0.5),
+        ));
+    }
+    if let Some((deleted, s)) = ledger.quick_purge {
+        out.push(format!(
+            "purge: {deleted} synthetic expired records deleted in {s:.1} s (batch 10000)"
+        ));
+    }
+}
+
+fn outbox_lines(out: &mut Vec<String>, outbox: &OutboxFigures) {
+    let (p8, p9) = match outbox {
+        OutboxFigures::Measured {
+            throughput,
+            latency,
+        } => (throughput, latency),
+        OutboxFigures::NotMeasured { reason } => {
+            out.push(format!("outbox relay (P8, P9): not measured: {reason}"));
+            return;
+        }
+    };
+    out.push(format!(
+        "relay throughput, {} messages to JetStream (msg/s): idem 1 relay {:.0}, 4 relays {:.0}, \
+         4 relays over 50 aggregates {:.0}; hand-written polling relay {:.0}; ratio 1 relay / \
+         hand-written {:.2}",
+        p8.messages,
+        p8.idem_1_relay_per_s,
+        p8.idem_4_relays_per_s,
+        p8.idem_4_relays_50_aggregates_per_s,
+        p8.hand_written_per_s,
+        p8.ratio()
+    ));
+    out.push(format!(
+        "commit-to-publish, {} messages at 100/s (ms): idem woken by commit p50 {:.2} p99 {:.2}; \
+         hand-written polling every 100 ms p50 {:.2} p99 {:.2}",
+        p9.messages, p9.wake_p50_ms, p9.wake_p99_ms, p9.polling_p50_ms, p9.polling_p99_ms
+    ));
+}
+
+fn lease_lines(out: &mut Vec<String>, lease: &LeaseCost) {
+    let per_call =
+        |c: Option<f64>| c.map_or_else(|| "not counted".to_owned(), |c| format!("{c:.2}"));
+    out.push(format!(
+        "lease mode vs atomic mode, same handler, {} first executions each: median {:.0} µs vs \
+         {:.0} µs (ratio {:.2}); write transactions per call {} vs {}",
+        lease.calls,
+        lease.lease_median_us,
+        lease.atomic_median_us,
+        lease.ratio(),
+        per_call(lease.lease_commits_per_call),
+        per_call(lease.atomic_commits_per_call)
+    ));
+}
+
+fn figure_table(out: &mut Vec<String>, figures: &[Figure]) {
+    out.push(format!(
+        "  {:<3} {:<50} {:>8} {:>9} {:>5}",
+        "", "figure", "value", "goal", "met"
+    ));
+    for f in figures {
+        out.push(format!(
+            "  {:<3} {:<50} {:>8} {:>9} {:>5}",
+            f.id,
+            f.what,
+            fmt_opt(f.value, 2),
+            f.goal_text(),
+            match f.met() {
+                Some(true) => "yes",
+                Some(false) => "NO",
+                None => "-",
+            }
+        ));
+        if let Some(reason) = &f.not_measured {
+            out.push(format!("      n/a: {reason}"));
+        }
+    }
+}
+
+fn profile_lines(out: &mut Vec<String>, profile: &Profile) {
+    out.push(
+        "profile (one connection, sequential; statements counted by SeaORM's metric callback):"
+            .to_owned(),
+    );
+    out.push(format!(
+        "  {:<14} {:>8} {:>10} {:>12} {:>12} {:>12} {:>12}",
+        "variant", "wall µs", "statements", "in stmts µs", "outside µs", "client CPU", "server CPU"
+    ));
+    for v in Variant::ALL {
+        let p = profile.variants.get(v);
+        out.push(format!(
+            "  {:<14} {:>8} {:>10} {:>12} {:>12} {:>12} {:>12}",
+            v.name(),
+            fmt_opt(rounded(p.wall_us), 0),
+            fmt_opt(rounded(p.statements), 1),
+            fmt_opt(rounded(p.statement_us), 0),
+            fmt_opt(rounded(p.outside_statements_us), 0),
+            fmt_opt(rounded(p.client_cpu_us), 0),
+            fmt_opt(rounded(p.server_cpu_us), 0),
+        ));
+        let mut extra: Vec<String> = p
+            .server_counters
+            .iter()
+            .map(|(k, x)| format!("{k} {}", fmt_opt(rounded(*x), 1)))
+            .collect();
+        if let Some(frames) = p.sqlite_wal_frames.and_then(rounded) {
+            extra.push(format!("WAL frames {frames:.1}"));
+        }
+        if !extra.is_empty() {
+            out.push(format!("      per call: {}", extra.join(", ")));
+        }
+        for (k, cost) in &p.by_statement {
+            out.push(format!(
+                "      {:<32} {:>5} per call {:>8} µs",
+                k,
+                fmt_opt(rounded(cost.per_call), 1),
+                fmt_opt(rounded(cost.us_per_call), 0)
+            ));
+        }
+    }
+    let frame = &profile.frame;
+    out.push(format!(
+        "  frame: acquire+ping+BEGIN {} µs, SELECT 1 round trip {} µs, COMMIT after one UPDATE {} µs, \
+         ROLLBACK read-only {} µs",
+        fmt_opt(rounded(frame.acquire_ping_begin), 0),
+        fmt_opt(rounded(frame.select_1_round_trip), 0),
+        fmt_opt(rounded(frame.commit_after_one_update), 0),
+        fmt_opt(rounded(frame.rollback_read_only), 0),
+    ));
+}
+
+/// The JSON object (the last line of stdout with `--json`). Keys keep their meaning from run to
+/// run: `docs/BENCHMARKS.md` and CI read them.
+pub(crate) fn json(run: &Run<'_>, r: &Results) -> serde_json::Value {
+    let figures = figures(run, r);
+    let mut report = serde_json::Map::new();
+    for f in &figures {
+        report.insert(f.key.to_owned(), f.value.map_or(json!(null), r3));
+    }
+    let latency: serde_json::Map<String, serde_json::Value> = Variant::ALL
+        .iter()
+        .map(|v| {
+            let l = r.latency.get(*v);
+            (
+                v.key().to_owned(),
+                json!({
+                    "median_us": r3(l.median()),
+                    "p90_us": r3(l.p90()),
+                    "p99_us": r3(l.p99()),
+                }),
+            )
+        })
+        .collect();
+    let throughput: serde_json::Map<String, serde_json::Value> = r
+        .throughput
+        .rates()
+        .iter()
+        .map(|(v, rate)| (v.key().to_owned(), r3(rate.median())))
+        .collect();
+    let throughput_counters: BTreeMap<&str, BTreeMap<&str, serde_json::Value>> = r
+        .throughput
+        .rates()
+        .iter()
+        .map(|(v, rate)| {
+            let per_call = rate.counters_per_call().map(|(k, x)| (k, r3(x))).collect();
+            (v.key(), per_call)
+        })
+        .collect();
+    let goals: serde_json::Map<String, serde_json::Value> = figures
+        .iter()
+        .map(|f| (f.key.to_owned(), json!(f.met())))
+        .collect();
+    let storm = &r.storm;
+    let size = &r.ledger.size;
+    report.extend([
+        ("backend".to_owned(), json!(run.args.backend.name())),
+        ("mode".to_owned(), json!(run.mode())),
+        ("date".to_owned(), json!(run.date)),
+        ("elapsed_s".to_owned(), r3(run.elapsed_s)),
+        ("first_vs_bare".to_owned(), r3(r.latency.first_vs_bare())),
+        ("goals_met".to_owned(), json!(goals)),
+        ("latency".to_owned(), json!(latency)),
+        ("throughput_per_s".to_owned(), json!(throughput)),
+        (
+            "throughput_server_counters_per_call".to_owned(),
+            json!(throughput_counters),
+        ),
+        (
+            "storm".to_owned(),
+            json!({"copies": run.plan.storm, "all_answered_us": r3(median(&storm.storm_us)),
+                   "single_us": r3(median(&storm.single_us)),
+                   "replays_one_key_us": r3(median(&storm.replays_same_us)),
+                   "replays_distinct_keys_us": r3(median(&storm.replays_distinct_us)),
+                   "scaling_us": storm.scaling.iter()
+                       .map(|(n, t)| json!({"copies": n, "all_answered_us": r3(*t)}))
+                       .collect::<Vec<_>>()}),
+        ),
+        (
+            "purge".to_owned(),
+            json!(
+                r.ledger
+                    .cycles
+                    .iter()
+                    .map(|c| json!({
+                        "deleted": c.deleted, "purge_s": r3(c.purge_s),
+                        "p99_during_us": r3(percentile(&c.during_us, 0.99)),
+                        "p99_baseline_us": r3(percentile(&c.baseline_us, 0.99)),
+                        "claims_during": c.during_us.len(), "ratio": r3(c.ratio()),
+                    }))
+                    .collect::<Vec<_>>()
+            ),
+        ),
+        ("peak_rss_bytes".to_owned(), json!(run.peak_rss_bytes)),
+        (
+            "ledger_bytes_per_million".to_owned(),
+            json!(size.per_million().round()),
+        ),
+        (
+            "request_json_bytes".to_owned(),
+            json!(run.facts.request_json_bytes),
+        ),
+        (
+            "request_canonical_bytes".to_owned(),
+            json!(run.facts.request_canonical_bytes),
+        ),
+        (
+            "fingerprint_encode_us".to_owned(),
+            r3(r.fingerprint.encoding_median_us()),
+        ),
+        ("server".to_owned(), json!(run.facts.server)),
+        ("durability".to_owned(), json!(run.facts.durability)),
+        (
+            "cores".to_owned(),
+            json!(std::thread::available_parallelism().map_or(0, usize::from)),
+        ),
+        ("load_start".to_owned(), json!(run.load_start)),
+        ("load_end".to_owned(), json!(run.load_end)),
+        ("profile".to_owned(), r.profile.json()),
+    ]);
+    report.extend(outbox_json(&r.outbox));
+    report.extend(lease_json(&r.lease));
+    serde_json::Value::Object(report)
+}
+
+/// P8's and P9's details (their figures, `p8_ratio` and `p9_wake_p99_ms`, are in the figure
+/// list); every key `null` when they were not measured, and `p8_p9_not_measured` says why.
+fn outbox_json(outbox: &OutboxFigures) -> Vec<(String, serde_json::Value)> {
+    let p8 = outbox.throughput();
+    let p9 = outbox.latency();
+    let of_p8 = |f: fn(&crate::outbox::Throughput) -> f64| p8.map_or(json!(null), |t| r3(f(t)));
+    let of_p9 = |f: fn(&crate::outbox::Latency) -> f64| p9.map_or(json!(null), |l| r3(f(l)));
+    vec![
+        ("p8_messages".to_owned(), json!(p8.map(|t| t.messages))),
+        (
+            "p8_idem_1_relay_per_s".to_owned(),
+            of_p8(|t| t.idem_1_relay_per_s),
+        ),
+        (
+            "p8_idem_4_relays_per_s".to_owned(),
+            of_p8(|t| t.idem_4_relays_per_s),
+        ),
+        (
+            "p8_idem_4_relays_50_aggregates_per_s".to_owned(),
+            of_p8(|t| t.idem_4_relays_50_aggregates_per_s),
+        ),
+        (
+            "p8_hand_written_per_s".to_owned(),
+            of_p8(|t| t.hand_written_per_s),
+        ),
+        ("p9_messages".to_owned(), json!(p9.map(|l| l.messages))),
+        ("p9_wake_p50_ms".to_owned(), of_p9(|l| l.wake_p50_ms)),
+        ("p9_polling_p50_ms".to_owned(), of_p9(|l| l.polling_p50_ms)),
+        ("p9_polling_p99_ms".to_owned(), of_p9(|l| l.polling_p99_ms)),
+        (
+            "p8_p9_not_measured".to_owned(),
+            json!(outbox.not_measured()),
+        ),
+    ]
+}
+
+/// P10's details (its figure, `p10_ratio`, is in the figure list).
+fn lease_json(lease: &LeaseCost) -> Vec<(String, serde_json::Value)> {
+    vec![
+        ("p10_calls".to_owned(), json!(lease.calls)),
+        (
+            "p10_atomic_median_us".to_owned(),
+            r3(lease.atomic_median_us),
+        ),
+        ("p10_lease_median_us".to_owned(), r3(lease.lease_median_us)),
+        (
+            "p10_atomic_commits_per_call".to_owned(),
+            lease.atomic_commits_per_call.map_or(json!(null), r3),
+        ),
+        (
+            "p10_lease_commits_per_call".to_owned(),
+            lease.lease_commits_per_call.map_or(json!(null), r3),
+        ),
+    ]
+}

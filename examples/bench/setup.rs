@@ -1,0 +1,566 @@
+//! Everything before the first figure: the command line, how much each mode measures, where
+//! the tables live, their DDL and seed rows, and the state every figure shares.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use idem::Fingerprinter;
+use sea_orm::{
+    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement,
+};
+
+use crate::Res;
+use crate::counters::server_facts;
+use crate::ledger::{PurgeHow, README_BATCH};
+use crate::variants::{Variant, call_variant};
+use crate::workload::{PayOrder, Receipt, Sql, now_ms, template};
+
+const USAGE: &str = "usage: cargo run --release --example bench -- \
+[--backend sqlite|postgres|mysql] [--quick] [--json] [--url URL]";
+
+/// The schema (PostgreSQL) or database (MySQL) holding the bench's ledger and tables.
+pub(crate) const BENCH_NAMESPACE: &str = "bench_idem";
+/// Orders reserved per client, so concurrent clients never wait on each other's order rows.
+pub(crate) const ORDERS_PER_SLOT: i64 = 64;
+/// Order slots: 0..16 throughput clients, then the latency client, the storm, the profile.
+pub(crate) const SLOT_LATENCY: i64 = 16;
+pub(crate) const SLOT_STORM: i64 = 17;
+pub(crate) const SLOT_PROFILE: i64 = 18;
+const SLOTS: i64 = 19;
+/// Rows per bulk insert of synthetic expired ledger records.
+pub(crate) const BULK_CHUNK: u64 = 100_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Backend {
+    Sqlite,
+    Postgres,
+    Mysql,
+}
+
+impl Backend {
+    fn parse(s: &str) -> Res<Self> {
+        match s {
+            "sqlite" => Ok(Self::Sqlite),
+            "postgres" | "postgresql" | "pg" => Ok(Self::Postgres),
+            "mysql" | "mariadb" => Ok(Self::Mysql),
+            _ => Err(format!("unknown backend `{s}` (sqlite, postgres, mysql)").into()),
+        }
+    }
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Sqlite => "sqlite",
+            Self::Postgres => "postgres",
+            Self::Mysql => "mysql",
+        }
+    }
+    fn accepts(self, url: &str) -> bool {
+        match self {
+            Self::Sqlite => url.starts_with("sqlite:"),
+            Self::Postgres => url.starts_with("postgres://") || url.starts_with("postgresql://"),
+            Self::Mysql => url.starts_with("mysql://") || url.starts_with("mariadb://"),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Args {
+    pub(crate) backend: Backend,
+    pub(crate) quick: bool,
+    pub(crate) json: bool,
+    pub(crate) url: Option<String>,
+}
+
+pub(crate) fn parse_args() -> Res<Args> {
+    let mut args = Args {
+        backend: Backend::Sqlite,
+        quick: false,
+        json: false,
+        url: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--backend" => {
+                args.backend = Backend::parse(&it.next().ok_or("--backend needs a value")?)?;
+            }
+            "--url" => args.url = Some(it.next().ok_or("--url needs a value")?),
+            "--quick" => args.quick = true,
+            "--json" => args.json = true,
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => {
+                if let Some(v) = other.strip_prefix("--backend=") {
+                    args.backend = Backend::parse(v)?;
+                } else if let Some(v) = other.strip_prefix("--url=") {
+                    args.url = Some(v.to_owned());
+                } else {
+                    return Err(format!("unknown argument `{other}`\n{USAGE}").into());
+                }
+            }
+        }
+    }
+    Ok(args)
+}
+
+/// How much of everything a mode does.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Plan {
+    pub(crate) latency_rounds: usize,
+    pub(crate) latency_calls: usize,
+    pub(crate) tput_rounds: usize,
+    pub(crate) tput_round: Duration,
+    pub(crate) clients: usize,
+    pub(crate) storm_rounds: usize,
+    pub(crate) storm: usize,
+    pub(crate) fp_rounds: usize,
+    pub(crate) fp_iters: usize,
+    pub(crate) profile_calls: usize,
+    /// Synthetic records inserted to measure the ledger's size (quick mode).
+    pub(crate) ledger_rows: u64,
+    pub(crate) purge: Option<PurgePlan>,
+    /// P8: messages staged for each relay variant.
+    pub(crate) relay_messages: usize,
+    /// P9: messages sent one per call, for each relay variant.
+    pub(crate) publish_latency_messages: usize,
+    /// P10: timed first executions per mode.
+    pub(crate) lease_calls: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PurgePlan {
+    pub(crate) rows: u64,
+    pub(crate) baseline: Duration,
+    /// One cycle per entry.
+    pub(crate) cycles: &'static [PurgeHow],
+}
+
+impl Plan {
+    pub(crate) fn quick() -> Self {
+        Self {
+            latency_rounds: 20,
+            latency_calls: 50,
+            tput_rounds: 5,
+            tput_round: Duration::from_secs(1),
+            clients: 16,
+            storm_rounds: 12,
+            storm: 64,
+            fp_rounds: 15,
+            fp_iters: 5_000,
+            profile_calls: 150,
+            ledger_rows: 100_000,
+            purge: None,
+            relay_messages: 2_000,
+            publish_latency_messages: 200,
+            lease_calls: 300,
+        }
+    }
+    pub(crate) fn full() -> Self {
+        Self {
+            latency_rounds: 50,
+            latency_calls: 100,
+            tput_rounds: 10,
+            tput_round: Duration::from_secs(3),
+            clients: 16,
+            storm_rounds: 40,
+            storm: 64,
+            fp_rounds: 50,
+            fp_iters: 20_000,
+            profile_calls: 1_000,
+            ledger_rows: 1_000_000,
+            purge: Some(PurgePlan {
+                rows: 1_000_000,
+                baseline: Duration::from_secs(10),
+                // Three cycles as documented, one paced (what would close P7).
+                cycles: &[
+                    PurgeHow::Batch(README_BATCH),
+                    PurgeHow::Batch(README_BATCH),
+                    PurgeHow::Batch(README_BATCH),
+                    PurgeHow::Paced,
+                ],
+            }),
+            relay_messages: 10_000,
+            publish_latency_messages: 1_000,
+            lease_calls: 2_000,
+        }
+    }
+}
+
+/// Replaces the database of a `mysql://` URL.
+fn with_database(url: &str, database: &str) -> Res<String> {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let host_start = base.find("://").ok_or("not a URL")? + 3;
+    let host_end = base[host_start..]
+        .find('/')
+        .map_or(base.len(), |i| host_start + i);
+    let mut out = format!("{}/{database}", &base[..host_end]);
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    Ok(out)
+}
+
+pub(crate) async fn connect(
+    url: &str,
+    max: Option<u32>,
+    schema: Option<&str>,
+) -> Res<DatabaseConnection> {
+    let mut options = ConnectOptions::new(url.to_owned());
+    options.sqlx_logging(false);
+    if let Some(max) = max {
+        options.max_connections(max);
+    }
+    if let Some(schema) = schema {
+        options.set_schema_search_path(schema);
+    }
+    Ok(Database::connect(options).await?)
+}
+
+/// Where the bench's tables live, and how to reach them.
+#[derive(Debug)]
+pub(crate) struct Target {
+    pub(crate) url: String,
+    pub(crate) schema: Option<&'static str>,
+    pub(crate) sqlite_file: Option<std::path::PathBuf>,
+    /// Pool size of the main pool (`None`: SeaORM's default, one connection on SQLite).
+    pub(crate) pool: Option<u32>,
+}
+
+pub(crate) async fn target(args: &Args) -> Res<Target> {
+    let env = std::env::var("DATABASE_URL")
+        .ok()
+        .filter(|u| args.backend.accepts(u));
+    let given = args.url.clone().or(env);
+    if let Some(url) = &given
+        && !args.backend.accepts(url)
+    {
+        return Err(format!("--url {url} is not a {} URL", args.backend.name()).into());
+    }
+    Ok(match args.backend {
+        Backend::Sqlite => match given {
+            Some(url) => Target {
+                url,
+                schema: None,
+                sqlite_file: None,
+                pool: None,
+            },
+            None => {
+                let path = std::env::temp_dir().join("bench_idem.db");
+                remove_sqlite(&path);
+                Target {
+                    url: format!("sqlite://{}?mode=rwc", path.display()),
+                    schema: None,
+                    sqlite_file: Some(path),
+                    pool: None,
+                }
+            }
+        },
+        Backend::Postgres => {
+            let url = given.unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/test".into());
+            let admin = connect(&url, Some(1), None).await?;
+            admin
+                .execute_unprepared(&format!("CREATE SCHEMA IF NOT EXISTS {BENCH_NAMESPACE}"))
+                .await?;
+            admin.close().await?;
+            Target {
+                url,
+                schema: Some(BENCH_NAMESPACE),
+                sqlite_file: None,
+                pool: Some(72),
+            }
+        }
+        Backend::Mysql => {
+            let url = given.unwrap_or_else(|| "mysql://root@127.0.0.1:3306/test".into());
+            let admin = connect(&url, Some(1), None).await?;
+            admin
+                .execute_unprepared(&format!("CREATE DATABASE IF NOT EXISTS {BENCH_NAMESPACE}"))
+                .await?;
+            admin.close().await?;
+            Target {
+                url: with_database(&url, BENCH_NAMESPACE)?,
+                schema: None,
+                sqlite_file: None,
+                pool: Some(72),
+            }
+        }
+    })
+}
+
+pub(crate) fn remove_sqlite(path: &std::path::Path) {
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+fn ddl(backend: DbBackend) -> &'static [&'static str] {
+    match backend {
+        DbBackend::Postgres => &[
+            "CREATE TABLE IF NOT EXISTS bench_orders (id BIGINT PRIMARY KEY, customer_id BIGINT NOT NULL, \
+             status VARCHAR(16) NOT NULL, total_cents BIGINT NOT NULL, paid_cents BIGINT NOT NULL, \
+             version BIGINT NOT NULL, updated_at_ms BIGINT NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS bench_payments (id BIGSERIAL PRIMARY KEY, order_id BIGINT NOT NULL, \
+             amount_cents BIGINT NOT NULL, currency VARCHAR(3) NOT NULL, card_token VARCHAR(64) NOT NULL, \
+             request_ref VARCHAR(255) NOT NULL, created_at_ms BIGINT NOT NULL)",
+            "CREATE INDEX IF NOT EXISTS bench_payments_order ON bench_payments (order_id)",
+            "CREATE TABLE IF NOT EXISTS bench_idem_keys (idem_key VARCHAR(255) PRIMARY KEY, \
+             request_hash BYTEA NOT NULL, state SMALLINT NOT NULL, response BYTEA NULL, \
+             created_at_ms BIGINT NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS bench_lease_rows (id BIGSERIAL PRIMARY KEY, reference VARCHAR(64) NOT NULL)",
+        ],
+        DbBackend::MySql => &[
+            "CREATE TABLE IF NOT EXISTS bench_orders (id BIGINT PRIMARY KEY, customer_id BIGINT NOT NULL, \
+             status VARCHAR(16) NOT NULL, total_cents BIGINT NOT NULL, paid_cents BIGINT NOT NULL, \
+             version BIGINT NOT NULL, updated_at_ms BIGINT NOT NULL) ENGINE = InnoDB",
+            "CREATE TABLE IF NOT EXISTS bench_payments (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
+             order_id BIGINT NOT NULL, amount_cents BIGINT NOT NULL, currency VARCHAR(3) NOT NULL, \
+             card_token VARCHAR(64) NOT NULL, request_ref VARCHAR(255) NOT NULL, \
+             created_at_ms BIGINT NOT NULL, INDEX bench_payments_order (order_id)) ENGINE = InnoDB",
+            "CREATE TABLE IF NOT EXISTS bench_idem_keys (idem_key VARCHAR(255) NOT NULL PRIMARY KEY, \
+             request_hash BINARY(32) NOT NULL, state SMALLINT NOT NULL, response LONGBLOB NULL, \
+             created_at_ms BIGINT NOT NULL) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin",
+            "CREATE TABLE IF NOT EXISTS bench_lease_rows (id BIGINT AUTO_INCREMENT PRIMARY KEY, reference VARCHAR(64) NOT NULL)",
+        ],
+        _ => &[
+            "CREATE TABLE IF NOT EXISTS bench_orders (id INTEGER PRIMARY KEY, customer_id INTEGER NOT NULL, \
+             status TEXT NOT NULL, total_cents INTEGER NOT NULL, paid_cents INTEGER NOT NULL, \
+             version INTEGER NOT NULL, updated_at_ms INTEGER NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS bench_payments (id INTEGER PRIMARY KEY, order_id INTEGER NOT NULL, \
+             amount_cents INTEGER NOT NULL, currency TEXT NOT NULL, card_token TEXT NOT NULL, \
+             request_ref TEXT NOT NULL, created_at_ms INTEGER NOT NULL)",
+            "CREATE INDEX IF NOT EXISTS bench_payments_order ON bench_payments (order_id)",
+            "CREATE TABLE IF NOT EXISTS bench_idem_keys (idem_key TEXT NOT NULL PRIMARY KEY, \
+             request_hash BLOB NOT NULL, state INTEGER NOT NULL, response BLOB NULL, \
+             created_at_ms INTEGER NOT NULL) WITHOUT ROWID",
+            "CREATE TABLE IF NOT EXISTS bench_lease_rows (id INTEGER PRIMARY KEY AUTOINCREMENT, reference TEXT NOT NULL)",
+        ],
+    }
+}
+
+const BENCH_TABLES: [&str; 9] = [
+    "bench_orders",
+    "bench_payments",
+    "bench_idem_keys",
+    "bench_lease_rows",
+    idem::sea_orm::LEDGER_TABLE,
+    idem::sea_orm::STEPS_TABLE,
+    idem::sea_orm::OUTBOX_TABLE,
+    idem::sea_orm::OUTBOX_HEADS_TABLE,
+    idem::sea_orm::DEAD_LETTERS_TABLE,
+];
+
+/// Deletes every row of the bench's tables (its own ledger, lease steps and outbox included).
+pub(crate) async fn clean(db: &DatabaseConnection) -> Res<()> {
+    match db.get_database_backend() {
+        DbBackend::Postgres => {
+            db.execute_unprepared(&format!(
+                "TRUNCATE {} RESTART IDENTITY",
+                BENCH_TABLES.join(", ")
+            ))
+            .await?;
+        }
+        DbBackend::MySql => {
+            for t in BENCH_TABLES {
+                db.execute_unprepared(&format!("TRUNCATE TABLE {t}"))
+                    .await?;
+            }
+        }
+        _ => {
+            for t in BENCH_TABLES {
+                db.execute_unprepared(&format!("DELETE FROM {t}")).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn seed_orders(db: &DatabaseConnection) -> Res<()> {
+    let total = SLOTS * ORDERS_PER_SLOT;
+    let now = now_ms();
+    let mut id = 1;
+    while id <= total {
+        let end = (id + 99).min(total);
+        let rows: Vec<String> = (id..=end)
+            .map(|i| format!("({i}, {}, 'open', 500000000, 0, 0, {now})", 1_000_000 + i))
+            .collect();
+        db.execute_unprepared(&format!(
+            "INSERT INTO bench_orders (id, customer_id, status, total_cents, paid_cents, version, updated_at_ms) \
+             VALUES {}",
+            rows.join(", ")
+        ))
+        .await?;
+        id = end + 1;
+    }
+    Ok(())
+}
+
+/// The bench's shared state.
+#[derive(Debug)]
+pub(crate) struct Bench {
+    pub(crate) db: DatabaseConnection,
+    pub(crate) sql: Sql,
+    pub(crate) template: PayOrder,
+    pub(crate) run: u64,
+    pub(crate) seq: AtomicU64,
+    /// Calls that executed the body (payments the database must hold at the end).
+    pub(crate) executed: AtomicU64,
+    pub(crate) started: Instant,
+}
+
+impl Bench {
+    /// A fresh UUID-shaped (36-character) key.
+    pub(crate) fn new_key(&self) -> String {
+        let n = self.seq.fetch_add(1, Ordering::Relaxed);
+        format!(
+            "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
+            self.run & 0xffff_ffff,
+            (self.run >> 32) & 0xffff,
+            (n >> 60) & 0xfff,
+            (n >> 48) & 0xfff,
+            n & 0xffff_ffff_ffff
+        )
+    }
+
+    /// A new request on one of `slot`'s orders.
+    pub(crate) fn command(&self, slot: i64, i: usize) -> PayOrder {
+        let mut cmd = self.template.clone();
+        cmd.idempotency_key = self.new_key();
+        cmd.order_id = 1 + slot * ORDERS_PER_SLOT + (i as i64 % ORDERS_PER_SLOT);
+        cmd
+    }
+
+    pub(crate) async fn call(&self, variant: Variant, cmd: PayOrder) -> Res<Receipt> {
+        let receipt = call_variant(&self.db, &self.sql, variant, cmd).await?;
+        if variant.executes() {
+            self.executed.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(receipt)
+    }
+
+    pub(crate) fn progress(&self, what: &str) {
+        eprintln!("[{:>6.1} s] {what}", self.started.elapsed().as_secs_f64());
+    }
+}
+
+pub(crate) async fn scalar(db: &DatabaseConnection, sql: &str) -> Res<String> {
+    let row = db
+        .query_one_raw(Statement::from_string(db.get_database_backend(), sql))
+        .await?
+        .ok_or("no row")?;
+    if let Ok(s) = row.try_get_by_index::<String>(0) {
+        return Ok(s);
+    }
+    if let Ok(i) = row.try_get_by_index::<i64>(0) {
+        return Ok(i.to_string());
+    }
+    if let Ok(i) = row.try_get_by_index::<i32>(0) {
+        return Ok(i.to_string());
+    }
+    Ok(row.try_get_by_index::<u64>(0)?.to_string())
+}
+
+/// Facts about the run that the report states before the figures.
+#[derive(Debug)]
+pub(crate) struct Facts {
+    pub(crate) server: String,
+    pub(crate) durability: String,
+    /// The request P5 fingerprints.
+    pub(crate) sample: PayOrder,
+    pub(crate) request_json_bytes: usize,
+    pub(crate) request_canonical_bytes: usize,
+}
+
+/// Connects, creates and empties the bench's tables, seeds the orders, and builds the state
+/// every figure shares.
+pub(crate) async fn prepare(args: &Args, started: Instant) -> Res<(Arc<Bench>, Target, Facts)> {
+    let target = target(args).await?;
+    let db = connect(&target.url, target.pool, target.schema).await?;
+    if args.backend == Backend::Sqlite {
+        db.execute_unprepared("PRAGMA journal_mode = WAL").await?;
+        db.execute_unprepared("PRAGMA synchronous = FULL").await?;
+    }
+    idem::sea_orm::create_tables(&db).await?;
+    for sql in ddl(db.get_database_backend()) {
+        db.execute_unprepared(sql).await?;
+    }
+    clean(&db).await?;
+    seed_orders(&db).await?;
+    let (server, durability) = server_facts(&db).await?;
+
+    let run = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
+        ^ (u64::from(std::process::id()) << 32);
+    let bench = Arc::new(Bench {
+        sql: Sql::new(db.get_database_backend()),
+        db,
+        template: template(),
+        run,
+        seq: AtomicU64::new(0),
+        executed: AtomicU64::new(0),
+        started,
+    });
+    let sample = bench.command(SLOT_LATENCY, 0);
+    let request_json_bytes = serde_json::to_vec(&sample)?.len();
+    let mut canonical = Fingerprinter::new("bench.pay");
+    canonical.arg(&sample)?;
+    let request_canonical_bytes = canonical.encoded().len();
+    bench.progress(&format!(
+        "{} ({}): {server}; {durability}",
+        args.backend.name(),
+        if args.quick { "quick" } else { "full" }
+    ));
+    let facts = Facts {
+        server,
+        durability,
+        sample,
+        request_json_bytes,
+        request_canonical_bytes,
+    };
+    Ok((bench, target, facts))
+}
+
+/// What the end-of-run check counted.
+#[derive(Debug)]
+pub(crate) struct Checked {
+    pub(crate) executed: u64,
+    pub(crate) payments: u64,
+    pub(crate) ledger_records: u64,
+}
+
+/// Every execution left exactly one payment; replays left none. Fails otherwise.
+pub(crate) async fn check(b: &Bench) -> Res<Checked> {
+    let payments: u64 = scalar(&b.db, "SELECT COUNT(*) FROM bench_payments")
+        .await?
+        .parse()?;
+    let executed = b.executed.load(Ordering::Relaxed);
+    if payments != executed {
+        return Err(format!("{payments} payments for {executed} executions").into());
+    }
+    let ledger_records: u64 = scalar(&b.db, "SELECT COUNT(*) FROM idem_ledger")
+        .await?
+        .parse()?;
+    Ok(Checked {
+        executed,
+        payments,
+        ledger_records,
+    })
+}
+
+/// Empties the bench's tables, closes the pool, and deletes the SQLite file the bench made.
+pub(crate) async fn finish(b: &Bench, target: &Target) -> Res<()> {
+    clean(&b.db).await?;
+    b.db.close_by_ref().await?;
+    if let Some(path) = &target.sqlite_file {
+        remove_sqlite(path);
+    }
+    Ok(())
+}
