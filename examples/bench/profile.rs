@@ -178,9 +178,6 @@ async fn sqlite_wal_frames(
 
 /// Where each variant's time goes: statements per call and their time (SeaORM's metric
 /// callback), CPU of the bench and of the server, server counters. One connection, calls in
-
-/// Where each variant's time goes: statements per call and their time (SeaORM's metric
-/// callback), CPU of the bench and of the server, server counters. One connection, calls in
 /// sequence, variants interleaved in chunks of five calls (ABCD, DCBA, …).
 pub(crate) async fn profile(b: &Bench, target: &Target, plan: &Plan) -> Res<Profile> {
     let totals: Arc<Mutex<PerVariant<StatementTotals>>> = Arc::default();
