@@ -32,7 +32,7 @@ impl Fingerprint {
 
 /// The fingerprint of the 1 KiB request, as `#[idempotent]` computes it (P5), in µs per call:
 /// the whole fingerprint, and the canonical encoding alone, alternating round by round.
-pub(crate) fn fingerprint(cmd: &PayOrder, plan: &Plan) -> Res<Fingerprint> {
+pub(crate) fn measure(cmd: &PayOrder, plan: &Plan) -> Res<Fingerprint> {
     let mut out = Fingerprint {
         whole_us: Vec::new(),
         encoding_us: Vec::new(),

@@ -48,7 +48,7 @@ impl Latency {
 
 /// Single-client latency of every variant (P1, P2, P4). Variants alternate call by call
 /// (ABCD, DCBA, …): a slow or fast phase of the machine hits all of them alike.
-pub(crate) async fn latency(b: &Bench, plan: &Plan) -> Res<Latency> {
+pub(crate) async fn measure(b: &Bench, plan: &Plan) -> Res<Latency> {
     let n = plan.latency_calls;
     // Requests idem first has recorded: idem replay sends them again.
     let mut recorded: Vec<PayOrder> = Vec::new();

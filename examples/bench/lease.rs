@@ -104,7 +104,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// P10: the plan's first executions of each mode, alternating, on fresh keys, in the
 /// bench's `bench_lease_rows` (created with the other bench tables).
-pub(crate) async fn lease(b: &Bench, plan: &Plan) -> Res<LeaseCost> {
+pub(crate) async fn measure(b: &Bench, plan: &Plan) -> Res<LeaseCost> {
     let cost = lease_cost(&b.db, plan.lease_calls).await?;
     b.progress("lease done");
     Ok(cost)

@@ -287,7 +287,7 @@ impl Ledger {
 
 /// The ledger's size per million records; in full mode P7's purge cycles, whose first cycle
 /// measures the size; in quick mode one insert and one purge of the plan's synthetic records.
-pub(crate) async fn ledger(b: &Arc<Bench>, plan: &Plan) -> Res<Ledger> {
+pub(crate) async fn measure(b: &Arc<Bench>, plan: &Plan) -> Res<Ledger> {
     // A real receipt, so synthetic records are as large as recorded ones.
     let receipt = pay_idem(&b.db, b.command(SLOT_LATENCY, 1), &b.sql).await?;
     b.executed.fetch_add(1, Ordering::Relaxed);

@@ -63,19 +63,19 @@ async fn main() -> Res<()> {
     let (bench, target, facts) = setup::prepare(&args, started).await?;
     let b = &bench;
 
-    let fingerprint = fingerprint::fingerprint(&facts.sample, &plan)?;
+    let fingerprint = fingerprint::measure(&facts.sample, &plan)?;
     b.progress("fingerprint done");
-    let latency = latency::latency(b, &plan).await?;
-    let throughput = throughput::throughput(b, &plan).await?;
-    let storm = storm::storm(b, &plan).await?;
+    let latency = latency::measure(b, &plan).await?;
+    let throughput = throughput::measure(b, &plan).await?;
+    let storm = storm::measure(b, &plan).await?;
     b.progress("storm done");
-    let profile = profile::profile(b, &target, &plan).await?;
+    let profile = profile::measure(b, &target, &plan).await?;
     b.progress("profile done");
-    let ledger = ledger::ledger(b, &plan).await?;
+    let ledger = ledger::measure(b, &plan).await?;
     // Before the outbox and lease figures, whose ledger records are not the workload's.
     let checked = setup::check(b).await?;
-    let outbox = outbox::outbox(b, &plan).await?;
-    let lease = lease::lease(b, &plan).await?;
+    let outbox = outbox::measure(b, &plan).await?;
+    let lease = lease::measure(b, &plan).await?;
     setup::finish(b, &target).await?;
 
     let results = Results {

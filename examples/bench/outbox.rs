@@ -403,7 +403,7 @@ impl OutboxFigures {
 /// P8 then P9 on the bench's database, against the NATS server at `NATS_URL`. Only failing to
 /// reach the server (or its JetStream) makes them "not measured"; any later failure is an
 /// error, so a broken relay cannot pass for a missing server.
-pub(crate) async fn outbox(b: &Bench, plan: &Plan) -> Res<OutboxFigures> {
+pub(crate) async fn measure(b: &Bench, plan: &Plan) -> Res<OutboxFigures> {
     let nats_url = std::env::var("NATS_URL").unwrap_or_else(|_| DEFAULT_NATS_URL.to_owned());
     let reached = async {
         let client = async_nats::connect(&nats_url).await?;

@@ -179,7 +179,7 @@ async fn sqlite_wal_frames(
 /// Where each variant's time goes: statements per call and their time (SeaORM's metric
 /// callback), CPU of the bench and of the server, server counters. One connection, calls in
 /// sequence, variants interleaved in chunks of five calls (ABCD, DCBA, …).
-pub(crate) async fn profile(b: &Bench, target: &Target, plan: &Plan) -> Res<Profile> {
+pub(crate) async fn measure(b: &Bench, target: &Target, plan: &Plan) -> Res<Profile> {
     let totals: Arc<Mutex<PerVariant<StatementTotals>>> = Arc::default();
     // The variant being profiled, as its position in `Variant::ALL` (`usize::MAX`: none): an
     // atomic, so the metric callback reads it without taking a lock.

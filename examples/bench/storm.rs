@@ -72,7 +72,7 @@ async fn concurrently(b: &Arc<Bench>, cmds: Vec<PayOrder>) -> Res<f64> {
 }
 
 /// 64 concurrent duplicates of one key against one execution, alternating (P6).
-pub(crate) async fn storm(b: &Arc<Bench>, plan: &Plan) -> Res<Storm> {
+pub(crate) async fn measure(b: &Arc<Bench>, plan: &Plan) -> Res<Storm> {
     storm_once(b, plan.storm, 0).await?; // opens the pool's connections
     let mut out = Storm::default();
     for round in 0..plan.storm_rounds {

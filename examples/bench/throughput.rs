@@ -102,7 +102,7 @@ impl Throughput {
 }
 
 /// Throughput of the executing variants with concurrent clients (P3).
-pub(crate) async fn throughput(b: &Arc<Bench>, plan: &Plan) -> Res<Throughput> {
+pub(crate) async fn measure(b: &Arc<Bench>, plan: &Plan) -> Res<Throughput> {
     for v in Variant::EXECUTING {
         throughput_round(b, v, plan.clients, Duration::from_millis(300)).await?;
     }
