@@ -125,8 +125,13 @@ fn label(sql: &str) -> &'static str {
     .into_iter()
     .find(|t| sql.contains(t));
     match (verb.as_str(), table) {
+        // PostgreSQL's claim inserts or reads in one statement.
+        ("WITH", Some("idem_ledger")) => "ledger: claim (insert or read)",
+        // SQLite records by one upsert; the other backends' INSERT is the claim.
+        ("INSERT", Some("idem_ledger")) if sql.contains("DO UPDATE") => "ledger: record upsert",
         ("INSERT", Some("idem_ledger")) => "ledger: claim INSERT",
-        ("SELECT", Some("idem_ledger")) => "ledger: read FOR UPDATE",
+        ("SELECT", Some("idem_ledger")) if sql.contains("FOR UPDATE") => "ledger: read FOR UPDATE",
+        ("SELECT", Some("idem_ledger")) => "ledger: read",
         ("UPDATE", Some("idem_ledger")) if sql.contains("created_at_ms =") => {
             "ledger: take-over UPDATE"
         }
