@@ -1,5 +1,8 @@
-//! Shared test plumbing: the backend matrix and an `effects` table the handlers write to, so
-//! tests count side effects in the database rather than trusting return values.
+//! Shared test plumbing, the one place every test binary gets its databases from: the
+//! backend matrix ([`SERVERS`], [`connect`], [`connect_all`]), the table-creation loop
+//! ([`prepare_with`]), and an `effects` table the handlers write to, so tests count side
+//! effects in the database rather than trusting return values. `isolated` gives a test
+//! databases of its own; the reliability suite adds its tables in `tests/reliability/support.rs`.
 //!
 //! SQLite always runs (a fresh file per test). PostgreSQL and MySQL/MariaDB run when
 //! `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_MYSQL_URL` are set; a set but unreachable server
@@ -17,9 +20,26 @@ use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement,
 };
 
+/// One database of the run.
 pub struct Backend {
     pub name: &'static str,
+    /// How another pool or process reaches the same database.
+    pub url: String,
     pub db: DatabaseConnection,
+}
+
+/// The servers a run may cover: `(backend name, environment variable with its URL)`.
+pub const SERVERS: [(&str, &str); 2] = [
+    ("postgres", "IDEM_TEST_POSTGRES_URL"),
+    ("mysql", "IDEM_TEST_MYSQL_URL"),
+];
+
+/// The servers this run covers: those whose variable is set, with their URLs.
+pub fn server_urls() -> Vec<(&'static str, String)> {
+    SERVERS
+        .iter()
+        .filter_map(|&(name, var)| std::env::var(var).ok().map(|url| (name, url)))
+        .collect()
 }
 
 /// A string unique to this process and call, for keys and run ids.
@@ -36,40 +56,57 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
-async fn connect(url: &str, max: u32) -> DatabaseConnection {
+/// The URL of a fresh SQLite file in the system temp directory, named `<prefix>-<unique>.db`.
+pub fn sqlite_url(prefix: &str) -> String {
+    let path = std::env::temp_dir().join(format!("{}.db", unique(prefix)));
+    format!("sqlite://{}?mode=rwc", path.display())
+}
+
+/// A pool on `url` with at most `max` connections; SQLite keeps SeaORM's default pool of
+/// one connection whatever `max` says. A server that was named but cannot be reached FAILS.
+pub async fn connect(url: &str, max: u32) -> DatabaseConnection {
     let mut options = ConnectOptions::new(url.to_owned());
-    options.sqlx_logging(false).max_connections(max);
+    options.sqlx_logging(false);
+    if !url.starts_with("sqlite:") {
+        options.max_connections(max);
+    }
     match Database::connect(options).await {
         Ok(db) => db,
         Err(e) => panic!("cannot connect to {url} (set by the environment, so this fails): {e}"),
     }
 }
 
-/// A fresh SQLite file database (with SeaORM's default pool of one connection).
+/// Every database of this run, unprepared: a fresh SQLite file (`<prefix>-*.db`) always,
+/// and each server whose variable is set, with pools of at most `max` connections.
+pub async fn connect_all(prefix: &str, max: u32) -> Vec<Backend> {
+    let url = sqlite_url(prefix);
+    let mut all = vec![Backend {
+        name: "sqlite",
+        db: connect(&url, max).await,
+        url,
+    }];
+    for (name, url) in server_urls() {
+        all.push(Backend {
+            name,
+            db: connect(&url, max).await,
+            url,
+        });
+    }
+    all
+}
+
+/// A fresh SQLite file database (with SeaORM's default pool of one connection), prepared.
 pub async fn sqlite() -> DatabaseConnection {
-    let path = std::env::temp_dir().join(format!("{}.db", unique("idem-test")));
-    let db = Database::connect(format!("sqlite://{}?mode=rwc", path.display()))
-        .await
-        .expect("sqlite file");
+    let db = connect(&sqlite_url("idem-test"), 1).await;
     prepare(&db).await;
     db
 }
 
 /// Every backend this run covers, with the ledger and the effects table in place.
 pub async fn backends() -> Vec<Backend> {
-    let mut all = vec![Backend {
-        name: "sqlite",
-        db: sqlite().await,
-    }];
-    for (name, var) in [
-        ("postgres", "IDEM_TEST_POSTGRES_URL"),
-        ("mysql", "IDEM_TEST_MYSQL_URL"),
-    ] {
-        if let Ok(url) = std::env::var(var) {
-            let db = connect(&url, 24).await;
-            prepare(&db).await;
-            all.push(Backend { name, db });
-        }
+    let all = connect_all("idem-test", 24).await;
+    for b in &all {
+        prepare(&b.db).await;
     }
     all
 }
@@ -87,13 +124,21 @@ pub async fn prepare(db: &DatabaseConnection) {
             "CREATE TABLE IF NOT EXISTS idem_test_effects (id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, label TEXT NOT NULL, amount INTEGER NOT NULL)"
         }
     };
-    for attempt in 0..5 {
-        let ledger = idem::sea_orm::create_tables(db).await;
-        let table = db.execute_unprepared(effects).await;
-        if ledger.is_ok() && table.is_ok() {
+    prepare_with(db, &[effects]).await;
+}
+
+/// Creates the ledger and runs `ddl` (`CREATE ... IF NOT EXISTS` statements), retrying
+/// with a growing pause: concurrent `CREATE ... IF NOT EXISTS` can race on PostgreSQL's
+/// catalog when tests prepare the same database at once.
+pub async fn prepare_with(db: &DatabaseConnection, ddl: &[&str]) {
+    for attempt in 0..10_u64 {
+        let mut ok = idem::sea_orm::create_tables(db).await.is_ok();
+        for sql in ddl {
+            ok &= db.execute_unprepared(sql).await.is_ok();
+        }
+        if ok {
             return;
         }
-        // Concurrent CREATE TABLE IF NOT EXISTS can race on PostgreSQL's catalog.
         tokio::time::sleep(std::time::Duration::from_millis(50 * (attempt + 1))).await;
     }
     panic!("cannot create the test tables");

@@ -1,5 +1,5 @@
 //! Plumbing of the reliability suite (`tests/reliability.rs`, docs/RELIABILITY.md): the
-//! backends, an effects table the handlers write to, single-snapshot counts of effects and
+//! backends (`crate::common`'s, with the suite's tables), an effects table the handlers write to, single-snapshot counts of effects and
 //! ledger states, a seeded PRNG, the shared `transfer` handler, and the child processes of
 //! R2/R3 (the suite's own test binary, re-executed).
 //!
@@ -15,21 +15,16 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use idem::idempotent;
-use sea_orm::{
-    ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement, Value,
-};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, Value};
 use serde::{Deserialize, Serialize};
 
 /// The scope of the shared handler.
 pub const SCOPE: &str = "rel.transfer";
 
-/// One database of the run.
-pub struct Backend {
-    pub name: &'static str,
-    /// Connection URL (children connect to it themselves).
-    pub url: String,
-    pub db: DatabaseConnection,
-}
+/// One database of the run, with its URL (children connect to it themselves).
+pub use crate::common::Backend;
+/// A string unique to this process and call; a pool on a URL.
+pub use crate::common::{connect, unique};
 
 /// Whether the quick sizes were asked for (`IDEM_RELIABILITY_QUICK=1`, for local
 /// iteration). By default the suite runs the full sizes: they take well under a
@@ -38,49 +33,16 @@ pub fn quick() -> bool {
     std::env::var("IDEM_RELIABILITY_QUICK").is_ok_and(|v| v == "1")
 }
 
-/// A string unique to this process and call.
-pub use crate::common::unique;
-
-/// Connects to `url` with at most `max` connections (SQLite: SeaORM's default pool of one).
-pub async fn connect(url: &str, max: u32) -> DatabaseConnection {
-    let mut options = ConnectOptions::new(url.to_owned());
-    options.sqlx_logging(false);
-    if !url.starts_with("sqlite:") {
-        options.max_connections(max);
-    }
-    match Database::connect(options).await {
-        Ok(db) => db,
-        Err(e) => panic!("cannot connect to {url} (set by the environment, so this fails): {e}"),
-    }
-}
-
 /// A fresh SQLite file of its own: its URL.
 pub fn sqlite_url() -> String {
-    let path = std::env::temp_dir().join(format!("{}.db", unique("idem-rel")));
-    format!("sqlite://{}?mode=rwc", path.display())
+    crate::common::sqlite_url("idem-rel")
 }
 
-/// Every backend of this run (SQLite always; servers when their variables are set; a set
-/// but unreachable server fails), with the ledger and the effects table in place.
+/// Every backend of this run (`crate::common::connect_all`: SQLite always, servers when
+/// their variables are set, a set but unreachable server fails), with the ledger and the
+/// effects table in place.
 pub async fn backends(max: u32) -> Vec<Backend> {
-    let url = sqlite_url();
-    let mut all = vec![Backend {
-        name: "sqlite",
-        db: connect(&url, max).await,
-        url,
-    }];
-    for (name, var) in [
-        ("postgres", "IDEM_TEST_POSTGRES_URL"),
-        ("mysql", "IDEM_TEST_MYSQL_URL"),
-    ] {
-        if let Ok(url) = std::env::var(var) {
-            all.push(Backend {
-                name,
-                db: connect(&url, max).await,
-                url,
-            });
-        }
-    }
+    let all = crate::common::connect_all("idem-rel", max).await;
     for b in &all {
         prepare(&b.db).await;
     }
@@ -115,18 +77,7 @@ pub async fn prepare(db: &DatabaseConnection) {
             "CREATE INDEX IF NOT EXISTS idem_rel_effects_run ON idem_rel_effects (run_id, k)",
         ],
     };
-    for attempt in 0..10_u64 {
-        let mut ok = idem::sea_orm::create_tables(db).await.is_ok();
-        for sql in ddl {
-            ok &= db.execute_unprepared(sql).await.is_ok();
-        }
-        if ok {
-            return;
-        }
-        // Concurrent CREATE ... IF NOT EXISTS can race on PostgreSQL's catalog.
-        tokio::time::sleep(Duration::from_millis(50 * (attempt + 1))).await;
-    }
-    panic!("cannot create the reliability tables");
+    crate::common::prepare_with(db, ddl).await;
 }
 
 /// `sql` with `?` placeholders numbered for PostgreSQL.
