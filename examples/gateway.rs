@@ -130,7 +130,11 @@ async fn post_charge(
         )
         .into_response();
     }
-    respond(StatusCode::CREATED, create_charge(&db, key, new)).await
+    // Owned state, so the call can run to completion on its own task (see `respond`).
+    respond(StatusCode::CREATED, async move {
+        create_charge(&db, key, new).await
+    })
+    .await
 }
 
 async fn list_charges(State(db): State<DatabaseConnection>) -> Result<Response, ApiError> {

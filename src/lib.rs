@@ -133,7 +133,8 @@ pub mod lease {
 }
 
 /// HTTP glue for axum 0.8 (the IETF Idempotency-Key draft): the `Idempotency-Key` extractor,
-/// problem+json errors with the draft's statuses, [`respond`](axum::respond), which adds
+/// problem+json errors with the draft's statuses, [`respond`](axum::respond), which runs the
+/// call to completion on a task of its own (a client that hangs up cannot cut it off) and adds
 /// `Idempotent-Replayed: true` to replays ([`Respond`](axum::Respond) to answer replays with
 /// 200 or send an `ETag`), the [`IfMatch`] extractor for conditional
 /// writes (428 without it, 412 when it no longer matches; see
@@ -144,7 +145,7 @@ pub mod lease {
 pub mod axum {
     pub use idem_core::http::{
         IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, IdempotencyLayer, IdempotencyService,
-        Problem, ReplayStatus, Respond, respond,
+        Problem, ReplayStatus, Respond, respond, respond_inline, run_to_completion,
     };
     pub use idem_core::{EntityTag, IfMatch};
 }

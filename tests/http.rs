@@ -710,7 +710,7 @@ async fn replays_can_answer_200_after_a_201() {
                      axum::Json(new): axum::Json<app::NewOrder>| async move {
                         Respond::new(StatusCode::CREATED)
                             .replay_status(ReplayStatus::Ok)
-                            .run(app::place_order(&app.db, key, new))
+                            .run(async move { app::place_order(&app.db, key, new).await })
                             .await
                     },
                 ),

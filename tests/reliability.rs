@@ -1,5 +1,6 @@
 //! The reliability suite (docs/RELIABILITY.md): storms, many processes, SIGKILL crashes,
-//! cancellation at every poll, broken connections, bad input, isolation and properties.
+//! cancellation at every poll, broken connections, bad input, isolation, properties and
+//! HTTP clients that hang up (R13).
 //!
 //! Every test counts effects in the database (`idem_rel_effects`, two rows per execution:
 //! a partial write shows as an odd count) and checks the ledger for rows left in state 0.
@@ -19,6 +20,8 @@ mod common;
 #[path = "reliability/support.rs"]
 mod support;
 
+#[path = "reliability/r13_disconnects.rs"]
+mod r13_disconnects;
 #[path = "reliability/r1_storm.rs"]
 mod r1_storm;
 #[path = "reliability/r2_processes.rs"]
@@ -35,6 +38,14 @@ mod r6_bad_input;
 mod r7_isolation;
 #[path = "reliability/r8_properties.rs"]
 mod r8_properties;
+
+// The payments example, served over a socket by R13.
+#[path = "../examples/payments/app.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod app;
+#[path = "../examples/shop/model.rs"]
+#[allow(unreachable_pub)]
+mod model;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -9,7 +9,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idem::axum::{EntityTag, IdempotencyKey, IdempotencyLayer, IfMatch, Problem, Respond, respond};
+use idem::axum::{
+    EntityTag, IdempotencyKey, IdempotencyLayer, IfMatch, Problem, Respond, respond,
+    run_to_completion,
+};
 use idem::outbox::Message;
 use idem::sea_orm::{ConditionalUpdate, Outbox, SeaOrmLeaseStore, Stateful};
 use idem::{TransitionOutcome, idempotent, transition};
@@ -479,6 +482,11 @@ fn positive(amount_cents: i64) -> Result<(), Problem> {
     ))
 }
 
+// Every handler that reaches the database runs its work through `respond` or
+// `run_to_completion`: on a task of its own, with owned state, so a client that hangs up
+// cannot cut a statement off mid-flight (and poison a pooled connection) or leave a pay's
+// lease claimed; the call finishes, and the client's retry replays its answer.
+
 async fn create_order(
     State(app): State<AppState>,
     key: IdempotencyKey,
@@ -487,7 +495,10 @@ async fn create_order(
     if let Err(refused) = positive(new.amount_cents) {
         return refused.into_response();
     }
-    respond(StatusCode::CREATED, place_order(&app.db, key, new)).await
+    respond(StatusCode::CREATED, async move {
+        place_order(&app.db, key, new).await
+    })
+    .await
 }
 
 async fn pay_order(
@@ -499,7 +510,10 @@ async fn pay_order(
     if let Err(refused) = positive(request.amount_cents) {
         return refused.into_response();
     }
-    respond(StatusCode::OK, pay(&app.db, &app.gateway, key, id, request)).await
+    respond(StatusCode::OK, async move {
+        pay(&app.db, &app.gateway, key, id, request).await
+    })
+    .await
 }
 
 async fn cancel_order(
@@ -507,7 +521,11 @@ async fn cancel_order(
     key: IdempotencyKey,
     Path(id): Path<String>,
 ) -> Response {
-    respond(StatusCode::OK, cancel(&app.db, key, id)).await
+    respond(
+        StatusCode::OK,
+        async move { cancel(&app.db, key, id).await },
+    )
+    .await
 }
 
 async fn change_order(
@@ -531,7 +549,7 @@ async fn change_order(
     // The answer carries the order's new `ETag`, so the client can chain its next change.
     Respond::new(StatusCode::OK)
         .etag(OrderView::etag)
-        .run(change_note(&app.db, key, id, if_match, change))
+        .run(async move { change_note(&app.db, key, id, if_match, change).await })
         .await
 }
 
@@ -571,16 +589,23 @@ async fn refund_order(
 }
 
 /// The order with its payments, and its `ETag` (the row's version) for conditional writes.
-async fn show_order(
-    State(app): State<AppState>,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    let Some(found) = order::Entity::find_by_id(id.clone()).one(&app.db).await? else {
+async fn show_order(State(app): State<AppState>, Path(id): Path<String>) -> Response {
+    run_to_completion(async move {
+        order_with_payments(&app.db, id)
+            .await
+            .unwrap_or_else(IntoResponse::into_response)
+    })
+    .await
+}
+
+/// An order and its payments, as `GET /orders/{id}` shows them, with its `ETag`.
+async fn order_with_payments(db: &DatabaseConnection, id: String) -> Result<Response, ApiError> {
+    let Some(found) = order::Entity::find_by_id(id.clone()).one(db).await? else {
         return Err(ApiError::NotFound(id));
     };
     let payments: Vec<serde_json::Value> = payment::Entity::find()
         .filter(payment::Column::OrderId.eq(id.as_str()))
-        .all(&app.db)
+        .all(db)
         .await?
         .into_iter()
         .map(|p| {

@@ -15,6 +15,9 @@
 //!
 //! [`IdempotencyLayer`] gives plain routes (not `#[idempotent]` functions) the same contract by
 //! recording their whole responses.
+//!
+//! [`respond`] runs the call to completion on a task of its own, so a client that hangs up
+//! cannot cut it off mid-statement; its retry replays the recorded answer.
 
 use std::future::Future;
 
@@ -274,20 +277,85 @@ impl IntoResponse for Error {
     }
 }
 
-/// Runs an idempotent call and answers it: `Ok(value)` as JSON with `status`, `Err(e)` as
-/// `e`'s response; a replayed answer (value or recorded final error) carries
-/// `Idempotent-Replayed: true`, a first execution does not.
+/// Runs an idempotent call **to completion on a task of its own** and answers it: `Ok(value)`
+/// as JSON with `status`, `Err(e)` as `e`'s response; a replayed answer (value or recorded
+/// final error) carries `Idempotent-Replayed: true`, a first execution does not.
 ///
 /// Because the recorded value is replayed and rendered the same way, a replay returns the
 /// originally recorded status and body. Shorthand for `Respond::new(status).run(call)`; see
 /// [`Respond`] for replays answered with 200 and for an `ETag` taken from the value.
+///
+/// # A client that hangs up does not cut the call off
+///
+/// axum (hyper) drops a handler's future when its client disconnects. Dropped mid-call, a
+/// handler's statement can be cut off in flight, and with sqlx 0.9 that can return its
+/// pooled connection *inside a transaction* (PostgreSQL: later, unrelated requests run in a
+/// stale transaction) or lose it for good (MariaDB: the pool shrinks); in lease mode the key
+/// also stays claimed until its lease ends, so the client's retry waits and gets 409
+/// (docs/RELIABILITY.md, finding 2). `respond` therefore spawns the call (and the rendering
+/// of its answer) on a tokio task: once started, the call finishes whatever the client
+/// does, its answer is recorded, and the client's retry replays it. Only the wait for the
+/// answer is dropped with the handler. That is why `call` must be `Send + 'static`: pass it
+/// owned or cloned state (`async move { pay(&app.db, key, order).await }` with `app` an
+/// owned clone of the router state), not borrows of the handler's arguments.
+///
+/// The task runs inside the current tracing span. Task-locals of the handler's task do not
+/// travel: the outcome that sets the replay header is tracked inside the spawned task, so an
+/// outer [`with_outcome`] around `respond` sees no outcome. A panic in the call is resumed in
+/// the handler, as if the call had run there. Outside a tokio runtime the call runs in place.
+///
+/// Use [`respond_inline`] (or [`Respond::run_inline`]) for a call that borrows: it is
+/// cancelled with the handler.
 pub async fn respond<T, E, F>(status: StatusCode, call: F) -> Response
+where
+    F: Future<Output = Result<T, E>> + Send + 'static,
+    T: Serialize + 'static,
+    E: IntoResponse + 'static,
+{
+    Respond::new(status).run(call).await
+}
+
+/// [`respond`] without the task: the call runs inside the handler's future, so it needs
+/// neither `Send` nor `'static`, and it is **cancelled when the client disconnects**.
+///
+/// Only for calls that cannot be made `'static`, or whose bodies run no statement that a
+/// drop could cut off: with sqlx 0.9 a handler statement dropped in flight can leave its
+/// pooled connection in a transaction (PostgreSQL) or lose it (MariaDB), and a lease-mode
+/// key stays claimed until its lease ends. Prefer [`respond`].
+pub async fn respond_inline<T, E, F>(status: StatusCode, call: F) -> Response
 where
     F: Future<Output = Result<T, E>>,
     T: Serialize,
     E: IntoResponse,
 {
-    Respond::new(status).run(call).await
+    Respond::new(status).run_inline(call).await
+}
+
+/// Runs `future` to completion on a tokio task of its own (inside the current tracing span)
+/// and waits for its output: dropping the returned future stops the wait, never the work.
+/// [`respond`] runs calls this way; use it for other handler work that must not be cut off
+/// mid-statement when a client disconnects, such as a read that shares the pool.
+///
+/// A panic in `future` is resumed in the caller. Outside a tokio runtime `future` runs in
+/// place.
+pub async fn run_to_completion<F>(future: F) -> F::Output
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return future.await;
+    };
+    let task = runtime.spawn(tracing::Instrument::in_current_span(future));
+    match task.await {
+        Ok(output) => output,
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            // Nothing aborts the task; only a runtime shutting down cancels it, and that
+            // drops the waiting handler too.
+            Err(e) => unreachable!("a call's task was cancelled: {e}"),
+        },
+    }
 }
 
 /// Which status a replayed value is answered with.
@@ -316,9 +384,9 @@ pub enum ReplayStatus {
 /// # let _ = created;
 /// ```
 ///
-/// In a handler: `Respond::new(StatusCode::CREATED).replay_status(ReplayStatus::Ok).run(place_order(&db, key, new)).await`,
+/// In a handler: `Respond::new(StatusCode::CREATED).replay_status(ReplayStatus::Ok).run(async move { place_order(&db, key, new).await }).await`,
 /// or, to send the `ETag` of the written row,
-/// `Respond::new(StatusCode::OK).etag(OrderView::etag).run(change_note(&db, key, id, if_match, patch)).await`.
+/// `Respond::new(StatusCode::OK).etag(OrderView::etag).run(async move { change_note(&db, key, id, if_match, patch).await }).await`.
 #[must_use = "a `Respond` does nothing until `.run(call)` is awaited"]
 pub struct Respond<T> {
     status: StatusCode,
@@ -368,9 +436,21 @@ impl<T: Serialize> Respond<T> {
         self
     }
 
-    /// Runs the idempotent call and answers it: the value as JSON, an error as its own
-    /// response, a replay with `Idempotent-Replayed: true`.
+    /// Runs the idempotent call to completion on a task of its own and answers it: the value
+    /// as JSON, an error as its own response, a replay with `Idempotent-Replayed: true`. A
+    /// client that hangs up stops only the wait, never the call (see [`respond`]).
     pub async fn run<E, F>(self, call: F) -> Response
+    where
+        T: 'static,
+        E: IntoResponse + 'static,
+        F: Future<Output = Result<T, E>> + Send + 'static,
+    {
+        run_to_completion(async move { self.run_inline(call).await }).await
+    }
+
+    /// [`run`](Self::run) inside the handler's own future: no `Send` or `'static` needed, and
+    /// the call is **cancelled when the client disconnects** (see [`respond_inline`]).
+    pub async fn run_inline<E, F>(self, call: F) -> Response
     where
         F: Future<Output = Result<T, E>>,
         E: IntoResponse,
@@ -422,6 +502,44 @@ impl<T: Serialize> Respond<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A call whose `respond` future is dropped mid-way (the client hung up) still finishes;
+    /// under `respond_inline` it is cancelled with the handler.
+    #[tokio::test]
+    async fn a_dropped_respond_still_finishes_its_call() {
+        for spawned in [true, false] {
+            let gate = std::sync::Arc::new(tokio::sync::Notify::new());
+            let (done, finished) = tokio::sync::oneshot::channel();
+            let open = gate.clone();
+            let call = async move {
+                open.notified().await;
+                let _ = done.send(());
+                Ok::<_, Error>(1)
+            };
+            let waiting = tokio::time::Duration::from_millis(20);
+            let dropped = if spawned {
+                tokio::time::timeout(waiting, respond(StatusCode::OK, call)).await
+            } else {
+                tokio::time::timeout(waiting, respond_inline(StatusCode::OK, call)).await
+            };
+            assert!(dropped.is_err(), "the call waits at its gate");
+            gate.notify_one();
+            let outcome = tokio::time::timeout(waiting * 50, finished).await;
+            assert_eq!(matches!(outcome, Ok(Ok(()))), spawned, "spawned: {spawned}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panic_in_a_spawned_call_reaches_the_handler() {
+        let handler = tokio::spawn(respond(StatusCode::OK, async {
+            panic!("in the call");
+            #[allow(unreachable_code)]
+            Ok::<u8, Error>(0)
+        }));
+        let e = handler.await.expect_err("the handler panicked");
+        let message = e.into_panic();
+        assert_eq!(message.downcast_ref::<&str>(), Some(&"in the call"));
+    }
 
     #[test]
     fn parses_structured_field_strings_and_tokens() {

@@ -221,9 +221,12 @@ async fn r4_dropped_calls_leave_the_pooled_connection_clean() {
 
 /// The same for a body that runs its own statements when it is dropped: idem cannot finish
 /// the handler's statements for it, so this exposes the sqlx 0.9.0 cancellation bugs above in
-/// user code. Kept as a regression probe for the sqlx upgrade.
+/// user code. Kept as a regression probe for the sqlx upgrade. It fails intermittently (on
+/// 2026-11-23: once in 6 runs, a MariaDB connection that never came back). Over HTTP the
+/// dropper is the server, and `idem::axum::respond` no longer lets it drop a call (R13); code
+/// that drops calls itself is still exposed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "sqlx 0.9.0 cancellation bugs in the handler's own statements: docs/RELIABILITY.md, finding 2"]
+#[ignore = "sqlx 0.9.0 cancellation bugs in statements of a dropped call (intermittent): docs/RELIABILITY.md, finding 2"]
 async fn r4_dropped_bodies_mid_statement_leave_the_pooled_connection_clean() {
     dropped_calls_leave_the_pool_clean(true).await;
 }
