@@ -229,6 +229,8 @@ struct PoolHealth {
     size: u32,
     idle: usize,
     acquired: usize,
+    /// Server sessions the PostgreSQL check saw (so its filter is known to match the pool).
+    sessions: i64,
     in_transaction: i64,
 }
 
@@ -263,8 +265,9 @@ async fn pool_health(
             let row =
                 b.db.query_one_raw(stmt(
                     &b.db,
-                    "SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = ? \
-                     AND state LIKE 'idle in transaction%'",
+                    "SELECT COUNT(*), \
+                     COUNT(CASE WHEN state LIKE 'idle in transaction%' THEN 1 END) \
+                     FROM pg_stat_activity WHERE application_name = ?",
                     vec![app_name.into()],
                 ))
                 .await
@@ -274,7 +277,8 @@ async fn pool_health(
                 size: raw.size(),
                 idle: raw.num_idle(),
                 acquired,
-                in_transaction: row.try_get_by_index(0).expect("count"),
+                sessions: row.try_get_by_index(0).expect("count"),
+                in_transaction: row.try_get_by_index(1).expect("count"),
             }
         }
         "mysql" => {
@@ -315,6 +319,7 @@ async fn pool_health(
                 size: raw.size(),
                 idle: raw.num_idle(),
                 acquired,
+                sessions: 0,
                 in_transaction: in_transaction + sleeping,
             }
         }
@@ -328,6 +333,7 @@ async fn pool_health(
                 size: raw.size(),
                 idle: raw.num_idle(),
                 acquired,
+                sessions: 0,
                 in_transaction: 0,
             }
         }
@@ -453,6 +459,11 @@ async fn r13_clients_hanging_up_at_random_points_never_poison_the_pool() {
         // The pool: nothing left in a transaction, nothing lost, N requests at once served.
         let health = pool_health(&b, &pool, &app_name, max).await;
         let expected = if name == "sqlite" { 1 } else { max as usize };
+        if name == "postgres" && health.sessions == 0 {
+            failures.push(format!(
+                "{name}: no session carries application_name {app_name}: the check saw nothing"
+            ));
+        }
         if health.in_transaction != 0 {
             failures.push(format!(
                 "{name}: {} pooled connections left inside a transaction",
@@ -577,12 +588,13 @@ async fn r13_clients_hanging_up_at_random_points_never_poison_the_pool() {
             "R13 {name}: {pays} pays by {clients} clients in {storm_took:.1?} (a call ≈ {call:.1?}); \
              hang-ups {by_point:?}; completed before any retry {completed_before_retry}, \
              left unfinished {unfinished}; pool size {} idle {} acquired {}/{expected}, \
-             in transaction {}; concurrent GETs {served}/{}; first retries replayed \
+             server sessions seen {}, in transaction {}; concurrent GETs {served}/{}; first retries replayed \
              {replayed_first}, executed {executed_first}; orders paid {paid_orders}, \
              not exactly once {paid_twice}; {:.1?}",
             health.size,
             health.idle,
             health.acquired,
+            health.sessions,
             health.in_transaction,
             concurrent.len(),
             started.elapsed()
