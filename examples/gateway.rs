@@ -12,7 +12,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use idem::axum::{IdempotencyKey, Problem, respond};
+use idem::axum::{IdempotencyKey, Problem, respond, run_to_completion};
 use idem::idempotent;
 use sea_orm::entity::prelude::*;
 use sea_orm::{ActiveValue::Set, ConnectOptions, Database, DatabaseConnection, QueryOrder, Schema};
@@ -137,15 +137,20 @@ async fn post_charge(
     .await
 }
 
-async fn list_charges(State(db): State<DatabaseConnection>) -> Result<Response, ApiError> {
-    let all: Vec<ChargeView> = charge::Entity::find()
-        .order_by_asc(charge::Column::CreatedSeq)
-        .all(&db)
-        .await?
-        .into_iter()
-        .map(view)
-        .collect();
-    Ok(Json(all).into_response())
+async fn list_charges(State(db): State<DatabaseConnection>) -> Response {
+    // A read that shares the pool: finished on its own task too, so a client that hangs up
+    // cannot cut its statement off mid-flight.
+    run_to_completion(async move {
+        let listed = charge::Entity::find()
+            .order_by_asc(charge::Column::CreatedSeq)
+            .all(&db)
+            .await;
+        match listed {
+            Ok(all) => Json(all.into_iter().map(view).collect::<Vec<_>>()).into_response(),
+            Err(e) => ApiError::from(e).into_response(),
+        }
+    })
+    .await
 }
 
 #[tokio::main]
