@@ -306,13 +306,13 @@ impl IntoResponse for Error {
 ///
 /// Use [`respond_inline`] (or [`Respond::run_inline`]) for a call that borrows: it is
 /// cancelled with the handler.
-pub async fn respond<T, E, F>(status: StatusCode, call: F) -> Response
+pub fn respond<T, E, F>(status: StatusCode, call: F) -> impl Future<Output = Response>
 where
     F: Future<Output = Result<T, E>> + Send + 'static,
     T: Serialize + 'static,
     E: IntoResponse + 'static,
 {
-    Respond::new(status).run(call).await
+    Respond::new(status).run(call)
 }
 
 /// [`respond`] without the task: the call runs inside the handler's future, so it needs
@@ -338,23 +338,29 @@ where
 ///
 /// A panic in `future` is resumed in the caller. Outside a tokio runtime `future` runs in
 /// place.
-pub async fn run_to_completion<F>(future: F) -> F::Output
+pub fn run_to_completion<F>(future: F) -> impl Future<Output = F::Output> + Send + 'static
 where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return future.await;
-    };
-    let task = runtime.spawn(tracing::Instrument::in_current_span(future));
-    match task.await {
-        Ok(output) => output,
-        Err(e) => match e.try_into_panic() {
-            Ok(panic) => std::panic::resume_unwind(panic),
-            // Nothing aborts the task; only a runtime shutting down cancels it, and that
-            // drops the waiting handler too.
-            Err(e) => unreachable!("a call's task was cancelled: {e}"),
-        },
+    // Boxed at once: a call's future can be large (tens of KiB in debug builds), and holding
+    // it inline in every wrapping future, or moving it by value down the spawn path,
+    // multiplies that and overflows small stacks (test threads).
+    let future = Box::pin(future);
+    async move {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return future.await;
+        };
+        let task = runtime.spawn(tracing::Instrument::in_current_span(future));
+        match task.await {
+            Ok(output) => output,
+            Err(e) => match e.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                // Nothing aborts the task; only a runtime shutting down cancels it, and that
+                // drops the waiting handler too.
+                Err(e) => unreachable!("a call's task was cancelled: {e}"),
+            },
+        }
     }
 }
 
@@ -439,13 +445,13 @@ impl<T: Serialize> Respond<T> {
     /// Runs the idempotent call to completion on a task of its own and answers it: the value
     /// as JSON, an error as its own response, a replay with `Idempotent-Replayed: true`. A
     /// client that hangs up stops only the wait, never the call (see [`respond`]).
-    pub async fn run<E, F>(self, call: F) -> Response
+    pub fn run<E, F>(self, call: F) -> impl Future<Output = Response>
     where
         T: 'static,
         E: IntoResponse + 'static,
         F: Future<Output = Result<T, E>> + Send + 'static,
     {
-        run_to_completion(async move { self.run_inline(call).await }).await
+        run_to_completion(self.run_inline(call))
     }
 
     /// [`run`](Self::run) inside the handler's own future: no `Send` or `'static` needed, and
@@ -527,6 +533,25 @@ mod tests {
             let outcome = tokio::time::timeout(waiting * 50, finished).await;
             assert_eq!(matches!(outcome, Ok(Ok(()))), spawned, "spawned: {spawned}");
         }
+    }
+
+    /// The handler holds only a pointer to the call: a call's future can be tens of KiB in
+    /// debug builds, and a handler future holding it inline (several times over, once per
+    /// wrapping `async fn`) overflowed a test thread's stack.
+    #[test]
+    fn respond_keeps_the_call_off_the_handlers_future() {
+        let call = async {
+            let ballast = [0_u8; 16 * 1024];
+            tokio::task::yield_now().await;
+            Ok::<_, Error>(ballast.len())
+        };
+        assert!(std::mem::size_of_val(&call) >= 16 * 1024);
+        let answer = respond(StatusCode::OK, call);
+        assert!(
+            std::mem::size_of_val(&answer) <= 64,
+            "{}",
+            std::mem::size_of_val(&answer)
+        );
     }
 
     #[tokio::test]
