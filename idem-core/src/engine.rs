@@ -668,8 +668,8 @@ pub fn record_id(scope: &str, principal: &str, key: &str) -> [u8; 32] {
     hasher.finalize().into()
 }
 
-/// A random positive 63-bit token: record owners, relay rounds, lease owners (no extra dependency: std's randomly keyed SipHash over a
-/// process-wide counter).
+/// A random positive 63-bit token: record owners, relay rounds, lease owners (no extra
+/// dependency: std's randomly keyed SipHash over a process-wide counter).
 pub fn random_token() -> i64 {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let mut hasher = std::hash::RandomState::new().build_hasher();

@@ -20,6 +20,7 @@
 //! cannot cut it off mid-statement; its retry replays the recorded answer.
 
 use std::future::Future;
+use std::pin::Pin;
 
 use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
 use axum_core::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
@@ -348,11 +349,7 @@ where
     // multiplies that and overflows small stacks (test threads).
     let future = Box::pin(future);
     async move {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return future.await;
-        };
-        let task = runtime.spawn(tracing::Instrument::in_current_span(future));
-        match task.await {
+        match spawn_and_wait(future).await {
             Ok(output) => output,
             Err(e) => match e.try_into_panic() {
                 Ok(panic) => std::panic::resume_unwind(panic),
@@ -362,6 +359,24 @@ where
             },
         }
     }
+}
+
+/// Runs `future` on a tokio task (inside the current tracing span) and waits for it: the
+/// work finishes even if the wait is dropped. `Err` is the task's panic. Outside a tokio
+/// runtime `future` runs in place.
+pub(crate) async fn spawn_and_wait<F>(
+    future: Pin<Box<F>>,
+) -> Result<F::Output, tokio::task::JoinError>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return Ok(future.await);
+    };
+    runtime
+        .spawn(tracing::Instrument::in_current_span(future))
+        .await
 }
 
 /// Which status a replayed value is answered with.

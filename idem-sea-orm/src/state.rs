@@ -199,6 +199,12 @@ async fn update_if_match<E: Stateful, C: ConnectionTrait>(
             .await
             .map_err(|e| store_error("writing a conditional update", e))?;
         if updated.rows_affected == 1 {
+            // One accepted version: the row moved from it to the next one.
+            if let Some([only]) = accepted.as_deref()
+                && let Some(version) = only.checked_add(1)
+            {
+                return Ok(ConditionalUpdate::Applied { version });
+            }
             // Our own write holds the row lock: this reads the version it set.
             let now = current_version::<E, C>(db, key, version, id, false).await?;
             return match now {

@@ -137,6 +137,7 @@ where
 /// What the claim step needs, owned, so it can run on its own task.
 struct ClaimStep {
     id: Vec<u8>,
+    /// The claim statement's values (empty where the claim is a read).
     insert: Vec<Value>,
     owner: i64,
     fingerprint: Fingerprint,
@@ -224,7 +225,10 @@ async fn try_claim(
         Err(e) => return Err(("claiming the key", e)),
     };
     match seen {
-        Some(row) if row.owner == step.owner => return savepoint(tx, step.savepoint).await,
+        // Our new row, or (MariaDB) the current row, locked: it decides.
+        Some(row) if row.owner == step.owner || d.claim_locks_row => {
+            return settle(tx, d, row, step).await;
+        }
         // A committed final record never changes before it expires: it answers as the
         // statement saw it, without a lock or a second read.
         Some(row)
@@ -237,7 +241,6 @@ async fn try_claim(
             end_unwritten(tx);
             return live_record(row);
         }
-        Some(row) if d.claim_locks_row => return settle(tx, d, row, step).await,
         _ => {}
     }
     // Another owner's row, seen without a lock: read it locked, as it is now.
@@ -350,9 +353,11 @@ impl Store for SeaOrmStore<'_> {
     type Tx = DatabaseTransaction;
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim<DatabaseTransaction>, Error> {
-        let step = ClaimStep {
-            id: req.id.to_vec(),
-            insert: vec![
+        // SQLite claims by a read: its claim binds nothing but the id.
+        let insert = if Dialect::of(self.db.get_database_backend()).claim_by_read {
+            Vec::new()
+        } else {
+            vec![
                 req.id.to_vec().into(),
                 req.scope.into(),
                 req.principal.into(),
@@ -360,7 +365,11 @@ impl Store for SeaOrmStore<'_> {
                 req.owner.into(),
                 req.fingerprint.0.to_vec().into(),
                 ttl_ms(req).into(),
-            ],
+            ]
+        };
+        let step = ClaimStep {
+            id: req.id.to_vec(),
+            insert,
             owner: req.owner,
             fingerprint: req.fingerprint,
             ttl_ms: ttl_ms(req),

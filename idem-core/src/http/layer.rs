@@ -434,13 +434,13 @@ where
         call.arg(parts.uri.path_and_query().map_or("/", |p| p.as_str()));
         call.arg(&BodyBytes(&bytes));
     }
-    let task = tokio::spawn(run_lease(
+    let task = super::spawn_and_wait(Box::pin(run_lease(
         call,
         Arc::clone(&config.store),
         config.lease,
         None,
         async move || run_route(&config, inner, parts, bytes).await,
-    ));
+    )));
     match task.await {
         Ok(Ok(recorded)) => recorded.into_response(),
         Ok(Err(Unrecorded::Released(response))) => response,
