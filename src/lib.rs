@@ -158,10 +158,10 @@ pub mod sea_orm {
     pub use idem_sea_orm::Migration;
     pub use idem_sea_orm::{
         ConditionalUpdate, DEAD_LETTERS_TABLE, DeadLetterTable, DeadMessage, ExpiredLease,
-        LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, Outbox, Relay, RelayCounters, RelayRound,
-        STEPS_TABLE, SeaOrmLeaseStore, SeaOrmStore, Stateful, create_tables, database_now_ms,
-        dead_messages, expired_leases, final_step, ledger, outbox_health, placeholders,
-        purge_expired, purge_expired_batch, purge_published, retry_dead,
+        ExpiredPurge, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, Outbox, Relay, RelayCounters,
+        RelayRound, STEPS_TABLE, SeaOrmLeaseStore, SeaOrmStore, Stateful, create_tables,
+        database_now_ms, dead_messages, expired_leases, final_step, ledger, outbox_health,
+        placeholders, purge_expired, purge_published, retry_dead,
     };
     #[cfg(feature = "migration")]
     pub use idem_sea_orm::{LeaseMigration, OutboxMigration, migrations};

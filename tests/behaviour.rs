@@ -584,6 +584,71 @@ async fn an_expired_key_executes_anew_and_purge_removes_it() {
     }
 }
 
+#[tokio::test]
+async fn a_stepped_purge_removes_every_expired_record_and_no_live_one() {
+    for b in backends().await {
+        let run = unique("sweep");
+        let name = |kind: &str, i: usize| format!("{run}-{kind}{i}");
+        for i in 0..12 {
+            short_lived(&b.db, Pay::new(&name("e", i), 1))
+                .await
+                .expect("short-lived");
+            pay(&b.db, Pay::new(&name("l", i), 1)).await.expect("live");
+        }
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        let mut purge = idem::sea_orm::ExpiredPurge::new();
+        let mut steps = 0;
+        while purge.step(&b.db, 3).await.expect("step").is_some() {
+            steps += 1;
+        }
+        assert!(purge.is_finished(), "{}", b.name);
+        // Three rows per statement: twelve expired records need at least four statements.
+        assert!(steps >= 4, "{}: {steps} steps", b.name);
+        assert!(purge.deleted() >= 12, "{}: {}", b.name, purge.deleted());
+        for i in 0..12 {
+            let (expired, live) = (name("e", i), name("l", i));
+            assert_eq!(
+                ledger_rows(&b.db, &format!("{expired}-key")).await,
+                0,
+                "{}",
+                b.name
+            );
+            assert_eq!(
+                ledger_rows(&b.db, &format!("{live}-key")).await,
+                1,
+                "{}",
+                b.name
+            );
+        }
+        assert_eq!(
+            purge.step(&b.db, 3).await.expect("after"),
+            None,
+            "{}",
+            b.name
+        );
+    }
+}
+
+#[tokio::test]
+async fn sqlite_ledgers_lose_the_expiry_index_of_earlier_versions() {
+    let db = common::sqlite().await;
+    db.execute_unprepared(
+        "CREATE INDEX IF NOT EXISTS idem_ledger_expires ON idem_ledger (expires_at_ms)",
+    )
+    .await
+    .expect("the old index");
+    idem::sea_orm::create_tables(&db).await.expect("create");
+    let row = db
+        .query_one_raw(sea_orm::Statement::from_string(
+            sea_orm::DbBackend::Sqlite,
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND tbl_name = 'idem_ledger'",
+        ))
+        .await
+        .expect("schema")
+        .expect("a row");
+    assert_eq!(row.try_get_by_index::<i64>(0).expect("count"), 0);
+}
+
 struct Payments {
     db: DatabaseConnection,
 }

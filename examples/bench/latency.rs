@@ -1,5 +1,6 @@
 //! P1, P2, P4: single-client latency of every variant.
 
+use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use crate::Res;
@@ -32,29 +33,134 @@ impl Latencies {
     }
 }
 
-pub(crate) type Latency = PerVariant<Latencies>;
+/// The variants that take turns in the pair phases (P1, P4).
+pub(crate) const PAIR: [Variant; 2] = [Variant::Bare, Variant::IdemFirst];
+
+/// Single-client latencies: bare and idem first alone, with the process pinned to one CPU (P1,
+/// P4) and not pinned, then every variant taking turns (the table, P2).
+///
+/// Why the pair alone, first: on SQLite every call waits for an fsync, and a burst of writes
+/// (three-commit's three fsyncs per call) slows the disk for a while; the pair runs before any
+/// other variant wrote.
+///
+/// Why pinned: a call hands work to the database driver's thread and back once per statement
+/// (sqlx runs each SQLite connection on a thread of its own), and on this VM a hand-off to a
+/// thread on the other, idle vCPU sometimes costs tens of µs and sometimes not, in stretches:
+/// the same code measured bare at 350 or 700 µs from one process to the next, and idem first /
+/// bare anywhere from 0.94 to 1.33. With every thread on one CPU a hand-off is a plain context
+/// switch, and the ratio measures the work (statements, fsynced pages, fingerprint). The
+/// unpinned pair is reported beside it.
+#[derive(Debug, Default)]
+pub(crate) struct Latency {
+    /// bare and idem first alone, the process pinned to one CPU (the other variants stay
+    /// empty); `None` where it could not be pinned (no `taskset`), and then P1/P4 come from
+    /// the unpinned pair.
+    pub(crate) pinned: Option<PerVariant<Latencies>>,
+    /// bare and idem first alone, not pinned.
+    pub(crate) pair: PerVariant<Latencies>,
+    /// Every variant, calls alternating ABCD/DCBA.
+    pub(crate) all: PerVariant<Latencies>,
+}
 
 impl Latency {
-    /// idem first over bare: P1 on PostgreSQL, P4 on SQLite.
+    /// The pair P1 and P4 come from: pinned where it could be.
+    pub(crate) fn figure_pair(&self) -> &PerVariant<Latencies> {
+        self.pinned.as_ref().unwrap_or(&self.pair)
+    }
+
+    /// idem first over bare, measured alone: P1 on PostgreSQL, P4 on SQLite.
     pub(crate) fn first_vs_bare(&self) -> f64 {
-        self.idem_first.median() / self.bare.median()
+        ratio(self.figure_pair())
+    }
+
+    /// idem first over bare, alone, not pinned (reported beside P1/P4).
+    pub(crate) fn first_vs_bare_unpinned(&self) -> f64 {
+        ratio(&self.pair)
+    }
+
+    /// idem first over bare among all four variants (reported beside P1/P4).
+    pub(crate) fn first_vs_bare_among_all(&self) -> f64 {
+        ratio(&self.all)
     }
 
     /// P2: idem replay over idem first.
     pub(crate) fn replay_vs_first(&self) -> f64 {
-        self.idem_replay.median() / self.idem_first.median()
+        self.all.idem_replay.median() / self.all.idem_first.median()
     }
 }
 
-/// Single-client latency of every variant (P1, P2, P4). Variants alternate call by call
-/// (ABCD, DCBA, …): a slow or fast phase of the machine hits all of them alike.
+fn ratio(latencies: &PerVariant<Latencies>) -> f64 {
+    latencies.idem_first.median() / latencies.bare.median()
+}
+
+/// Every thread of this process on the first CPU while it lives (`taskset`, util-linux); the
+/// mask it found is restored on drop, and threads started meanwhile keep the pin.
+struct Pinned {
+    pid: String,
+    mask: String,
+}
+
+impl Pinned {
+    fn to_one_cpu() -> Option<Self> {
+        let pid = std::process::id().to_string();
+        let out = Command::new("taskset").args(["-p", &pid]).output().ok()?;
+        // "pid 123's current affinity mask: 3"
+        let mask = String::from_utf8(out.stdout).ok()?;
+        let mask = mask.rsplit(':').next()?.trim().to_owned();
+        let pinned = Command::new("taskset")
+            .args(["-a", "-p", "1", &pid])
+            .stdout(Stdio::null())
+            .status()
+            .ok()?
+            .success();
+        pinned.then_some(Self { pid, mask })
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        let _ = Command::new("taskset")
+            .args(["-a", "-p", &self.mask, &self.pid])
+            .stdout(Stdio::null())
+            .status();
+    }
+}
+
 pub(crate) async fn measure(b: &Bench, plan: &Plan) -> Res<Latency> {
-    let n = plan.latency_calls;
     // Requests idem first has recorded: idem replay sends them again.
     let mut recorded: Vec<PayOrder> = Vec::new();
-    // Warm-up: prepared statements, pool connections, caches.
-    for v in Variant::ALL {
-        for i in 0..n.min(20) {
+    warm_up(b, plan, &PAIR, &mut recorded).await?;
+    let pinned = match Pinned::to_one_cpu() {
+        Some(pin) => {
+            let what = "latency, pinned to one CPU";
+            let pinned = rounds(b, plan, &PAIR, &mut recorded, what).await?;
+            drop(pin);
+            Some(pinned)
+        }
+        None => None,
+    };
+    let pair = rounds(
+        b,
+        plan,
+        &PAIR,
+        &mut recorded,
+        "latency, bare and idem first",
+    )
+    .await?;
+    warm_up(b, plan, &Variant::ALL, &mut recorded).await?;
+    let all = rounds(b, plan, &Variant::ALL, &mut recorded, "latency").await?;
+    Ok(Latency { pinned, pair, all })
+}
+
+/// Warm-up: prepared statements, pool connections, caches.
+async fn warm_up(
+    b: &Bench,
+    plan: &Plan,
+    variants: &[Variant],
+    recorded: &mut Vec<PayOrder>,
+) -> Res<()> {
+    for &v in variants {
+        for i in 0..plan.latency_calls.min(20) {
             let cmd = match v {
                 Variant::IdemReplay => recorded[i % recorded.len()].clone(),
                 _ => b.command(SLOT_LATENCY, i),
@@ -64,11 +170,24 @@ pub(crate) async fn measure(b: &Bench, plan: &Plan) -> Res<Latency> {
             recorded.extend(keep);
         }
     }
-    let mut out = Latency::default();
+    Ok(())
+}
+
+/// `plan.latency_rounds` rounds of `plan.latency_calls` calls of each of `variants`, taking
+/// turns call by call.
+async fn rounds(
+    b: &Bench,
+    plan: &Plan,
+    variants: &[Variant],
+    recorded: &mut Vec<PayOrder>,
+    what: &str,
+) -> Res<PerVariant<Latencies>> {
+    let n = plan.latency_calls;
+    let mut out = PerVariant::<Latencies>::default();
     for round in 0..plan.latency_rounds {
         let mut this_round: PerVariant<Vec<f64>> = PerVariant::default();
         for i in 0..n {
-            for v in alternate(&Variant::ALL, round * n + i) {
+            for v in alternate(variants, round * n + i) {
                 let cmd = match v {
                     Variant::IdemReplay => recorded[(round * n + i * 7) % recorded.len()].clone(),
                     _ => b.command(SLOT_LATENCY, i),
@@ -80,7 +199,7 @@ pub(crate) async fn measure(b: &Bench, plan: &Plan) -> Res<Latency> {
                 recorded.extend(keep);
             }
         }
-        for v in Variant::ALL {
+        for &v in variants {
             let calls = this_round.get_mut(v);
             let latencies = out.get_mut(v);
             latencies.round_medians.push(median(calls));
@@ -88,7 +207,7 @@ pub(crate) async fn measure(b: &Bench, plan: &Plan) -> Res<Latency> {
         }
         if round % 5 == 4 {
             b.progress(&format!(
-                "latency: round {}/{}",
+                "{what}: round {}/{}",
                 round + 1,
                 plan.latency_rounds
             ));

@@ -19,7 +19,7 @@ pub(crate) enum PurgeHow {
     /// `purge_expired(db, batch)`, as the README shows it (P7 is measured this way).
     Batch(u32),
     /// What would close P7: statements sized to take about [`PACED_BUDGET`] each, with an
-    /// equal pause after each, built on `purge_expired_batch`.
+    /// equal pause after each, built on `ExpiredPurge`.
     Paced,
 }
 
@@ -192,15 +192,17 @@ impl PurgeCycle {
 /// Deletes every expired record in statements sized to take about [`PACED_BUDGET`], pausing as
 /// long as each statement took: returns rows deleted, statements, median rows per statement.
 async fn purge_paced(db: &DatabaseConnection) -> Result<(u64, u64, f64), idem::Error> {
-    let (mut batch, mut total, mut sizes) = (500_u32, 0_u64, Vec::new());
+    let (mut batch, mut sizes) = (500_u32, Vec::new());
+    let mut purge = idem::sea_orm::ExpiredPurge::new();
     loop {
         let start = Instant::now();
-        let deleted = idem::sea_orm::purge_expired_batch(db, batch).await?;
+        if purge.step(db, batch).await?.is_none() {
+            return Ok((purge.deleted(), sizes.len() as u64, median(&sizes)));
+        }
         let took = start.elapsed();
-        total += deleted;
         sizes.push(f64::from(batch));
-        if deleted < u64::from(batch) {
-            return Ok((total, sizes.len() as u64, median(&sizes)));
+        if purge.is_finished() {
+            return Ok((purge.deleted(), sizes.len() as u64, median(&sizes)));
         }
         let scale = (PACED_BUDGET.as_secs_f64() / took.as_secs_f64().max(1e-5)).clamp(0.5, 2.0);
         batch = ((f64::from(batch) * scale) as u32).clamp(10, README_BATCH);

@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::counters::{loadavg, peak_rss_bytes, read_proc, utc_date};
 use crate::fingerprint::Fingerprint;
-use crate::latency::Latency;
+use crate::latency::{Latencies, Latency, PAIR};
 use crate::lease::LeaseCost;
 use crate::ledger::{Ledger, PACED_BUDGET, PurgeHow};
 use crate::outbox::OutboxFigures;
@@ -16,7 +16,7 @@ use crate::setup::{Args, Backend, Checked, Facts, Plan};
 use crate::stats::{fmt_opt, median, percentile, r3, rounded};
 use crate::storm::Storm;
 use crate::throughput::Throughput;
-use crate::variants::Variant;
+use crate::variants::{PerVariant, Variant};
 
 /// Everything the figures measured.
 #[derive(Debug)]
@@ -278,16 +278,37 @@ fn latency_lines(out: &mut Vec<String>, plan: &Plan, latency: &Latency) {
         "  {:<14} {:>10} {:>10} {:>10} {:>9}",
         "variant", "median µs", "p90 µs", "p99 µs", "vs bare"
     ));
-    for v in Variant::ALL {
-        let l = latency.get(v);
+    let line = |out: &mut Vec<String>, v: Variant, all: &PerVariant<Latencies>| {
+        let l = all.get(v);
         out.push(format!(
             "  {:<14} {:>10.0} {:>10.0} {:>10.0} {:>9.2}",
             v.name(),
             l.median(),
             l.p90(),
             l.p99(),
-            l.median() / latency.bare.median()
+            l.median() / all.bare.median()
         ));
+    };
+    for v in Variant::ALL {
+        line(out, v, &latency.all);
+    }
+    out.push(format!(
+        "bare and idem first alone, {} rounds x {} calls each, alternating AB/BA",
+        plan.latency_rounds, plan.latency_calls
+    ));
+    let pinned = latency.pinned.as_ref();
+    for (pair, how) in [
+        (pinned, "pinned to one CPU (P1, P4)"),
+        (Some(&latency.pair), "not pinned"),
+    ] {
+        let Some(pair) = pair else {
+            out.push("  (not pinned: no taskset; P1/P4 come from the pair not pinned)".to_owned());
+            continue;
+        };
+        out.push(format!("  {how}"));
+        for v in PAIR {
+            line(out, v, pair);
+        }
     }
 }
 
@@ -506,20 +527,25 @@ pub(crate) fn json(run: &Run<'_>, r: &Results) -> serde_json::Value {
     for f in &figures {
         report.insert(f.key.to_owned(), f.value.map_or(json!(null), r3));
     }
-    let latency: serde_json::Map<String, serde_json::Value> = Variant::ALL
-        .iter()
-        .map(|v| {
-            let l = r.latency.get(*v);
-            (
-                v.key().to_owned(),
-                json!({
-                    "median_us": r3(l.median()),
-                    "p90_us": r3(l.p90()),
-                    "p99_us": r3(l.p99()),
-                }),
-            )
-        })
-        .collect();
+    let latencies = |variants: &[Variant], all: &PerVariant<Latencies>| {
+        variants
+            .iter()
+            .map(|v| {
+                let l = all.get(*v);
+                (
+                    v.key().to_owned(),
+                    json!({
+                        "median_us": r3(l.median()),
+                        "p90_us": r3(l.p90()),
+                        "p99_us": r3(l.p99()),
+                    }),
+                )
+            })
+            .collect::<serde_json::Map<String, serde_json::Value>>()
+    };
+    let latency = latencies(&Variant::ALL, &r.latency.all);
+    let latency_pair = latencies(&PAIR, &r.latency.pair);
+    let latency_pinned = r.latency.pinned.as_ref().map(|p| latencies(&PAIR, p));
     let throughput: serde_json::Map<String, serde_json::Value> = r
         .throughput
         .rates()
@@ -549,6 +575,16 @@ pub(crate) fn json(run: &Run<'_>, r: &Results) -> serde_json::Value {
         ("first_vs_bare".to_owned(), r3(r.latency.first_vs_bare())),
         ("goals_met".to_owned(), json!(goals)),
         ("latency".to_owned(), json!(latency)),
+        ("latency_pair".to_owned(), json!(latency_pair)),
+        ("latency_pair_pinned".to_owned(), json!(latency_pinned)),
+        (
+            "first_vs_bare_unpinned".to_owned(),
+            r3(r.latency.first_vs_bare_unpinned()),
+        ),
+        (
+            "first_vs_bare_among_all".to_owned(),
+            r3(r.latency.first_vs_bare_among_all()),
+        ),
         ("throughput_per_s".to_owned(), json!(throughput)),
         (
             "throughput_server_counters_per_call".to_owned(),

@@ -4,7 +4,8 @@
 //!   `migration` feature);
 //! - [`SeaOrmStore`] claims keys, records results and releases keys, in the same
 //!   transaction as the handler's own writes;
-//! - [`purge_expired`] deletes expired records in bounded batches;
+//! - [`purge_expired`] deletes expired records in bounded batches ([`ExpiredPurge`] to pace
+//!   it yourself);
 //! - [`ledger`] is the ledger's SeaORM entity, for inspection and admin tools.
 //!
 //! The claim, per backend (every statement is in one place, `dialect.rs`):
@@ -15,7 +16,7 @@
 //!   inserted row or the existing one, locked and current, then an owner-token comparison
 //!   (MySQL 8 has no `RETURNING`).
 //! - **SQLite**: `BEGIN IMMEDIATE` takes the only write lock, then a plain read; the record
-//!   writes the whole row once.
+//!   writes the whole row once. The ledger has no expiry index there (see [`ExpiredPurge`]).
 //!
 //! Expiry is always computed on the database's clock, never the application's.
 
@@ -48,7 +49,7 @@ pub use sea_orm;
 use idem_core::Error;
 use sea_orm::{ConnectionTrait, Statement};
 
-use crate::dialect::Dialect;
+use crate::dialect::{Dialect, Purge};
 use crate::error::store_error;
 
 /// Creates the ledger table and the outbox tables (with their indexes) if they do not exist.
@@ -71,38 +72,132 @@ pub async fn create_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
     outbox::create_outbox_tables(db).await
 }
 
-/// Deletes up to `batch` expired records in one statement and returns how many it deleted.
-/// PostgreSQL skips rows a claim holds locked.
-pub async fn purge_expired_batch<C: ConnectionTrait>(db: &C, batch: u32) -> Result<u64, Error> {
-    let d = Dialect::of(db.get_database_backend());
-    db.execute_raw(Statement::from_sql_and_values(
-        d.backend,
-        &d.purge,
-        [i64::from(batch).into()],
-    ))
-    .await
-    .map(|r| r.rows_affected())
-    .map_err(|e| store_error("purging expired records", e))
+/// A purge of expired records, one bounded statement at a time. [`purge_expired`] runs one to
+/// the end; step one yourself to pace it your own way.
+///
+/// PostgreSQL and MySQL find expired records by their expiry index: a step deletes up to
+/// `batch` of them (PostgreSQL skips rows a claim holds locked). SQLite's ledger has no expiry
+/// index, because on SQLite every commit waits for its pages to reach the disk and the index
+/// page was a fifth of a first execution's; there a step examines the next `batch` records in
+/// key order and deletes the expired ones among them, so one purge reads the ledger once.
+///
+/// ```
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// # let db = sea_orm::Database::connect("sqlite::memory:").await?;
+/// # idem_sea_orm::create_tables(&db).await?;
+/// let mut purge = idem_sea_orm::ExpiredPurge::new();
+/// while let Some(deleted) = purge.step(&db, 500).await? {
+///     tracing::debug!(deleted, "purged a batch of expired records");
+///     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+/// }
+/// assert!(purge.is_finished());
+/// # Ok(()) }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(run()).unwrap();
+/// ```
+#[derive(Debug, Default, Clone)]
+pub struct ExpiredPurge {
+    /// SQLite: the last key a step examined (empty before the first step: below every key).
+    after: Vec<u8>,
+    finished: bool,
+    deleted: u64,
 }
 
-/// Deletes every expired record, `batch` rows per statement, and returns how many it
-/// deleted. Leases that ended without their call finishing are expired records too; their
-/// recorded steps go with them.
+impl ExpiredPurge {
+    /// A purge that has not started.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records deleted so far.
+    pub fn deleted(&self) -> u64 {
+        self.deleted
+    }
+
+    /// Whether the purge has finished: every record expired when it started is gone.
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// Runs one statement (`batch` rows at most, at least 1) and returns the records it
+    /// deleted, or `None` once the purge has finished (then nothing runs). The step that
+    /// finishes also deletes the recorded steps of purged leases.
+    pub async fn step<C: ConnectionTrait>(
+        &mut self,
+        db: &C,
+        batch: u32,
+    ) -> Result<Option<u64>, Error> {
+        if self.finished {
+            return Ok(None);
+        }
+        let batch = batch.max(1);
+        let d = Dialect::of(db.get_database_backend());
+        let execute = |sql: &str, values: Vec<sea_orm::Value>| {
+            db.execute_raw(Statement::from_sql_and_values(d.backend, sql, values))
+        };
+        let deleted = match &d.purge {
+            Purge::ByIndex(sql) => {
+                let deleted = execute(sql, vec![i64::from(batch).into()])
+                    .await
+                    .map_err(|e| store_error("purging expired records", e))?
+                    .rows_affected();
+                self.finished = deleted < u64::from(batch);
+                deleted
+            }
+            Purge::Sweep {
+                bound,
+                delete,
+                delete_rest,
+            } => {
+                let last = db
+                    .query_one_raw(Statement::from_sql_and_values(
+                        d.backend,
+                        bound,
+                        [self.after.clone().into(), i64::from(batch - 1).into()],
+                    ))
+                    .await
+                    .and_then(|row| {
+                        row.map(|row| row.try_get_by_index::<Vec<u8>>(0))
+                            .transpose()
+                    })
+                    .map_err(|e| store_error("finding the next records to purge", e))?;
+                let after = self.after.clone().into();
+                let done = match last {
+                    Some(last) => {
+                        let done = execute(delete, vec![after, last.clone().into()]).await;
+                        self.after = last;
+                        done
+                    }
+                    None => {
+                        self.finished = true;
+                        execute(delete_rest, vec![after]).await
+                    }
+                };
+                done.map_err(|e| store_error("purging expired records", e))?
+                    .rows_affected()
+            }
+        };
+        self.deleted += deleted;
+        if self.finished {
+            lease::purge_orphaned_steps(db).await?;
+        }
+        Ok(Some(deleted))
+    }
+}
+
+/// Deletes every expired record, `batch` rows per statement (see [`ExpiredPurge`]), and
+/// returns how many it deleted. Leases that ended without their call finishing are expired
+/// records too; their recorded steps go with them.
 ///
 /// Each statement is its own short transaction, and after each one the purge pauses for as
 /// long as the statement took, so it never holds more than half of the database's write time:
 /// claims queue behind at most one batch. Small batches keep that wait short (the benchmark's
-/// P7: about 150 rows per statement on PostgreSQL, 50 on SQLite keep a statement near 2 ms).
+/// P7: about 150 rows per statement on PostgreSQL keep a statement near 2 ms).
 pub async fn purge_expired<C: ConnectionTrait>(db: &C, batch: u32) -> Result<u64, Error> {
-    let batch = batch.max(1);
-    let mut total = 0;
+    let mut purge = ExpiredPurge::new();
     loop {
         let started = std::time::Instant::now();
-        let deleted = purge_expired_batch(db, batch).await?;
-        total += deleted;
-        if deleted < u64::from(batch) {
-            lease::purge_orphaned_steps(db).await?;
-            return Ok(total);
+        if purge.step(db, batch).await?.is_none() || purge.is_finished() {
+            return Ok(purge.deleted());
         }
         tokio::time::sleep(started.elapsed()).await;
     }
