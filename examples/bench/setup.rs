@@ -145,7 +145,7 @@ impl Plan {
             tput_rounds: 5,
             tput_round: Duration::from_secs(1),
             clients: 16,
-            storm_rounds: 12,
+            storm_rounds: 40,
             storm: 64,
             fp_rounds: 15,
             fp_iters: 5_000,
