@@ -569,19 +569,20 @@ async fn an_expired_key_executes_anew_and_purge_removes_it() {
         tokio::time::sleep(Duration::from_millis(1300)).await;
         let deleted = idem::sea_orm::purge_expired(&b.db, 2).await.expect("purge");
         assert!(deleted >= 1, "{}", b.name);
-        assert_eq!(
-            ledger_rows(&b.db, &format!("{run}-key")).await,
-            0,
-            "{}",
-            b.name
-        );
-        assert_eq!(
-            ledger_rows(&b.db, &format!("{live}-key")).await,
-            1,
-            "{}",
-            b.name
-        );
+        assert_purged(&b, &run, &live).await;
     }
+}
+
+/// The record of run `expired` is gone, the record of run `live` is still there.
+async fn assert_purged(b: &common::Backend, expired: &str, live: &str) {
+    let (expired_key, live_key) = (format!("{expired}-key"), format!("{live}-key"));
+    assert_eq!(
+        ledger_rows(&b.db, &expired_key).await,
+        0,
+        "{}: {expired}",
+        b.name
+    );
+    assert_eq!(ledger_rows(&b.db, &live_key).await, 1, "{}: {live}", b.name);
 }
 
 #[tokio::test]
@@ -606,19 +607,7 @@ async fn a_stepped_purge_removes_every_expired_record_and_no_live_one() {
         assert!(steps >= 4, "{}: {steps} steps", b.name);
         assert!(purge.deleted() >= 12, "{}: {}", b.name, purge.deleted());
         for i in 0..12 {
-            let (expired, live) = (name("e", i), name("l", i));
-            assert_eq!(
-                ledger_rows(&b.db, &format!("{expired}-key")).await,
-                0,
-                "{}",
-                b.name
-            );
-            assert_eq!(
-                ledger_rows(&b.db, &format!("{live}-key")).await,
-                1,
-                "{}",
-                b.name
-            );
+            assert_purged(&b, &name("e", i), &name("l", i)).await;
         }
         assert_eq!(
             purge.step(&b.db, 3).await.expect("after"),
