@@ -619,23 +619,46 @@ async fn a_stepped_purge_removes_every_expired_record_and_no_live_one() {
 }
 
 #[tokio::test]
-async fn sqlite_ledgers_lose_the_expiry_index_of_earlier_versions() {
-    let db = common::sqlite().await;
+async fn a_sqlite_ledger_of_an_earlier_version_loses_its_index_and_keeps_working() {
+    // The layout of earlier versions: WITHOUT ROWID, with an expiry index.
+    let db = common::connect(&common::sqlite_url("idem-old-ledger"), 1).await;
     db.execute_unprepared(
-        "CREATE INDEX IF NOT EXISTS idem_ledger_expires ON idem_ledger (expires_at_ms)",
+        "CREATE TABLE idem_ledger (id BLOB NOT NULL PRIMARY KEY, scope TEXT NOT NULL, \
+         principal TEXT NOT NULL, idem_key TEXT NOT NULL, owner INTEGER NOT NULL, \
+         fingerprint BLOB NOT NULL, state INTEGER NOT NULL, response BLOB NULL, \
+         created_at_ms INTEGER NOT NULL, expires_at_ms INTEGER NOT NULL) WITHOUT ROWID",
     )
     .await
-    .expect("the old index");
-    idem::sea_orm::create_tables(&db).await.expect("create");
+    .expect("the old ledger");
+    db.execute_unprepared("CREATE INDEX idem_ledger_expires ON idem_ledger (expires_at_ms)")
+        .await
+        .expect("the old index");
+    common::prepare(&db).await;
     let row = db
         .query_one_raw(sea_orm::Statement::from_string(
             sea_orm::DbBackend::Sqlite,
-            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND tbl_name = 'idem_ledger'",
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = 'idem_ledger_expires'",
         ))
         .await
         .expect("schema")
         .expect("a row");
     assert_eq!(row.try_get_by_index::<i64>(0).expect("count"), 0);
+
+    let (run, live) = (unique("old-expired"), unique("old-live"));
+    let first = short_lived(&db, Pay::new(&run, 1)).await.expect("first");
+    let replay = short_lived(&db, Pay::new(&run, 1)).await.expect("replay");
+    assert_eq!(first, replay);
+    pay(&db, Pay::new(&live, 1)).await.expect("live");
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let deleted = idem::sea_orm::purge_expired(&db, 1).await.expect("purge");
+    assert_eq!(deleted, 1);
+    assert_eq!(effects(&db, &run).await, 1);
+    let b = common::Backend {
+        name: "sqlite (earlier layout)",
+        url: String::new(),
+        db,
+    };
+    assert_purged(&b, &run, &live).await;
 }
 
 struct Payments {
