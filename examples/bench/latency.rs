@@ -131,22 +131,15 @@ pub(crate) async fn measure(b: &Bench, plan: &Plan) -> Res<Latency> {
     let mut recorded: Vec<PayOrder> = Vec::new();
     warm_up(b, plan, &PAIR, &mut recorded).await?;
     let pinned = match Pinned::to_one_cpu() {
-        Some(pin) => {
+        // The pin holds until the arm ends.
+        Some(_pin) => {
             let what = "latency, pinned to one CPU";
-            let pinned = rounds(b, plan, &PAIR, &mut recorded, what).await?;
-            drop(pin);
-            Some(pinned)
+            Some(rounds(b, plan, &PAIR, &mut recorded, what).await?)
         }
         None => None,
     };
-    let pair = rounds(
-        b,
-        plan,
-        &PAIR,
-        &mut recorded,
-        "latency, bare and idem first",
-    )
-    .await?;
+    let what = "latency, bare and idem first";
+    let pair = rounds(b, plan, &PAIR, &mut recorded, what).await?;
     warm_up(b, plan, &Variant::ALL, &mut recorded).await?;
     let all = rounds(b, plan, &Variant::ALL, &mut recorded, "latency").await?;
     Ok(Latency { pinned, pair, all })

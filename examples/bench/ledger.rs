@@ -196,9 +196,7 @@ async fn purge_paced(db: &DatabaseConnection) -> Result<(u64, u64, f64), idem::E
     let mut purge = idem::sea_orm::ExpiredPurge::new();
     loop {
         let start = Instant::now();
-        if purge.step(db, batch).await?.is_none() {
-            return Ok((purge.deleted(), sizes.len() as u64, median(&sizes)));
-        }
+        purge.step(db, batch).await?;
         let took = start.elapsed();
         sizes.push(f64::from(batch));
         if purge.is_finished() {

@@ -278,15 +278,15 @@ fn latency_lines(out: &mut Vec<String>, plan: &Plan, latency: &Latency) {
         "  {:<14} {:>10} {:>10} {:>10} {:>9}",
         "variant", "median µs", "p90 µs", "p99 µs", "vs bare"
     ));
-    let line = |out: &mut Vec<String>, v: Variant, all: &PerVariant<Latencies>| {
-        let l = all.get(v);
+    let line = |out: &mut Vec<String>, v: Variant, phase: &PerVariant<Latencies>| {
+        let l = phase.get(v);
         out.push(format!(
             "  {:<14} {:>10.0} {:>10.0} {:>10.0} {:>9.2}",
             v.name(),
             l.median(),
             l.p90(),
             l.p99(),
-            l.median() / all.bare.median()
+            l.median() / phase.bare.median()
         ));
     };
     for v in Variant::ALL {
@@ -527,11 +527,11 @@ pub(crate) fn json(run: &Run<'_>, r: &Results) -> serde_json::Value {
     for f in &figures {
         report.insert(f.key.to_owned(), f.value.map_or(json!(null), r3));
     }
-    let latencies = |variants: &[Variant], all: &PerVariant<Latencies>| {
+    let latencies = |variants: &[Variant], phase: &PerVariant<Latencies>| {
         variants
             .iter()
             .map(|v| {
-                let l = all.get(*v);
+                let l = phase.get(*v);
                 (
                     v.key().to_owned(),
                     json!({

@@ -47,10 +47,11 @@ pub use store::SeaOrmStore;
 pub use sea_orm;
 
 use idem_core::Error;
-use sea_orm::{ConnectionTrait, Statement};
+use sea_orm::{ConnectionTrait, Statement, Value};
 
 use crate::dialect::{Dialect, Purge};
 use crate::error::store_error;
+use crate::store::statement;
 
 /// Creates the ledger table and the outbox tables (with their indexes) if they do not exist.
 /// Call it once at startup (or use `Migration` and `OutboxMigration`, feature `migration`).
@@ -131,28 +132,32 @@ impl ExpiredPurge {
         }
         let batch = batch.max(1);
         let d = Dialect::of(db.get_database_backend());
-        let execute = |sql: &str, values: Vec<sea_orm::Value>| {
-            db.execute_raw(Statement::from_sql_and_values(d.backend, sql, values))
+        let delete = |sql: &str, values: Vec<Value>| {
+            let delete = statement(d, sql, values);
+            async move {
+                db.execute_raw(delete)
+                    .await
+                    .map(|done| done.rows_affected())
+                    .map_err(|e| store_error("purging expired records", e))
+            }
         };
         let deleted = match &d.purge {
             Purge::ByIndex(sql) => {
-                let deleted = execute(sql, vec![i64::from(batch).into()])
-                    .await
-                    .map_err(|e| store_error("purging expired records", e))?
-                    .rows_affected();
+                let deleted = delete(sql, vec![i64::from(batch).into()]).await?;
                 self.finished = deleted < u64::from(batch);
                 deleted
             }
             Purge::Sweep {
                 bound,
-                delete,
+                delete: delete_range,
                 delete_rest,
             } => {
+                let after: Value = self.after.clone().into();
                 let last = db
-                    .query_one_raw(Statement::from_sql_and_values(
-                        d.backend,
+                    .query_one_raw(statement(
+                        d,
                         bound,
-                        [self.after.clone().into(), i64::from(batch - 1).into()],
+                        vec![after.clone(), i64::from(batch - 1).into()],
                     ))
                     .await
                     .and_then(|row| {
@@ -160,20 +165,18 @@ impl ExpiredPurge {
                             .transpose()
                     })
                     .map_err(|e| store_error("finding the next records to purge", e))?;
-                let after = self.after.clone().into();
-                let done = match last {
+                match last {
                     Some(last) => {
-                        let done = execute(delete, vec![after, last.clone().into()]).await;
+                        let deleted =
+                            delete(delete_range, vec![after, last.clone().into()]).await?;
                         self.after = last;
-                        done
+                        deleted
                     }
                     None => {
                         self.finished = true;
-                        execute(delete_rest, vec![after]).await
+                        delete(delete_rest, vec![after]).await?
                     }
-                };
-                done.map_err(|e| store_error("purging expired records", e))?
-                    .rows_affected()
+                }
             }
         };
         self.deleted += deleted;
@@ -196,7 +199,8 @@ pub async fn purge_expired<C: ConnectionTrait>(db: &C, batch: u32) -> Result<u64
     let mut purge = ExpiredPurge::new();
     loop {
         let started = std::time::Instant::now();
-        if purge.step(db, batch).await?.is_none() || purge.is_finished() {
+        purge.step(db, batch).await?;
+        if purge.is_finished() {
             return Ok(purge.deleted());
         }
         tokio::time::sleep(started.elapsed()).await;
