@@ -1,9 +1,9 @@
 //! P1, P2, P4: single-client latency of every variant.
 
-use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use crate::Res;
+use crate::pin::Pinned;
 use crate::setup::{Bench, Plan, SLOT_LATENCY};
 use crate::stats::{alternate, median, percentile, us};
 use crate::variants::{PerVariant, Variant};
@@ -91,39 +91,6 @@ impl Latency {
 
 fn ratio(latencies: &PerVariant<Latencies>) -> f64 {
     latencies.idem_first.median() / latencies.bare.median()
-}
-
-/// Every thread of this process on the first CPU while it lives (`taskset`, util-linux); the
-/// mask it found is restored on drop, and threads started meanwhile keep the pin.
-struct Pinned {
-    pid: String,
-    mask: String,
-}
-
-impl Pinned {
-    fn to_one_cpu() -> Option<Self> {
-        let pid = std::process::id().to_string();
-        let out = Command::new("taskset").args(["-p", &pid]).output().ok()?;
-        // "pid 123's current affinity mask: 3"
-        let mask = String::from_utf8(out.stdout).ok()?;
-        let mask = mask.rsplit(':').next()?.trim().to_owned();
-        let pinned = Command::new("taskset")
-            .args(["-a", "-p", "1", &pid])
-            .stdout(Stdio::null())
-            .status()
-            .ok()?
-            .success();
-        pinned.then_some(Self { pid, mask })
-    }
-}
-
-impl Drop for Pinned {
-    fn drop(&mut self) {
-        let _ = Command::new("taskset")
-            .args(["-a", "-p", &self.mask, &self.pid])
-            .stdout(Stdio::null())
-            .status();
-    }
 }
 
 pub(crate) async fn measure(b: &Bench, plan: &Plan) -> Res<Latency> {

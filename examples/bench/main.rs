@@ -33,6 +33,7 @@ mod latency;
 mod lease;
 mod ledger;
 mod outbox;
+mod pin;
 mod profile;
 mod report;
 mod setup;

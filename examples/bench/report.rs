@@ -340,13 +340,25 @@ fn throughput_lines(out: &mut Vec<String>, plan: &Plan, throughput: &Throughput)
 
 fn storm_lines(out: &mut Vec<String>, plan: &Plan, storm: &Storm) {
     out.push(format!(
-        "storm: {} concurrent duplicates of one key, median of {} rounds: {:.0} µs until all \
-         answered; one execution {:.0} µs",
-        plan.storm,
-        plan.storm_rounds,
-        median(&storm.storm_us),
-        median(&storm.single_us)
+        "storm: {} concurrent duplicates of one key against one execution, {} rounds \
+         alternating (median µs until all answered)",
+        plan.storm, plan.storm_rounds,
     ));
+    for (pair, how) in [
+        (storm.pinned.as_ref(), "pinned to one CPU (P6)"),
+        (Some(&storm.unpinned), "not pinned"),
+    ] {
+        let Some(pair) = pair else {
+            out.push("  (not pinned: no taskset; P6 comes from the storms not pinned)".to_owned());
+            continue;
+        };
+        out.push(format!(
+            "  {how}: storm {:.0}, one execution {:.0}, ratio {:.2}",
+            median(&pair.storm_us),
+            median(&pair.single_us),
+            pair.ratio()
+        ));
+    }
     out.push(format!(
         "{n} concurrent replays (no execution), median µs until all answered: one key {:.0}, \
          {n} distinct keys {:.0}",
@@ -592,8 +604,13 @@ pub(crate) fn json(run: &Run<'_>, r: &Results) -> serde_json::Value {
         ),
         (
             "storm".to_owned(),
-            json!({"copies": run.plan.storm, "all_answered_us": r3(median(&storm.storm_us)),
-                   "single_us": r3(median(&storm.single_us)),
+            json!({"copies": run.plan.storm,
+                   "pinned": storm.pinned.as_ref().map(|p| json!({
+                       "all_answered_us": r3(median(&p.storm_us)),
+                       "single_us": r3(median(&p.single_us))})),
+                   "all_answered_us": r3(median(&storm.unpinned.storm_us)),
+                   "single_us": r3(median(&storm.unpinned.single_us)),
+                   "storm_vs_single_unpinned": r3(storm.unpinned.ratio()),
                    "replays_one_key_us": r3(median(&storm.replays_same_us)),
                    "replays_distinct_keys_us": r3(median(&storm.replays_distinct_us)),
                    "scaling_us": storm.scaling.iter()

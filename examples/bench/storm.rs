@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use crate::Res;
+use crate::pin::Pinned;
 use crate::setup::{Bench, Plan, SLOT_STORM};
 use crate::stats::{alternate, median, us};
 use crate::variants::{Variant, pay_idem};
@@ -36,12 +37,30 @@ async fn storm_once(b: &Arc<Bench>, copies: usize, i: usize) -> Res<f64> {
     Ok(elapsed)
 }
 
+/// Storms and single executions, alternating: µs per round.
+#[derive(Debug, Default)]
+pub(crate) struct StormPair {
+    /// µs until every duplicate of a storm is answered.
+    pub(crate) storm_us: Vec<f64>,
+    /// µs of one execution alone.
+    pub(crate) single_us: Vec<f64>,
+}
+
+impl StormPair {
+    /// A storm over one execution.
+    pub(crate) fn ratio(&self) -> f64 {
+        median(&self.storm_us) / median(&self.single_us)
+    }
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Storm {
-    /// µs until every duplicate of a storm is answered, per round.
-    pub(crate) storm_us: Vec<f64>,
-    /// µs of one execution alone, per round.
-    pub(crate) single_us: Vec<f64>,
+    /// Measured with every thread on one CPU (the figure, P6): the duplicates' work without
+    /// this VM's cross-CPU wake-ups, and without a second CPU to share it. `None` without
+    /// taskset.
+    pub(crate) pinned: Option<StormPair>,
+    /// Measured on every CPU.
+    pub(crate) unpinned: StormPair,
     /// Smaller storms, to see how the time grows with the number of duplicates: copies and
     /// the median µs until all are answered.
     pub(crate) scaling: Vec<(usize, f64)>,
@@ -51,9 +70,14 @@ pub(crate) struct Storm {
 }
 
 impl Storm {
+    /// The pair P6 comes from: pinned where it could be.
+    pub(crate) fn figure_pair(&self) -> &StormPair {
+        self.pinned.as_ref().unwrap_or(&self.unpinned)
+    }
+
     /// P6: a storm over one execution.
     pub(crate) fn storm_vs_single(&self) -> f64 {
-        median(&self.storm_us) / median(&self.single_us)
+        self.figure_pair().ratio()
     }
 }
 
@@ -71,23 +95,41 @@ async fn concurrently(b: &Arc<Bench>, cmds: Vec<PayOrder>) -> Res<f64> {
     Ok(us(start.elapsed()))
 }
 
-/// 64 concurrent duplicates of one key against one execution, alternating (P6).
-pub(crate) async fn measure(b: &Arc<Bench>, plan: &Plan) -> Res<Storm> {
-    storm_once(b, plan.storm, 0).await?; // opens the pool's connections
-    let mut out = Storm::default();
+/// Storms of `plan.storm` duplicates of one key and single executions, alternating; `first`
+/// numbers this pass's requests apart from the other's.
+async fn storms_and_singles(b: &Arc<Bench>, plan: &Plan, first: usize) -> Res<StormPair> {
+    let mut out = StormPair::default();
     for round in 0..plan.storm_rounds {
+        let i = first + 2 * round;
         for which in alternate(&[true, false], round) {
             if which {
-                out.storm_us
-                    .push(storm_once(b, plan.storm, round + 1).await?);
+                out.storm_us.push(storm_once(b, plan.storm, i).await?);
             } else {
-                let cmd = b.command(SLOT_STORM, round + 7);
+                let cmd = b.command(SLOT_STORM, i + 1);
                 let start = Instant::now();
                 b.call(Variant::IdemFirst, cmd).await?;
                 out.single_us.push(us(start.elapsed()));
             }
         }
     }
+    Ok(out)
+}
+
+/// 64 concurrent duplicates of one key against one execution, alternating, pinned to one CPU
+/// and not (P6); how the time grows with the duplicates; concurrent replays.
+pub(crate) async fn measure(b: &Arc<Bench>, plan: &Plan) -> Res<Storm> {
+    storm_once(b, plan.storm, 0).await?; // opens the pool's connections
+    let pinned = match Pinned::to_one_cpu() {
+        // The pin holds until the arm ends.
+        Some(_pin) => Some(storms_and_singles(b, plan, 1).await?),
+        None => None,
+    };
+    let unpinned = storms_and_singles(b, plan, 1 + 2 * plan.storm_rounds).await?;
+    let mut out = Storm {
+        pinned,
+        unpinned,
+        ..Storm::default()
+    };
     let sizes = [2, 8, 16, 32];
     let mut times: Vec<Vec<f64>> = vec![Vec::new(); sizes.len()];
     for round in 0..plan.storm_rounds.div_ceil(2) {
