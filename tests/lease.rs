@@ -594,7 +594,7 @@ async fn lease_child() {
     let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set"));
     let db = common::isolated::connect(&url).await;
     let point = var("IDEM_LEASE_POINT");
-    let _ = crash_pay(
+    let paid = crash_pay(
         &db,
         &point,
         CrashPay {
@@ -603,6 +603,40 @@ async fn lease_child() {
         },
     )
     .await;
+    // A call that failed before its kill point (a busy database under the crowd of children)
+    // says so by its exit code: the parent tells it from a kill and from a call that finished.
+    if paid.is_err() {
+        std::process::exit(CHILD_CALL_FAILED);
+    }
+}
+
+/// The exit code of a lease crash child whose call returned an error.
+const CHILD_CALL_FAILED: i32 = 3;
+
+/// How a lease crash child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum ChildEnd {
+    /// Killed: at its kill point, or by the parent at a random moment.
+    Killed,
+    /// Its call returned an error before any kill point.
+    CallFailed,
+    /// Its call returned an answer (a random kill that came too late).
+    Finished,
+    /// Any other exit: the child itself broke (a panic exits with 101).
+    Broke(i32),
+}
+
+impl ChildEnd {
+    fn of(status: std::process::ExitStatus) -> Self {
+        use std::os::unix::process::ExitStatusExt;
+        match (status.signal(), status.code()) {
+            // SIGKILL, or SIGABRT after a `kill -9` that did not land.
+            (Some(_), _) => Self::Killed,
+            (_, Some(0)) => Self::Finished,
+            (_, Some(CHILD_CALL_FAILED)) => Self::CallFailed,
+            (_, code) => Self::Broke(code.unwrap_or(-1)),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -626,7 +660,7 @@ async fn sigkill_across_the_steps_then_retry_charges_once_and_pays_once() {
             "after-final",
             "random",
         ];
-        let mut kills: std::collections::BTreeMap<&str, usize> = Default::default();
+        let mut ends: std::collections::BTreeMap<(&str, ChildEnd), usize> = Default::default();
         let mut runs = Vec::new();
         let started = std::time::Instant::now();
         for round in 0..rounds {
@@ -663,16 +697,14 @@ async fn sigkill_across_the_steps_then_retry_charges_once_and_pays_once() {
                         let _ = child.kill();
                     }
                     let status = child.wait().expect("wait");
-                    outcome.push((point, status.success()));
+                    outcome.push((point, ChildEnd::of(status)));
                 }
                 outcome
             })
             .await
             .expect("join");
-            for (point, success) in waited {
-                if !success {
-                    *kills.entry(point).or_default() += 1;
-                }
+            for (point, end) in waited {
+                *ends.entry((point, end)).or_default() += 1;
             }
         }
         // Every lease has ended (1 s): retry every key to completion.
@@ -717,10 +749,17 @@ async fn sigkill_across_the_steps_then_retry_charges_once_and_pays_once() {
             .await
             .expect("list")
             .len();
-        let total_kills: usize = kills.values().sum();
+        let count = |what: ChildEnd| -> usize {
+            ends.iter()
+                .filter(|((_, end), _)| *end == what)
+                .map(|(_, n)| n)
+                .sum()
+        };
+        let total_kills = count(ChildEnd::Killed);
         println!(
-            "lease crash {name}: {} calls, {total_kills} SIGKILLs {kills:?}, then a retry each: {gateway_calls} gateway calls for {} charges (0 double charges), {} payments, {unfinished} unfinished leases, {:.1} s",
+            "lease crash {name}: {} calls, {total_kills} SIGKILLs, {} failed calls {ends:?}, then a retry each: {gateway_calls} gateway calls for {} charges (0 double charges), {} payments, {unfinished} unfinished leases, {:.1} s",
             runs.len(),
+            count(ChildEnd::CallFailed),
             runs.len() - double_charges,
             runs.len() - lost,
             started.elapsed().as_secs_f64()
@@ -728,9 +767,27 @@ async fn sigkill_across_the_steps_then_retry_charges_once_and_pays_once() {
         assert_eq!(double_charges, 0, "{name}: double charges at the gateway");
         assert_eq!(lost, 0, "{name}: payments lost or duplicated");
         assert_eq!(unfinished, 0, "{name}: leases left unfinished");
+        // A child with a fixed kill point dies there unless its call failed first; a call
+        // that finished past its kill point would mean the points are not reached.
+        let finished_past_a_point = ends
+            .iter()
+            .filter(|((point, end), _)| *point != "random" && *end == ChildEnd::Finished)
+            .map(|(_, n)| n)
+            .sum::<usize>();
         assert!(
-            total_kills >= if quick { 30 } else { 100 },
-            "{name}: only {total_kills} kills"
+            !ends
+                .keys()
+                .any(|(_, end)| matches!(end, ChildEnd::Broke(_))),
+            "{name}: a child broke: {ends:?}"
+        );
+        assert_eq!(
+            finished_past_a_point, 0,
+            "{name}: calls finished past their kill point: {ends:?}"
+        );
+        assert!(
+            total_kills * 2 >= runs.len(),
+            "{name}: only {total_kills} of {} calls were killed: {ends:?}",
+            runs.len()
         );
     }
 }
