@@ -24,7 +24,9 @@ pub(crate) enum PurgeHow {
 }
 
 /// The batch size the README shows for `purge_expired`.
-pub(crate) const README_BATCH: u32 = 10_000;
+pub(crate) const README_BATCH: u32 = 200;
+/// The largest statement a paced purge makes.
+const PACED_MAX_BATCH: u32 = 10_000;
 /// Target duration of one paced purge statement.
 pub(crate) const PACED_BUDGET: Duration = Duration::from_millis(2);
 
@@ -203,7 +205,7 @@ async fn purge_paced(db: &DatabaseConnection) -> Result<(u64, u64, f64), idem::E
             return Ok((purge.deleted(), sizes.len() as u64, median(&sizes)));
         }
         let scale = (PACED_BUDGET.as_secs_f64() / took.as_secs_f64().max(1e-5)).clamp(0.5, 2.0);
-        batch = ((f64::from(batch) * scale) as u32).clamp(10, README_BATCH);
+        batch = ((f64::from(batch) * scale) as u32).clamp(10, PACED_MAX_BATCH);
         tokio::time::sleep(took).await;
     }
 }

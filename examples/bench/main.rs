@@ -54,10 +54,14 @@ type Res<T> = Result<T, BoxError>;
 #[tokio::main]
 async fn main() -> Res<()> {
     let args = parse_args()?;
-    let plan = if args.quick {
+    let mode = if args.quick {
         Plan::quick()
     } else {
         Plan::full()
+    };
+    let plan = match args.p7_records {
+        Some(rows) => mode.with_p7_records(rows),
+        None => mode,
     };
     let started = Instant::now();
     let load_start = counters::loadavg();

@@ -165,7 +165,7 @@ fn figures(run: &Run<'_>, r: &Results) -> Vec<Figure> {
         Figure {
             id: "P7",
             key: "p7_purge_p99_ratio",
-            what: "claim p99 during purge of 1M / without (full)",
+            what: "claim p99 during a purge / without",
             value: r.ledger.p7_ratio(),
             goal: Some(Goal::AtMost(2.0)),
             not_measured: None,

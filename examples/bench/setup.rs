@@ -17,7 +17,10 @@ use crate::variants::{Variant, call_variant};
 use crate::workload::{PayOrder, Receipt, Sql, now_ms, template};
 
 const USAGE: &str = "usage: cargo run --release --example bench -- \
-[--backend sqlite|postgres|mysql] [--quick] [--json] [--url URL]";
+[--backend sqlite|postgres|mysql] [--quick] [--json] [--url URL] [--p7-records N]
+
+--p7-records N  measures P7 over N expired records, one cycle as the README purges and one
+                paced (full mode: three and one over 1,000,000; quick mode: no P7)";
 
 /// The schema (PostgreSQL) or database (MySQL) holding the bench's ledger and tables.
 pub(crate) const BENCH_NAMESPACE: &str = "bench_idem";
@@ -69,6 +72,8 @@ pub(crate) struct Args {
     pub(crate) quick: bool,
     pub(crate) json: bool,
     pub(crate) url: Option<String>,
+    /// Expired records P7 purges, instead of the mode's.
+    pub(crate) p7_records: Option<u64>,
 }
 
 pub(crate) fn parse_args() -> Res<Args> {
@@ -77,6 +82,7 @@ pub(crate) fn parse_args() -> Res<Args> {
         quick: false,
         json: false,
         url: None,
+        p7_records: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -85,6 +91,14 @@ pub(crate) fn parse_args() -> Res<Args> {
                 args.backend = Backend::parse(&it.next().ok_or("--backend needs a value")?)?;
             }
             "--url" => args.url = Some(it.next().ok_or("--url needs a value")?),
+            "--p7-records" => {
+                let n = it.next().ok_or("--p7-records needs a number")?;
+                args.p7_records = Some(
+                    n.replace(['_', ','], "")
+                        .parse()
+                        .map_err(|_| format!("--p7-records takes a number, not `{n}`"))?,
+                );
+            }
             "--quick" => args.quick = true,
             "--json" => args.json = true,
             "-h" | "--help" => {
@@ -137,6 +151,19 @@ pub(crate) struct PurgePlan {
     pub(crate) cycles: &'static [PurgeHow],
 }
 
+/// Full mode's P7: a million expired records, three cycles as documented, one paced (what
+/// would close P7).
+const FULL_PURGE: PurgePlan = PurgePlan {
+    rows: 1_000_000,
+    baseline: Duration::from_secs(10),
+    cycles: &[
+        PurgeHow::Batch(README_BATCH),
+        PurgeHow::Batch(README_BATCH),
+        PurgeHow::Batch(README_BATCH),
+        PurgeHow::Paced,
+    ],
+};
+
 impl Plan {
     pub(crate) fn quick() -> Self {
         Self {
@@ -157,6 +184,18 @@ impl Plan {
             lease_calls: 300,
         }
     }
+    /// P7 over `rows` expired records, in any mode: one cycle as documented, one paced.
+    pub(crate) fn with_p7_records(self, rows: u64) -> Self {
+        Self {
+            purge: Some(PurgePlan {
+                rows,
+                cycles: &[PurgeHow::Batch(README_BATCH), PurgeHow::Paced],
+                ..FULL_PURGE
+            }),
+            ..self
+        }
+    }
+
     pub(crate) fn full() -> Self {
         Self {
             latency_rounds: 50,
@@ -170,17 +209,7 @@ impl Plan {
             fp_iters: 20_000,
             profile_calls: 1_000,
             ledger_rows: 1_000_000,
-            purge: Some(PurgePlan {
-                rows: 1_000_000,
-                baseline: Duration::from_secs(10),
-                // Three cycles as documented, one paced (what would close P7).
-                cycles: &[
-                    PurgeHow::Batch(README_BATCH),
-                    PurgeHow::Batch(README_BATCH),
-                    PurgeHow::Batch(README_BATCH),
-                    PurgeHow::Paced,
-                ],
-            }),
+            purge: Some(FULL_PURGE),
             relay_messages: 10_000,
             publish_latency_messages: 1_000,
             lease_calls: 2_000,
