@@ -655,37 +655,6 @@ async fn a_sqlite_ledger_of_an_earlier_version_loses_its_index_and_keeps_working
     assert_purged(&db, "sqlite (earlier layout)", &run, &live).await;
 }
 
-#[tokio::test]
-async fn a_new_sqlite_ledger_is_a_rowid_table_and_the_purge_sweeps_it_by_rowid() {
-    let db = common::connect(&common::sqlite_url("idem-rowid-ledger"), 1).await;
-    common::prepare(&db).await;
-    let row = db
-        .query_one_raw(sea_orm::Statement::from_string(
-            sea_orm::DbBackend::Sqlite,
-            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'idem_ledger'",
-        ))
-        .await
-        .expect("schema")
-        .expect("the ledger");
-    let sql: String = row.try_get_by_index(0).expect("sql");
-    assert!(!sql.contains("WITHOUT ROWID"), "{sql}");
-
-    // Rowids follow insertion: the expired record comes first, the live one after it, so a
-    // sweep by rowid one record a step must pass the expired one and keep going.
-    let (run, live) = (unique("rowid-expired"), unique("rowid-live"));
-    short_lived(&db, Pay::new(&run, 1)).await.expect("first");
-    pay(&db, Pay::new(&live, 1)).await.expect("live");
-    tokio::time::sleep(Duration::from_millis(1300)).await;
-    let mut purge = idem::sea_orm::ExpiredPurge::new();
-    let mut steps = 0;
-    while purge.step(&db, 1).await.expect("step").is_some() {
-        steps += 1;
-    }
-    assert!(steps >= 2, "{steps} steps");
-    assert_eq!(purge.deleted(), 1);
-    assert_purged(&db, "sqlite (rowid layout)", &run, &live).await;
-}
-
 struct Payments {
     db: DatabaseConnection,
 }

@@ -197,17 +197,10 @@ static SQLITE: LazyLock<Dialect> = LazyLock::new(|| {
                 response BLOB NULL, \
                 created_at_ms INTEGER NOT NULL, \
                 expires_at_ms INTEGER NOT NULL\
-            )",
-            // A rowid table with the id in its unique index, not a WITHOUT ROWID table: SQLite
-            // keeps whole rows in a WITHOUT ROWID table's interior pages, so with answers of
-            // ~1 KB a lookup went 6 levels deep and a record appended 4.7 WAL frames, against
-            // 3 levels and 3.0 frames here (and the same with small answers; BENCHMARKS,
-            // rounds 4 and 6). Ledgers made by earlier versions keep their layout; the purge
-            // tells them apart.
-            //
+            ) WITHOUT ROWID",
             // No expiry index: on SQLite every commit waits for its WAL frames to reach the
             // disk, and the index's page was a fifth of a first execution's frames (P4). The
-            // purge sweeps the table in rowid order instead. Ledgers made by earlier versions
+            // purge sweeps the table in key order instead. Ledgers made by earlier versions
             // lose the index here.
             "DROP INDEX IF EXISTS idem_ledger_expires",
         ],
@@ -226,10 +219,11 @@ static SQLITE: LazyLock<Dialect> = LazyLock::new(|| {
             state = excluded.state, response = excluded.response, \
             created_at_ms = excluded.created_at_ms, expires_at_ms = excluded.expires_at_ms"),
         purge: Purge::Sweep {
-            by_rowid: sweep(&r, "rowid"),
-            by_key: sweep(&r, "id"),
-            keyed_layout: "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' \
-                AND name = 'idem_ledger' AND sql LIKE '%WITHOUT ROWID%'",
+            bound: r("SELECT id FROM idem_ledger WHERE id > ? ORDER BY id LIMIT 1 OFFSET ?"),
+            delete: r(
+                "DELETE FROM idem_ledger WHERE id > ? AND id <= ? AND expires_at_ms <= {now}",
+            ),
+            delete_rest: r("DELETE FROM idem_ledger WHERE id > ? AND expires_at_ms <= {now}"),
         },
         select_now: r("SELECT {now} AS now_ms"),
     }
@@ -240,42 +234,16 @@ static SQLITE: LazyLock<Dialect> = LazyLock::new(|| {
 pub(crate) enum Purge {
     /// By the expiry index. Binds batch size; deletes up to that many expired rows.
     ByIndex(String),
-    /// The ledger has no expiry index: sweep the table in storage order, a bounded range per
-    /// statement.
+    /// The ledger has no expiry index: sweep the table in key order, a bounded range of keys
+    /// per statement.
     Sweep {
-        /// In rowid order: the ledger's layout.
-        by_rowid: Sweep,
-        /// In key order: ledgers made by earlier versions (a WITHOUT ROWID table has no rowid).
-        by_key: Sweep,
-        /// Returns 1 when the ledger is a WITHOUT ROWID table, else 0.
-        keyed_layout: &'static str,
+        /// Binds a key and a count `n`: the key `n + 1` places after it (the range's last).
+        bound: String,
+        /// Binds the keys a range runs after and up to; deletes the expired rows in it.
+        delete: String,
+        /// Binds the key the last range runs after; deletes the expired rows after it.
+        delete_rest: String,
     },
-}
-
-/// The statements of a sweep along one column (`rowid` or the key).
-#[derive(Debug)]
-pub(crate) struct Sweep {
-    /// Binds a position and a count `n`: the position `n + 1` places after it (the range's
-    /// last).
-    pub(crate) bound: String,
-    /// Binds the positions a range runs after and up to; deletes the expired rows in it.
-    pub(crate) delete: String,
-    /// Binds the position the last range runs after; deletes the expired rows after it.
-    pub(crate) delete_rest: String,
-}
-
-fn sweep(render: &impl Fn(&str) -> String, column: &str) -> Sweep {
-    Sweep {
-        bound: render(&format!(
-            "SELECT {column} FROM idem_ledger WHERE {column} > ? ORDER BY {column} LIMIT 1 OFFSET ?"
-        )),
-        delete: render(&format!(
-            "DELETE FROM idem_ledger WHERE {column} > ? AND {column} <= ? AND expires_at_ms <= {{now}}"
-        )),
-        delete_rest: render(&format!(
-            "DELETE FROM idem_ledger WHERE {column} > ? AND expires_at_ms <= {{now}}"
-        )),
-    }
 }
 
 impl Dialect {
@@ -316,13 +284,10 @@ mod tests {
             let purge = match &d.purge {
                 Purge::ByIndex(sql) => vec![sql],
                 Purge::Sweep {
-                    by_rowid, by_key, ..
-                } => vec![
-                    &by_rowid.delete,
-                    &by_rowid.delete_rest,
-                    &by_key.delete,
-                    &by_key.delete_rest,
-                ],
+                    delete,
+                    delete_rest,
+                    ..
+                } => vec![delete, delete_rest],
             };
             for sql in [&d.claim, &d.read_locked, &d.take_over]
                 .into_iter()

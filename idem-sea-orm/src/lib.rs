@@ -80,8 +80,7 @@ pub async fn create_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
 /// `batch` of them (PostgreSQL skips rows a claim holds locked). SQLite's ledger has no expiry
 /// index, because on SQLite every commit waits for its pages to reach the disk and the index
 /// page was a fifth of a first execution's; there a step examines the next `batch` records in
-/// rowid order (key order in the WITHOUT ROWID ledgers of earlier versions) and deletes the
-/// expired ones among them, so one purge reads the ledger once.
+/// key order and deletes the expired ones among them, so one purge reads the ledger once.
 ///
 /// ```
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -98,54 +97,10 @@ pub async fn create_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
 /// ```
 #[derive(Debug, Default, Clone)]
 pub struct ExpiredPurge {
-    /// SQLite: where the sweep stands (`None` before the first step).
-    after: Option<SweepPosition>,
+    /// SQLite: the last key a step examined (empty before the first step: below every key).
+    after: Vec<u8>,
     finished: bool,
     deleted: u64,
-}
-
-/// The last row a SQLite sweep examined.
-#[derive(Debug, Clone)]
-enum SweepPosition {
-    /// In the ledger's layout, by rowid.
-    Rowid(i64),
-    /// In the WITHOUT ROWID layout of ledgers made by earlier versions, by key.
-    Key(Vec<u8>),
-}
-
-impl SweepPosition {
-    /// Where a sweep of `db`'s ledger starts: before its first row.
-    async fn start<C: ConnectionTrait>(db: &C, keyed_layout: &str) -> Result<Self, Error> {
-        let keyed: i64 = db
-            .query_one_raw(Statement::from_string(
-                db.get_database_backend(),
-                keyed_layout,
-            ))
-            .await
-            .and_then(|row| row.map(|row| row.try_get_by_index(0)).transpose())
-            .map_err(|e| store_error("reading the ledger's layout", e))?
-            .unwrap_or(0);
-        Ok(if keyed > 0 {
-            Self::Key(Vec::new()) // below every key
-        } else {
-            Self::Rowid(i64::MIN)
-        })
-    }
-
-    fn value(&self) -> Value {
-        match self {
-            Self::Rowid(rowid) => (*rowid).into(),
-            Self::Key(key) => key.clone().into(),
-        }
-    }
-
-    /// The position the next range ends at, as `bound` returned it.
-    fn read(&self, row: &sea_orm::QueryResult) -> Result<Self, sea_orm::DbErr> {
-        Ok(match self {
-            Self::Rowid(_) => Self::Rowid(row.try_get_by_index(0)?),
-            Self::Key(_) => Self::Key(row.try_get_by_index(0)?),
-        })
-    }
 }
 
 impl ExpiredPurge {
@@ -193,39 +148,33 @@ impl ExpiredPurge {
                 deleted
             }
             Purge::Sweep {
-                by_rowid,
-                by_key,
-                keyed_layout,
+                bound,
+                delete: delete_range,
+                delete_rest,
             } => {
-                let after = match &self.after {
-                    Some(after) => after.clone(),
-                    None => SweepPosition::start(db, keyed_layout).await?,
-                };
-                self.after = Some(after.clone()); // a step that fails resumes here
-                let sweep = match after {
-                    SweepPosition::Rowid(_) => by_rowid,
-                    SweepPosition::Key(_) => by_key,
-                };
-                let from = after.value();
+                let after: Value = self.after.clone().into();
                 let last = db
                     .query_one_raw(statement(
                         d,
-                        &sweep.bound,
-                        vec![from.clone(), i64::from(batch - 1).into()],
+                        bound,
+                        vec![after.clone(), i64::from(batch - 1).into()],
                     ))
                     .await
-                    .and_then(|row| row.map(|row| after.read(&row)).transpose())
+                    .and_then(|row| {
+                        row.map(|row| row.try_get_by_index::<Vec<u8>>(0))
+                            .transpose()
+                    })
                     .map_err(|e| store_error("finding the next records to purge", e))?;
                 match last {
                     Some(last) => {
-                        let deleted = delete(&sweep.delete, vec![from, last.value()]).await?;
-                        self.after = Some(last);
+                        let deleted =
+                            delete(delete_range, vec![after, last.clone().into()]).await?;
+                        self.after = last;
                         deleted
                     }
                     None => {
-                        let deleted = delete(&sweep.delete_rest, vec![from]).await?;
                         self.finished = true;
-                        deleted
+                        delete(delete_rest, vec![after]).await?
                     }
                 }
             }
