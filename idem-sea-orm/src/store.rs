@@ -417,23 +417,22 @@ impl Store for SeaOrmStore<'_> {
         // connection kinds (mock, proxy) fly without single flight.
         #[allow(unused_imports)]
         use sea_orm::DatabaseConnectionType as Kind;
-        let options: usize = match &self.db.inner {
+        match &self.db.inner {
             #[cfg(feature = "sqlite")]
             Kind::SqlxSqlitePoolConnection(_) => {
-                std::ptr::from_ref(self.db.get_sqlite_connection_pool().options()) as usize
+                Some(std::ptr::from_ref(self.db.get_sqlite_connection_pool().options()) as usize)
             }
             #[cfg(feature = "postgres")]
             Kind::SqlxPostgresPoolConnection(_) => {
-                std::ptr::from_ref(self.db.get_postgres_connection_pool().options()) as usize
+                Some(std::ptr::from_ref(self.db.get_postgres_connection_pool().options()) as usize)
             }
             #[cfg(feature = "mysql")]
             Kind::SqlxMySqlPoolConnection(_) => {
-                std::ptr::from_ref(self.db.get_mysql_connection_pool().options()) as usize
+                Some(std::ptr::from_ref(self.db.get_mysql_connection_pool().options()) as usize)
             }
             #[allow(unreachable_patterns)]
-            _ => return None,
-        };
-        Some(options)
+            _ => None,
+        }
     }
 
     async fn release(&self, tx: DatabaseTransaction) -> Result<(), Error> {
