@@ -184,17 +184,6 @@ impl Plan {
             lease_calls: 300,
         }
     }
-    /// P7 over `rows` expired records, in any mode: one cycle as documented, one paced.
-    pub(crate) fn with_p7_records(self, rows: u64) -> Self {
-        Self {
-            purge: Some(PurgePlan {
-                rows,
-                cycles: &[PurgeHow::Batch(README_BATCH), PurgeHow::Paced],
-                ..FULL_PURGE
-            }),
-            ..self
-        }
-    }
 
     pub(crate) fn full() -> Self {
         Self {
@@ -213,6 +202,18 @@ impl Plan {
             relay_messages: 10_000,
             publish_latency_messages: 1_000,
             lease_calls: 2_000,
+        }
+    }
+
+    /// P7 over `rows` expired records, in any mode: one cycle as documented, one paced.
+    pub(crate) fn with_p7_records(self, rows: u64) -> Self {
+        Self {
+            purge: Some(PurgePlan {
+                rows,
+                cycles: &[PurgeHow::Batch(README_BATCH), PurgeHow::Paced],
+                ..FULL_PURGE
+            }),
+            ..self
         }
     }
 }

@@ -70,14 +70,9 @@ pub(crate) struct Storm {
 }
 
 impl Storm {
-    /// The pair P6 comes from: pinned where it could be.
-    pub(crate) fn figure_pair(&self) -> &StormPair {
-        self.pinned.as_ref().unwrap_or(&self.unpinned)
-    }
-
-    /// P6: a storm over one execution.
+    /// P6: a storm over one execution, pinned where it could be.
     pub(crate) fn storm_vs_single(&self) -> f64 {
-        self.figure_pair().ratio()
+        self.pinned.as_ref().unwrap_or(&self.unpinned).ratio()
     }
 }
 
@@ -95,8 +90,8 @@ async fn concurrently(b: &Arc<Bench>, cmds: Vec<PayOrder>) -> Res<f64> {
     Ok(us(start.elapsed()))
 }
 
-/// Storms of `plan.storm` duplicates of one key and single executions, alternating; `first`
-/// numbers this pass's requests apart from the other's.
+/// Storms of `plan.storm` duplicates of one key and single executions, alternating, every
+/// call with a new key; `first` picks the orders the pass pays.
 async fn storms_and_singles(b: &Arc<Bench>, plan: &Plan, first: usize) -> Res<StormPair> {
     let mut out = StormPair::default();
     for round in 0..plan.storm_rounds {
