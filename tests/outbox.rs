@@ -20,6 +20,10 @@ use idem::{ErrorKind, idempotent};
 use sea_orm::{ConnectionTrait, DatabaseConnection, Statement, TransactionTrait};
 use serde::{Deserialize, Serialize};
 
+/// A boxed delivery, for sinks whose future is an `async` block.
+type SinkFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), SinkError>> + Send>>;
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Place {
     key: String,
@@ -79,6 +83,20 @@ impl Recorder {
         FnSink::new(move |m: OutboxMessage| {
             seen.lock().expect("lock").push(m);
             std::future::ready(Ok(()))
+        })
+    }
+
+    /// Like [`Recorder::sink`], each delivery taking `delay`: a relay busy publishing leaves
+    /// the next messages to the other relays, as a real broker's round trip does.
+    fn slow_sink(&self, delay: Duration) -> FnSink<impl Fn(OutboxMessage) -> SinkFuture + use<>> {
+        let seen = self.seen.clone();
+        FnSink::new(move |m: OutboxMessage| {
+            let seen = seen.clone();
+            Box::pin(async move {
+                tokio::time::sleep(delay).await;
+                seen.lock().expect("lock").push(m);
+                Ok(())
+            }) as SinkFuture
         })
     }
 
@@ -218,7 +236,7 @@ async fn each_aggregate_reaches_the_sink_in_commit_order_across_four_relays() {
         let relays: Vec<_> = (0..4)
             .map(|_| {
                 Arc::new(
-                    Relay::new(db.clone(), recorder.sink())
+                    Relay::new(db.clone(), recorder.slow_sink(Duration::from_millis(2)))
                         .batch_size(5)
                         .poll_interval(Duration::from_millis(20)),
                 )
