@@ -87,10 +87,90 @@ pub use idem_core::{
     Store, Transition, TransitionOutcome, with_outcome,
 };
 
-/// Building blocks for custom stores and wrappers: the store contract and the engine.
+/// Building blocks for custom stores and wrappers: the store contracts, the call's request,
+/// and the conversions `#[idempotent]` uses to reach a store from its connection.
 pub mod store {
-    pub use idem_core::engine::record_id;
-    pub use idem_core::{Claim, ClaimRequest, Concurrency, RecordStatus, Recorded, Store};
+    pub use idem_core::ids::{random_token, record_id};
+    pub use idem_core::{
+        BoxFuture, Claim, Concurrency, LeaseClaim, LeaseStore, RecordStatus, Recorded, Request,
+        Store, Ticket,
+    };
+
+    /// What the connection of an atomic-mode `#[idempotent]` function is: something that
+    /// lends a [`Store`]. Implemented for `sea_orm::DatabaseConnection` (feature `sea-orm`)
+    /// and [`MemoryStore`](crate::MemoryStore); implement it for your own store's handle and
+    /// the attribute works with it the same way.
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` is not a connection `#[idempotent]` can claim keys on",
+        label = "expected the connection here",
+        note = "the first parameter of an `#[idempotent]` fn is its connection (`db: &sea_orm::DatabaseConnection`); put it first, or name it with `conn = <param>` or `conn = self.db as db`"
+    )]
+    pub trait IntoStore {
+        /// The store over this connection.
+        type Store<'a>: Store
+        where
+            Self: 'a;
+        /// Lends the store.
+        fn store(&self) -> Self::Store<'_>;
+    }
+
+    impl<C: IntoStore + ?Sized> IntoStore for &C {
+        type Store<'a>
+            = C::Store<'a>
+        where
+            Self: 'a;
+        fn store(&self) -> Self::Store<'_> {
+            (**self).store()
+        }
+    }
+
+    impl IntoStore for idem_core::MemoryStore {
+        type Store<'a> = &'a idem_core::MemoryStore;
+        fn store(&self) -> Self::Store<'_> {
+            self
+        }
+    }
+
+    #[cfg(feature = "sea-orm")]
+    impl IntoStore for idem_sea_orm::sea_orm::DatabaseConnection {
+        type Store<'a> = idem_sea_orm::SeaOrmStore<'a>;
+        fn store(&self) -> Self::Store<'_> {
+            idem_sea_orm::SeaOrmStore::new(self)
+        }
+    }
+
+    /// What the connection of a lease-mode `#[idempotent(..., lease = "…")]` function is:
+    /// something that hands out an owned, shareable [`LeaseStore`] (the lease outlives the
+    /// claim). Implemented for `sea_orm::DatabaseConnection` and
+    /// [`MemoryStore`](crate::MemoryStore); implement it for your own store's handle.
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` cannot hold the leases of `#[idempotent(..., lease = ...)]`",
+        label = "expected the connection here",
+        note = "lease mode needs a `sea_orm::DatabaseConnection` (or an `idem::MemoryStore`)"
+    )]
+    pub trait IntoLeaseStore {
+        /// An owned lease store over this connection.
+        fn lease_store(&self) -> std::sync::Arc<dyn LeaseStore>;
+    }
+
+    impl<C: IntoLeaseStore + ?Sized> IntoLeaseStore for &C {
+        fn lease_store(&self) -> std::sync::Arc<dyn LeaseStore> {
+            (**self).lease_store()
+        }
+    }
+
+    impl IntoLeaseStore for idem_core::MemoryStore {
+        fn lease_store(&self) -> std::sync::Arc<dyn LeaseStore> {
+            std::sync::Arc::new(self.clone())
+        }
+    }
+
+    #[cfg(feature = "sea-orm")]
+    impl IntoLeaseStore for idem_sea_orm::sea_orm::DatabaseConnection {
+        fn lease_store(&self) -> std::sync::Arc<dyn LeaseStore> {
+            std::sync::Arc::new(idem_sea_orm::SeaOrmLeaseStore::new(self.clone()))
+        }
+    }
 }
 
 /// Effects outside the database: messages staged in a handler's transaction and relayed
@@ -127,9 +207,9 @@ pub use idem_core::lease::step;
 /// downstream keys, and the store contract. The SeaORM final phase is
 /// [`sea_orm::final_step`].
 pub mod lease {
-    pub use idem_core::lease::{
-        BoxFuture, LeaseClaim, LeaseHandle, LeaseStore, Ticket, derived_key, step,
-    };
+    pub use idem_core::ids::derived_key;
+    pub use idem_core::lease::{LeaseHandle, step};
+    pub use idem_core::{BoxFuture, LeaseClaim, LeaseStore, Ticket};
 }
 
 /// HTTP glue for axum 0.8 (the IETF Idempotency-Key draft): the `Idempotency-Key` extractor,
@@ -172,99 +252,29 @@ pub mod sea_orm {
 pub mod __private {
     pub use core::time::Duration;
     pub use idem_core::Concurrency;
-    pub use idem_core::engine::{
-        Call, FinalProbe, Guard, HandlerOutput, Site, ViaFinal, ViaPlain, run,
-    };
+    pub use idem_core::atomic::run;
+    pub use idem_core::call::{Call, Site};
+    pub use idem_core::declared;
+    pub use idem_core::handler::{FinalProbe, HandlerOutput, ViaFinal, ViaPlain};
     pub use idem_core::lease::run_lease;
 
-    /// Something lease mode can hold leases on.
-    #[diagnostic::on_unimplemented(
-        message = "`{Self}` cannot hold the leases of `#[idempotent(..., lease = ...)]`",
-        label = "expected the connection here",
-        note = "lease mode needs a `sea_orm::DatabaseConnection` (or an `idem::MemoryStore`)"
-    )]
-    pub trait LeaseConnection {
-        /// An owned lease store over this connection.
-        fn lease_store(&self) -> std::sync::Arc<dyn idem_core::lease::LeaseStore>;
-    }
-
-    impl<C: LeaseConnection + ?Sized> LeaseConnection for &C {
-        fn lease_store(&self) -> std::sync::Arc<dyn idem_core::lease::LeaseStore> {
-            (**self).lease_store()
-        }
-    }
-
-    impl LeaseConnection for idem_core::MemoryStore {
-        fn lease_store(&self) -> std::sync::Arc<dyn idem_core::lease::LeaseStore> {
-            std::sync::Arc::new(self.clone())
-        }
-    }
-
-    #[cfg(feature = "sea-orm")]
-    impl LeaseConnection for idem_sea_orm::sea_orm::DatabaseConnection {
-        fn lease_store(&self) -> std::sync::Arc<dyn idem_core::lease::LeaseStore> {
-            std::sync::Arc::new(idem_sea_orm::SeaOrmLeaseStore::new(self.clone()))
-        }
-    }
-
-    /// The lease store behind a connection expression.
-    pub fn lease_store<C: LeaseConnection + ?Sized>(
-        connection: &C,
-    ) -> std::sync::Arc<dyn idem_core::lease::LeaseStore> {
-        connection.lease_store()
-    }
-
-    use idem_core::{Error, Key, KeySource, Store};
-
-    pub use idem_core::declared;
+    use crate::store::{IntoLeaseStore, IntoStore};
+    use idem_core::{Error, Key, KeySource};
 
     /// Validates the key (or principal) expression's value.
     pub fn key<K: KeySource + ?Sized>(source: &K) -> Result<Key, Error> {
         source.to_key()
     }
 
-    /// Something `#[idempotent]` can claim keys on.
-    #[diagnostic::on_unimplemented(
-        message = "`{Self}` is not a connection `#[idempotent]` can claim keys on",
-        label = "expected the connection here",
-        note = "the first parameter of an `#[idempotent]` fn is its connection (`db: &sea_orm::DatabaseConnection`); put it first, or name it with `conn = <param>` or `conn = self.db as db`"
-    )]
-    pub trait Connection {
-        /// The store over this connection.
-        type Store<'a>: Store
-        where
-            Self: 'a;
-        /// Borrows the store.
-        fn store(&self) -> Self::Store<'_>;
-    }
-
-    impl<C: Connection + ?Sized> Connection for &C {
-        type Store<'a>
-            = C::Store<'a>
-        where
-            Self: 'a;
-        fn store(&self) -> Self::Store<'_> {
-            (**self).store()
-        }
-    }
-
-    impl Connection for idem_core::MemoryStore {
-        type Store<'a> = &'a idem_core::MemoryStore;
-        fn store(&self) -> Self::Store<'_> {
-            self
-        }
-    }
-
-    #[cfg(feature = "sea-orm")]
-    impl Connection for idem_sea_orm::sea_orm::DatabaseConnection {
-        type Store<'a> = idem_sea_orm::SeaOrmStore<'a>;
-        fn store(&self) -> Self::Store<'_> {
-            idem_sea_orm::SeaOrmStore::new(self)
-        }
-    }
-
     /// The store behind a connection expression.
-    pub fn store<C: Connection + ?Sized>(connection: &C) -> C::Store<'_> {
+    pub fn store<C: IntoStore + ?Sized>(connection: &C) -> C::Store<'_> {
         connection.store()
+    }
+
+    /// The lease store behind a connection expression.
+    pub fn lease_store<C: IntoLeaseStore + ?Sized>(
+        connection: &C,
+    ) -> std::sync::Arc<dyn idem_core::LeaseStore> {
+        connection.lease_store()
     }
 }

@@ -11,10 +11,12 @@ use std::time::Duration;
 
 use tokio::sync::OwnedMutexGuard;
 
-use crate::lease::{BoxFuture, LeaseClaim, LeaseStore, Ticket};
-
+use crate::call::Request;
 use crate::error::Error;
-use crate::store::{Claim, ClaimRequest, Concurrency, RecordStatus, Recorded, Store};
+use crate::ids::random_token;
+use crate::store::{
+    BoxFuture, Claim, Concurrency, LeaseClaim, LeaseStore, RecordStatus, Recorded, Store, Ticket,
+};
 
 /// An in-memory ledger. Cloning shares it.
 #[derive(Debug, Clone, Default)]
@@ -42,6 +44,20 @@ struct Lease {
 struct Entry {
     recorded: Recorded,
     expires: Instant,
+}
+
+impl Entry {
+    /// The record of `req`'s outcome, kept for its TTL from now.
+    fn new(req: &Request, status: RecordStatus, payload: &[u8]) -> Self {
+        Self {
+            recorded: Recorded {
+                fingerprint: req.fingerprint(),
+                status,
+                payload: payload.to_vec(),
+            },
+            expires: Instant::now() + req.ttl(),
+        }
+    }
 }
 
 /// The "transaction" of a [`MemoryStore`] claim: holds the key's lock until it is recorded
@@ -78,24 +94,29 @@ impl MemoryStore {
 
 impl Store for MemoryStore {
     type Tx = MemoryTx;
+    type Claimed = MemoryTx;
 
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim<MemoryTx>, Error> {
+    fn tx(claimed: &MemoryTx) -> &MemoryTx {
+        claimed
+    }
+
+    async fn claim(&self, req: &Request) -> Result<Claim<MemoryTx>, Error> {
         let lock = Arc::clone(
             self.inner
                 .locks
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .entry(req.id)
+                .entry(*req.id())
                 .or_default(),
         );
-        let guard = match req.concurrency {
+        let guard = match req.concurrency() {
             Concurrency::Reject => match lock.try_lock_owned() {
                 Ok(guard) => guard,
                 Err(_) => return Ok(Claim::InFlight),
             },
             _ => lock.lock_owned().await,
         };
-        if let Some(entry) = self.records().get(&req.id)
+        if let Some(entry) = self.records().get(req.id())
             && entry.expires > Instant::now()
         {
             return Ok(Claim::Recorded(entry.recorded.clone()));
@@ -106,19 +127,12 @@ impl Store for MemoryStore {
     async fn record(
         &self,
         tx: MemoryTx,
-        req: &ClaimRequest<'_>,
+        req: &Request,
         status: RecordStatus,
         payload: &[u8],
     ) -> Result<(), Error> {
-        let entry = Entry {
-            recorded: Recorded {
-                fingerprint: req.fingerprint,
-                status,
-                payload: payload.to_vec(),
-            },
-            expires: Instant::now() + req.ttl,
-        };
-        self.records().insert(req.id, entry);
+        self.records()
+            .insert(*req.id(), Entry::new(req, status, payload));
         drop(tx);
         Ok(())
     }
@@ -168,21 +182,22 @@ fn ticket_ms(ends: Instant) -> i64 {
 impl LeaseStore for MemoryStore {
     fn claim_lease<'a>(
         &'a self,
-        req: &'a ClaimRequest<'a>,
+        req: &'a Request,
         lease: Duration,
     ) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
         Box::pin(async move {
             let now = Instant::now();
             let mut records = self.records();
-            if let Some(entry) = records.get(&req.id) {
+            let id = *req.id();
+            if let Some(entry) = records.get(&id) {
                 if entry.expires > now {
                     return Ok(LeaseClaim::Recorded(entry.recorded.clone()));
                 }
-                records.remove(&req.id);
+                records.remove(&id);
             }
             let mut leases = self.leases();
-            let claim = match leases.get_mut(&req.id) {
-                Some(held) if held.fingerprint != req.fingerprint => {
+            let claim = match leases.get_mut(&id) {
+                Some(held) if held.fingerprint != req.fingerprint() => {
                     LeaseClaim::Recorded(Recorded {
                         fingerprint: held.fingerprint,
                         status: RecordStatus::Pending,
@@ -196,7 +211,7 @@ impl LeaseStore for MemoryStore {
                     held.token = held.token.wrapping_add(1);
                     held.ends = now + lease;
                     LeaseClaim::Execute {
-                        ticket: Ticket::new(req.id, held.token, ticket_ms(held.ends)),
+                        ticket: Ticket::new(id, held.token, ticket_ms(held.ends)),
                         steps: held
                             .steps
                             .iter()
@@ -205,18 +220,18 @@ impl LeaseStore for MemoryStore {
                     }
                 }
                 None => {
-                    let token = crate::outbox::random_token();
+                    let token = random_token();
                     leases.insert(
-                        req.id,
+                        id,
                         Lease {
                             token,
-                            fingerprint: req.fingerprint,
+                            fingerprint: req.fingerprint(),
                             ends: now + lease,
                             steps: HashMap::new(),
                         },
                     );
                     LeaseClaim::Execute {
-                        ticket: Ticket::new(req.id, token, ticket_ms(now + lease)),
+                        ticket: Ticket::new(id, token, ticket_ms(now + lease)),
                         steps: Vec::new(),
                     }
                 }
@@ -249,24 +264,15 @@ impl LeaseStore for MemoryStore {
     fn complete<'a>(
         &'a self,
         ticket: &'a Ticket,
+        req: &'a Request,
         status: RecordStatus,
         payload: &'a [u8],
-        ttl: Duration,
     ) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
-            let fingerprint = self.holding(ticket, |held| held.fingerprint)?;
+            self.holding(ticket, |_| ())?;
             self.leases().remove(&ticket.id);
-            self.records().insert(
-                ticket.id,
-                Entry {
-                    recorded: Recorded {
-                        fingerprint,
-                        status,
-                        payload: payload.to_vec(),
-                    },
-                    expires: Instant::now() + ttl,
-                },
-            );
+            self.records()
+                .insert(ticket.id, Entry::new(req, status, payload));
             Ok(())
         })
     }

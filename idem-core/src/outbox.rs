@@ -8,7 +8,6 @@
 //! travels with every attempt, so the receiver deduplicates (JetStream's `Nats-Msg-Id`, an
 //! API's `Idempotency-Key`, or idem's inbox on the consuming side).
 
-use std::cell::Cell;
 use std::fmt;
 use std::future::Future;
 use std::sync::LazyLock;
@@ -339,7 +338,7 @@ fn unit_random() -> f64 {
 }
 
 /// A random positive 63-bit token (relay rounds and lease owners), as the engine makes them.
-pub use crate::engine::random_token;
+pub use crate::ids::random_token;
 
 /// How a relay runs. The defaults suit a service; tests shorten the lease and the poll.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -450,25 +449,12 @@ pub fn wake_signal() -> tokio::sync::watch::Receiver<u64> {
     WAKE.subscribe()
 }
 
-tokio::task_local! {
-    static STAGED: Cell<bool>;
-}
-
-/// Notes that the running handler body staged a message (the store calls it), so the engine
-/// wakes the relays once the call's transaction commits. `false` when no `#[idempotent]` body
-/// is running in this task (nobody will wake the relays after a commit).
+/// Notes that the running handler body staged a message (the store calls it), so the relays
+/// of this process are woken once the call's transaction commits. `false` when no
+/// atomic-mode `#[idempotent]` body is running in this task (nobody will wake the relays after
+/// a commit: call [`wake`] yourself).
 pub fn note_staged() -> bool {
-    STAGED.try_with(|staged| staged.set(true)).is_ok()
-}
-
-/// Runs a handler body and tells whether it staged messages.
-pub(crate) async fn tracking_staged<F: Future>(body: F) -> (F::Output, bool) {
-    STAGED
-        .scope(Cell::new(false), async move {
-            let output = body.await;
-            (output, STAGED.with(Cell::get))
-        })
-        .await
+    crate::call::after_commit(wake)
 }
 
 #[cfg(test)]
@@ -518,12 +504,10 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_body_that_stages_is_noticed_and_one_that_does_not_is_not() {
-        let (inside, staged) = tracking_staged(async { note_staged() }).await;
+    async fn a_body_that_stages_wakes_the_relays_after_its_commit() {
+        let (inside, hooks) = crate::call::collecting_hooks(async { note_staged() }).await;
         assert!(inside);
-        assert!(staged);
-        let ((), staged) = tracking_staged(async {}).await;
-        assert!(!staged);
+        assert!(hooks.iter().any(|h| std::ptr::fn_addr_eq(*h, wake as fn())));
         assert!(!note_staged(), "outside a body nothing notices");
     }
 

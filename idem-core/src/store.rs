@@ -1,8 +1,11 @@
-//! The contract between the engine and a ledger store (SeaORM, in-memory, or your own).
+//! The contract between the engine and a ledger store (SeaORM, in-memory, or your own): the
+//! atomic-mode [`Store`], the lease-mode [`LeaseStore`], and what their claims answer.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
+use crate::call::Request;
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 
@@ -31,31 +34,6 @@ impl Concurrency {
     pub const DEFAULT: Self = Self::Wait {
         bound: Self::DEFAULT_BOUND,
     };
-}
-
-/// Everything a store needs to claim one key.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct ClaimRequest<'a> {
-    /// The operation's scope, e.g. `orders.pay`.
-    pub scope: &'a str,
-    /// Tenant, user or client the key belongs to; empty when the scope has none.
-    pub principal: &'a str,
-    /// The idempotency key.
-    pub key: &'a str,
-    /// Record id: SHA-256 over scope, principal and key (length-prefixed).
-    pub id: [u8; 32],
-    /// Fingerprint of the call's arguments.
-    pub fingerprint: Fingerprint,
-    /// Random token of this attempt; the record's owner while it is being executed.
-    pub owner: i64,
-    /// How long a recorded result is kept (measured on the store's clock).
-    pub ttl: Duration,
-    /// The concurrency policy.
-    pub concurrency: Concurrency,
-    /// Whether the store must take a savepoint after the claim, so a final error can roll
-    /// back the handler's writes and still record itself.
-    pub savepoint: bool,
 }
 
 /// What a claim found.
@@ -114,35 +92,43 @@ impl RecordStatus {
     }
 }
 
-/// A ledger store. The engine drives it; handlers never call it directly.
+/// A ledger store for atomic mode. The engine drives it; handlers never call it directly.
 ///
-/// A claim opens a transaction and returns it in [`Claim::Execute`]; the handler's body runs
-/// in it; then exactly one of [`record`](Store::record) (commit) or
-/// [`release`](Store::release) (roll back) ends it. Dropping the transaction must roll back.
+/// A claim opens a transaction and returns it, claimed, in [`Claim::Execute`]; the handler's
+/// body runs in [`Store::tx`] of it; then exactly one of [`record`](Store::record) (commit) or
+/// [`release`](Store::release) (roll back) ends it. Dropping a claimed transaction must roll
+/// back. The claimed value carries whatever the store needs to finish (its owner token, say),
+/// and the call's [`Request`] is passed by reference to every step, so nothing is rebuilt.
 pub trait Store: Sync {
     /// The transaction the handler body runs in.
     type Tx: Send + Sync;
+    /// A claimed key: the transaction and what recording needs besides the request.
+    type Claimed: Send + Sync;
 
-    /// Claims `req.id`: either hands out a transaction that owns the key, or reports the live
-    /// record. Expired records count as absent.
+    /// The transaction inside a claimed key.
+    fn tx(claimed: &Self::Claimed) -> &Self::Tx;
+
+    /// Claims `req.id()`: either hands out a transaction that owns the key, or reports the
+    /// live record. Expired records count as absent. With [`Request::savepoint`] the store
+    /// takes a savepoint after the claim, so a final error can undo the body's writes.
     fn claim(
         &self,
-        req: &ClaimRequest<'_>,
-    ) -> impl Future<Output = Result<Claim<Self::Tx>, Error>> + Send;
+        req: &Request,
+    ) -> impl Future<Output = Result<Claim<Self::Claimed>, Error>> + Send;
 
-    /// Records `payload` with `status` for the claimed key and commits `tx`. For
+    /// Records `payload` with `status` for the claimed key and commits. For
     /// [`RecordStatus::Failed`] (a final error) the store first undoes the handler's writes,
     /// back to the savepoint it took at claim time, so only the recorded error commits.
     fn record(
         &self,
-        tx: Self::Tx,
-        req: &ClaimRequest<'_>,
+        claimed: Self::Claimed,
+        req: &Request,
         status: RecordStatus,
         payload: &[u8],
     ) -> impl Future<Output = Result<(), Error>> + Send;
 
-    /// Rolls `tx` back entirely: the key is free again.
-    fn release(&self, tx: Self::Tx) -> impl Future<Output = Result<(), Error>> + Send;
+    /// Rolls the claim back entirely: the key is free again.
+    fn release(&self, claimed: Self::Claimed) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// Which ledger this store writes to, as a number that two stores of this process share
     /// exactly when they reach the same ledger. With it, concurrent duplicates in this
@@ -155,29 +141,122 @@ pub trait Store: Sync {
 
 impl<S: Store + ?Sized> Store for &S {
     type Tx = S::Tx;
+    type Claimed = S::Claimed;
+
+    fn tx(claimed: &Self::Claimed) -> &Self::Tx {
+        S::tx(claimed)
+    }
 
     fn claim(
         &self,
-        req: &ClaimRequest<'_>,
-    ) -> impl Future<Output = Result<Claim<Self::Tx>, Error>> + Send {
+        req: &Request,
+    ) -> impl Future<Output = Result<Claim<Self::Claimed>, Error>> + Send {
         (**self).claim(req)
     }
 
     fn record(
         &self,
-        tx: Self::Tx,
-        req: &ClaimRequest<'_>,
+        claimed: Self::Claimed,
+        req: &Request,
         status: RecordStatus,
         payload: &[u8],
     ) -> impl Future<Output = Result<(), Error>> + Send {
-        (**self).record(tx, req, status, payload)
+        (**self).record(claimed, req, status, payload)
     }
 
-    fn release(&self, tx: Self::Tx) -> impl Future<Output = Result<(), Error>> + Send {
-        (**self).release(tx)
+    fn release(&self, claimed: Self::Claimed) -> impl Future<Output = Result<(), Error>> + Send {
+        (**self).release(claimed)
     }
 
     fn ledger_identity(&self) -> Option<usize> {
         (**self).ledger_identity()
     }
+}
+
+/// A boxed, sendable future (lease stores are used behind `dyn`).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a lease claim hands out: the record, the fencing token and the lease end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Ticket {
+    /// The record id (SHA-256 of scope, principal, key).
+    pub id: [u8; 32],
+    /// The fencing token: a random owner token for the first holder, one more for every
+    /// takeover. Every write of the holder is checked against it.
+    pub token: i64,
+    /// When the lease ends, in epoch milliseconds on the store's clock.
+    pub lease_end_ms: i64,
+}
+
+impl Ticket {
+    /// A ticket (stores build them).
+    pub fn new(id: [u8; 32], token: i64, lease_end_ms: i64) -> Self {
+        Self {
+            id,
+            token,
+            lease_end_ms,
+        }
+    }
+}
+
+/// What a lease claim found.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LeaseClaim {
+    /// The key is ours (new, or taken over after its lease ended): run the body. `steps` are
+    /// the recovery points an earlier holder recorded, by name.
+    Execute {
+        /// The lease.
+        ticket: Ticket,
+        /// Recorded steps: name and serialised value.
+        steps: Vec<(String, Vec<u8>)>,
+    },
+    /// The key has a completed record (or, with another fingerprint, any record: the engine
+    /// answers `KeyReused`).
+    Recorded(Recorded),
+    /// Another holder's lease is live.
+    InFlight {
+        /// Until its lease ends.
+        retry_after: Duration,
+    },
+}
+
+/// A ledger store for lease mode. Owned and shareable (`'static`), because the lease outlives
+/// the claim: the renewal task and the steps reach it while the body runs.
+pub trait LeaseStore: Send + Sync + 'static {
+    /// Claims `req.id()` with a lease of `lease` and commits: a new record (a random owner
+    /// token from [`random_token`](crate::ids::random_token)), a takeover of an in-progress
+    /// record whose lease ended (token + 1, its steps), the completed record, or the live
+    /// lease's remaining time.
+    fn claim_lease<'a>(
+        &'a self,
+        req: &'a Request,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<LeaseClaim, Error>>;
+
+    /// Extends the lease to `lease` from now, if `ticket` still holds it.
+    fn renew<'a>(&'a self, ticket: &'a Ticket, lease: Duration)
+    -> BoxFuture<'a, Result<(), Error>>;
+
+    /// Records step `name` with `payload`, if `ticket` still holds the lease.
+    fn record_step<'a>(
+        &'a self,
+        ticket: &'a Ticket,
+        name: &'a str,
+        payload: &'a [u8],
+    ) -> BoxFuture<'a, Result<(), Error>>;
+
+    /// Records the call's outcome (kept for the request's TTL from now), if `ticket` still
+    /// holds the lease, and forgets its steps.
+    fn complete<'a>(
+        &'a self,
+        ticket: &'a Ticket,
+        req: &'a Request,
+        status: RecordStatus,
+        payload: &'a [u8],
+    ) -> BoxFuture<'a, Result<(), Error>>;
+
+    /// Ends the lease now, keeping the steps: a retry takes over at once and resumes.
+    fn release_lease<'a>(&'a self, ticket: &'a Ticket) -> BoxFuture<'a, Result<(), Error>>;
 }

@@ -326,10 +326,11 @@ fn impl_trait_span(ty: &Type) -> Option<Span> {
 /// async fn pay(db: &DatabaseConnection, cmd: Pay) -> Result<Receipt, PayError> {
 ///     static __IDEM_SITE: Site = Site::new("orders.pay", ttl, policy);
 ///     let __idem_conn = &(db);
-///     let mut __idem_call = Call::new(&__IDEM_SITE, store(__idem_conn), key(&cmd.key));
+///     let mut __idem_call = Call::new(&__IDEM_SITE, key(&cmd.key));
 ///     Call::arg(&mut __idem_call, &cmd);
 ///     // claim; replay, or run the body in the claim's transaction; record + commit, or release
 ///     run::<_, Result<Receipt, PayError>, _>(
+///         store(__idem_conn),
 ///         __idem_call,
 ///         (&&FinalProbe::<PayError>::new()).finality(),
 ///         async move |db| -> Result<Receipt, PayError> {
@@ -428,8 +429,8 @@ pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> 
                 _ => quote!(),
             };
             (
-                respan(&quote!(#p::run_lease::<_, #output, _>), at),
-                quote!(#lease_store, #p::Duration::from_millis(#lease_ms),),
+                respan(&quote!(#p::run_lease::<#output, _>), at),
+                (lease_store, quote!(#p::Duration::from_millis(#lease_ms),)),
                 quote!(),
                 rebind,
             )
@@ -438,16 +439,18 @@ pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> 
         // its writes commit (or roll back) together with the recorded result.
         None => (
             run,
-            quote!(),
+            (store_call, quote!()),
             quote!(#[allow(unused_variables)] #conn_binding),
             quote!(),
         ),
     };
+    let (store_arg, lease_arg) = leading;
     let mut run_args = Group::new(
         Delimiter::Parenthesis,
         quote! {
+            #store_arg,
             __idem_call,
-            #leading
+            #lease_arg
             #finality,
             // The `let` gives the body its expected type, so a type mismatch is reported
             // inside the body.
@@ -471,7 +474,7 @@ pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> 
         );
         // A borrow in a `let` keeps a temporary connection (`conn = self.pool() as db`) alive.
         let #conn = &(#conn_expr);
-        let mut __idem_call = #p::Call::new(&__IDEM_SITE, #store_call, #key_call);
+        let mut __idem_call = #p::Call::new(&__IDEM_SITE, #key_call);
         #principal
         #(#fingerprint_args)*
         #rebind

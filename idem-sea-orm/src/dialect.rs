@@ -25,8 +25,8 @@ pub(crate) struct Dialect {
     /// second read.
     pub(crate) claim_locks_row: bool,
     /// Whether the atomic claim only reads (the transaction already holds the database's
-    /// write lock: SQLite) and `record` writes the whole row (binds id, scope, principal,
-    /// key, owner, fingerprint, state, response, ttl_ms).
+    /// write lock: SQLite) and `record` writes the whole row (binds the row's values, then
+    /// state and response).
     pub(crate) claim_by_read: bool,
     /// Same as `claim`, failing at once if another transaction holds the key.
     pub(crate) claim_nowait: String,
@@ -63,6 +63,12 @@ const TAKE_OVER: &str = "UPDATE idem_ledger SET owner = ?, fingerprint = ?, stat
 // The expiry set by the claim stands (a record's TTL counts from its claim): leaving the
 // indexed `expires_at_ms` alone lets PostgreSQL update the row in place (a HOT update).
 const RECORD: &str = "UPDATE idem_ledger SET state = ?, response = ? WHERE id = ? AND owner = ?";
+
+/// A duration in milliseconds for a statement that adds it to the database clock: saturated
+/// far below `i64::MAX`, so `{now} + ?` cannot overflow.
+pub(crate) fn millis(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).map_or(i64::MAX / 4, |ms| ms.min(i64::MAX / 4))
+}
 
 pub(crate) fn render(template: &str, now: &str, backend: DbBackend) -> String {
     placeholders(backend, &template.replace("{now}", now))
@@ -211,9 +217,10 @@ static SQLITE: LazyLock<Dialect> = LazyLock::new(|| {
         before_nowait: None,
         read_locked: r(READ),
         take_over: r(TAKE_OVER),
+        // Binds a whole row (`ledger_row`), then state and response.
         record: r("INSERT INTO idem_ledger \
-            (id, scope, principal, idem_key, owner, fingerprint, state, response, created_at_ms, expires_at_ms) \
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?, {now}, {now} + ?) \
+            (id, scope, principal, idem_key, owner, fingerprint, expires_at_ms, state, response, created_at_ms) \
+            VALUES (?, ?, ?, ?, ?, ?, {now} + ?, ?, ?, {now}) \
             ON CONFLICT (id) DO UPDATE SET scope = excluded.scope, principal = excluded.principal, \
             idem_key = excluded.idem_key, owner = excluded.owner, fingerprint = excluded.fingerprint, \
             state = excluded.state, response = excluded.response, \

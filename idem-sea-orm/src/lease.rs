@@ -8,17 +8,20 @@ use std::pin::Pin;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use idem_core::lease::{BoxFuture, LeaseClaim, LeaseHandle, LeaseStore, Ticket};
-use idem_core::{ClaimRequest, Error, RecordStatus, Recorded};
+use idem_core::ids::random_token;
+use idem_core::lease::LeaseHandle;
+use idem_core::{
+    BoxFuture, Error, LeaseClaim, LeaseStore, RecordStatus, Recorded, Request, Ticket,
+};
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, Statement, Value,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::dialect::{Dialect, LEDGER_TABLE, MYSQL_NOW, PG_NOW, SQLITE_NOW, render};
+use crate::dialect::{Dialect, LEDGER_TABLE, MYSQL_NOW, PG_NOW, SQLITE_NOW, millis, render};
 use crate::error::store_error;
-use crate::store::{begin, detached, read_row, statement};
+use crate::store::{begin, detached, ledger_row, read_row, statement};
 
 /// Name of the table of recorded steps (recovery points) of calls in progress.
 pub const STEPS_TABLE: &str = "idem_steps";
@@ -136,10 +139,6 @@ pub(crate) fn lease_ddl(backend: DbBackend) -> (&'static [String], String) {
     )
 }
 
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
-}
-
 /// The ledger in lease mode on a SeaORM connection; `#[idempotent(..., lease = "…")]` builds
 /// one from the handler's connection.
 #[derive(Debug, Clone)]
@@ -206,7 +205,7 @@ async fn insert_step(
 async fn claim(
     db: DatabaseConnection,
     values: Vec<Value>,
-    id: Vec<u8>,
+    id: [u8; 32],
     owner: i64,
     fingerprint: idem_core::Fingerprint,
     lease_ms: i64,
@@ -220,15 +219,12 @@ async fn claim(
         .await
         .map_err(failed)?;
     let row = tx
-        .query_one_raw(statement(d, &d.read_locked, vec![id.clone().into()]))
+        .query_one_raw(statement(d, &d.read_locked, vec![id.to_vec().into()]))
         .await
         .map_err(failed)?
         .ok_or_else(|| Error::store(doing, "the claimed ledger row is missing"))?;
     let row = read_row(&row).map_err(failed)?;
-    let ticket = |token: i64, now_ms: i64| {
-        let id: [u8; 32] = id.clone().try_into().unwrap_or([0; 32]);
-        Ticket::new(id, token, now_ms + lease_ms)
-    };
+    let ticket = |token: i64, now_ms: i64| Ticket::new(id, token, now_ms + lease_ms);
     if row.owner == owner {
         tx.commit().await.map_err(failed)?;
         return Ok(LeaseClaim::Execute {
@@ -266,7 +262,7 @@ async fn claim(
             take_over(&tx, d, token, fingerprint, lease_ms, &id).await?;
             let sql = lease_sql(d.backend);
             let steps = tx
-                .query_all_raw(statement(d, &sql.select_steps, vec![id.clone().into()]))
+                .query_all_raw(statement(d, &sql.select_steps, vec![id.to_vec().into()]))
                 .await
                 .and_then(|rows| {
                     rows.iter()
@@ -283,7 +279,7 @@ async fn claim(
             // An expired record (or an unknown state): a new execution.
             take_over(&tx, d, owner, fingerprint, lease_ms, &id).await?;
             let sql = lease_sql(d.backend);
-            tx.execute_raw(statement(d, &sql.delete_steps, vec![id.clone().into()]))
+            tx.execute_raw(statement(d, &sql.delete_steps, vec![id.to_vec().into()]))
                 .await
                 .map_err(failed)?;
             LeaseClaim::Execute {
@@ -346,25 +342,16 @@ fn lost() -> Error {
 impl LeaseStore for SeaOrmLeaseStore {
     fn claim_lease<'a>(
         &'a self,
-        req: &'a ClaimRequest<'a>,
+        req: &'a Request,
         lease: Duration,
     ) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
-        let owner = idem_core::outbox::random_token();
-        let values = vec![
-            req.id.to_vec().into(),
-            req.scope.into(),
-            req.principal.into(),
-            req.key.into(),
-            owner.into(),
-            req.fingerprint.0.to_vec().into(),
-            millis(lease).into(),
-        ];
+        let owner = random_token();
         let step = claim(
             self.db.clone(),
-            values,
-            req.id.to_vec(),
+            ledger_row(req, owner, lease),
+            *req.id(),
             owner,
-            req.fingerprint,
+            req.fingerprint(),
             millis(lease),
         );
         Box::pin(detached(step))
@@ -414,11 +401,11 @@ impl LeaseStore for SeaOrmLeaseStore {
     fn complete<'a>(
         &'a self,
         ticket: &'a Ticket,
+        req: &'a Request,
         status: RecordStatus,
         payload: &'a [u8],
-        ttl: Duration,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        let (db, ticket, payload) = (self.db.clone(), *ticket, payload.to_vec());
+        let (db, ticket, payload, ttl) = (self.db.clone(), *ticket, payload.to_vec(), req.ttl());
         Box::pin(detached(async move {
             let doing = "recording the result";
             let sql = lease_sql(db.get_database_backend());

@@ -4,15 +4,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use idem_core::{
-    Claim, ClaimRequest, Concurrency, Error, Fingerprint, RecordStatus, Recorded, Store,
-};
+use idem_core::ids::random_token;
+use idem_core::{Claim, Concurrency, Error, Fingerprint, RecordStatus, Recorded, Request, Store};
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, QueryResult,
     SqliteTransactionMode, Statement, TransactionOptions, TransactionTrait, Value,
 };
 
-use crate::dialect::Dialect;
+use crate::dialect::{Dialect, millis};
 use crate::error::{Failure, classify, store_error};
 
 const SAVEPOINT: &str = "SAVEPOINT idem_claim";
@@ -39,8 +38,27 @@ pub(crate) fn statement(dialect: &Dialect, sql: &str, values: Vec<Value>) -> Sta
     Statement::from_sql_and_values(dialect.backend, sql, values)
 }
 
-fn ttl_ms(req: &ClaimRequest<'_>) -> i64 {
-    i64::try_from(req.ttl.as_millis()).unwrap_or(i64::MAX / 2)
+/// A ledger row's values, in the order every statement that writes a whole row binds them:
+/// id, scope, principal, key, owner, fingerprint, and the time it lives from now (the TTL, or
+/// the lease). Built once per statement from the call's one request.
+pub(crate) fn ledger_row(req: &Request, owner: i64, lives: std::time::Duration) -> Vec<Value> {
+    vec![
+        req.id().to_vec().into(),
+        req.scope().into(),
+        req.principal().into(),
+        req.key().into(),
+        owner.into(),
+        req.fingerprint().0.to_vec().into(),
+        millis(lives).into(),
+    ]
+}
+
+/// A key claimed on the SeaORM ledger: the claim's transaction (the handler body runs in it)
+/// and the owner token its record is written under.
+#[derive(Debug)]
+pub struct ClaimedTx {
+    tx: DatabaseTransaction,
+    owner: i64,
 }
 
 pub(crate) async fn begin(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
@@ -134,10 +152,11 @@ where
     }
 }
 
-/// What the claim step needs, owned, so it can run on its own task.
+/// The claim's statement values and decisions, owned: a claim runs to completion even when
+/// its caller stops waiting ([`detached`]), so it cannot borrow the request.
 struct ClaimStep {
     id: Vec<u8>,
-    /// The claim statement's values (empty where the claim is a read).
+    /// The claim statement's values ([`ledger_row`]; empty where the claim is a read).
     insert: Vec<Value>,
     owner: i64,
     fingerprint: Fingerprint,
@@ -151,10 +170,7 @@ struct ClaimStep {
 /// transaction, and that transaction rolled back.
 const CLAIM_ATTEMPTS: usize = 4;
 
-async fn claim_step(
-    db: DatabaseConnection,
-    step: ClaimStep,
-) -> Result<Claim<DatabaseTransaction>, Error> {
+async fn claim_step(db: DatabaseConnection, step: ClaimStep) -> Result<Claim<ClaimedTx>, Error> {
     let mut attempt = 1;
     loop {
         match try_claim(&db, &step).await {
@@ -174,7 +190,7 @@ async fn claim_step(
 async fn try_claim(
     db: &DatabaseConnection,
     step: &ClaimStep,
-) -> Result<Claim<DatabaseTransaction>, (&'static str, DbErr)> {
+) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
     let d = Dialect::of(db.get_database_backend());
     let tx = begin(db)
         .await
@@ -201,7 +217,7 @@ async fn try_claim(
             end_unwritten(tx);
             return live_record(row);
         }
-        return savepoint(tx, step.savepoint).await;
+        return savepoint(tx, step).await;
     }
     let insert = statement(
         d,
@@ -262,7 +278,7 @@ async fn settle(
     d: &Dialect,
     row: Row,
     step: &ClaimStep,
-) -> Result<Claim<DatabaseTransaction>, (&'static str, DbErr)> {
+) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
     if row.owner != step.owner {
         if row.expires_at_ms > row.now_ms {
             // A live record: nothing was written.
@@ -283,7 +299,7 @@ async fn settle(
         .await
         .map_err(|e| ("taking over an expired key", e))?;
     }
-    savepoint(tx, step.savepoint).await
+    savepoint(tx, step).await
 }
 
 /// Ends a claim transaction that wrote nothing, without waiting for it. Dropping it queues the
@@ -295,7 +311,7 @@ fn end_unwritten(tx: DatabaseTransaction) {
 }
 
 /// What a live record found by the claim answers.
-fn live_record(row: Row) -> Result<Claim<DatabaseTransaction>, (&'static str, DbErr)> {
+fn live_record(row: Row) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
     match row.status {
         Some(RecordStatus::Pending) => Ok(Claim::InFlight),
         Some(status) => Ok(Claim::Recorded(Recorded {
@@ -313,14 +329,17 @@ fn live_record(row: Row) -> Result<Claim<DatabaseTransaction>, (&'static str, Db
 /// Hands out the claimed transaction, after a savepoint if a final error may need one.
 async fn savepoint(
     tx: DatabaseTransaction,
-    take: bool,
-) -> Result<Claim<DatabaseTransaction>, (&'static str, DbErr)> {
-    if take {
+    step: &ClaimStep,
+) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
+    if step.savepoint {
         tx.execute_unprepared(SAVEPOINT)
             .await
             .map_err(|e| ("taking the claim savepoint", e))?;
     }
-    Ok(Claim::Execute(tx))
+    Ok(Claim::Execute(ClaimedTx {
+        tx,
+        owner: step.owner,
+    }))
 }
 
 async fn record_step(
@@ -351,60 +370,49 @@ async fn record_step(
 
 impl Store for SeaOrmStore<'_> {
     type Tx = DatabaseTransaction;
+    type Claimed = ClaimedTx;
 
-    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<Claim<DatabaseTransaction>, Error> {
-        // SQLite claims by a read: its claim binds nothing but the id.
-        let insert = if Dialect::of(self.db.get_database_backend()).claim_by_read {
-            Vec::new()
-        } else {
-            vec![
-                req.id.to_vec().into(),
-                req.scope.into(),
-                req.principal.into(),
-                req.key.into(),
-                req.owner.into(),
-                req.fingerprint.0.to_vec().into(),
-                ttl_ms(req).into(),
-            ]
-        };
+    fn tx(claimed: &ClaimedTx) -> &DatabaseTransaction {
+        &claimed.tx
+    }
+
+    async fn claim(&self, req: &Request) -> Result<Claim<ClaimedTx>, Error> {
+        let owner = random_token();
         let step = ClaimStep {
-            id: req.id.to_vec(),
-            insert,
-            owner: req.owner,
-            fingerprint: req.fingerprint,
-            ttl_ms: ttl_ms(req),
-            reject: matches!(req.concurrency, Concurrency::Reject),
-            savepoint: req.savepoint,
+            id: req.id().to_vec(),
+            // SQLite claims by a read: its claim binds nothing but the id.
+            insert: if Dialect::of(self.db.get_database_backend()).claim_by_read {
+                Vec::new()
+            } else {
+                ledger_row(req, owner, req.ttl())
+            },
+            owner,
+            fingerprint: req.fingerprint(),
+            ttl_ms: millis(req.ttl()),
+            reject: req.concurrency() == Concurrency::Reject,
+            savepoint: req.savepoint(),
         };
         detached(claim_step(self.db.clone(), step)).await
     }
 
     async fn record(
         &self,
-        tx: DatabaseTransaction,
-        req: &ClaimRequest<'_>,
+        ClaimedTx { tx, owner }: ClaimedTx,
+        req: &Request,
         status: RecordStatus,
         payload: &[u8],
     ) -> Result<(), Error> {
         let values = if Dialect::of(self.db.get_database_backend()).claim_by_read {
             // The claim wrote nothing: the record writes the whole row.
-            vec![
-                req.id.to_vec().into(),
-                req.scope.into(),
-                req.principal.into(),
-                req.key.into(),
-                req.owner.into(),
-                req.fingerprint.0.to_vec().into(),
-                status.code().into(),
-                payload.to_vec().into(),
-                ttl_ms(req).into(),
-            ]
+            let mut row = ledger_row(req, owner, req.ttl());
+            row.extend([status.code().into(), payload.to_vec().into()]);
+            row
         } else {
             vec![
                 status.code().into(),
                 payload.to_vec().into(),
-                req.id.to_vec().into(),
-                req.owner.into(),
+                req.id().to_vec().into(),
+                owner.into(),
             ]
         };
         // A final error keeps only the recorded error: back to the claim's savepoint first.
@@ -435,7 +443,7 @@ impl Store for SeaOrmStore<'_> {
         }
     }
 
-    async fn release(&self, tx: DatabaseTransaction) -> Result<(), Error> {
+    async fn release(&self, ClaimedTx { tx, .. }: ClaimedTx) -> Result<(), Error> {
         detached(async move {
             tx.rollback()
                 .await

@@ -303,7 +303,7 @@ async fn dropped_calls_leave_the_pool_clean(body_statements: bool) {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-static SHORT_WAIT: idem_core::engine::Site = idem_core::engine::Site::new(
+static SHORT_WAIT: idem_core::call::Site = idem_core::call::Site::new(
     "rel.short-wait",
     Duration::from_secs(3600),
     idem::store::Concurrency::Wait {
@@ -318,16 +318,14 @@ async fn short_wait(
     c: &Transfer,
     hold: Duration,
 ) -> Result<Answer, idem::Error> {
-    let mut call = idem_core::engine::Call::new(
-        &SHORT_WAIT,
-        idem::sea_orm::SeaOrmStore::new(db),
-        idem::Key::new(c.key.as_str()),
-    );
+    let mut call = idem_core::call::Call::new(&SHORT_WAIT, idem::Key::new(c.key.as_str()));
     call.arg(c);
-    let guard = match call.claim::<Result<Answer, idem::Error>>(None).await {
-        Ok(guard) => guard,
-        Err(answer) => return answer,
-    };
+    let store = idem::sea_orm::SeaOrmStore::new(db);
+    let guard =
+        match idem_core::atomic::claim::<_, Result<Answer, idem::Error>>(store, call, None).await {
+            Ok(guard) => guard,
+            Err(answer) => return answer,
+        };
     let execution = unique("exec");
     let output = async {
         effect(guard.tx(), &c.run, &c.key, "debit", &execution).await?;

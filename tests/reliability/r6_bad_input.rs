@@ -143,7 +143,7 @@ async fn bad_result(db: &DatabaseConnection, cmd: BadCmd) -> Result<Unserializab
     Ok(Unserializable)
 }
 
-static TTL_ZERO: idem_core::engine::Site = idem_core::engine::Site::new(
+static TTL_ZERO: idem_core::call::Site = idem_core::call::Site::new(
     "rel.bad.ttl0",
     Duration::ZERO,
     idem::store::Concurrency::DEFAULT,
@@ -152,16 +152,14 @@ static TTL_ZERO: idem_core::engine::Site = idem_core::engine::Site::new(
 /// A handler built on the engine API with a TTL of zero (the attribute refuses `ttl = "0s"`
 /// at compile time).
 async fn ttl_zero(db: &DatabaseConnection, cmd: BadCmd) -> Result<Answer, idem::Error> {
-    let mut call = idem_core::engine::Call::new(
-        &TTL_ZERO,
-        idem::sea_orm::SeaOrmStore::new(db),
-        idem::Key::new(cmd.key.as_str()),
-    );
+    let mut call = idem_core::call::Call::new(&TTL_ZERO, idem::Key::new(cmd.key.as_str()));
     call.arg(&cmd);
-    let guard = match call.claim::<Result<Answer, idem::Error>>(None).await {
-        Ok(guard) => guard,
-        Err(answer) => return answer,
-    };
+    let store = idem::sea_orm::SeaOrmStore::new(db);
+    let guard =
+        match idem_core::atomic::claim::<_, Result<Answer, idem::Error>>(store, call, None).await {
+            Ok(guard) => guard,
+            Err(answer) => return answer,
+        };
     let output = bad_effect(guard.tx(), &cmd).await;
     guard.finish(output).await
 }

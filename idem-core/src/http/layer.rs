@@ -19,11 +19,12 @@ use http::{HeaderName, HeaderValue, Request, StatusCode};
 use serde::{Deserialize, Serialize};
 
 use super::{IDEMPOTENT_REPLAYED, IdempotencyKey, Problem};
-use crate::engine::{Call, Site};
+use crate::call::{Call, Site};
 use crate::error::Error;
 use crate::key::Key;
-use crate::lease::{LeaseStore, run_lease};
+use crate::lease::run_lease;
 use crate::store::Concurrency;
+use crate::store::LeaseStore;
 
 /// Records the whole response of an axum route on the idem ledger, so a retry with the same
 /// `Idempotency-Key` gets the recorded response instead of running the route again: the
@@ -397,7 +398,7 @@ where
         Err(e) => Err(e),
     };
     let key_is_valid = key.is_ok();
-    let mut call = Call::new(config.site, (), key);
+    let mut call = Call::new(config.site, key);
     let mut bytes = Vec::new();
     if key_is_valid {
         // Read the body only for a request the layer will claim.
@@ -435,8 +436,8 @@ where
         call.arg(&BodyBytes(&bytes));
     }
     let task = super::spawn_and_wait(Box::pin(run_lease(
-        call,
         Arc::clone(&config.store),
+        call,
         config.lease,
         None,
         async move || run_route(&config, inner, parts, bytes).await,

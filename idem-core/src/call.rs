@@ -1,0 +1,329 @@
+//! One call of an idempotent handler: its [`Site`] (the attribute's static description), the
+//! [`Call`] the generated code builds from the arguments, and the [`Request`] it becomes once
+//! its key, principal and fingerprint have passed their checks. The request is the call's one
+//! shape from then on: claims, records, leases and steps read it by reference.
+
+use std::cell::RefCell;
+use std::time::Duration;
+
+use crate::error::{BoxError, Error};
+use crate::fingerprint::{Fingerprint, FingerprintError, Fingerprinter};
+use crate::handler::{Finality, Fingerprintable, HandlerError, HandlerOutput, Replayable};
+use crate::ids::{KeyHash, derived_key, record_id};
+use crate::key::Key;
+use crate::metrics::{self, Label};
+use crate::outcome::{self, Outcome};
+use crate::store::{Concurrency, RecordStatus, Recorded};
+
+/// How long a caller should wait before retrying a key that is in flight in atomic mode.
+pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The static description of one `#[idempotent]` function.
+#[derive(Debug)]
+pub struct Site {
+    scope: &'static str,
+    ttl: Duration,
+    concurrency: Concurrency,
+}
+
+impl Site {
+    /// Describes a handler: its scope, how long results are kept, and its concurrency policy.
+    pub const fn new(scope: &'static str, ttl: Duration, concurrency: Concurrency) -> Self {
+        Self {
+            scope,
+            ttl,
+            concurrency,
+        }
+    }
+
+    /// The scope literal.
+    pub const fn scope(&self) -> &'static str {
+        self.scope
+    }
+
+    /// How long recorded results are kept.
+    pub const fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// How a concurrent duplicate is treated.
+    pub const fn concurrency(&self) -> Concurrency {
+        self.concurrency
+    }
+}
+
+/// One call of an idempotent handler, before its checks: built from its site and key, then
+/// given its principal and arguments. [`run`](crate::atomic::run) and
+/// [`run_lease`](crate::lease::run_lease) take it with the store they use.
+#[derive(Debug)]
+pub struct Call {
+    site: &'static Site,
+    key: Result<Key, Error>,
+    principal: Result<Option<Key>, Error>,
+    fingerprint: Fingerprinter,
+    fingerprint_error: Option<FingerprintError>,
+}
+
+impl Call {
+    /// Starts a call of the handler at `site` with `key`.
+    pub fn new(site: &'static Site, key: Result<Key, Error>) -> Self {
+        Self {
+            site,
+            key,
+            principal: Ok(None),
+            fingerprint: Fingerprinter::new(site.scope),
+            fingerprint_error: None,
+        }
+    }
+
+    /// Sets the principal the key belongs to.
+    pub fn principal(&mut self, principal: Result<Key, Error>) {
+        self.principal = principal.map(Some);
+    }
+
+    /// Adds an argument to the fingerprint.
+    pub fn arg<T: Fingerprintable + ?Sized>(&mut self, value: &T) {
+        if self.fingerprint_error.is_none()
+            && let Err(e) = self.fingerprint.arg(value)
+        {
+            self.fingerprint_error = Some(e);
+        }
+    }
+
+    /// The handler's description.
+    pub fn site(&self) -> &'static Site {
+        self.site
+    }
+
+    /// Checks the key, the principal and the fingerprint: everything a claim needs, before
+    /// any store work. An invalid call is counted (feature `metrics`) and answered here.
+    pub(crate) fn prepare<R>(self, savepoint: bool) -> Result<Request, R>
+    where
+        R: HandlerOutput,
+        R::Error: HandlerError,
+    {
+        self.check(savepoint).map_err(|e| {
+            metrics::note(Label::of_error(&e));
+            R::from_result(Err(e.into()))
+        })
+    }
+
+    fn check(self, savepoint: bool) -> Result<Request, Error> {
+        let site = self.site;
+        let key = self.key?;
+        let principal = self.principal?;
+        if let Some(e) = self.fingerprint_error {
+            return Err(e.into_error(site.scope));
+        }
+        let id = record_id(
+            site.scope,
+            principal.as_ref().map_or("", Key::as_str),
+            key.as_str(),
+        );
+        let span = tracing::info_span!(
+            "idem",
+            scope = site.scope,
+            key_hash = %KeyHash(&id),
+            principal = principal.as_ref().map_or("", Key::as_str),
+            outcome = tracing::field::Empty,
+        );
+        // The raw key only at debug level: keys can carry user data.
+        tracing::debug!(parent: &span, key = key.as_str(), "claiming");
+        Ok(Request {
+            site,
+            key,
+            principal,
+            fingerprint: self.fingerprint.finish(),
+            id,
+            savepoint,
+            span,
+        })
+    }
+}
+
+/// A call whose key, principal and fingerprint passed their checks: what a store claims,
+/// records and leases. It lives from the checks to the call's last statement and is only
+/// ever lent out.
+#[derive(Debug)]
+pub struct Request {
+    site: &'static Site,
+    key: Key,
+    principal: Option<Key>,
+    fingerprint: Fingerprint,
+    id: [u8; 32],
+    savepoint: bool,
+    span: tracing::Span,
+}
+
+impl Request {
+    /// The operation's scope, e.g. `orders.pay`.
+    pub fn scope(&self) -> &'static str {
+        self.site.scope
+    }
+
+    /// Tenant, user or client the key belongs to; empty when the scope has none.
+    pub fn principal(&self) -> &str {
+        self.principal.as_ref().map_or("", Key::as_str)
+    }
+
+    /// The idempotency key.
+    pub fn key(&self) -> &str {
+        self.key.as_str()
+    }
+
+    /// Record id: SHA-256 over scope, principal and key (length-prefixed, [`record_id`]).
+    pub fn id(&self) -> &[u8; 32] {
+        &self.id
+    }
+
+    /// Fingerprint of the call's arguments.
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.fingerprint
+    }
+
+    /// How long a recorded result is kept (measured on the store's clock).
+    pub fn ttl(&self) -> Duration {
+        self.site.ttl
+    }
+
+    /// The concurrency policy.
+    pub fn concurrency(&self) -> Concurrency {
+        self.site.concurrency
+    }
+
+    /// Whether the store must take a savepoint after the claim, so a final error can roll
+    /// back the handler's writes and still record itself.
+    pub fn savepoint(&self) -> bool {
+        self.savepoint
+    }
+
+    /// The key step `step` of this call sends downstream ([`derived_key`]).
+    pub fn derived_key(&self, step: &str) -> String {
+        derived_key(self.scope(), self.principal(), self.key(), step)
+    }
+
+    /// The call's tracing span (`idem`, with scope, key hash, principal and outcome).
+    pub fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    /// Ends the call with an idem error, logged in its span.
+    pub(crate) fn fail<R: HandlerOutput>(&self, e: Error) -> R
+    where
+        R::Error: HandlerError,
+    {
+        let label = Label::of_error(&e);
+        metrics::settle(&self.span, label);
+        if label == Label::Error {
+            tracing::warn!(parent: &self.span, error = %e, "call failed");
+        }
+        R::from_result(Err(e.into()))
+    }
+
+    /// Ends the call as executed: its answer was recorded.
+    pub(crate) fn executed<R: HandlerOutput>(&self, answer: Result<R::Ok, R::Error>) -> R {
+        metrics::settle(&self.span, Label::Executed);
+        outcome::report(Outcome::Executed);
+        R::from_result(answer)
+    }
+
+    /// Ends the call as released: a transient error, nothing recorded.
+    pub(crate) fn released<R: HandlerOutput>(&self, error: R::Error) -> R {
+        metrics::settle(&self.span, Label::Released);
+        R::from_result(Err(error))
+    }
+
+    /// [`Error::InFlight`] for this call, retried after `retry_after`.
+    pub(crate) fn in_flight(&self, retry_after: Duration) -> Error {
+        Error::InFlight {
+            scope: self.scope().to_owned(),
+            retry_after,
+        }
+    }
+
+    /// Answers from a recorded outcome: the value or final error it holds, `KeyReused` for
+    /// other arguments, `Decode` when it no longer reads as the handler's types.
+    pub(crate) fn replay<R>(&self, recorded: &Recorded, finality: Option<Finality<R::Error>>) -> R
+    where
+        R: HandlerOutput,
+        R::Ok: Replayable,
+        R::Error: HandlerError,
+    {
+        let scope = self.scope();
+        if recorded.fingerprint != self.fingerprint {
+            return self.fail(Error::KeyReused {
+                scope: scope.to_owned(),
+            });
+        }
+        let decode_error = |source: BoxError| Error::Decode {
+            scope: scope.to_owned(),
+            key: self.key().to_owned(),
+            source,
+        };
+        let replay: Result<Result<R::Ok, R::Error>, Error> = match recorded.status {
+            RecordStatus::Completed => serde_json::from_slice(&recorded.payload)
+                .map(Ok)
+                .map_err(|e| decode_error(e.into())),
+            RecordStatus::Failed if let Some(f) = finality => (f.decode)(&recorded.payload)
+                .map(Err)
+                .map_err(|e| decode_error(e.into())),
+            RecordStatus::Failed => Err(decode_error(
+                "a final error was recorded, but the handler's error type no longer implements `idem::FinalError`".into(),
+            )),
+            _ => Err(self.in_flight(RETRY_AFTER)),
+        };
+        match replay {
+            Ok(answer) => {
+                metrics::settle(&self.span, Label::Replayed);
+                outcome::report(Outcome::Replayed);
+                R::from_result(answer)
+            }
+            Err(e) => self.fail(e),
+        }
+    }
+}
+
+tokio::task_local! {
+    static AFTER_COMMIT: RefCell<Vec<fn()>>;
+}
+
+/// Asks the engine to call `hook` once the atomic-mode call running in this task has
+/// committed (the outbox wakes its relays this way after a body staged messages). Returns
+/// `false` when no such call is running in this task: then nobody will call it.
+pub fn after_commit(hook: fn()) -> bool {
+    AFTER_COMMIT
+        .try_with(|hooks| {
+            let mut hooks = hooks.borrow_mut();
+            if !hooks.iter().any(|h| std::ptr::fn_addr_eq(*h, hook)) {
+                hooks.push(hook);
+            }
+        })
+        .is_ok()
+}
+
+/// Runs a handler body, collecting the hooks it asks for with [`after_commit`].
+pub(crate) async fn collecting_hooks<F: Future>(body: F) -> (F::Output, Vec<fn()>) {
+    AFTER_COMMIT
+        .scope(RefCell::new(Vec::new()), async move {
+            let output = body.await;
+            (output, AFTER_COMMIT.with(RefCell::take))
+        })
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn hooks_asked_for_in_a_body_are_collected_once_and_none_outside() {
+        fn hook() {}
+        let (inside, hooks) =
+            collecting_hooks(async { after_commit(hook) && after_commit(hook) }).await;
+        assert!(inside);
+        assert_eq!(hooks.len(), 1, "the same hook is collected once");
+        let ((), hooks) = collecting_hooks(async {}).await;
+        assert!(hooks.is_empty());
+        assert!(!after_commit(hook), "outside a body nobody collects");
+    }
+}

@@ -1,0 +1,183 @@
+//! What a handler must be for `#[idempotent]`: its return type (`Result<T, E>` with a
+//! recordable `T` and an `E` that carries idem's errors), fingerprintable arguments, and which
+//! of its errors are final (recorded and replayed) rather than transient (the key is freed).
+
+use std::marker::PhantomData;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::Error;
+use crate::store::RecordStatus;
+
+/// The return type of a handler: `Result<T, E>`.
+pub trait HandlerOutput: Sized {
+    /// The success type, recorded and replayed.
+    type Ok;
+    /// The handler's error type.
+    type Error;
+    /// Splits into a `Result`.
+    fn into_result(self) -> Result<Self::Ok, Self::Error>;
+    /// Builds from a `Result`.
+    fn from_result(result: Result<Self::Ok, Self::Error>) -> Self;
+}
+
+impl<T, E> HandlerOutput for Result<T, E> {
+    type Ok = T;
+    type Error = E;
+    fn into_result(self) -> Self {
+        self
+    }
+    fn from_result(result: Self) -> Self {
+        result
+    }
+}
+
+/// A value `#[idempotent]` can record and replay: anything serde can write and read back.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be recorded and replayed by `#[idempotent]`",
+    label = "the `Ok` type of this return type must be recordable",
+    note = "derive `serde::Serialize` and `serde::Deserialize` for `{Self}`"
+)]
+pub trait Replayable: Serialize + DeserializeOwned {}
+#[diagnostic::do_not_recommend] // report `T: Replayable` (with its note), not each serde trait
+impl<T: Serialize + DeserializeOwned> Replayable for T {}
+
+/// The error type of an `#[idempotent]` handler: it must absorb idem's own errors.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot carry idem's errors",
+    label = "the error type of this return type needs `From<idem::Error>`",
+    note = "add `impl From<idem::Error> for {Self}` (for example a `#[error(transparent)] Idem(#[from] idem::Error)` variant)"
+)]
+pub trait HandlerError: From<Error> {}
+#[diagnostic::do_not_recommend] // report `E: HandlerError` (with its note), not `From`
+impl<E: From<Error>> HandlerError for E {}
+
+/// An argument `#[idempotent]` can fingerprint: anything serde can write.
+#[diagnostic::on_unimplemented(
+    message = "argument of type `{Self}` cannot be fingerprinted by `#[idempotent]`",
+    label = "this argument goes into the fingerprint",
+    note = "derive `serde::Serialize` for `{Self}`, or leave the argument out of the fingerprint with `skip(<name>)`"
+)]
+pub trait Fingerprintable: Serialize {}
+#[diagnostic::do_not_recommend] // report `T: Fingerprintable` (with its note), not `Serialize`
+impl<T: Serialize + ?Sized> Fingerprintable for T {}
+
+/// An error type whose deterministic failures (card declined, invalid transition) are
+/// recorded and replayed like results, instead of releasing the key.
+///
+/// Without this impl every `Err` releases the key, so a retry executes again. With it,
+/// errors for which [`is_final`](FinalError::is_final) is `true` roll back the handler's
+/// writes but commit the recorded error; a retry gets the same error back.
+pub trait FinalError: Serialize + DeserializeOwned {
+    /// Whether this error is deterministic: retrying the same request would fail the same way.
+    fn is_final(&self) -> bool;
+}
+
+/// How the engine treats a handler's errors; built by [`FinalProbe`].
+#[derive(Debug)]
+pub struct Finality<E> {
+    pub(crate) is_final: fn(&E) -> bool,
+    pub(crate) encode: fn(&E) -> serde_json::Result<Vec<u8>>,
+    pub(crate) decode: fn(&[u8]) -> serde_json::Result<E>,
+}
+
+impl<E> Clone for Finality<E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<E> Copy for Finality<E> {}
+
+impl<E: FinalError> Finality<E> {
+    fn of() -> Self {
+        Self {
+            is_final: E::is_final,
+            encode: |e| serde_json::to_vec(e),
+            decode: |bytes| serde_json::from_slice(bytes),
+        }
+    }
+}
+
+/// Chooses [`Finality`] by whether `E: FinalError` (autoref specialisation: the generated
+/// code calls `(&&FinalProbe::<E>::new()).finality()`).
+#[derive(Debug)]
+pub struct FinalProbe<E>(PhantomData<fn() -> E>);
+
+impl<E> FinalProbe<E> {
+    /// A probe for `E`.
+    #[allow(clippy::new_without_default)] // only the generated code builds probes
+    pub const fn new() -> Self {
+        Self(PhantomData)
+    }
+}
+
+/// Chosen when `E: FinalError`.
+pub trait ViaFinal<E> {
+    /// `Some` for error types that can be final.
+    fn finality(&self) -> Option<Finality<E>>;
+}
+impl<E: FinalError> ViaFinal<E> for &FinalProbe<E> {
+    fn finality(&self) -> Option<Finality<E>> {
+        Some(Finality::of())
+    }
+}
+
+/// Chosen for every other error type.
+pub trait ViaPlain<E> {
+    /// `None`: every error releases the key.
+    fn finality(&self) -> Option<Finality<E>>;
+}
+impl<E> ViaPlain<E> for FinalProbe<E> {
+    fn finality(&self) -> Option<Finality<E>> {
+        None
+    }
+}
+
+/// What a handler's output means for its record.
+pub(crate) enum Verdict<T, E> {
+    /// Record `payload` (the value, or a final error) with `status`; the caller gets `answer`.
+    Record {
+        status: RecordStatus,
+        payload: Vec<u8>,
+        answer: Result<T, E>,
+    },
+    /// A transient error: record nothing, free the key.
+    Release(E),
+    /// The value or final error could not be encoded: record nothing, free the key, and
+    /// answer with this error.
+    Unencodable(Error),
+}
+
+/// Sorts a handler's output: values and final errors are recorded, other errors release.
+pub(crate) fn verdict<R: HandlerOutput>(
+    scope: &str,
+    output: R,
+    finality: Option<Finality<R::Error>>,
+) -> Verdict<R::Ok, R::Error>
+where
+    R::Ok: Replayable,
+{
+    let (status, payload, answer) = match output.into_result() {
+        Ok(value) => (
+            RecordStatus::Completed,
+            serde_json::to_vec(&value),
+            Ok(value),
+        ),
+        Err(error) if let Some(f) = finality.filter(|f| (f.is_final)(&error)) => {
+            (RecordStatus::Failed, (f.encode)(&error), Err(error))
+        }
+        Err(error) => return Verdict::Release(error),
+    };
+    match payload {
+        Ok(payload) => Verdict::Record {
+            status,
+            payload,
+            answer,
+        },
+        Err(e) => Verdict::Unencodable(Error::Encode {
+            scope: scope.to_owned(),
+            source: Box::new(e),
+        }),
+    }
+}
