@@ -5,7 +5,7 @@ use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit::Visit;
-use syn::{Expr, FnArg, Ident, ItemFn, Pat, ReturnType, Type};
+use syn::{Expr, FnArg, Ident, ItemFn, Pat, ReturnType, Signature, Type};
 
 use crate::args::{Args, Conn, Policy};
 
@@ -40,137 +40,93 @@ fn bindings(pat: &Pat) -> Vec<Ident> {
     b.0
 }
 
-/// Checks the signature against the arguments; every problem is collected.
-fn plan(args: &Args, item: &ItemFn, errors: &mut Vec<syn::Error>) -> Option<Plan> {
-    let sig = &item.sig;
-    if let Some(constness) = &sig.constness {
-        errors.push(syn::Error::new(
-            constness.span(),
+/// The typed parameters: the receiver is neither fingerprinted nor the connection.
+fn typed_params(sig: &Signature) -> impl Iterator<Item = (&Pat, &Type)> {
+    sig.inputs.iter().filter_map(|arg| match arg {
+        FnArg::Typed(t) => Some((&*t.pat, &*t.ty)),
+        FnArg::Receiver(_) => None,
+    })
+}
+
+/// Checks the signature against the arguments, pushing every problem onto `errors`.
+fn plan(args: &Args, sig: &Signature, errors: &mut Vec<syn::Error>) -> Option<Plan> {
+    let checks = [
+        (
+            sig.constness.map(|c| c.span),
             "`#[idempotent]` cannot wrap a `const fn`: claiming a key needs the database; remove `const`",
-        ));
-    }
-    if sig.asyncness.is_none() {
-        errors.push(syn::Error::new(
-            sig.fn_token.span(),
+        ),
+        (
+            sig.asyncness.is_none().then_some(sig.fn_token.span),
             "`#[idempotent]` requires an `async fn`: the claim awaits the database; write `async fn`",
-        ));
-    }
-    if let Some(variadic) = &sig.variadic {
-        errors.push(syn::Error::new(
-            variadic.span(),
+        ),
+        (
+            sig.variadic.as_ref().map(Spanned::span),
             "`#[idempotent]` cannot wrap a variadic function",
-        ));
-    }
-    let output = match &sig.output {
-        ReturnType::Default => {
-            errors.push(syn::Error::new(
-                sig.ident.span(),
-                "`#[idempotent]` needs a return type: add `-> Result<T, E>` (`T` is recorded and replayed, `E: From<idem::Error>` carries idem's errors)",
-            ));
-            None
-        }
-        ReturnType::Type(_, ty) => {
-            if let Some(span) = impl_trait_span(ty) {
-                errors.push(syn::Error::new(
-                    span,
-                    "`#[idempotent]` cannot record an `impl Trait` return value; name a concrete type that implements `Serialize` and `Deserialize`",
-                ));
-                None
-            } else {
-                Some((**ty).clone())
-            }
-        }
-    };
+        ),
+        (
+            matches!(sig.output, ReturnType::Default).then_some(sig.ident.span()),
+            "`#[idempotent]` needs a return type: add `-> Result<T, E>` (`T` is recorded and replayed, `E: From<idem::Error>` carries idem's errors)",
+        ),
+        (
+            impl_trait_span(&sig.output),
+            "`#[idempotent]` cannot record an `impl Trait` return value; name a concrete type that implements `Serialize` and `Deserialize`",
+        ),
+    ];
+    let failed = checks
+        .into_iter()
+        .filter_map(|(span, message)| Some((span?, message)));
+    errors.extend(failed.map(|(span, message)| syn::Error::new(span, message)));
 
-    let params: Vec<(&Pat, &Type)> = sig
-        .inputs
-        .iter()
-        .filter_map(|arg| match arg {
-            FnArg::Typed(t) => Some((&*t.pat, &*t.ty)),
-            FnArg::Receiver(_) => None,
-        })
-        .collect();
-    let param_names: Vec<String> = params
-        .iter()
-        .flat_map(|(pat, _)| bindings(pat))
-        .map(|i| i.to_string())
-        .collect();
-    let listing = || {
-        if param_names.is_empty() {
-            "the function has no named parameters".to_owned()
-        } else {
-            format!(
-                "parameters are {}",
-                param_names
-                    .iter()
-                    .map(|n| format!("`{n}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        }
+    let params: Vec<(&Pat, &Type)> = typed_params(sig).collect();
+    let param_names: Vec<Ident> = params.iter().flat_map(|(pat, _)| bindings(pat)).collect();
+    let listing = if param_names.is_empty() {
+        "the function has no named parameters".to_owned()
+    } else {
+        format!("parameters are {}", crate::code_list(&param_names))
     };
-    for name in &args.skip {
-        if !param_names.iter().any(|p| name == p) {
-            errors.push(syn::Error::new(
-                name.span(),
-                format!(
-                    "`skip({name})`: no parameter is named `{name}`; {}",
-                    listing()
-                ),
-            ));
-        }
-    }
-
-    let param_ident = |pat: &Pat| match pat {
-        Pat::Ident(p) if p.subpat.is_none() => Some(p.ident.clone()),
+    // `skip(..)` and `conn = <parameter>` name parameters, which must exist.
+    let conn_param = match &args.conn {
+        Some(Conn::Param(name)) => Some((name, format!("conn = {name}"))),
         _ => None,
     };
-    let (conn_expr, conn_binding, conn_param) = match &args.conn {
-        Some(Conn::Param(name)) => {
-            if !param_names.iter().any(|p| name == p) {
-                errors.push(syn::Error::new(
-                    name.span(),
-                    format!(
-                        "`conn = {name}`: no parameter is named `{name}`; {}",
-                        listing()
-                    ),
-                ));
-            }
-            (name.to_token_stream(), name.clone(), Some(name.to_string()))
+    let named = args.skip.iter().map(|name| (name, format!("skip({name})")));
+    for (name, written) in named.chain(conn_param) {
+        if !param_names.contains(name) {
+            let message = format!("`{written}`: no parameter is named `{name}`; {listing}");
+            errors.push(syn::Error::new(name.span(), message));
         }
-        Some(Conn::Expr { expr, binding }) => (expr.to_token_stream(), binding.clone(), None),
-        None => match params.first() {
-            Some((pat, _)) => match param_ident(pat) {
-                Some(ident) => (
-                    ident.to_token_stream(),
-                    ident.clone(),
-                    Some(ident.to_string()),
-                ),
-                None => {
-                    errors.push(syn::Error::new(
-                        pat.span(),
-                        "the first parameter is the connection and needs a plain name (e.g. `db: &DatabaseConnection`); or name the connection with `conn = ...`",
-                    ));
-                    return None;
-                }
-            },
-            None => {
-                errors.push(syn::Error::new(
-                    sig.paren_token.span.join(),
-                    "no connection: make the first parameter the connection (`db: &DatabaseConnection`), or name it with `conn = self.db as db`",
-                ));
-                return None;
-            }
-        },
-    };
+    }
 
+    // Without `conn`, the connection is the first parameter, under its plain name.
+    let (conn_expr, conn_binding) = match (&args.conn, params.first()) {
+        (Some(Conn::Param(name)), _) => (name.to_token_stream(), name.clone()),
+        (Some(Conn::Expr { expr, binding }), _) => (expr.to_token_stream(), binding.clone()),
+        (None, Some((Pat::Ident(p), _))) if p.subpat.is_none() => {
+            (p.ident.to_token_stream(), p.ident.clone())
+        }
+        (None, Some((pat, _))) => {
+            errors.push(syn::Error::new(
+                pat.span(),
+                "the first parameter is the connection and needs a plain name (e.g. `db: &DatabaseConnection`); or name the connection with `conn = ...`",
+            ));
+            return None;
+        }
+        (None, None) => {
+            errors.push(syn::Error::new(
+                sig.paren_token.span.join(),
+                "no connection: make the first parameter the connection (`db: &DatabaseConnection`), or name it with `conn = self.db as db`",
+            ));
+            return None;
+        }
+    };
+    // A connection parameter is rebound to the transaction, not fingerprinted.
+    let conn_param = (!matches!(args.conn, Some(Conn::Expr { .. }))).then_some(&conn_binding);
     let fingerprinted = params
         .iter()
         .filter_map(|(pat, ty)| {
             let names: Vec<Ident> = bindings(pat)
                 .into_iter()
-                .filter(|n| conn_param.as_deref() != Some(&n.to_string()))
-                .filter(|n| !args.skip.iter().any(|s| s == n))
+                .filter(|name| Some(name) != conn_param && !args.skip.contains(name))
                 .collect();
             (!names.is_empty()).then(|| Fingerprinted {
                 names,
@@ -178,11 +134,14 @@ fn plan(args: &Args, item: &ItemFn, errors: &mut Vec<syn::Error>) -> Option<Plan
             })
         })
         .collect();
+    let ReturnType::Type(_, output) = &sig.output else {
+        return None;
+    };
     Some(Plan {
         conn_expr,
         conn_binding,
         fingerprinted,
-        output: output?,
+        output: (**output).clone(),
     })
 }
 
@@ -194,21 +153,12 @@ pub(crate) fn fallback(mut item: ItemFn) -> TokenStream {
     if item.sig.asyncness.is_some() {
         item.sig.constness = None;
     }
-    let names: Vec<Ident> = item
-        .sig
-        .inputs
-        .iter()
-        .filter_map(|arg| match arg {
-            FnArg::Typed(t) => Some(bindings(&t.pat)),
-            FnArg::Receiver(_) => None,
-        })
-        .flatten()
+    let names: Vec<Ident> = typed_params(&item.sig)
+        .flat_map(|(pat, _)| bindings(pat))
         .collect();
-    let uses = names.iter().map(|name| quote!(let _ = &#name;));
     let body = &item.block;
-    match syn::parse2(quote!({ #(#uses)* #body })) {
-        Ok(block) => item.block = block,
-        Err(_) => return item.into_token_stream(),
+    if let Ok(block) = syn::parse2(quote!({ #(let _ = &#names;)* #body })) {
+        item.block = block;
     }
     item.into_token_stream()
 }
@@ -304,7 +254,7 @@ fn respan(tokens: &TokenStream, span: Span) -> TokenStream {
         .collect()
 }
 
-fn impl_trait_span(ty: &Type) -> Option<Span> {
+fn impl_trait_span(output: &ReturnType) -> Option<Span> {
     struct Finder(Option<Span>);
     impl<'ast> Visit<'ast> for Finder {
         fn visit_type_impl_trait(&mut self, t: &'ast syn::TypeImplTrait) {
@@ -312,7 +262,7 @@ fn impl_trait_span(ty: &Type) -> Option<Span> {
         }
     }
     let mut finder = Finder(None);
-    finder.visit_type(ty);
+    finder.visit_return_type(output);
     finder.0
 }
 
@@ -338,17 +288,12 @@ fn impl_trait_span(ty: &Type) -> Option<Span> {
 ///         }).await
 /// }
 /// ```
-pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> {
-    let mut errors = Vec::new();
-    let plan = plan(args, &item, &mut errors);
-    let mut errors = errors.into_iter();
-    if let Some(mut first) = errors.next() {
-        errors.for_each(|e| first.combine(e));
-        return Err(first);
-    }
-    let Some(plan) = plan else {
-        return Ok(item.into_token_stream());
-    };
+pub(crate) fn expand(
+    args: &Args,
+    mut item: ItemFn,
+    errors: &mut Vec<syn::Error>,
+) -> Option<TokenStream> {
+    let plan = plan(args, &item.sig, errors).filter(|_| errors.is_empty())?;
 
     let krate = args
         .krate
@@ -366,15 +311,12 @@ pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> 
     };
     // Each call whose bounds rustc checks covers exactly the user's tokens it checks (the key
     // expression, a parameter's type, the return type), so the error lands there, once.
-    let key = &args.key;
-    let key_call =
-        Range::of(key).call_with_borrow(&quote!(#p::key), &quote!(), &borrow_operand(key));
+    let key = |expr: &Expr| {
+        Range::of(expr).call_with_borrow(&quote!(#p::key), &quote!(), &borrow_operand(expr))
+    };
+    let key_call = key(&args.key);
     let principal = args.principal.as_ref().map(|principal| {
-        let call = Range::of(principal).call_with_borrow(
-            &quote!(#p::key),
-            &quote!(),
-            &borrow_operand(principal),
-        );
+        let call = key(principal);
         quote!(__idem_call.principal(#call);)
     });
     let arg = quote!(#p::Call::arg);
@@ -409,7 +351,6 @@ pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> 
     // `.await`). All of that glue, the return type inside it included, sits on one span (the
     // return type's first token), so rustc reports an unsuitable type once.
     let at = Range::of(&output).first;
-    let run = respan(&quote!(#p::run::<_, #output, _>), at);
     let finality = respan(
         &quote!((&&#p::FinalProbe::<<#output as #p::HandlerOutput>::Error>::new()).finality()),
         at,
@@ -428,7 +369,7 @@ pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> 
                 _ => quote!(),
             };
             (
-                respan(&quote!(#p::run_lease::<_, #output, _>), at),
+                quote!(run_lease),
                 quote!(#lease_store, #p::Duration::from_millis(#lease_ms),),
                 quote!(),
                 rebind,
@@ -437,12 +378,13 @@ pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> 
         // Atomic mode: the body sees the claim's transaction under the connection's name, so
         // its writes commit (or roll back) together with the recorded result.
         None => (
-            run,
+            quote!(run),
             quote!(),
             quote!(#[allow(unused_variables)] #conn_binding),
             quote!(),
         ),
     };
+    let entry = respan(&quote!(#p::#entry::<_, #output, _>), at);
     let mut run_args = Group::new(
         Delimiter::Parenthesis,
         quote! {
@@ -477,6 +419,9 @@ pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> 
         #rebind
         #entry #run_args #dot_await
     }};
-    item.block = syn::parse2(new_body)?;
-    Ok(item.into_token_stream())
+    match syn::parse2(new_body) {
+        Ok(block) => item.block = block,
+        Err(error) => errors.push(error),
+    }
+    errors.is_empty().then(|| item.into_token_stream())
 }

@@ -47,11 +47,7 @@ pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
         }
     }
     let variants: Vec<&Ident> = data.variants.iter().map(|v| &v.ident).collect();
-    let listing = variants
-        .iter()
-        .map(|v| format!("`{v}`"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let listing = crate::code_list(&variants);
 
     let mut edges: Vec<Edge> = Vec::new();
     let mut seen_attr = false;
@@ -110,9 +106,11 @@ pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
             ));
         }
     }
-    if let Some(mut first) = errors.pop() {
-        errors.into_iter().for_each(|e| first.combine(e));
-        return Err(first);
+    if let Some(all) = errors.into_iter().reduce(|mut all, e| {
+        all.combine(e);
+        all
+    }) {
+        return Err(all);
     }
 
     let krate = krate.map_or_else(|| quote!(::idem), |p| quote!(#p));
@@ -126,13 +124,10 @@ pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
     let indices = edges
         .iter()
         .map(|Edge { from, to }| quote!((Self::#from as i128, Self::#to as i128)));
-    let patterns = edges
-        .iter()
-        .map(|Edge { from, to }| quote!((Self::#from, Self::#to)));
     let can_transition = if edges.is_empty() {
         quote!(false)
     } else {
-        quote!(::core::matches!((from, to), #(#patterns)|*))
+        quote!(::core::matches!((from, to), #(#pairs)|*))
     };
     Ok(quote! {
         impl #impl_generics #krate::StateMachine for #name #ty_generics #where_clause {
