@@ -23,21 +23,18 @@ struct Plan {
     output: Type,
 }
 
-/// Collects the identifiers a pattern binds (`Point { x, y }` binds `x` and `y`).
-#[derive(Default)]
-struct Bindings(Vec<Ident>);
-
-impl<'ast> Visit<'ast> for Bindings {
-    fn visit_pat_ident(&mut self, p: &'ast syn::PatIdent) {
-        self.0.push(p.ident.clone());
-        syn::visit::visit_pat_ident(self, p);
-    }
-}
-
+/// The identifiers a pattern binds (`Point { x, y }` binds `x` and `y`).
 fn bindings(pat: &Pat) -> Vec<Ident> {
-    let mut b = Bindings::default();
-    b.visit_pat(pat);
-    b.0
+    struct Bindings(Vec<Ident>);
+    impl<'ast> Visit<'ast> for Bindings {
+        fn visit_pat_ident(&mut self, p: &'ast syn::PatIdent) {
+            self.0.push(p.ident.clone());
+            syn::visit::visit_pat_ident(self, p);
+        }
+    }
+    let mut bindings = Bindings(Vec::new());
+    bindings.visit_pat(pat);
+    bindings.0
 }
 
 /// The typed parameters: the receiver is neither fingerprinted nor the connection.
@@ -238,20 +235,18 @@ fn borrow_operand(expr: &Expr) -> TokenStream {
 /// equal spans). Identifiers resolve as the macro's own (call-site) tokens do.
 fn respan(tokens: &TokenStream, span: Span) -> TokenStream {
     let span = Span::call_site().located_at(span);
-    tokens
-        .clone()
-        .into_iter()
-        .map(|mut token| {
-            if let TokenTree::Group(group) = &token {
-                let mut inner = Group::new(group.delimiter(), respan(&group.stream(), span));
-                inner.set_span(span);
-                token = TokenTree::Group(inner);
-            } else {
-                token.set_span(span);
-            }
-            token
-        })
-        .collect()
+    let respan_token = |token| match token {
+        TokenTree::Group(group) => {
+            let mut inner = Group::new(group.delimiter(), respan(&group.stream(), span));
+            inner.set_span(span);
+            TokenTree::Group(inner)
+        }
+        mut other => {
+            other.set_span(span);
+            other
+        }
+    };
+    tokens.clone().into_iter().map(respan_token).collect()
 }
 
 fn impl_trait_span(output: &ReturnType) -> Option<Span> {
@@ -293,15 +288,18 @@ pub(crate) fn expand(
     mut item: ItemFn,
     errors: &mut Vec<syn::Error>,
 ) -> Option<TokenStream> {
-    let plan = plan(args, &item.sig, errors).filter(|_| errors.is_empty())?;
+    let Plan {
+        conn_expr,
+        conn_binding,
+        fingerprinted,
+        output,
+    } = plan(args, &item.sig, errors).filter(|_| errors.is_empty())?;
 
-    let krate = args
-        .krate
-        .as_ref()
-        .map_or_else(|| quote!(::idem), ToTokens::to_token_stream);
-    let p = quote!(#krate::__private);
-    let scope = &args.scope;
-    let ttl_ms = args.ttl_ms;
+    let p = match &args.krate {
+        Some(krate) => quote!(#krate::__private),
+        None => quote!(::idem::__private),
+    };
+    let (scope, ttl_ms) = (&args.scope, args.ttl_ms);
     let concurrency = match args.policy {
         Policy::Reject => quote!(#p::Concurrency::Reject),
         Policy::Wait { bound_ms: None } => quote!(#p::Concurrency::DEFAULT),
@@ -320,30 +318,20 @@ pub(crate) fn expand(
         quote!(__idem_call.principal(#call);)
     });
     let arg = quote!(#p::Call::arg);
-    let fingerprint_args = plan.fingerprinted.iter().flat_map(|f| {
+    let fingerprint_args = fingerprinted.iter().flat_map(|f| {
         let arg = &arg;
         f.names.iter().map(move |name| {
             let name = Ident::new(&name.to_string(), name.span().located_at(f.ty.last));
             let call =
                 f.ty.call_with_borrow(arg, &quote!(&mut __idem_call,), &name.to_token_stream());
             // The call carries the user's spans, so clippy sees `_name` used as user code.
-            let allow = name
-                .to_string()
-                .starts_with('_')
-                .then(|| quote!(#[allow(clippy::used_underscore_binding)]));
+            let underscored = name.to_string().starts_with('_');
+            let allow = underscored.then(|| quote!(#[allow(clippy::used_underscore_binding)]));
             quote!(#allow #call;)
         })
     });
-    let Plan {
-        conn_expr,
-        conn_binding,
-        output,
-        ..
-    } = plan;
-    let conn = Ident::new(
-        "__idem_conn",
-        Span::call_site().located_at(conn_expr.span()),
-    );
+    let conn_span = Span::call_site().located_at(conn_expr.span());
+    let conn = Ident::new("__idem_conn", conn_span);
     // One span for the whole call: the connection's bound and its `Store` projection then
     // fail on the same span, and rustc reports them once.
     let store_call = respan(&quote!(#p::store(#conn)), conn.span());
@@ -351,8 +339,9 @@ pub(crate) fn expand(
     // `.await`). All of that glue, the return type inside it included, sits on one span (the
     // return type's first token), so rustc reports an unsuitable type once.
     let at = Range::of(&output).first;
+    let error_type = quote!(<#output as #p::HandlerOutput>::Error);
     let finality = respan(
-        &quote!((&&#p::FinalProbe::<<#output as #p::HandlerOutput>::Error>::new()).finality()),
+        &quote!((&&#p::FinalProbe::<#error_type>::new()).finality()),
         at,
     );
     let body = &item.block;
@@ -364,25 +353,19 @@ pub(crate) fn expand(
         // lease through `idem::step` and `idem::sea_orm::final_step`.
         Some(lease_ms) => {
             let lease_store = respan(&quote!(#p::lease_store(#conn)), conn.span());
+            let leading = quote!(#lease_store, #p::Duration::from_millis(#lease_ms),);
             let rebind = match &args.conn {
                 Some(Conn::Expr { binding, .. }) => quote!(let #binding = #conn;),
                 _ => quote!(),
             };
-            (
-                quote!(run_lease),
-                quote!(#lease_store, #p::Duration::from_millis(#lease_ms),),
-                quote!(),
-                rebind,
-            )
+            (quote!(run_lease), leading, quote!(), rebind)
         }
         // Atomic mode: the body sees the claim's transaction under the connection's name, so
         // its writes commit (or roll back) together with the recorded result.
-        None => (
-            quote!(run),
-            quote!(),
-            quote!(#[allow(unused_variables)] #conn_binding),
-            quote!(),
-        ),
+        None => {
+            let closure_param = quote!(#[allow(unused_variables)] #conn_binding);
+            (quote!(run), quote!(), closure_param, quote!())
+        }
     };
     let entry = respan(&quote!(#p::#entry::<_, #output, _>), at);
     let mut run_args = Group::new(

@@ -6,6 +6,7 @@ mod expand;
 mod state;
 
 use proc_macro::TokenStream;
+use syn::Error;
 
 /// Makes an `async fn` safe to retry. See the `idem` crate for the full documentation.
 #[proc_macro_attribute]
@@ -20,17 +21,15 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// Declares a state enum's transitions. See `idem::StateMachine`.
 #[proc_macro_derive(StateMachine, attributes(transitions, state_machine))]
 pub fn derive_state_machine(input: TokenStream) -> TokenStream {
-    let input = syn::parse_macro_input!(input as syn::DeriveInput);
-    state::derive(&input)
-        .unwrap_or_else(syn::Error::into_compile_error)
-        .into()
+    let derived = syn::parse(input).and_then(|input| state::derive(&input));
+    derived.unwrap_or_else(Error::into_compile_error).into()
 }
 
 /// A transition checked at compile time. See `idem::transition!`.
 #[proc_macro]
 pub fn transition(input: TokenStream) -> TokenStream {
-    let call = syn::parse_macro_input!(input as state::TransitionCall);
-    state::transition(&call).into()
+    let expanded = syn::parse::Parser::parse(state::transition, input);
+    expanded.unwrap_or_else(Error::into_compile_error).into()
 }
 
 fn idempotent_impl(
@@ -40,7 +39,7 @@ fn idempotent_impl(
     // If the item is not a function, say so and leave it alone.
     let Ok(function) = syn::parse2::<syn::ItemFn>(item.clone()) else {
         let message = "`#[idempotent]` goes on an `async fn` (a free function or a method)";
-        let error = syn::Error::new(proc_macro2::Span::call_site(), message);
+        let error = Error::new(proc_macro2::Span::call_site(), message);
         return [item, error.into_compile_error()].into_iter().collect();
     };
     let mut errors = Vec::new();
@@ -49,7 +48,7 @@ fn idempotent_impl(
     // On any error: the original function, plus every error at once.
     expanded.unwrap_or_else(|| {
         let mut out = expand::fallback(function);
-        out.extend(errors.into_iter().map(syn::Error::into_compile_error));
+        out.extend(errors.into_iter().map(Error::into_compile_error));
         out
     })
 }

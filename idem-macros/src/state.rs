@@ -1,6 +1,6 @@
 //! `#[derive(StateMachine)]` and `transition!`: declarations and their compile-time check.
 
-use proc_macro2::TokenStream;
+use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::parse::{Parse, ParseStream};
 use syn::punctuated::Punctuated;
@@ -32,18 +32,15 @@ impl Parse for Edge {
 /// inherent `const fn can_transition`, `transitions()` and `to_mermaid()`.
 pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
     let Data::Enum(data) = &input.data else {
-        return Err(syn::Error::new(
-            input.ident.span(),
-            "`StateMachine` derives on an enum of states (unit variants)",
-        ));
+        let message = "`StateMachine` derives on an enum of states (unit variants)";
+        return Err(syn::Error::new(input.ident.span(), message));
     };
-    let mut errors: Vec<syn::Error> = Vec::new();
-    for v in &data.variants {
-        if !matches!(v.fields, Fields::Unit) {
-            errors.push(syn::Error::new(
-                v.fields.span(),
-                "states are unit variants: move the data into the row, not the state",
-            ));
+    let mut errors = Vec::new();
+    let mut error = |span: Span, message: &str| errors.push(syn::Error::new(span, message));
+    for variant in &data.variants {
+        if !matches!(variant.fields, Fields::Unit) {
+            let message = "states are unit variants: move the data into the row, not the state";
+            error(variant.fields.span(), message);
         }
     }
     let variants: Vec<&Ident> = data.variants.iter().map(|v| &v.ident).collect();
@@ -70,40 +67,29 @@ pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
         }
     }
     if !seen_attr {
-        errors.push(syn::Error::new(
-            input.ident.span(),
-            "declare the transitions: `#[transitions(Pending -> Paid, Paid -> Shipped)]`",
-        ));
+        let message = "declare the transitions: `#[transitions(Pending -> Paid, Paid -> Shipped)]`";
+        error(input.ident.span(), message);
     }
-    for (i, edge) in edges.iter().enumerate() {
-        for end in [&edge.from, &edge.to] {
+    let name = &input.ident;
+    for (i, Edge { from, to }) in edges.iter().enumerate() {
+        for end in [from, to] {
             if !variants.contains(&end) {
-                errors.push(syn::Error::new(
-                    end.span(),
-                    format!(
-                        "`{end}` is not a state of `{}`; states are {listing}",
-                        input.ident
-                    ),
-                ));
+                let message = format!("`{end}` is not a state of `{name}`; states are {listing}");
+                error(end.span(), &message);
             }
         }
-        if edge.from == edge.to {
-            errors.push(syn::Error::new(
-                edge.to.span(),
-                format!(
-                    "`{0} -> {0}` needs no declaration: applying a transition to a row already in its target state is always `AlreadyApplied`; remove it",
-                    edge.from
-                ),
-            ));
+        if from == to {
+            let why = "applying a transition to a row already in its target state is always `AlreadyApplied`";
+            error(
+                to.span(),
+                &format!("`{from} -> {from}` needs no declaration: {why}; remove it"),
+            );
         }
-        if edges[..i]
-            .iter()
-            .any(|e| e.from == edge.from && e.to == edge.to)
-        {
-            errors.push(syn::Error::new(
-                edge.from.span(),
-                format!("`{} -> {}` is declared twice", edge.from, edge.to),
-            ));
+        if edges[..i].iter().any(|e| e.from == *from && e.to == *to) {
+            error(
+                from.span(),
+                &format!("`{from} -> {to}` is declared twice; remove one"),
+            );
         }
     }
     if let Some(all) = errors.into_iter().reduce(|mut all, e| {
@@ -114,7 +100,7 @@ pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
     }
 
     let krate = krate.map_or_else(|| quote!(::idem), |p| quote!(#p));
-    let (name, vis) = (&input.ident, &input.vis);
+    let vis = &input.vis;
     let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
     let names = variants.iter().map(|v| v.to_string());
     let pairs: Vec<TokenStream> = edges
@@ -163,29 +149,13 @@ pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
     })
 }
 
-/// `transition!(OrderStatus: Pending -> Paid)`.
-pub(crate) struct TransitionCall {
-    ty: Path,
-    edge: Edge,
-}
-
-impl Parse for TransitionCall {
-    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
-        let ty = input.parse()?;
-        input.parse::<Token![:]>()?;
-        let edge = input.parse()?;
-        Ok(Self { ty, edge })
-    }
-}
-
 /// Input: `transition!(OrderStatus: Pending -> Paid)`.
 /// Output: a block with a `const` assertion (spanned at `Pending -> Paid`, so an undeclared
 /// transition is a compile error there) whose value is the checked `idem::Transition`.
-pub(crate) fn transition(call: &TransitionCall) -> TokenStream {
-    let TransitionCall {
-        ty,
-        edge: Edge { from, to },
-    } = call;
+pub(crate) fn transition(input: ParseStream<'_>) -> syn::Result<TokenStream> {
+    let ty: Path = input.parse()?;
+    input.parse::<Token![:]>()?;
+    let Edge { from, to } = input.parse()?;
     let span = from.span().join(to.span()).unwrap_or_else(|| from.span());
     let type_name = quote!(#ty).to_string().replace(' ', "");
     let message = format!(
@@ -199,8 +169,8 @@ pub(crate) fn transition(call: &TransitionCall) -> TokenStream {
     let value = quote_spanned! {ty.span()=>
         ::idem::Transition::<#ty>::checked(#ty::#from, #ty::#to)
     };
-    quote! {{
+    Ok(quote! {{
         #check
         #value
-    }}
+    }})
 }
