@@ -8,9 +8,9 @@ use syn::parse::{Parse, ParseStream, Parser};
 use syn::spanned::Spanned;
 use syn::{Expr, Ident, LitStr, Path, Token};
 
-/// The attribute's arguments. An argument not given holds its default; the required `scope`
-/// and `key` hold placeholders, which only let the signature checks run when they are missing
-/// (that is an error, so the expansion is discarded), so that those errors join theirs.
+/// The attribute's arguments; one not given holds its default. A missing `scope` or `key` is an
+/// error that discards the expansion, so theirs are placeholders: they only let the signature
+/// checks run, so that those errors are reported too.
 pub(crate) struct Args {
     pub(crate) scope: LitStr,
     pub(crate) key: Expr,
@@ -51,6 +51,7 @@ struct Argument {
     parse: fn(ParseStream<'_>, &mut Args) -> syn::Result<()>,
 }
 
+/// An `Argument`: in the table, a call reads shorter than a struct literal.
 const fn arg(
     name: &'static str,
     mistaken_for: &'static [&'static str],
@@ -134,7 +135,7 @@ const ARGUMENTS: &[Argument] = &[
     ),
     arg("lease", &["mode", "lease_ms"], |input, args| {
         if !input.peek(Token![=]) {
-            args.lease_ms = Some(DEFAULT_LEASE_MS);
+            args.lease_ms = Some(30_000); // `lease` alone
             return Ok(());
         }
         let hint =
@@ -158,9 +159,6 @@ const ARGUMENTS: &[Argument] = &[
         Ok(())
     }),
 ];
-
-/// The lease of `lease` without a value.
-const DEFAULT_LEASE_MS: u64 = 30_000;
 
 /// Parses the arguments, pushing every mistake onto `errors` instead of stopping at the first:
 /// an argument whose value does not parse is reported once and skipped up to the next comma.
@@ -219,12 +217,10 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Vec<syn::Error>) -> Option<A
     }
     if given.contains(&"lease") {
         if let Some(span) = args.bare_wait {
-            errors.push(syn::Error::new(
-                span,
-                "in lease mode a duplicate cannot wait on the claim's lock (the claim has committed); \
+            let message = "in lease mode a duplicate cannot wait on the claim's lock (the claim has committed); \
                  use `reject` (the default: `InFlight` with Retry-After until the lease ends) or \
-                 bound the wait, e.g. `wait(\"2s\")`, to poll for the recorded result",
-            ));
+                 bound the wait, e.g. `wait(\"2s\")`, to poll for the recorded result";
+            errors.push(syn::Error::new(span, message));
         }
         // Lease mode answers a duplicate at once by default: its claim is no lock to wait on.
         if !given.contains(&"on_concurrent") {
@@ -256,8 +252,7 @@ fn skip_value(input: ParseStream<'_>) -> syn::Result<()> {
 /// The error for a name no argument has: a "did you mean" where one is likely (a name people
 /// reach for, or a misspelling), and every valid name.
 fn unknown_argument(meta: &ParseNestedMeta<'_>) -> syn::Error {
-    let path = &meta.path;
-    let name = quote::quote!(#path).to_string().replace(' ', "");
+    let name = meta.path.to_token_stream().to_string().replace(' ', "");
     let hint = ARGUMENTS
         .iter()
         .find(|a| a.mistaken_for.contains(&name.as_str()))
@@ -274,14 +269,11 @@ fn edit_distance(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
     let mut row: Vec<usize> = (0..=b.len()).collect();
     for (i, ca) in a.chars().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let above = row[j + 1];
-            row[j + 1] = (above + 1)
-                .min(row[j] + 1)
-                .min(diagonal + usize::from(ca != *cb));
-            diagonal = above;
+        let mut diagonal = std::mem::replace(&mut row[0], i + 1);
+        for (j, &cb) in b.iter().enumerate() {
+            let substituted = diagonal + usize::from(ca != cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substituted.min(row[j] + 1).min(diagonal + 1);
         }
     }
     row[b.len()]
@@ -336,15 +328,12 @@ fn conn(expr: Expr) -> syn::Result<Conn> {
         return Ok(Conn::Param(param));
     }
     let Expr::Cast(cast) = expr else {
-        return Err(syn::Error::new(
-            expr.span(),
-            "name the transaction the body uses: `conn = self.db as db` (or `conn = <parameter>`)",
-        ));
+        let message =
+            "name the transaction the body uses: `conn = self.db as db` (or `conn = <parameter>`)";
+        return Err(syn::Error::new(expr.span(), message));
     };
-    let binding = plain_name(&cast.ty).ok_or_else(|| {
-        let message = "after `as`, name the transaction the body uses, e.g. `conn = self.db as db`";
-        syn::Error::new(cast.ty.span(), message)
-    })?;
+    let message = "after `as`, name the transaction the body uses, e.g. `conn = self.db as db`";
+    let binding = plain_name(&cast.ty).ok_or_else(|| syn::Error::new(cast.ty.span(), message))?;
     let expr = *cast.expr;
     Ok(Conn::Expr { expr, binding })
 }
@@ -353,24 +342,19 @@ fn conn(expr: Expr) -> syn::Result<Conn> {
 mod tests {
     use super::*;
 
-    fn parse_all(tokens: TokenStream) -> (Option<Args>, Vec<String>) {
-        let mut errors = Vec::new();
-        let args = parse(tokens, &mut errors);
-        (args, errors.iter().map(ToString::to_string).collect())
-    }
-
     #[test]
     fn parses_every_argument() {
-        let (args, errors) = parse_all(quote::quote! {
+        let mut errors = Vec::new();
+        let tokens = quote::quote! {
             scope = "orders.pay", key = cmd.key, principal = cmd.tenant, skip(a, b), ttl = "1h30m",
             on_concurrent = wait("1500ms"), lease, conn = self.db as db, crate = "::x::idem",
-        });
+        };
+        let args = parse(tokens, &mut errors).expect("complete");
         assert!(errors.is_empty(), "{errors:?}");
-        let args = args.expect("complete");
         assert_eq!(args.scope.value(), "orders.pay");
         assert_eq!(args.skip.len(), 2);
         assert_eq!(args.ttl_ms, 5_400_000);
-        assert_eq!(args.lease_ms, Some(DEFAULT_LEASE_MS));
+        assert_eq!(args.lease_ms, Some(30_000));
         assert!(matches!(
             args.policy,
             Policy::Wait {

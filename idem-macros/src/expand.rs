@@ -9,9 +9,9 @@ use syn::{Expr, FnArg, Ident, ItemFn, Pat, ReturnType, Signature, Type};
 
 use crate::args::{Args, Conn, Policy};
 
-/// A parameter that goes into the fingerprint: the names it binds, and where its type is.
+/// A name that goes into the fingerprint, and where its parameter's type is.
 struct Fingerprinted {
-    names: Vec<Ident>,
+    name: Ident,
     ty: Range,
 }
 
@@ -102,35 +102,25 @@ fn plan(args: &Args, sig: &Signature, errors: &mut Vec<syn::Error>) -> Option<Pl
             (p.ident.to_token_stream(), p.ident.clone())
         }
         (None, Some((pat, _))) => {
-            errors.push(syn::Error::new(
-                pat.span(),
-                "the first parameter is the connection and needs a plain name (e.g. `db: &DatabaseConnection`); or name the connection with `conn = ...`",
-            ));
+            let message = "the first parameter is the connection and needs a plain name (e.g. `db: &DatabaseConnection`); or name the connection with `conn = ...`";
+            errors.push(syn::Error::new(pat.span(), message));
             return None;
         }
         (None, None) => {
-            errors.push(syn::Error::new(
-                sig.paren_token.span.join(),
-                "no connection: make the first parameter the connection (`db: &DatabaseConnection`), or name it with `conn = self.db as db`",
-            ));
+            let message = "no connection: make the first parameter the connection (`db: &DatabaseConnection`), or name it with `conn = self.db as db`";
+            errors.push(syn::Error::new(sig.paren_token.span.join(), message));
             return None;
         }
     };
     // A connection parameter is rebound to the transaction, not fingerprinted.
     let conn_param = (!matches!(args.conn, Some(Conn::Expr { .. }))).then_some(&conn_binding);
-    let fingerprinted = params
-        .iter()
-        .filter_map(|(pat, ty)| {
-            let names: Vec<Ident> = bindings(pat)
-                .into_iter()
-                .filter(|name| Some(name) != conn_param && !args.skip.contains(name))
-                .collect();
-            (!names.is_empty()).then(|| Fingerprinted {
-                names,
-                ty: Range::of(ty),
-            })
-        })
-        .collect();
+    let mut fingerprinted = Vec::new();
+    for (pat, ty) in params {
+        let ty = Range::of(ty);
+        let names = bindings(pat).into_iter();
+        let names = names.filter(|name| Some(name) != conn_param && !args.skip.contains(name));
+        fingerprinted.extend(names.map(|name| Fingerprinted { name, ty }));
+    }
     let ReturnType::Type(_, output) = &sig.output else {
         return None;
     };
@@ -210,23 +200,11 @@ impl Range {
 /// `expr` as the operand of `&`. Parentheses only where `&` would bind tighter: added ones
 /// would stand for the expression in error messages, with a one-token span.
 fn borrow_operand(expr: &Expr) -> TokenStream {
+    use Expr::*;
     match expr {
-        Expr::Path(_)
-        | Expr::Field(_)
-        | Expr::MethodCall(_)
-        | Expr::Call(_)
-        | Expr::Index(_)
-        | Expr::Lit(_)
-        | Expr::Paren(_)
-        | Expr::Tuple(_)
-        | Expr::Array(_)
-        | Expr::Struct(_)
-        | Expr::Macro(_)
-        | Expr::Try(_)
-        | Expr::Await(_)
-        | Expr::Reference(_)
-        | Expr::Unary(_)
-        | Expr::Block(_) => expr.to_token_stream(),
+        Path(_) | Field(_) | MethodCall(_) | Call(_) | Index(_) | Lit(_) | Paren(_) | Tuple(_)
+        | Array(_) | Struct(_) | Macro(_) | Try(_) | Await(_) | Reference(_) | Unary(_)
+        | Block(_) => expr.to_token_stream(),
         _ => quote!((#expr)),
     }
 }
@@ -318,17 +296,13 @@ pub(crate) fn expand(
         quote!(__idem_call.principal(#call);)
     });
     let arg = quote!(#p::Call::arg);
-    let fingerprint_args = fingerprinted.iter().flat_map(|f| {
-        let arg = &arg;
-        f.names.iter().map(move |name| {
-            let name = Ident::new(&name.to_string(), name.span().located_at(f.ty.last));
-            let call =
-                f.ty.call_with_borrow(arg, &quote!(&mut __idem_call,), &name.to_token_stream());
-            // The call carries the user's spans, so clippy sees `_name` used as user code.
-            let underscored = name.to_string().starts_with('_');
-            let allow = underscored.then(|| quote!(#[allow(clippy::used_underscore_binding)]));
-            quote!(#allow #call;)
-        })
+    let fingerprint_args = fingerprinted.iter().map(|Fingerprinted { name, ty }| {
+        let name = Ident::new(&name.to_string(), name.span().located_at(ty.last));
+        let call = ty.call_with_borrow(&arg, &quote!(&mut __idem_call,), &name.to_token_stream());
+        // The call carries the user's spans, so clippy sees `_name` used as user code.
+        let underscored = name.to_string().starts_with('_');
+        let allow = underscored.then(|| quote!(#[allow(clippy::used_underscore_binding)]));
+        quote!(#allow #call;)
     });
     let conn_span = Span::call_site().located_at(conn_expr.span());
     let conn = Ident::new("__idem_conn", conn_span);
@@ -368,21 +342,19 @@ pub(crate) fn expand(
         }
     };
     let entry = respan(&quote!(#p::#entry::<_, #output, _>), at);
-    let mut run_args = Group::new(
-        Delimiter::Parenthesis,
-        quote! {
-            __idem_call,
-            #leading
-            #finality,
-            // The `let` gives the body its expected type, so a type mismatch is reported
-            // inside the body.
-            async move |#closure_param| -> #output {
-                let __idem_out: #output = #body;
-                #[allow(unreachable_code)] // after a body that ends in `return`
-                __idem_out
-            },
+    let run_args = quote! {
+        __idem_call,
+        #leading
+        #finality,
+        // The `let` gives the body its expected type, so a type mismatch is reported
+        // inside the body.
+        async move |#closure_param| -> #output {
+            let __idem_out: #output = #body;
+            #[allow(unreachable_code)] // after a body that ends in `return`
+            __idem_out
         },
-    );
+    };
+    let mut run_args = Group::new(Delimiter::Parenthesis, run_args);
     run_args.set_span(Span::call_site().located_at(at));
     let dot_await = respan(&quote!(.await), at);
 

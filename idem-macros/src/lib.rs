@@ -6,6 +6,7 @@ mod expand;
 mod state;
 
 use proc_macro::TokenStream;
+use proc_macro2::{Span, TokenStream as TokenStream2};
 use syn::Error;
 
 /// Makes an `async fn` safe to retry. See the `idem` crate for the full documentation.
@@ -32,14 +33,11 @@ pub fn transition(input: TokenStream) -> TokenStream {
     expanded.unwrap_or_else(Error::into_compile_error).into()
 }
 
-fn idempotent_impl(
-    attr: proc_macro2::TokenStream,
-    item: proc_macro2::TokenStream,
-) -> proc_macro2::TokenStream {
+fn idempotent_impl(attr: TokenStream2, item: TokenStream2) -> TokenStream2 {
     // If the item is not a function, say so and leave it alone.
     let Ok(function) = syn::parse2::<syn::ItemFn>(item.clone()) else {
         let message = "`#[idempotent]` goes on an `async fn` (a free function or a method)";
-        let error = Error::new(proc_macro2::Span::call_site(), message);
+        let error = Error::new(Span::call_site(), message);
         return [item, error.into_compile_error()].into_iter().collect();
     };
     let mut errors = Vec::new();

@@ -37,21 +37,19 @@ pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
     };
     let mut errors = Vec::new();
     let mut error = |span: Span, message: &str| errors.push(syn::Error::new(span, message));
-    for variant in &data.variants {
-        if !matches!(variant.fields, Fields::Unit) {
+    for fields in data.variants.iter().map(|v| &v.fields) {
+        if !matches!(fields, Fields::Unit) {
             let message = "states are unit variants: move the data into the row, not the state";
-            error(variant.fields.span(), message);
+            error(fields.span(), message);
         }
     }
     let variants: Vec<&Ident> = data.variants.iter().map(|v| &v.ident).collect();
     let listing = crate::code_list(&variants);
 
-    let mut edges: Vec<Edge> = Vec::new();
-    let mut seen_attr = false;
-    let mut krate: Option<Path> = None;
+    let (mut edges, mut declared, mut krate) = (Vec::<Edge>::new(), false, None::<Path>);
     for attr in &input.attrs {
         if attr.path().is_ident("transitions") {
-            seen_attr = true;
+            declared = true;
             let parsed = attr.parse_args_with(Punctuated::<Edge, Token![,]>::parse_terminated)?;
             edges.extend(parsed);
         } else if attr.path().is_ident("state_machine") {
@@ -66,7 +64,7 @@ pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
             })?;
         }
     }
-    if !seen_attr {
+    if !declared {
         let message = "declare the transitions: `#[transitions(Pending -> Paid, Paid -> Shipped)]`";
         error(input.ident.span(), message);
     }
@@ -92,10 +90,9 @@ pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
             );
         }
     }
-    if let Some(all) = errors.into_iter().reduce(|mut all, e| {
-        all.combine(e);
-        all
-    }) {
+    let mut errors = errors.into_iter();
+    if let Some(mut all) = errors.next() {
+        all.extend(errors);
         return Err(all);
     }
 
@@ -158,9 +155,8 @@ pub(crate) fn transition(input: ParseStream<'_>) -> syn::Result<TokenStream> {
     let Edge { from, to } = input.parse()?;
     let span = from.span().join(to.span()).unwrap_or_else(|| from.span());
     let type_name = quote!(#ty).to_string().replace(' ', "");
-    let message = format!(
-        "transition `{from} -> {to}` is not declared on `{type_name}`; add it to `#[transitions(...)]` or use a declared one"
-    );
+    let fix = "add it to `#[transitions(...)]` or use a declared one";
+    let message = format!("transition `{from} -> {to}` is not declared on `{type_name}`; {fix}");
     // The check also requires `#ty: StateMachine`: a type that is none is one error, on `#ty`.
     let declared = quote_spanned! {ty.span()=> ::idem::__private::declared::<#ty> };
     let check = quote_spanned! {span=>
