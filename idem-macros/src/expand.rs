@@ -47,6 +47,7 @@ fn typed_params(sig: &Signature) -> impl Iterator<Item = (&Pat, &Type)> {
 
 /// Checks the signature against the arguments, pushing every problem onto `errors`.
 fn plan(args: &Args, sig: &Signature, errors: &mut Vec<syn::Error>) -> Option<Plan> {
+    // Each check: the span of what fails it (`None` when it passes), and the fix.
     let checks = [
         (
             sig.constness.map(|c| c.span),
@@ -82,12 +83,12 @@ fn plan(args: &Args, sig: &Signature, errors: &mut Vec<syn::Error>) -> Option<Pl
         format!("parameters are {}", crate::code_list(&param_names))
     };
     // `skip(..)` and `conn = <parameter>` name parameters, which must exist.
-    let conn_param = match &args.conn {
+    let conn_named = match &args.conn {
         Some(Conn::Param(name)) => Some((name, format!("conn = {name}"))),
         _ => None,
     };
-    let named = args.skip.iter().map(|name| (name, format!("skip({name})")));
-    for (name, written) in named.chain(conn_param) {
+    let skipped = args.skip.iter().map(|name| (name, format!("skip({name})")));
+    for (name, written) in skipped.chain(conn_named) {
         if !param_names.contains(name) {
             let message = format!("`{written}`: no parameter is named `{name}`; {listing}");
             errors.push(syn::Error::new(name.span(), message));
@@ -227,6 +228,7 @@ fn respan(tokens: &TokenStream, span: Span) -> TokenStream {
     tokens.clone().into_iter().map(respan_token).collect()
 }
 
+/// The first `impl Trait` in the return type: its value cannot be recorded.
 fn impl_trait_span(output: &ReturnType) -> Option<Span> {
     struct Finder(Option<Span>);
     impl<'ast> Visit<'ast> for Finder {
