@@ -1,48 +1,16 @@
-//! The `#[idempotent(...)]` argument model and its parser.
+//! The `#[idempotent(...)]` arguments: their model, and a table with each argument's parser.
 
-use proc_macro2::Span;
-use syn::parse::{Parse, ParseStream};
+use proc_macro2::{Span, TokenStream};
+use quote::ToTokens;
+use syn::meta::ParseNestedMeta;
+use syn::parse::discouraged::Speculative;
+use syn::parse::{Parse, ParseStream, Parser};
 use syn::spanned::Spanned;
 use syn::{Expr, Ident, LitStr, Path, Token};
 
-/// The lease of `lease` without a value.
-const DEFAULT_LEASE_MS: u64 = 30_000;
-
-/// Every argument name, in the order the docs list them.
-const ARGUMENTS: &[&str] = &[
-    "scope",
-    "key",
-    "principal",
-    "skip",
-    "ttl",
-    "on_concurrent",
-    "lease",
-    "conn",
-    "crate",
-];
-
-/// Names people reach for, and the argument they mean.
-const RENAMES: &[(&str, &str)] = &[
-    ("name", "scope"),
-    ("operation", "scope"),
-    ("idempotency_key", "key"),
-    ("tenant", "principal"),
-    ("user", "principal"),
-    ("exclude", "skip"),
-    ("ignore", "skip"),
-    ("expiry", "ttl"),
-    ("expires", "ttl"),
-    ("concurrency", "on_concurrent"),
-    ("on_conflict", "on_concurrent"),
-    ("db", "conn"),
-    ("store", "conn"),
-    ("connection", "conn"),
-    ("krate", "crate"),
-    ("mode", "lease"),
-    ("lease_ms", "lease"),
-];
-
-/// The parsed, validated attribute arguments.
+/// The attribute's arguments; one not given holds its default. A missing `scope` or `key` is an
+/// error that discards the expansion, so theirs are placeholders: they only let the signature
+/// checks run, so that those errors are reported too.
 pub(crate) struct Args {
     pub(crate) scope: LitStr,
     pub(crate) key: Expr,
@@ -54,6 +22,8 @@ pub(crate) struct Args {
     pub(crate) lease_ms: Option<u64>,
     pub(crate) conn: Option<Conn>,
     pub(crate) krate: Option<Path>,
+    /// Where a bare `on_concurrent = wait` was written: lease mode refuses it.
+    bare_wait: Option<Span>,
 }
 
 /// `on_concurrent = wait`, `wait("2s")` or `reject`.
@@ -73,347 +43,225 @@ pub(crate) enum Conn {
     Expr { expr: Expr, binding: Ident },
 }
 
-/// Parses into `Args`, collecting every error instead of stopping at the first.
-pub(crate) struct RawArgs {
-    pub(crate) args: Option<Args>,
-    pub(crate) errors: Option<syn::Error>,
+/// One argument: its name, the names people reach for instead (they get a "did you mean"),
+/// and how its value, everything after the name, parses into `Args` with its own checks.
+struct Argument {
+    name: &'static str,
+    mistaken_for: &'static [&'static str],
+    parse: fn(ParseStream<'_>, &mut Args) -> syn::Result<()>,
 }
 
-fn push(errors: &mut Option<syn::Error>, e: syn::Error) {
-    match errors {
-        Some(all) => all.combine(e),
-        None => *errors = Some(e),
+/// An `Argument`: in the table, a call reads shorter than a struct literal.
+const fn arg(
+    name: &'static str,
+    mistaken_for: &'static [&'static str],
+    parse: fn(ParseStream<'_>, &mut Args) -> syn::Result<()>,
+) -> Argument {
+    Argument {
+        name,
+        mistaken_for,
+        parse,
     }
 }
 
-/// Parses a duration such as `24h`, `90s`, `1h30m` or `500ms` into milliseconds.
-fn parse_ttl(text: &str) -> Result<u64, String> {
-    parse_duration(
-        text,
-        "ttl",
-        "a record that expires at once deduplicates nothing",
-    )
-}
-
-/// Parses a duration such as `24h`, `90s`, `1h30m` or `500ms` into milliseconds; `what` names
-/// the argument in messages, `zero` says why zero is refused.
-fn parse_duration(text: &str, what: &str, zero: &str) -> Result<u64, String> {
-    let hint = "write it as a number and a unit: `30s`, `15m`, `24h`, `7d` or `1h30m`";
-    if text.is_empty() {
-        return Err(format!("empty `{what}`; {hint}"));
-    }
-    let mut total: u64 = 0;
-    let mut rest = text;
-    while !rest.is_empty() {
-        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
-        if digits == 0 {
-            return Err(format!("invalid `{what}` \"{text}\"; {hint}"));
-        }
-        let number: u64 = rest[..digits]
-            .parse()
-            .map_err(|_| format!("`{what}` \"{text}\" is too large"))?;
-        rest = &rest[digits..];
-        let (unit_ms, len) = if rest.starts_with("ms") {
-            (1, 2)
+/// Every argument, in the order the docs list them.
+const ARGUMENTS: &[Argument] = &[
+    arg("scope", &["name", "operation"], |input, args| {
+        let hint = "`scope` takes a string literal, e.g. `scope = \"orders.pay\"`";
+        let scope = string(value(input)?, hint)?;
+        let text = scope.value();
+        let problem = if text.is_empty() {
+            "must not be empty"
+        } else if text.len() > 255 {
+            "must be at most 255 bytes"
+        } else if text.chars().any(char::is_control) {
+            "must not contain control characters"
         } else {
-            match rest.chars().next() {
-                Some('s') => (1_000, 1),
-                Some('m') => (60_000, 1),
-                Some('h') => (3_600_000, 1),
-                Some('d') => (86_400_000, 1),
-                _ => return Err(format!("invalid `{what}` \"{text}\": missing unit; {hint}")),
-            }
+            args.scope = scope;
+            return Ok(());
         };
-        rest = &rest[len..];
-        total = number
-            .checked_mul(unit_ms)
-            .and_then(|ms| total.checked_add(ms))
-            .ok_or_else(|| format!("`{what}` \"{text}\" is too large"))?;
-    }
-    if total == 0 {
-        return Err(format!("`{what}` must be longer than zero: {zero}; {hint}"));
-    }
-    Ok(total)
-}
+        let message = format!("`scope` {problem}; name the operation, e.g. \"orders.pay\"");
+        Err(syn::Error::new(scope.span(), message))
+    }),
+    arg("key", &["idempotency_key"], |input, args| {
+        args.key = value(input)?.parse()?;
+        Ok(())
+    }),
+    arg("principal", &["tenant", "user"], |input, args| {
+        args.principal = Some(value(input)?.parse()?);
+        Ok(())
+    }),
+    arg("skip", &["exclude", "ignore"], |input, args| {
+        let names;
+        syn::parenthesized!(names in input);
+        args.skip = Vec::from_iter(names.parse_terminated(Ident::parse, Token![,])?);
+        Ok(())
+    }),
+    arg("ttl", &["expiry", "expires"], |input, args| {
+        let hint = "`ttl` takes a string literal, e.g. `ttl = \"24h\"`";
+        let ttl = string(value(input)?, hint)?;
+        let zero = "a record that expires at once deduplicates nothing";
+        args.ttl_ms = duration_ms(&ttl, "ttl", zero)?;
+        Ok(())
+    }),
+    arg(
+        "on_concurrent",
+        &["concurrency", "on_conflict"],
+        |input, args| {
+            let policy: Ident = value(input)?.parse()?;
+            let policies = "expected `wait` (replay once the other call finishes; `wait(\"2s\")` bounds the wait) or `reject` (fail with `InFlight`)";
+            args.policy = match policy.to_string().as_str() {
+                "wait" if input.peek(syn::token::Paren) => {
+                    let hint = "`wait(..)` takes the longest wait as a string, e.g. `wait(\"2s\")`";
+                    let bound;
+                    syn::parenthesized!(bound in input);
+                    let bound = string(&bound, hint)?;
+                    let zero = "a duplicate would never wait; use `reject` to fail fast";
+                    let bound_ms = Some(duration_ms(&bound, "wait", zero)?);
+                    Policy::Wait { bound_ms }
+                }
+                "wait" => {
+                    args.bare_wait = Some(policy.span());
+                    Policy::Wait { bound_ms: None }
+                }
+                "reject" => Policy::Reject,
+                other => {
+                    let message = format!("unknown policy `{other}`; {policies}");
+                    return Err(syn::Error::new(policy.span(), message));
+                }
+            };
+            Ok(())
+        },
+    ),
+    arg("lease", &["mode", "lease_ms"], |input, args| {
+        if !input.peek(Token![=]) {
+            args.lease_ms = Some(30_000); // `lease` alone
+            return Ok(());
+        }
+        let hint =
+            "`lease` takes a duration string, e.g. `lease = \"30s\"` (or `lease` alone for 30 s)";
+        let lease = string(value(input)?, hint)?;
+        let zero = "a zero lease ends before the body starts; give the longest the body may take, e.g. `lease = \"30s\"`";
+        args.lease_ms = Some(duration_ms(&lease, "lease", zero)?);
+        Ok(())
+    }),
+    arg("conn", &["db", "store", "connection"], |input, args| {
+        args.conn = Some(conn(value(input)?.parse()?)?);
+        Ok(())
+    }),
+    arg("crate", &["krate"], |input, args| {
+        let hint = "`crate` takes a path as a string, e.g. `crate = \"::my_app::idem\"`";
+        let krate = string(value(input)?, hint)?;
+        let text = krate.value();
+        let message = format!("`crate` must be a path such as \"::my_app::idem\", not \"{text}\"");
+        let not_a_path = syn::Error::new(krate.span(), message);
+        args.krate = Some(krate.parse().map_err(|_| not_a_path)?);
+        Ok(())
+    }),
+];
 
-fn check_scope(scope: &LitStr) -> Result<(), syn::Error> {
-    let value = scope.value();
-    let problem = if value.is_empty() {
-        Some("`scope` must not be empty; name the operation, e.g. \"orders.pay\"")
-    } else if value.len() > 255 {
-        Some("`scope` must be at most 255 bytes")
-    } else if value.chars().any(char::is_control) {
-        Some("`scope` must not contain control characters")
-    } else {
-        None
+/// Parses the arguments, pushing every mistake onto `errors` instead of stopping at the first:
+/// an argument whose value does not parse is reported once and skipped up to the next comma.
+/// `None` when the list cannot be split into arguments (a name is missing, or a comma).
+pub(crate) fn parse(attr: TokenStream, errors: &mut Vec<syn::Error>) -> Option<Args> {
+    let mut args = Args {
+        scope: LitStr::new("", Span::call_site()),
+        key: syn::parse_quote!(()),
+        principal: None,
+        skip: Vec::new(),
+        ttl_ms: 24 * 3_600_000,
+        policy: Policy::Wait { bound_ms: None },
+        lease_ms: None,
+        conn: None,
+        krate: None,
+        bare_wait: None,
     };
-    problem.map_or(Ok(()), |p| Err(syn::Error::new(scope.span(), p)))
+    let mut given: Vec<&str> = Vec::new();
+    let each_argument = syn::meta::parser(|meta| {
+        let Some(&Argument { name, parse, .. }) =
+            ARGUMENTS.iter().find(|a| meta.path.is_ident(a.name))
+        else {
+            errors.push(unknown_argument(&meta));
+            return skip_value(meta.input);
+        };
+        if given.contains(&name) {
+            errors.push(meta.error(format!("duplicate argument `{name}`; give it once")));
+        }
+        given.push(name);
+        // The value parses in a fork, so a mistake inside its brackets is not reported again
+        // as an unparsed token when the whole list ends.
+        let speculative = meta.input.fork();
+        match parse(&speculative, &mut args) {
+            Ok(()) => meta.input.advance_to(&speculative),
+            Err(error) => {
+                errors.push(error);
+                skip_value(meta.input)?;
+            }
+        }
+        Ok(())
+    });
+    if let Err(error) = each_argument.parse2(attr) {
+        errors.push(error);
+        return None;
+    }
+
+    let example = "#[idempotent(scope = \"orders.pay\", key = cmd.idempotency_key)]";
+    for (name, fix) in [
+        ("scope", "name the operation"),
+        ("key", "say where the idempotency key comes from"),
+    ] {
+        if !given.contains(&name) {
+            let message = format!("missing `{name}`: {fix}, e.g. `{example}`");
+            errors.push(syn::Error::new(Span::call_site(), message));
+        }
+    }
+    if given.contains(&"lease") {
+        if let Some(span) = args.bare_wait {
+            let message = "in lease mode a duplicate cannot wait on the claim's lock (the claim has committed); \
+                 use `reject` (the default: `InFlight` with Retry-After until the lease ends) or \
+                 bound the wait, e.g. `wait(\"2s\")`, to poll for the recorded result";
+            errors.push(syn::Error::new(span, message));
+        }
+        // Lease mode answers a duplicate at once by default: its claim is no lock to wait on.
+        if !given.contains(&"on_concurrent") {
+            args.policy = Policy::Reject;
+        }
+    }
+    Some(args)
 }
 
-impl Parse for RawArgs {
-    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
-        let mut errors = None;
-        let mut scope: Option<LitStr> = None;
-        let mut key: Option<Expr> = None;
-        let mut principal: Option<Expr> = None;
-        let mut skip: Option<Vec<Ident>> = None;
-        let mut ttl_ms: Option<u64> = None;
-        let mut ttl_seen = false;
-        let mut policy: Option<Policy> = None;
-        let mut policy_seen = false;
-        // Where a bare `wait` was written (lease mode refuses it there).
-        let mut bare_wait: Option<Span> = None;
-        let mut lease_ms: Option<u64> = None;
-        let mut lease_seen = false;
-        let mut conn: Option<Conn> = None;
-        let mut krate: Option<Path> = None;
+/// Past the `=` of `name = value`.
+fn value(input: ParseStream<'_>) -> syn::Result<ParseStream<'_>> {
+    input.parse::<Token![=]>()?;
+    Ok(input)
+}
 
-        while !input.is_empty() {
-            let name: Ident = if input.peek(Token![crate]) {
-                let token: Token![crate] = input.parse()?;
-                Ident::new("crate", token.span)
-            } else {
-                input.parse()?
-            };
-            let label = name.to_string();
-            let duplicate = |present: bool, errors: &mut Option<syn::Error>| {
-                if present {
-                    push(
-                        errors,
-                        syn::Error::new(
-                            name.span(),
-                            format!("duplicate argument `{label}`; give it once"),
-                        ),
-                    );
-                }
-            };
-            match label.as_str() {
-                "scope" => {
-                    input.parse::<Token![=]>()?;
-                    let lit: LitStr = input.parse().map_err(|e| {
-                        syn::Error::new(
-                            e.span(),
-                            "`scope` takes a string literal, e.g. `scope = \"orders.pay\"`",
-                        )
-                    })?;
-                    duplicate(scope.is_some(), &mut errors);
-                    if let Err(e) = check_scope(&lit) {
-                        push(&mut errors, e);
-                    }
-                    scope = Some(lit);
-                }
-                "key" | "principal" => {
-                    input.parse::<Token![=]>()?;
-                    let expr: Expr = input.parse()?;
-                    let slot = if label == "key" {
-                        &mut key
-                    } else {
-                        &mut principal
-                    };
-                    duplicate(slot.is_some(), &mut errors);
-                    *slot = Some(expr);
-                }
-                "skip" => {
-                    let content;
-                    syn::parenthesized!(content in input);
-                    let names = content.parse_terminated(Ident::parse, Token![,])?;
-                    duplicate(skip.is_some(), &mut errors);
-                    skip = Some(names.into_iter().collect());
-                }
-                "ttl" => {
-                    input.parse::<Token![=]>()?;
-                    let lit: LitStr = input.parse().map_err(|e| {
-                        syn::Error::new(
-                            e.span(),
-                            "`ttl` takes a string literal, e.g. `ttl = \"24h\"`",
-                        )
-                    })?;
-                    duplicate(ttl_seen, &mut errors);
-                    ttl_seen = true;
-                    match parse_ttl(&lit.value()) {
-                        Ok(ms) => ttl_ms = Some(ms),
-                        Err(message) => push(&mut errors, syn::Error::new(lit.span(), message)),
-                    }
-                }
-                "on_concurrent" => {
-                    input.parse::<Token![=]>()?;
-                    let name: Ident = input.parse()?;
-                    duplicate(policy_seen, &mut errors);
-                    policy_seen = true;
-                    match name.to_string().as_str() {
-                        "wait" if input.peek(syn::token::Paren) => {
-                            let content;
-                            syn::parenthesized!(content in input);
-                            let lit: LitStr = content.parse().map_err(|e| {
-                                syn::Error::new(
-                                    e.span(),
-                                    "`wait(..)` takes the longest wait as a string, e.g. `wait(\"2s\")`",
-                                )
-                            })?;
-                            match parse_duration(
-                                &lit.value(),
-                                "wait",
-                                "a duplicate would never wait; use `reject` to fail fast",
-                            ) {
-                                Ok(ms) => policy = Some(Policy::Wait { bound_ms: Some(ms) }),
-                                Err(m) => push(&mut errors, syn::Error::new(lit.span(), m)),
-                            }
-                        }
-                        "wait" => {
-                            bare_wait = Some(name.span());
-                            policy = Some(Policy::Wait { bound_ms: None });
-                        }
-                        "reject" => policy = Some(Policy::Reject),
-                        other => push(
-                            &mut errors,
-                            syn::Error::new(
-                                name.span(),
-                                format!(
-                                    "unknown policy `{other}`; expected `wait` (replay once the other call finishes; `wait(\"2s\")` bounds the wait) or `reject` (fail with `InFlight`)"
-                                ),
-                            ),
-                        ),
-                    }
-                }
-                "lease" => {
-                    duplicate(lease_seen, &mut errors);
-                    lease_seen = true;
-                    if input.peek(Token![=]) {
-                        input.parse::<Token![=]>()?;
-                        let lit: LitStr = input.parse().map_err(|e| {
-                            syn::Error::new(
-                                e.span(),
-                                "`lease` takes a duration string, e.g. `lease = \"30s\"` (or `lease` alone for 30 s)",
-                            )
-                        })?;
-                        match parse_duration(
-                            &lit.value(),
-                            "lease",
-                            "a zero lease ends before the body starts; give the longest the body may take, e.g. `lease = \"30s\"`",
-                        ) {
-                            Ok(ms) => lease_ms = Some(ms),
-                            Err(m) => push(&mut errors, syn::Error::new(lit.span(), m)),
-                        }
-                    } else {
-                        lease_ms = Some(DEFAULT_LEASE_MS);
-                    }
-                }
-                "conn" => {
-                    input.parse::<Token![=]>()?;
-                    let expr: Expr = input.parse()?;
-                    duplicate(conn.is_some(), &mut errors);
-                    match conn_from(expr) {
-                        Ok(c) => conn = Some(c),
-                        Err(e) => push(&mut errors, e),
-                    }
-                }
-                "crate" => {
-                    input.parse::<Token![=]>()?;
-                    let lit: LitStr = input.parse()?;
-                    duplicate(krate.is_some(), &mut errors);
-                    match lit.parse::<Path>() {
-                        Ok(path) => krate = Some(path),
-                        Err(_) => push(
-                            &mut errors,
-                            syn::Error::new(
-                                lit.span(),
-                                format!(
-                                    "`crate` must be a path such as \"::my_app::idem\", not \"{}\"",
-                                    lit.value()
-                                ),
-                            ),
-                        ),
-                    }
-                }
-                _ => {
-                    let hint = RENAMES
-                        .iter()
-                        .find(|(from, _)| *from == label)
-                        .map(|(_, to)| *to)
-                        .or_else(|| {
-                            ARGUMENTS
-                                .iter()
-                                .copied()
-                                .find(|a| edit_distance(a, &label) <= 2)
-                        })
-                        .map(|to| format!(" (did you mean `{to}`?)"))
-                        .unwrap_or_default();
-                    let all = ARGUMENTS
-                        .iter()
-                        .map(|a| format!("`{a}`"))
-                        .collect::<Vec<_>>()
-                        .join(", ");
-                    push(
-                        &mut errors,
-                        syn::Error::new(
-                            name.span(),
-                            format!("unknown argument `{label}`{hint}; expected one of {all}"),
-                        ),
-                    );
-                    // Skip the unknown argument's value so the rest still parses.
-                    while !input.is_empty() && !input.peek(Token![,]) {
-                        input.parse::<proc_macro2::TokenTree>()?;
-                    }
-                }
-            }
-            if input.is_empty() {
-                break;
-            }
-            input.parse::<Token![,]>()?;
-        }
+/// A string literal; anything else is an error at that token, with `hint`.
+fn string(input: ParseStream<'_>, hint: &str) -> syn::Result<LitStr> {
+    input.parse().map_err(|e| syn::Error::new(e.span(), hint))
+}
 
-        let example = "#[idempotent(scope = \"orders.pay\", key = cmd.idempotency_key)]";
-        if scope.is_none() {
-            push(
-                &mut errors,
-                syn::Error::new(
-                    Span::call_site(),
-                    format!("missing `scope`: name the operation, e.g. `{example}`"),
-                ),
-            );
-        }
-        if key.is_none() {
-            push(
-                &mut errors,
-                syn::Error::new(
-                    Span::call_site(),
-                    format!(
-                        "missing `key`: say where the idempotency key comes from, e.g. `{example}`"
-                    ),
-                ),
-            );
-        }
-        if let (true, Some(span)) = (lease_seen, bare_wait) {
-            push(
-                &mut errors,
-                syn::Error::new(
-                    span,
-                    "in lease mode a duplicate cannot wait on the claim's lock (the claim has committed); \
-                     use `reject` (the default: `InFlight` with Retry-After until the lease ends) or \
-                     bound the wait, e.g. `wait(\"2s\")`, to poll for the recorded result",
-                ),
-            );
-        }
-        // A missing `scope` or `key` is already an error, so the expansion is discarded; the
-        // placeholders only let the signature checks run, and their errors join these.
-        let args = Some(Args {
-            scope: scope.unwrap_or_else(|| LitStr::new("", Span::call_site())),
-            key: key.unwrap_or_else(|| syn::parse_quote!(())),
-            principal,
-            skip: skip.unwrap_or_default(),
-            ttl_ms: ttl_ms.unwrap_or(24 * 3_600_000),
-            // Lease mode answers a duplicate at once by default: its claim is no lock to wait on.
-            policy: policy.unwrap_or(if lease_seen {
-                Policy::Reject
-            } else {
-                Policy::Wait { bound_ms: None }
-            }),
-            lease_ms,
-            conn,
-            krate,
-        });
-        Ok(Self { args, errors })
+/// Skips the rest of an argument, so that the arguments after it still parse.
+fn skip_value(input: ParseStream<'_>) -> syn::Result<()> {
+    while !input.is_empty() && !input.peek(Token![,]) {
+        input.parse::<proc_macro2::TokenTree>()?;
     }
+    Ok(())
+}
+
+/// The error for a name no argument has: a "did you mean" where one is likely (a name people
+/// reach for, or a misspelling), and every valid name.
+fn unknown_argument(meta: &ParseNestedMeta<'_>) -> syn::Error {
+    let name = meta.path.to_token_stream().to_string().replace(' ', "");
+    let hint = ARGUMENTS
+        .iter()
+        .find(|a| a.mistaken_for.contains(&name.as_str()))
+        .or_else(|| ARGUMENTS.iter().find(|a| edit_distance(a.name, &name) <= 2))
+        .map(|a| format!(" (did you mean `{}`?)", a.name))
+        .unwrap_or_default();
+    let all = crate::code_list(ARGUMENTS.iter().map(|a| a.name));
+    let message = format!("unknown argument `{name}`{hint}; expected one of {all}");
+    meta.error(message)
 }
 
 /// Levenshtein distance, for "did you mean" hints on misspelt arguments.
@@ -421,118 +269,108 @@ fn edit_distance(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
     let mut row: Vec<usize> = (0..=b.len()).collect();
     for (i, ca) in a.chars().enumerate() {
-        let mut diagonal = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let above = row[j + 1];
-            row[j + 1] = (above + 1)
-                .min(row[j] + 1)
-                .min(diagonal + usize::from(ca != *cb));
-            diagonal = above;
+        let mut diagonal = std::mem::replace(&mut row[0], i + 1);
+        for (j, &cb) in b.iter().enumerate() {
+            let substituted = diagonal + usize::from(ca != cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substituted.min(row[j] + 1).min(diagonal + 1);
         }
     }
     row[b.len()]
 }
 
-fn conn_from(expr: Expr) -> syn::Result<Conn> {
-    match expr {
-        Expr::Path(p) if p.qself.is_none() && p.path.get_ident().is_some() => {
-            let ident = p.path.get_ident().cloned();
-            Ok(Conn::Param(
-                ident.unwrap_or_else(|| Ident::new("db", p.span())),
-            ))
-        }
-        Expr::Cast(cast) => match &*cast.ty {
-            syn::Type::Path(t) if t.qself.is_none() && t.path.get_ident().is_some() => {
-                let binding = t
-                    .path
-                    .get_ident()
-                    .cloned()
-                    .unwrap_or_else(|| Ident::new("db", t.span()));
-                Ok(Conn::Expr {
-                    expr: *cast.expr,
-                    binding,
-                })
-            }
-            other => Err(syn::Error::new(
-                other.span(),
-                "after `as`, name the transaction the body uses, e.g. `conn = self.db as db`",
-            )),
-        },
-        other => Err(syn::Error::new(
-            other.span(),
-            "name the transaction the body uses: `conn = self.db as db` (or `conn = <parameter>`)",
-        )),
+/// A duration such as `"24h"`, `"90s"`, `"1h30m"` or `"500ms"`, in milliseconds. Errors span the
+/// literal and name the argument (`what`); `zero` says why a zero duration is refused.
+fn duration_ms(literal: &LitStr, what: &str, zero: &str) -> syn::Result<u64> {
+    const UNITS_MS: &[(&str, u64)] = &[
+        ("ms", 1), // before "m"
+        ("s", 1_000),
+        ("m", 60_000),
+        ("h", 3_600_000),
+        ("d", 86_400_000),
+    ];
+    let hint = "write it as a number and a unit: `30s`, `15m`, `24h`, `7d` or `1h30m`";
+    let text = literal.value();
+    let error = |message: String| syn::Error::new(literal.span(), message);
+    let too_large = || error(format!("`{what}` \"{text}\" is too large"));
+    if text.is_empty() {
+        return Err(error(format!("empty `{what}`; {hint}")));
     }
+    let (mut total, mut rest) = (0_u64, text.as_str());
+    while !rest.is_empty() {
+        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        if digits == 0 {
+            return Err(error(format!("invalid `{what}` \"{text}\"; {hint}")));
+        }
+        let number: u64 = rest[..digits].parse().map_err(|_| too_large())?;
+        rest = &rest[digits..];
+        let Some((unit, unit_ms)) = UNITS_MS.iter().find(|(unit, _)| rest.starts_with(unit)) else {
+            let message = format!("invalid `{what}` \"{text}\": missing unit; {hint}");
+            return Err(error(message));
+        };
+        rest = &rest[unit.len()..];
+        total = number
+            .checked_mul(*unit_ms)
+            .and_then(|ms| total.checked_add(ms))
+            .ok_or_else(too_large)?;
+    }
+    if total == 0 {
+        let message = format!("`{what}` must be longer than zero: {zero}; {hint}");
+        return Err(error(message));
+    }
+    Ok(total)
+}
+
+/// `conn = db` (a parameter) or `conn = <expression> as db` (and the body's name for it).
+fn conn(expr: Expr) -> syn::Result<Conn> {
+    let plain_name = |tokens: &dyn ToTokens| syn::parse2::<Ident>(tokens.to_token_stream()).ok();
+    if let Some(param) = plain_name(&expr) {
+        return Ok(Conn::Param(param));
+    }
+    let Expr::Cast(cast) = expr else {
+        let message =
+            "name the transaction the body uses: `conn = self.db as db` (or `conn = <parameter>`)";
+        return Err(syn::Error::new(expr.span(), message));
+    };
+    let message = "after `as`, name the transaction the body uses, e.g. `conn = self.db as db`";
+    let binding = plain_name(&cast.ty).ok_or_else(|| syn::Error::new(cast.ty.span(), message))?;
+    let expr = *cast.expr;
+    Ok(Conn::Expr { expr, binding })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn parse(tokens: proc_macro2::TokenStream) -> RawArgs {
-        syn::parse2(tokens).expect("parses")
-    }
-
     #[test]
     fn parses_every_argument() {
-        let raw = parse(quote::quote!(
-            scope = "orders.pay",
-            key = cmd.key,
-            principal = cmd.tenant,
-            skip(a, b),
-            ttl = "1h30m",
-            on_concurrent = reject,
-            conn = self.db as db,
-            crate = "::x::idem",
-        ));
-        assert!(raw.errors.is_none());
-        let args = raw.args.expect("complete");
+        let mut errors = Vec::new();
+        let tokens = quote::quote! {
+            scope = "orders.pay", key = cmd.key, principal = cmd.tenant, skip(a, b), ttl = "1h30m",
+            on_concurrent = wait("1500ms"), lease, conn = self.db as db, crate = "::x::idem",
+        };
+        let args = parse(tokens, &mut errors).expect("complete");
+        assert!(errors.is_empty(), "{errors:?}");
         assert_eq!(args.scope.value(), "orders.pay");
         assert_eq!(args.skip.len(), 2);
         assert_eq!(args.ttl_ms, 5_400_000);
-        assert_eq!(args.policy, Policy::Reject);
+        assert_eq!(args.lease_ms, Some(30_000));
+        assert!(matches!(
+            args.policy,
+            Policy::Wait {
+                bound_ms: Some(1500)
+            }
+        ));
         assert!(matches!(args.conn, Some(Conn::Expr { .. })));
     }
 
     #[test]
-    fn collects_all_errors() {
-        let raw = parse(quote::quote!(scop = "x", ttl = "0s", ttl = "5q"));
-        let messages: Vec<String> = raw
-            .errors
-            .expect("errors")
-            .into_iter()
-            .map(|e| e.to_string())
-            .collect();
-        assert!(messages[0].contains("did you mean `scope`"), "{messages:?}");
-        assert!(messages.iter().any(|m| m.contains("longer than zero")));
-        assert!(
-            messages
-                .iter()
-                .any(|m| m.contains("duplicate argument `ttl`"))
-        );
-        assert!(messages.iter().any(|m| m.contains("missing unit")));
-        assert!(messages.iter().any(|m| m.contains("missing `scope`")));
-        assert!(messages.iter().any(|m| m.contains("missing `key`")));
-    }
-
-    #[test]
-    fn ttl_units() {
-        assert_eq!(parse_ttl("24h"), Ok(86_400_000));
-        let raw = parse(quote::quote!(
-            scope = "s",
-            key = k,
-            on_concurrent = wait("1500ms")
-        ));
-        assert_eq!(
-            raw.args.expect("complete").policy,
-            Policy::Wait {
-                bound_ms: Some(1500)
-            }
-        );
-        assert_eq!(parse_ttl("500ms"), Ok(500));
-        assert_eq!(parse_ttl("7d"), Ok(604_800_000));
-        assert!(parse_ttl("h").is_err());
-        assert!(parse_ttl("99999999999999999999d").is_err());
+    fn durations() {
+        let ms = |text| duration_ms(&LitStr::new(text, Span::call_site()), "ttl", "").ok();
+        assert_eq!(ms("24h"), Some(86_400_000));
+        assert_eq!(ms("2m5s"), Some(125_000));
+        assert_eq!(ms("500ms"), Some(500));
+        assert_eq!(ms("h"), None);
+        assert_eq!(ms("99999999999999999999d"), None);
     }
 }

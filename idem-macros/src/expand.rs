@@ -5,13 +5,13 @@ use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit::Visit;
-use syn::{Expr, FnArg, Ident, ItemFn, Pat, ReturnType, Type};
+use syn::{Expr, FnArg, Ident, ItemFn, Pat, ReturnType, Signature, Type};
 
 use crate::args::{Args, Conn, Policy};
 
-/// A parameter that goes into the fingerprint: the names it binds, and where its type is.
+/// A name that goes into the fingerprint, and where its parameter's type is.
 struct Fingerprinted {
-    names: Vec<Ident>,
+    name: Ident,
     ty: Range,
 }
 
@@ -23,166 +23,113 @@ struct Plan {
     output: Type,
 }
 
-/// Collects the identifiers a pattern binds (`Point { x, y }` binds `x` and `y`).
-#[derive(Default)]
-struct Bindings(Vec<Ident>);
-
-impl<'ast> Visit<'ast> for Bindings {
-    fn visit_pat_ident(&mut self, p: &'ast syn::PatIdent) {
-        self.0.push(p.ident.clone());
-        syn::visit::visit_pat_ident(self, p);
-    }
-}
-
+/// The identifiers a pattern binds (`Point { x, y }` binds `x` and `y`).
 fn bindings(pat: &Pat) -> Vec<Ident> {
-    let mut b = Bindings::default();
-    b.visit_pat(pat);
-    b.0
+    struct Bindings(Vec<Ident>);
+    impl<'ast> Visit<'ast> for Bindings {
+        fn visit_pat_ident(&mut self, p: &'ast syn::PatIdent) {
+            self.0.push(p.ident.clone());
+            syn::visit::visit_pat_ident(self, p);
+        }
+    }
+    let mut bindings = Bindings(Vec::new());
+    bindings.visit_pat(pat);
+    bindings.0
 }
 
-/// Checks the signature against the arguments; every problem is collected.
-fn plan(args: &Args, item: &ItemFn, errors: &mut Vec<syn::Error>) -> Option<Plan> {
-    let sig = &item.sig;
-    if let Some(constness) = &sig.constness {
-        errors.push(syn::Error::new(
-            constness.span(),
+/// The typed parameters: the receiver is neither fingerprinted nor the connection.
+fn typed_params(sig: &Signature) -> impl Iterator<Item = (&Pat, &Type)> {
+    sig.inputs.iter().filter_map(|arg| match arg {
+        FnArg::Typed(t) => Some((&*t.pat, &*t.ty)),
+        FnArg::Receiver(_) => None,
+    })
+}
+
+/// Checks the signature against the arguments, pushing every problem onto `errors`.
+fn plan(args: &Args, sig: &Signature, errors: &mut Vec<syn::Error>) -> Option<Plan> {
+    // Each check: the span of what fails it (`None` when it passes), and the fix.
+    let checks = [
+        (
+            sig.constness.map(|c| c.span),
             "`#[idempotent]` cannot wrap a `const fn`: claiming a key needs the database; remove `const`",
-        ));
-    }
-    if sig.asyncness.is_none() {
-        errors.push(syn::Error::new(
-            sig.fn_token.span(),
+        ),
+        (
+            sig.asyncness.is_none().then_some(sig.fn_token.span),
             "`#[idempotent]` requires an `async fn`: the claim awaits the database; write `async fn`",
-        ));
-    }
-    if let Some(variadic) = &sig.variadic {
-        errors.push(syn::Error::new(
-            variadic.span(),
+        ),
+        (
+            sig.variadic.as_ref().map(Spanned::span),
             "`#[idempotent]` cannot wrap a variadic function",
-        ));
-    }
-    let output = match &sig.output {
-        ReturnType::Default => {
-            errors.push(syn::Error::new(
-                sig.ident.span(),
-                "`#[idempotent]` needs a return type: add `-> Result<T, E>` (`T` is recorded and replayed, `E: From<idem::Error>` carries idem's errors)",
-            ));
-            None
-        }
-        ReturnType::Type(_, ty) => {
-            if let Some(span) = impl_trait_span(ty) {
-                errors.push(syn::Error::new(
-                    span,
-                    "`#[idempotent]` cannot record an `impl Trait` return value; name a concrete type that implements `Serialize` and `Deserialize`",
-                ));
-                None
-            } else {
-                Some((**ty).clone())
-            }
-        }
-    };
+        ),
+        (
+            matches!(sig.output, ReturnType::Default).then_some(sig.ident.span()),
+            "`#[idempotent]` needs a return type: add `-> Result<T, E>` (`T` is recorded and replayed, `E: From<idem::Error>` carries idem's errors)",
+        ),
+        (
+            impl_trait_span(&sig.output),
+            "`#[idempotent]` cannot record an `impl Trait` return value; name a concrete type that implements `Serialize` and `Deserialize`",
+        ),
+    ];
+    let failed = checks
+        .into_iter()
+        .filter_map(|(span, message)| Some((span?, message)));
+    errors.extend(failed.map(|(span, message)| syn::Error::new(span, message)));
 
-    let params: Vec<(&Pat, &Type)> = sig
-        .inputs
-        .iter()
-        .filter_map(|arg| match arg {
-            FnArg::Typed(t) => Some((&*t.pat, &*t.ty)),
-            FnArg::Receiver(_) => None,
-        })
-        .collect();
-    let param_names: Vec<String> = params
-        .iter()
-        .flat_map(|(pat, _)| bindings(pat))
-        .map(|i| i.to_string())
-        .collect();
-    let listing = || {
-        if param_names.is_empty() {
-            "the function has no named parameters".to_owned()
-        } else {
-            format!(
-                "parameters are {}",
-                param_names
-                    .iter()
-                    .map(|n| format!("`{n}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        }
+    let params: Vec<(&Pat, &Type)> = typed_params(sig).collect();
+    let param_names: Vec<Ident> = params.iter().flat_map(|(pat, _)| bindings(pat)).collect();
+    let listing = if param_names.is_empty() {
+        "the function has no named parameters".to_owned()
+    } else {
+        format!("parameters are {}", crate::code_list(&param_names))
     };
-    for name in &args.skip {
-        if !param_names.iter().any(|p| name == p) {
-            errors.push(syn::Error::new(
-                name.span(),
-                format!(
-                    "`skip({name})`: no parameter is named `{name}`; {}",
-                    listing()
-                ),
-            ));
-        }
-    }
-
-    let param_ident = |pat: &Pat| match pat {
-        Pat::Ident(p) if p.subpat.is_none() => Some(p.ident.clone()),
+    // `skip(..)` and `conn = <parameter>` name parameters, which must exist.
+    let conn_named = match &args.conn {
+        Some(Conn::Param(name)) => Some((name, format!("conn = {name}"))),
         _ => None,
     };
-    let (conn_expr, conn_binding, conn_param) = match &args.conn {
-        Some(Conn::Param(name)) => {
-            if !param_names.iter().any(|p| name == p) {
-                errors.push(syn::Error::new(
-                    name.span(),
-                    format!(
-                        "`conn = {name}`: no parameter is named `{name}`; {}",
-                        listing()
-                    ),
-                ));
-            }
-            (name.to_token_stream(), name.clone(), Some(name.to_string()))
+    let skipped = args.skip.iter().map(|name| (name, format!("skip({name})")));
+    for (name, written) in skipped.chain(conn_named) {
+        if !param_names.contains(name) {
+            let message = format!("`{written}`: no parameter is named `{name}`; {listing}");
+            errors.push(syn::Error::new(name.span(), message));
         }
-        Some(Conn::Expr { expr, binding }) => (expr.to_token_stream(), binding.clone(), None),
-        None => match params.first() {
-            Some((pat, _)) => match param_ident(pat) {
-                Some(ident) => (
-                    ident.to_token_stream(),
-                    ident.clone(),
-                    Some(ident.to_string()),
-                ),
-                None => {
-                    errors.push(syn::Error::new(
-                        pat.span(),
-                        "the first parameter is the connection and needs a plain name (e.g. `db: &DatabaseConnection`); or name the connection with `conn = ...`",
-                    ));
-                    return None;
-                }
-            },
-            None => {
-                errors.push(syn::Error::new(
-                    sig.paren_token.span.join(),
-                    "no connection: make the first parameter the connection (`db: &DatabaseConnection`), or name it with `conn = self.db as db`",
-                ));
-                return None;
-            }
-        },
-    };
+    }
 
-    let fingerprinted = params
-        .iter()
-        .filter_map(|(pat, ty)| {
-            let names: Vec<Ident> = bindings(pat)
-                .into_iter()
-                .filter(|n| conn_param.as_deref() != Some(&n.to_string()))
-                .filter(|n| !args.skip.iter().any(|s| s == n))
-                .collect();
-            (!names.is_empty()).then(|| Fingerprinted {
-                names,
-                ty: Range::of(ty),
-            })
-        })
-        .collect();
+    // Without `conn`, the connection is the first parameter, under its plain name.
+    let (conn_expr, conn_binding) = match (&args.conn, params.first()) {
+        (Some(Conn::Param(name)), _) => (name.to_token_stream(), name.clone()),
+        (Some(Conn::Expr { expr, binding }), _) => (expr.to_token_stream(), binding.clone()),
+        (None, Some((Pat::Ident(p), _))) if p.subpat.is_none() => {
+            (p.ident.to_token_stream(), p.ident.clone())
+        }
+        (None, Some((pat, _))) => {
+            let message = "the first parameter is the connection and needs a plain name (e.g. `db: &DatabaseConnection`); or name the connection with `conn = ...`";
+            errors.push(syn::Error::new(pat.span(), message));
+            return None;
+        }
+        (None, None) => {
+            let message = "no connection: make the first parameter the connection (`db: &DatabaseConnection`), or name it with `conn = self.db as db`";
+            errors.push(syn::Error::new(sig.paren_token.span.join(), message));
+            return None;
+        }
+    };
+    // A connection parameter is rebound to the transaction, not fingerprinted.
+    let conn_param = (!matches!(args.conn, Some(Conn::Expr { .. }))).then_some(&conn_binding);
+    let mut fingerprinted = Vec::new();
+    for (pat, ty) in params {
+        let ty = Range::of(ty);
+        let names = bindings(pat).into_iter();
+        let names = names.filter(|name| Some(name) != conn_param && !args.skip.contains(name));
+        fingerprinted.extend(names.map(|name| Fingerprinted { name, ty }));
+    }
+    let ReturnType::Type(_, output) = &sig.output else {
+        return None;
+    };
     Some(Plan {
         conn_expr,
         conn_binding,
         fingerprinted,
-        output: output?,
+        output: (**output).clone(),
     })
 }
 
@@ -194,21 +141,12 @@ pub(crate) fn fallback(mut item: ItemFn) -> TokenStream {
     if item.sig.asyncness.is_some() {
         item.sig.constness = None;
     }
-    let names: Vec<Ident> = item
-        .sig
-        .inputs
-        .iter()
-        .filter_map(|arg| match arg {
-            FnArg::Typed(t) => Some(bindings(&t.pat)),
-            FnArg::Receiver(_) => None,
-        })
-        .flatten()
+    let names: Vec<Ident> = typed_params(&item.sig)
+        .flat_map(|(pat, _)| bindings(pat))
         .collect();
-    let uses = names.iter().map(|name| quote!(let _ = &#name;));
     let body = &item.block;
-    match syn::parse2(quote!({ #(#uses)* #body })) {
-        Ok(block) => item.block = block,
-        Err(_) => return item.into_token_stream(),
+    if let Ok(block) = syn::parse2(quote!({ #(let _ = &#names;)* #body })) {
+        item.block = block;
     }
     item.into_token_stream()
 }
@@ -263,23 +201,11 @@ impl Range {
 /// `expr` as the operand of `&`. Parentheses only where `&` would bind tighter: added ones
 /// would stand for the expression in error messages, with a one-token span.
 fn borrow_operand(expr: &Expr) -> TokenStream {
+    use Expr::*;
     match expr {
-        Expr::Path(_)
-        | Expr::Field(_)
-        | Expr::MethodCall(_)
-        | Expr::Call(_)
-        | Expr::Index(_)
-        | Expr::Lit(_)
-        | Expr::Paren(_)
-        | Expr::Tuple(_)
-        | Expr::Array(_)
-        | Expr::Struct(_)
-        | Expr::Macro(_)
-        | Expr::Try(_)
-        | Expr::Await(_)
-        | Expr::Reference(_)
-        | Expr::Unary(_)
-        | Expr::Block(_) => expr.to_token_stream(),
+        Path(_) | Field(_) | MethodCall(_) | Call(_) | Index(_) | Lit(_) | Paren(_) | Tuple(_)
+        | Array(_) | Struct(_) | Macro(_) | Try(_) | Await(_) | Reference(_) | Unary(_)
+        | Block(_) => expr.to_token_stream(),
         _ => quote!((#expr)),
     }
 }
@@ -288,23 +214,22 @@ fn borrow_operand(expr: &Expr) -> TokenStream {
 /// equal spans). Identifiers resolve as the macro's own (call-site) tokens do.
 fn respan(tokens: &TokenStream, span: Span) -> TokenStream {
     let span = Span::call_site().located_at(span);
-    tokens
-        .clone()
-        .into_iter()
-        .map(|mut token| {
-            if let TokenTree::Group(group) = &token {
-                let mut inner = Group::new(group.delimiter(), respan(&group.stream(), span));
-                inner.set_span(span);
-                token = TokenTree::Group(inner);
-            } else {
-                token.set_span(span);
-            }
-            token
-        })
-        .collect()
+    let respan_token = |token| match token {
+        TokenTree::Group(group) => {
+            let mut inner = Group::new(group.delimiter(), respan(&group.stream(), span));
+            inner.set_span(span);
+            TokenTree::Group(inner)
+        }
+        mut other => {
+            other.set_span(span);
+            other
+        }
+    };
+    tokens.clone().into_iter().map(respan_token).collect()
 }
 
-fn impl_trait_span(ty: &Type) -> Option<Span> {
+/// The first `impl Trait` in the return type: its value cannot be recorded.
+fn impl_trait_span(output: &ReturnType) -> Option<Span> {
     struct Finder(Option<Span>);
     impl<'ast> Visit<'ast> for Finder {
         fn visit_type_impl_trait(&mut self, t: &'ast syn::TypeImplTrait) {
@@ -312,7 +237,7 @@ fn impl_trait_span(ty: &Type) -> Option<Span> {
         }
     }
     let mut finder = Finder(None);
-    finder.visit_type(ty);
+    finder.visit_return_type(output);
     finder.0
 }
 
@@ -339,25 +264,23 @@ fn impl_trait_span(ty: &Type) -> Option<Span> {
 ///         }).await
 /// }
 /// ```
-pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> {
-    let mut errors = Vec::new();
-    let plan = plan(args, &item, &mut errors);
-    let mut errors = errors.into_iter();
-    if let Some(mut first) = errors.next() {
-        errors.for_each(|e| first.combine(e));
-        return Err(first);
-    }
-    let Some(plan) = plan else {
-        return Ok(item.into_token_stream());
-    };
+pub(crate) fn expand(
+    args: &Args,
+    mut item: ItemFn,
+    errors: &mut Vec<syn::Error>,
+) -> Option<TokenStream> {
+    let Plan {
+        conn_expr,
+        conn_binding,
+        fingerprinted,
+        output,
+    } = plan(args, &item.sig, errors).filter(|_| errors.is_empty())?;
 
-    let krate = args
-        .krate
-        .as_ref()
-        .map_or_else(|| quote!(::idem), ToTokens::to_token_stream);
-    let p = quote!(#krate::__private);
-    let scope = &args.scope;
-    let ttl_ms = args.ttl_ms;
+    let p = match &args.krate {
+        Some(krate) => quote!(#krate::__private),
+        None => quote!(::idem::__private),
+    };
+    let (scope, ttl_ms) = (&args.scope, args.ttl_ms);
     let concurrency = match args.policy {
         Policy::Reject => quote!(#p::Concurrency::Reject),
         Policy::Wait { bound_ms: None } => quote!(#p::Concurrency::DEFAULT),
@@ -367,42 +290,25 @@ pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> 
     };
     // Each call whose bounds rustc checks covers exactly the user's tokens it checks (the key
     // expression, a parameter's type, the return type), so the error lands there, once.
-    let key = &args.key;
-    let key_call =
-        Range::of(key).call_with_borrow(&quote!(#p::key), &quote!(), &borrow_operand(key));
+    let key = |expr: &Expr| {
+        Range::of(expr).call_with_borrow(&quote!(#p::key), &quote!(), &borrow_operand(expr))
+    };
+    let key_call = key(&args.key);
     let principal = args.principal.as_ref().map(|principal| {
-        let call = Range::of(principal).call_with_borrow(
-            &quote!(#p::key),
-            &quote!(),
-            &borrow_operand(principal),
-        );
+        let call = key(principal);
         quote!(__idem_call.principal(#call);)
     });
     let arg = quote!(#p::Call::arg);
-    let fingerprint_args = plan.fingerprinted.iter().flat_map(|f| {
-        let arg = &arg;
-        f.names.iter().map(move |name| {
-            let name = Ident::new(&name.to_string(), name.span().located_at(f.ty.last));
-            let call =
-                f.ty.call_with_borrow(arg, &quote!(&mut __idem_call,), &name.to_token_stream());
-            // The call carries the user's spans, so clippy sees `_name` used as user code.
-            let allow = name
-                .to_string()
-                .starts_with('_')
-                .then(|| quote!(#[allow(clippy::used_underscore_binding)]));
-            quote!(#allow #call;)
-        })
+    let fingerprint_args = fingerprinted.iter().map(|Fingerprinted { name, ty }| {
+        let name = Ident::new(&name.to_string(), name.span().located_at(ty.last));
+        let call = ty.call_with_borrow(&arg, &quote!(&mut __idem_call,), &name.to_token_stream());
+        // The call carries the user's spans, so clippy sees `_name` used as user code.
+        let underscored = name.to_string().starts_with('_');
+        let allow = underscored.then(|| quote!(#[allow(clippy::used_underscore_binding)]));
+        quote!(#allow #call;)
     });
-    let Plan {
-        conn_expr,
-        conn_binding,
-        output,
-        ..
-    } = plan;
-    let conn = Ident::new(
-        "__idem_conn",
-        Span::call_site().located_at(conn_expr.span()),
-    );
+    let conn_span = Span::call_site().located_at(conn_expr.span());
+    let conn = Ident::new("__idem_conn", conn_span);
     // One span for the whole call: the connection's bound and its `Store` projection then
     // fail on the same span, and rustc reports them once.
     let store_call = respan(&quote!(#p::store(#conn)), conn.span());
@@ -410,9 +316,9 @@ pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> 
     // `.await`). All of that glue, the return type inside it included, sits on one span (the
     // return type's first token), so rustc reports an unsuitable type once.
     let at = Range::of(&output).first;
-    let run = respan(&quote!(#p::run::<_, #output, _>), at);
+    let error_type = quote!(<#output as #p::HandlerOutput>::Error);
     let finality = respan(
-        &quote!((&&#p::FinalProbe::<<#output as #p::HandlerOutput>::Error>::new()).finality()),
+        &quote!((&&#p::FinalProbe::<#error_type>::new()).finality()),
         at,
     );
     let body = &item.block;
@@ -424,43 +330,39 @@ pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> 
         // lease through `idem::step` and `idem::sea_orm::final_step`.
         Some(lease_ms) => {
             let lease_store = respan(&quote!(#p::lease_store(#conn)), conn.span());
+            let leading = quote!(#lease_store, __idem_call, #p::Duration::from_millis(#lease_ms),);
             let rebind = match &args.conn {
                 Some(Conn::Expr { binding, .. }) => quote!(let #binding = #conn;),
                 _ => quote!(),
             };
-            (
-                respan(&quote!(#p::run_lease::<#output, _>), at),
-                (lease_store, quote!(#p::Duration::from_millis(#lease_ms),)),
-                quote!(),
-                rebind,
-            )
+            (quote!(run_lease::<#output, _>), leading, quote!(), rebind)
         }
         // Atomic mode: the body sees the claim's transaction under the connection's name, so
         // its writes commit (or roll back) together with the recorded result.
-        None => (
-            run,
-            (store_call, quote!()),
-            quote!(#[allow(unused_variables)] #conn_binding),
-            quote!(),
-        ),
+        None => {
+            let closure_param = quote!(#[allow(unused_variables)] #conn_binding);
+            let leading = quote!(#store_call, __idem_call,);
+            (
+                quote!(run::<_, #output, _>),
+                leading,
+                closure_param,
+                quote!(),
+            )
+        }
     };
-    let (store_arg, lease_arg) = leading;
-    let mut run_args = Group::new(
-        Delimiter::Parenthesis,
-        quote! {
-            #store_arg,
-            __idem_call,
-            #lease_arg
-            #finality,
-            // The `let` gives the body its expected type, so a type mismatch is reported
-            // inside the body.
-            async move |#closure_param| -> #output {
-                let __idem_out: #output = #body;
-                #[allow(unreachable_code)] // after a body that ends in `return`
-                __idem_out
-            },
+    let entry = respan(&quote!(#p::#entry), at);
+    let run_args = quote! {
+        #leading
+        #finality,
+        // The `let` gives the body its expected type, so a type mismatch is reported
+        // inside the body.
+        async move |#closure_param| -> #output {
+            let __idem_out: #output = #body;
+            #[allow(unreachable_code)] // after a body that ends in `return`
+            __idem_out
         },
-    );
+    };
+    let mut run_args = Group::new(Delimiter::Parenthesis, run_args);
     run_args.set_span(Span::call_site().located_at(at));
     let dot_await = respan(&quote!(.await), at);
 
@@ -480,6 +382,9 @@ pub(crate) fn expand(args: &Args, mut item: ItemFn) -> syn::Result<TokenStream> 
         #rebind
         #entry #run_args #dot_await
     }};
-    item.block = syn::parse2(new_body)?;
-    Ok(item.into_token_stream())
+    match syn::parse2(new_body) {
+        Ok(block) => item.block = block,
+        Err(error) => errors.push(error),
+    }
+    errors.is_empty().then(|| item.into_token_stream())
 }

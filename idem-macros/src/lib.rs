@@ -6,7 +6,8 @@ mod expand;
 mod state;
 
 use proc_macro::TokenStream;
-use quote::ToTokens;
+use proc_macro2::{Span, TokenStream as TokenStream2};
+use syn::Error;
 
 /// Makes an `async fn` safe to retry. See the `idem` crate for the full documentation.
 #[proc_macro_attribute]
@@ -21,60 +22,37 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// Declares a state enum's transitions. See `idem::StateMachine`.
 #[proc_macro_derive(StateMachine, attributes(transitions, state_machine))]
 pub fn derive_state_machine(input: TokenStream) -> TokenStream {
-    let input = syn::parse_macro_input!(input as syn::DeriveInput);
-    state::derive(&input)
-        .unwrap_or_else(syn::Error::into_compile_error)
-        .into()
+    let derived = syn::parse(input).and_then(|input| state::derive(&input));
+    derived.unwrap_or_else(Error::into_compile_error).into()
 }
 
 /// A transition checked at compile time. See `idem::transition!`.
 #[proc_macro]
 pub fn transition(input: TokenStream) -> TokenStream {
-    let call = syn::parse_macro_input!(input as state::TransitionCall);
-    state::transition(&call).into()
+    let expanded = syn::parse::Parser::parse(state::transition, input);
+    expanded.unwrap_or_else(Error::into_compile_error).into()
 }
 
-fn idempotent_impl(
-    attr: proc_macro2::TokenStream,
-    item: proc_macro2::TokenStream,
-) -> proc_macro2::TokenStream {
-    let parsed = syn::parse2::<args::RawArgs>(attr);
+fn idempotent_impl(attr: TokenStream2, item: TokenStream2) -> TokenStream2 {
     // If the item is not a function, say so and leave it alone.
-    let function = match syn::parse2::<syn::ItemFn>(item.clone()) {
-        Ok(function) => function,
-        Err(_) => {
-            let mut out = item;
-            out.extend(
-                syn::Error::new(
-                    proc_macro2::Span::call_site(),
-                    "`#[idempotent]` goes on an `async fn` (a free function or a method)",
-                )
-                .into_compile_error(),
-            );
-            return out;
-        }
+    let Ok(function) = syn::parse2::<syn::ItemFn>(item.clone()) else {
+        let message = "`#[idempotent]` goes on an `async fn` (a free function or a method)";
+        let error = Error::new(Span::call_site(), message);
+        return [item, error.into_compile_error()].into_iter().collect();
     };
+    let mut errors = Vec::new();
+    let expanded = args::parse(attr, &mut errors)
+        .and_then(|args| expand::expand(&args, function.clone(), &mut errors));
     // On any error: the original function, plus every error at once.
-    let fail = |function: syn::ItemFn, error: syn::Error| {
+    expanded.unwrap_or_else(|| {
         let mut out = expand::fallback(function);
-        out.extend(error.into_compile_error());
+        out.extend(errors.into_iter().map(Error::into_compile_error));
         out
-    };
-    let raw = match parsed {
-        Ok(raw) => raw,
-        Err(e) => return fail(function, e),
-    };
-    let (args, arg_errors) = (raw.args, raw.errors);
-    let expanded = match args {
-        Some(args) => expand::expand(&args, function.clone()),
-        None => Ok(function.to_token_stream()),
-    };
-    match (expanded, arg_errors) {
-        (Ok(tokens), None) => tokens,
-        (Ok(_), Some(e)) | (Err(e), None) => fail(function, e),
-        (Err(signature_errors), Some(mut all)) => {
-            all.combine(signature_errors);
-            fail(function, all)
-        }
-    }
+    })
+}
+
+/// `a`, `b`, `c`: names as the error messages list them.
+fn code_list(names: impl IntoIterator<Item = impl std::fmt::Display>) -> String {
+    let quoted: Vec<String> = names.into_iter().map(|name| format!("`{name}`")).collect();
+    quoted.join(", ")
 }

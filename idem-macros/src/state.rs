@@ -1,6 +1,6 @@
 //! `#[derive(StateMachine)]` and `transition!`: declarations and their compile-time check.
 
-use proc_macro2::TokenStream;
+use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::parse::{Parse, ParseStream};
 use syn::punctuated::Punctuated;
@@ -32,33 +32,24 @@ impl Parse for Edge {
 /// inherent `const fn can_transition`, `transitions()` and `to_mermaid()`.
 pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
     let Data::Enum(data) = &input.data else {
-        return Err(syn::Error::new(
-            input.ident.span(),
-            "`StateMachine` derives on an enum of states (unit variants)",
-        ));
+        let message = "`StateMachine` derives on an enum of states (unit variants)";
+        return Err(syn::Error::new(input.ident.span(), message));
     };
-    let mut errors: Vec<syn::Error> = Vec::new();
-    for v in &data.variants {
-        if !matches!(v.fields, Fields::Unit) {
-            errors.push(syn::Error::new(
-                v.fields.span(),
-                "states are unit variants: move the data into the row, not the state",
-            ));
+    let mut errors = Vec::new();
+    let mut error = |span: Span, message: &str| errors.push(syn::Error::new(span, message));
+    for fields in data.variants.iter().map(|v| &v.fields) {
+        if !matches!(fields, Fields::Unit) {
+            let message = "states are unit variants: move the data into the row, not the state";
+            error(fields.span(), message);
         }
     }
     let variants: Vec<&Ident> = data.variants.iter().map(|v| &v.ident).collect();
-    let listing = variants
-        .iter()
-        .map(|v| format!("`{v}`"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let listing = crate::code_list(&variants);
 
-    let mut edges: Vec<Edge> = Vec::new();
-    let mut seen_attr = false;
-    let mut krate: Option<Path> = None;
+    let (mut edges, mut declared, mut krate) = (Vec::<Edge>::new(), false, None::<Path>);
     for attr in &input.attrs {
         if attr.path().is_ident("transitions") {
-            seen_attr = true;
+            declared = true;
             let parsed = attr.parse_args_with(Punctuated::<Edge, Token![,]>::parse_terminated)?;
             edges.extend(parsed);
         } else if attr.path().is_ident("state_machine") {
@@ -73,50 +64,40 @@ pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
             })?;
         }
     }
-    if !seen_attr {
-        errors.push(syn::Error::new(
-            input.ident.span(),
-            "declare the transitions: `#[transitions(Pending -> Paid, Paid -> Shipped)]`",
-        ));
+    if !declared {
+        let message = "declare the transitions: `#[transitions(Pending -> Paid, Paid -> Shipped)]`";
+        error(input.ident.span(), message);
     }
-    for (i, edge) in edges.iter().enumerate() {
-        for end in [&edge.from, &edge.to] {
+    let name = &input.ident;
+    for (i, Edge { from, to }) in edges.iter().enumerate() {
+        for end in [from, to] {
             if !variants.contains(&end) {
-                errors.push(syn::Error::new(
-                    end.span(),
-                    format!(
-                        "`{end}` is not a state of `{}`; states are {listing}",
-                        input.ident
-                    ),
-                ));
+                let message = format!("`{end}` is not a state of `{name}`; states are {listing}");
+                error(end.span(), &message);
             }
         }
-        if edge.from == edge.to {
-            errors.push(syn::Error::new(
-                edge.to.span(),
-                format!(
-                    "`{0} -> {0}` needs no declaration: applying a transition to a row already in its target state is always `AlreadyApplied`; remove it",
-                    edge.from
-                ),
-            ));
+        if from == to {
+            let why = "applying a transition to a row already in its target state is always `AlreadyApplied`";
+            error(
+                to.span(),
+                &format!("`{from} -> {from}` needs no declaration: {why}; remove it"),
+            );
         }
-        if edges[..i]
-            .iter()
-            .any(|e| e.from == edge.from && e.to == edge.to)
-        {
-            errors.push(syn::Error::new(
-                edge.from.span(),
-                format!("`{} -> {}` is declared twice", edge.from, edge.to),
-            ));
+        if edges[..i].iter().any(|e| e.from == *from && e.to == *to) {
+            error(
+                from.span(),
+                &format!("`{from} -> {to}` is declared twice; remove one"),
+            );
         }
     }
-    if let Some(mut first) = errors.pop() {
-        errors.into_iter().for_each(|e| first.combine(e));
-        return Err(first);
+    let mut errors = errors.into_iter();
+    if let Some(mut all) = errors.next() {
+        all.extend(errors);
+        return Err(all);
     }
 
     let krate = krate.map_or_else(|| quote!(::idem), |p| quote!(#p));
-    let (name, vis) = (&input.ident, &input.vis);
+    let vis = &input.vis;
     let (impl_generics, ty_generics, where_clause) = input.generics.split_for_impl();
     let names = variants.iter().map(|v| v.to_string());
     let pairs: Vec<TokenStream> = edges
@@ -126,13 +107,10 @@ pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
     let indices = edges
         .iter()
         .map(|Edge { from, to }| quote!((Self::#from as i128, Self::#to as i128)));
-    let patterns = edges
-        .iter()
-        .map(|Edge { from, to }| quote!((Self::#from, Self::#to)));
     let can_transition = if edges.is_empty() {
         quote!(false)
     } else {
-        quote!(::core::matches!((from, to), #(#patterns)|*))
+        quote!(::core::matches!((from, to), #(#pairs)|*))
     };
     Ok(quote! {
         impl #impl_generics #krate::StateMachine for #name #ty_generics #where_clause {
@@ -168,34 +146,17 @@ pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
     })
 }
 
-/// `transition!(OrderStatus: Pending -> Paid)`.
-pub(crate) struct TransitionCall {
-    ty: Path,
-    edge: Edge,
-}
-
-impl Parse for TransitionCall {
-    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
-        let ty = input.parse()?;
-        input.parse::<Token![:]>()?;
-        let edge = input.parse()?;
-        Ok(Self { ty, edge })
-    }
-}
-
 /// Input: `transition!(OrderStatus: Pending -> Paid)`.
 /// Output: a block with a `const` assertion (spanned at `Pending -> Paid`, so an undeclared
 /// transition is a compile error there) whose value is the checked `idem::Transition`.
-pub(crate) fn transition(call: &TransitionCall) -> TokenStream {
-    let TransitionCall {
-        ty,
-        edge: Edge { from, to },
-    } = call;
+pub(crate) fn transition(input: ParseStream<'_>) -> syn::Result<TokenStream> {
+    let ty: Path = input.parse()?;
+    input.parse::<Token![:]>()?;
+    let Edge { from, to } = input.parse()?;
     let span = from.span().join(to.span()).unwrap_or_else(|| from.span());
     let type_name = quote!(#ty).to_string().replace(' ', "");
-    let message = format!(
-        "transition `{from} -> {to}` is not declared on `{type_name}`; add it to `#[transitions(...)]` or use a declared one"
-    );
+    let fix = "add it to `#[transitions(...)]` or use a declared one";
+    let message = format!("transition `{from} -> {to}` is not declared on `{type_name}`; {fix}");
     // The check also requires `#ty: StateMachine`: a type that is none is one error, on `#ty`.
     let declared = quote_spanned! {ty.span()=> ::idem::__private::declared::<#ty> };
     let check = quote_spanned! {span=>
@@ -204,8 +165,8 @@ pub(crate) fn transition(call: &TransitionCall) -> TokenStream {
     let value = quote_spanned! {ty.span()=>
         ::idem::Transition::<#ty>::checked(#ty::#from, #ty::#to)
     };
-    quote! {{
+    Ok(quote! {{
         #check
         #value
-    }}
+    }})
 }
