@@ -125,9 +125,10 @@ pub mod store {
     }
 
     impl IntoStore for idem_core::MemoryStore {
-        type Store<'a> = &'a idem_core::MemoryStore;
+        // A clone shares the ledger.
+        type Store<'a> = idem_core::MemoryStore;
         fn store(&self) -> Self::Store<'_> {
-            self
+            self.clone()
         }
     }
 

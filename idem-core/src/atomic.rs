@@ -5,9 +5,8 @@
 use std::marker::PhantomData;
 
 use crate::call::{Call, RETRY_AFTER, Request, collecting_hooks};
-use crate::error::Error;
 use crate::flight;
-use crate::handler::{Finality, HandlerError, HandlerOutput, Replayable, Verdict, verdict};
+use crate::handler::{Finality, HandlerError, HandlerOutput, Replayable};
 use crate::metrics::{self, Label};
 use crate::outcome;
 use crate::store::{Claim, Concurrency, Recorded, Store};
@@ -124,40 +123,35 @@ where
             ..
         } = self;
         drop(nested);
-        let (status, payload, answer) = match verdict(request.scope(), output, finality) {
-            Verdict::Record {
-                status,
-                payload,
-                answer,
-            } => (status, payload, answer),
-            Verdict::Release(error) => {
-                // A transient error: roll back so a retry executes again. A failed rollback
+        let record = match request.record_of(output, finality) {
+            Ok(record) => record,
+            Err(answer) => {
+                // Nothing to record: roll back so a retry executes again. A failed rollback
                 // changes nothing for the caller: the dropped transaction rolls back anyway.
                 let _ = store.release(claimed).await;
-                return request.released(error);
-            }
-            Verdict::Unencodable(e) => {
-                let _ = store.release(claimed).await;
-                return request.fail(e);
+                return answer;
             }
         };
-        match store.record(claimed, &request, status, &payload).await {
+        match store
+            .record(claimed, &request, record.status, &record.payload)
+            .await
+        {
             Ok(()) => {
                 if let Some(leader) = leader {
                     // Committed: duplicates waiting in this process replay it from memory.
                     let recorded = leader.has_followers().then(|| Recorded {
                         fingerprint: request.fingerprint(),
-                        status,
-                        payload,
+                        status: record.status,
+                        payload: record.payload,
                     });
                     leader.land(recorded);
                 }
-                request.executed(answer)
+                request.executed(record.answer)
             }
             Err(e) => {
                 tracing::warn!(parent: request.span(), error = %e, "recording failed; rolled back");
                 metrics::settle(request.span(), Label::Error);
-                R::from_result(Err(Error::into(e)))
+                R::from_result(Err(e.into()))
             }
         }
     }

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use crate::error::{BoxError, Error};
 use crate::fingerprint::{Fingerprint, FingerprintError, Fingerprinter};
-use crate::handler::{Finality, Fingerprintable, HandlerError, HandlerOutput, Replayable};
+use crate::handler::{
+    Finality, Fingerprintable, HandlerError, HandlerOutput, Record, Replayable, Verdict, verdict,
+};
 use crate::ids::{KeyHash, derived_key, record_id};
 use crate::key::Key;
 use crate::metrics::{self, Label};
@@ -227,10 +229,27 @@ impl Request {
         R::from_result(answer)
     }
 
-    /// Ends the call as released: a transient error, nothing recorded.
-    pub(crate) fn released<R: HandlerOutput>(&self, error: R::Error) -> R {
-        metrics::settle(&self.span, Label::Released);
-        R::from_result(Err(error))
+    /// Sorts the body's output: `Ok` with what to record; `Err` with the answer of an output that records nothing (a
+    /// transient error releases the key; a value that cannot be encoded fails the call), for
+    /// the caller to give after it freed the key.
+    pub(crate) fn record_of<R>(
+        &self,
+        output: R,
+        finality: Option<Finality<R::Error>>,
+    ) -> Result<Record<R::Ok, R::Error>, R>
+    where
+        R: HandlerOutput,
+        R::Ok: Replayable,
+        R::Error: HandlerError,
+    {
+        match verdict(self.scope(), output, finality) {
+            Verdict::Record(record) => Ok(record),
+            Verdict::Release(error) => {
+                metrics::settle(&self.span, Label::Released);
+                Err(R::from_result(Err(error)))
+            }
+            Verdict::Unencodable(e) => Err(self.fail(e)),
+        }
     }
 
     /// [`Error::InFlight`] for this call, retried after `retry_after`.

@@ -201,6 +201,30 @@ struct MapEncoder<'a> {
     entries: Vec<(usize, usize, usize)>,
 }
 
+/// Serializer methods that put a number with `$put`, widened to its largest type.
+macro_rules! numbers {
+    ($($($method:ident($ty:ty)),+ => $put:ident;)+) => {$($(
+        fn $method(self, v: $ty) -> Result<(), FingerprintError> {
+            $put(self.out, v.into());
+            Ok(())
+        }
+    )+)+};
+}
+
+fn put_unsigned(out: &mut Vec<u8>, v: u128) {
+    put_int(out, false, v);
+}
+
+impl Canonical<'_> {
+    /// Opens an enum variant's value: its name, then `value_tag` (unit, sequence or struct).
+    fn variant(&mut self, variant: &str, value_tag: u8) -> &mut Self {
+        self.out.push(tag::VARIANT);
+        put_str(self.out, variant);
+        self.out.push(value_tag);
+        self
+    }
+}
+
 impl<'a> ser::Serializer for &'a mut Canonical<'_> {
     type Ok = ();
     type Error = FingerprintError;
@@ -216,53 +240,14 @@ impl<'a> ser::Serializer for &'a mut Canonical<'_> {
         self.out.push(if v { tag::TRUE } else { tag::FALSE });
         Ok(())
     }
-    fn serialize_i8(self, v: i8) -> Result<(), FingerprintError> {
-        put_signed(self.out, v.into());
-        Ok(())
-    }
-    fn serialize_i16(self, v: i16) -> Result<(), FingerprintError> {
-        put_signed(self.out, v.into());
-        Ok(())
-    }
-    fn serialize_i32(self, v: i32) -> Result<(), FingerprintError> {
-        put_signed(self.out, v.into());
-        Ok(())
-    }
-    fn serialize_i64(self, v: i64) -> Result<(), FingerprintError> {
-        put_signed(self.out, v.into());
-        Ok(())
-    }
-    fn serialize_i128(self, v: i128) -> Result<(), FingerprintError> {
-        put_signed(self.out, v);
-        Ok(())
-    }
-    fn serialize_u8(self, v: u8) -> Result<(), FingerprintError> {
-        put_int(self.out, false, v.into());
-        Ok(())
-    }
-    fn serialize_u16(self, v: u16) -> Result<(), FingerprintError> {
-        put_int(self.out, false, v.into());
-        Ok(())
-    }
-    fn serialize_u32(self, v: u32) -> Result<(), FingerprintError> {
-        put_int(self.out, false, v.into());
-        Ok(())
-    }
-    fn serialize_u64(self, v: u64) -> Result<(), FingerprintError> {
-        put_int(self.out, false, v.into());
-        Ok(())
-    }
-    fn serialize_u128(self, v: u128) -> Result<(), FingerprintError> {
-        put_int(self.out, false, v);
-        Ok(())
-    }
-    fn serialize_f32(self, v: f32) -> Result<(), FingerprintError> {
-        put_float(self.out, v.into());
-        Ok(())
-    }
-    fn serialize_f64(self, v: f64) -> Result<(), FingerprintError> {
-        put_float(self.out, v);
-        Ok(())
+    // Every integer widens to one encoding and every float to another: the width a caller
+    // chose never changes a fingerprint.
+    numbers! {
+        serialize_i8(i8), serialize_i16(i16), serialize_i32(i32), serialize_i64(i64),
+        serialize_i128(i128) => put_signed;
+        serialize_u8(u8), serialize_u16(u16), serialize_u32(u32), serialize_u64(u64),
+        serialize_u128(u128) => put_unsigned;
+        serialize_f32(f32), serialize_f64(f64) => put_float;
     }
     fn serialize_char(self, v: char) -> Result<(), FingerprintError> {
         put_str(self.out, v.encode_utf8(&mut [0; 4]));
@@ -298,9 +283,7 @@ impl<'a> ser::Serializer for &'a mut Canonical<'_> {
         _index: u32,
         variant: &'static str,
     ) -> Result<(), FingerprintError> {
-        self.out.push(tag::VARIANT);
-        put_str(self.out, variant);
-        self.out.push(tag::UNIT);
+        self.variant(variant, tag::UNIT);
         Ok(())
     }
     fn serialize_newtype_struct<T: Serialize + ?Sized>(
@@ -344,10 +327,7 @@ impl<'a> ser::Serializer for &'a mut Canonical<'_> {
         variant: &'static str,
         _len: usize,
     ) -> Result<Self, FingerprintError> {
-        self.out.push(tag::VARIANT);
-        put_str(self.out, variant);
-        self.out.push(tag::SEQ);
-        Ok(self)
+        Ok(self.variant(variant, tag::SEQ))
     }
     fn serialize_map(self, len: Option<usize>) -> Result<MapEncoder<'a>, FingerprintError> {
         self.out.push(tag::MAP);
@@ -368,10 +348,7 @@ impl<'a> ser::Serializer for &'a mut Canonical<'_> {
         variant: &'static str,
         _len: usize,
     ) -> Result<Self, FingerprintError> {
-        self.out.push(tag::VARIANT);
-        put_str(self.out, variant);
-        self.out.push(tag::STRUCT);
-        Ok(self)
+        Ok(self.variant(variant, tag::STRUCT))
     }
 }
 

@@ -101,14 +101,20 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn followers_get_the_leaders_answer_and_the_flight_is_forgotten() {
-        let Role::Leader(leader) = join(1, [1; 32]) else {
+    /// The first two joins of a flight: its leader and a follower.
+    fn leader_and_follower(store: usize, id: [u8; 32]) -> (Leader, watch::Receiver<Landing>) {
+        let Role::Leader(leader) = join(store, id) else {
             panic!("first is the leader")
         };
-        let Role::Follower(follower) = join(1, [1; 32]) else {
+        let Role::Follower(follower) = join(store, id) else {
             panic!("second follows")
         };
+        (leader, follower)
+    }
+
+    #[tokio::test]
+    async fn followers_get_the_leaders_answer_and_the_flight_is_forgotten() {
+        let (leader, follower) = leader_and_follower(1, [1; 32]);
         assert!(
             matches!(join(2, [1; 32]), Role::Leader(_)),
             "another store flies alone"
@@ -125,12 +131,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_leader_dropped_without_an_answer_releases_its_followers() {
-        let Role::Leader(leader) = join(3, [2; 32]) else {
-            panic!("leader")
-        };
-        let Role::Follower(follower) = join(3, [2; 32]) else {
-            panic!("follower")
-        };
+        let (leader, follower) = leader_and_follower(3, [2; 32]);
         drop(leader);
         assert!(landing(follower).await.is_none());
     }

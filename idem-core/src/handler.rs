@@ -134,14 +134,18 @@ impl<E> ViaPlain<E> for FinalProbe<E> {
     }
 }
 
+/// What a call records: `payload` (the value, or a final error) with `status`; once it is
+/// recorded the caller gets `answer`.
+pub(crate) struct Record<T, E> {
+    pub(crate) status: RecordStatus,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) answer: Result<T, E>,
+}
+
 /// What a handler's output means for its record.
 pub(crate) enum Verdict<T, E> {
-    /// Record `payload` (the value, or a final error) with `status`; the caller gets `answer`.
-    Record {
-        status: RecordStatus,
-        payload: Vec<u8>,
-        answer: Result<T, E>,
-    },
+    /// Record it.
+    Record(Record<T, E>),
     /// A transient error: record nothing, free the key.
     Release(E),
     /// The value or final error could not be encoded: record nothing, free the key, and
@@ -170,11 +174,11 @@ where
         Err(error) => return Verdict::Release(error),
     };
     match payload {
-        Ok(payload) => Verdict::Record {
+        Ok(payload) => Verdict::Record(Record {
             status,
             payload,
             answer,
-        },
+        }),
         Err(e) => Verdict::Unencodable(Error::Encode {
             scope: scope.to_owned(),
             source: Box::new(e),

@@ -18,7 +18,7 @@ use serde::de::DeserializeOwned;
 
 use crate::call::{Call, Request};
 use crate::error::Error;
-use crate::handler::{Finality, HandlerError, HandlerOutput, Replayable, Verdict, verdict};
+use crate::handler::{Finality, HandlerError, HandlerOutput, Replayable};
 use crate::metrics;
 use crate::outcome;
 use crate::store::{LeaseClaim, LeaseStore, Ticket};
@@ -280,24 +280,20 @@ where
         drop(nested);
         drop(renewal);
         let request = &context.request;
-        let (status, payload, answer) = match verdict(request.scope(), output, finality) {
-            Verdict::Record {
-                status,
-                payload,
-                answer,
-            } => (status, payload, answer),
-            Verdict::Release(error) => {
-                // Transient: hand the key to the next attempt now, with the steps done so far.
+        let record = match request.record_of(output, finality) {
+            Ok(record) => record,
+            Err(answer) => {
+                // Nothing to record: hand the key to the next attempt now, with the steps
+                // done so far.
                 let _ = store.release_lease(&ticket).await;
-                return request.released(error);
-            }
-            Verdict::Unencodable(e) => {
-                let _ = store.release_lease(&ticket).await;
-                return request.fail(e);
+                return answer;
             }
         };
-        match store.complete(&ticket, request, status, &payload).await {
-            Ok(()) => request.executed(answer),
+        match store
+            .complete(&ticket, request, record.status, &record.payload)
+            .await
+        {
+            Ok(()) => request.executed(record.answer),
             Err(e) if e.kind() == crate::ErrorKind::LeaseLost => request.fail(context.lost()),
             Err(e) => request.fail(e),
         }

@@ -139,40 +139,6 @@ pub trait Store: Sync {
     }
 }
 
-impl<S: Store + ?Sized> Store for &S {
-    type Tx = S::Tx;
-    type Claimed = S::Claimed;
-
-    fn tx(claimed: &Self::Claimed) -> &Self::Tx {
-        S::tx(claimed)
-    }
-
-    fn claim(
-        &self,
-        req: &Request,
-    ) -> impl Future<Output = Result<Claim<Self::Claimed>, Error>> + Send {
-        (**self).claim(req)
-    }
-
-    fn record(
-        &self,
-        claimed: Self::Claimed,
-        req: &Request,
-        status: RecordStatus,
-        payload: &[u8],
-    ) -> impl Future<Output = Result<(), Error>> + Send {
-        (**self).record(claimed, req, status, payload)
-    }
-
-    fn release(&self, claimed: Self::Claimed) -> impl Future<Output = Result<(), Error>> + Send {
-        (**self).release(claimed)
-    }
-
-    fn ledger_identity(&self) -> Option<usize> {
-        (**self).ledger_identity()
-    }
-}
-
 /// A boxed, sendable future (lease stores are used behind `dyn`).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
