@@ -9,6 +9,9 @@ mod common;
 #[path = "../examples/shop/model.rs"]
 #[allow(unreachable_pub)]
 mod model;
+#[path = "../examples/shop/service.rs"]
+#[allow(unreachable_pub)]
+mod service;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};

@@ -10,6 +10,9 @@ mod common;
 #[path = "../examples/shop/model.rs"]
 #[allow(unreachable_pub)]
 mod model;
+#[path = "../examples/shop/service.rs"]
+#[allow(unreachable_pub)]
+mod service;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
