@@ -21,8 +21,8 @@ use sea_orm::entity::prelude::*;
 use sea_orm::{ActiveValue::Set, ConnectionTrait, DatabaseConnection, QueryOrder};
 use serde::{Deserialize, Serialize};
 
-pub(crate) use crate::model::{OrderStatus, create_tables, order, payment};
-pub(crate) use crate::service::ApiError;
+pub(crate) use super::model::{OrderStatus, create_tables, order, payment};
+pub(crate) use super::service::ApiError;
 
 /// The payment gateway: the `gateway` example over HTTP (`Gateway::http`, with `GATEWAY_URL`),
 /// or an in-process simulation (`Gateway::default()`). Both deduplicate on the idempotency
