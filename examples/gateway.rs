@@ -7,6 +7,9 @@
 //! default an SQLite file in the temp directory); `--addr` sets the address (default
 //! 127.0.0.1:3100). The payments example calls it in lease mode with `GATEWAY_URL`.
 
+#[path = "shop/service.rs"]
+mod service;
+
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -15,8 +18,10 @@ use axum::{Json, Router};
 use idem::axum::{IdempotencyKey, Problem, respond, run_to_completion};
 use idem::idempotent;
 use sea_orm::entity::prelude::*;
-use sea_orm::{ActiveValue::Set, ConnectOptions, Database, DatabaseConnection, QueryOrder, Schema};
+use sea_orm::{ActiveValue::Set, DatabaseConnection, QueryOrder};
 use serde::{Deserialize, Serialize};
+use service::{ApiError, BoxError};
+use tracing_subscriber::fmt::format::FmtSpan;
 
 mod charge {
     use sea_orm::entity::prelude::*;
@@ -50,44 +55,6 @@ struct ChargeView {
     reference: String,
     amount_cents: i64,
     status: String,
-}
-
-#[derive(Debug)]
-enum ApiError {
-    Idem(idem::Error),
-    Invalid(String),
-    Database,
-}
-
-impl From<idem::Error> for ApiError {
-    fn from(e: idem::Error) -> Self {
-        Self::Idem(e)
-    }
-}
-
-impl From<DbErr> for ApiError {
-    fn from(e: DbErr) -> Self {
-        tracing::error!(error = %e, "database error");
-        Self::Database
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        match self {
-            Self::Idem(e) => e.into_response(),
-            Self::Invalid(detail) => {
-                Problem::new(422, "invalid-charge", "Invalid charge", detail).into_response()
-            }
-            Self::Database => Problem::new(
-                503,
-                "store",
-                "Service unavailable",
-                "the database is unavailable; retry later",
-            )
-            .into_response(),
-        }
-    }
 }
 
 /// Makes the charge once per key: the claim, the charge row and the recorded answer commit
@@ -125,10 +92,8 @@ async fn post_charge(
     Json(new): Json<NewCharge>,
 ) -> Response {
     if new.amount_cents <= 0 || new.reference.trim().is_empty() {
-        return ApiError::Invalid(
-            "a charge needs a positive `amount_cents` and a non-empty `reference`".into(),
-        )
-        .into_response();
+        let detail = "a charge needs a positive `amount_cents` and a non-empty `reference`";
+        return Problem::new(422, "invalid-charge", "Invalid charge", detail).into_response();
     }
     // Owned state, so the call can run to completion on its own task (see `respond`).
     respond(StatusCode::CREATED, async move {
@@ -154,52 +119,18 @@ async fn list_charges(State(db): State<DatabaseConnection>) -> Response {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,sqlx=warn".into()),
-        )
-        .init();
-    let mut args = std::env::args().skip(1);
-    let mut addr = "127.0.0.1:3100".to_owned();
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--addr" => {
-                addr = args
-                    .next()
-                    .ok_or("--addr needs a value, e.g. 127.0.0.1:3100")?
-            }
-            other => {
-                return Err(
-                    format!("unknown argument `{other}`; expected --addr HOST:PORT").into(),
-                );
-            }
-        }
-    }
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| {
-        let path = std::env::temp_dir().join("idem-gateway.db");
-        format!("sqlite://{}?mode=rwc", path.display())
-    });
-    let mut options = ConnectOptions::new(url.clone());
-    options.sqlx_logging(false);
-    let db = Database::connect(options).await?;
-    idem::sea_orm::create_tables(&db).await?;
-    let schema = Schema::new(db.get_database_backend());
-    db.execute(
-        schema
-            .create_table_from_entity(charge::Entity)
-            .if_not_exists(),
-    )
-    .await?;
+async fn main() -> Result<(), BoxError> {
+    service::init_tracing(FmtSpan::CLOSE);
+    let addr = service::listen_addr("127.0.0.1:3100")?;
+    let (db, database) = service::database("gateway").await?;
+    service::create_tables(&db, charge::Entity).await?;
 
     let app = Router::new()
         .route("/charges", post(post_charge).get(list_charges))
         .route("/healthz", axum::routing::get(|| async { "ok" }))
         .with_state(db);
     let listener = tokio::net::TcpListener::bind(&addr).await?;
-    tracing::info!(%addr, database = %url.split('?').next().unwrap_or_default(), "gateway listening");
+    tracing::info!(%addr, %database, "gateway listening");
     axum::serve(listener, app).await?;
     Ok(())
 }

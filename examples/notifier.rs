@@ -7,12 +7,17 @@
 //! twice, or this process died between its commit and its ack) is acknowledged without a
 //! second receipt. Restarting resumes where the durable consumer left off.
 
+#[path = "shop/service.rs"]
+mod service;
+
 use idem::idempotent;
-use idem::nats::{Consumer, Delivery, async_nats, ensure_stream};
+use idem::nats::{Consumer, Delivery};
 use idem::sea_orm::DeadLetterTable;
 use sea_orm::entity::prelude::*;
-use sea_orm::{ActiveValue::Set, ConnectOptions, Database, DatabaseConnection, Schema};
+use sea_orm::{ActiveValue::Set, DatabaseConnection};
 use serde::Deserialize;
+use service::BoxError;
+use tracing_subscriber::fmt::format::FmtSpan;
 
 mod receipt {
     use sea_orm::entity::prelude::*;
@@ -66,38 +71,14 @@ async fn send_receipt(db: &DatabaseConnection, delivery: Delivery) -> Result<Str
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,sqlx=warn".into()),
-        )
-        .init();
+async fn main() -> Result<(), BoxError> {
+    service::init_tracing(FmtSpan::NONE);
     let nats_url = std::env::var("NATS_URL")
         .map_err(|_| "set NATS_URL (e.g. NATS_URL=nats://127.0.0.1:4222)")?;
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| {
-        let path = std::env::temp_dir().join("idem-notifier.db");
-        format!("sqlite://{}?mode=rwc", path.display())
-    });
-    let mut options = ConnectOptions::new(url.clone());
-    options.sqlx_logging(false);
-    let db = Database::connect(options).await?;
-    idem::sea_orm::create_tables(&db).await?;
-    let schema = Schema::new(db.get_database_backend());
-    db.execute(
-        schema
-            .create_table_from_entity(receipt::Entity)
-            .if_not_exists(),
-    )
-    .await?;
-
-    let client = async_nats::ConnectOptions::new()
-        .retry_on_initial_connect()
-        .connect(&nats_url)
-        .await?;
-    let jetstream = async_nats::jetstream::new(client);
-    ensure_stream(&jetstream, "SHOP", &["shop.>"]).await?;
-    tracing::info!(%nats_url, database = %url.split('?').next().unwrap_or_default(), "notifier consuming shop.orders.paid");
+    let (db, database) = service::database("notifier").await?;
+    service::create_tables(&db, receipt::Entity).await?;
+    let jetstream = service::shop_stream(&nats_url).await?;
+    tracing::info!(%nats_url, %database, "notifier consuming shop.orders.paid");
 
     Consumer::new(jetstream, "SHOP", "notifier")
         .filter_subject("shop.orders.paid")

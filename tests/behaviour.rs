@@ -3,11 +3,10 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{backends, effects, insert_effect, ledger_rows, unique};
+use common::{Gate, backends, effects, insert_effect, ledger_rows, unique};
 use idem::{ErrorKind, FinalError, Outcome, idempotent, with_outcome};
 use sea_orm::{ConnectionTrait, DatabaseConnection};
 use serde::{Deserialize, Serialize};
@@ -68,13 +67,19 @@ impl PayError {
     }
 }
 
-#[idempotent(scope = "test.pay", key = cmd.key)]
-async fn pay(db: &DatabaseConnection, cmd: Pay) -> Result<Receipt, PayError> {
-    insert_effect(db, &cmd.run, "pay", cmd.amount).await;
-    Ok(Receipt {
+/// What most handlers do: write the call's effect (labelled `label`), and answer a receipt
+/// of this execution.
+async fn write_receipt<C: ConnectionTrait>(db: &C, cmd: &Pay, label: &str) -> Receipt {
+    insert_effect(db, &cmd.run, label, cmd.amount).await;
+    Receipt {
         amount: cmd.amount,
         execution: unique("exec"),
-    })
+    }
+}
+
+#[idempotent(scope = "test.pay", key = cmd.key)]
+async fn pay(db: &DatabaseConnection, cmd: Pay) -> Result<Receipt, PayError> {
+    Ok(write_receipt(db, &cmd, "pay").await)
 }
 
 #[tokio::test]
@@ -87,7 +92,7 @@ async fn first_call_executes_and_a_retry_replays() {
         assert_eq!(first, again.expect("retry"), "{}", b.name);
         assert_eq!(first_outcome, Some(Outcome::Executed), "{}", b.name);
         assert_eq!(again_outcome, Some(Outcome::Replayed), "{}", b.name);
-        assert_eq!(effects(&b.db, &run).await, 1, "{}: body ran once", b.name);
+        b.assert_effects(&run, 1, "body ran once").await;
         assert_eq!(ledger_rows(&b.db, &format!("{run}-key")).await, 1);
     }
 }
@@ -102,7 +107,7 @@ async fn same_key_with_other_arguments_is_key_reused() {
         // The recorded result is untouched.
         let again = pay(&b.db, Pay::new(&run, 1200)).await.expect("replay");
         assert_eq!(first, again, "{}", b.name);
-        assert_eq!(effects(&b.db, &run).await, 1, "{}", b.name);
+        b.assert_effects(&run, 1, "ran once").await;
     }
 }
 
@@ -171,14 +176,11 @@ async fn empty_values_are_recorded_and_replayed() {
 
 #[idempotent(scope = "test.flaky", key = cmd.key, skip(fail))]
 async fn flaky_pay(db: &DatabaseConnection, cmd: Pay, fail: bool) -> Result<Receipt, PayError> {
-    insert_effect(db, &cmd.run, "flaky", cmd.amount).await;
+    let receipt = write_receipt(db, &cmd, "flaky").await;
     if fail {
         return Err(PayError::Flaky);
     }
-    Ok(Receipt {
-        amount: cmd.amount,
-        execution: unique("exec"),
-    })
+    Ok(receipt)
 }
 
 #[tokio::test]
@@ -187,12 +189,7 @@ async fn a_transient_error_releases_the_key_and_rolls_back() {
         let run = unique("flaky");
         let failed = flaky_pay(&b.db, Pay::new(&run, 5), true).await;
         assert!(matches!(failed, Err(PayError::Flaky)), "{}", b.name);
-        assert_eq!(
-            effects(&b.db, &run).await,
-            0,
-            "{}: write rolled back",
-            b.name
-        );
+        b.assert_effects(&run, 0, "write rolled back").await;
         assert_eq!(
             ledger_rows(&b.db, &format!("{run}-key")).await,
             0,
@@ -201,7 +198,7 @@ async fn a_transient_error_releases_the_key_and_rolls_back() {
         );
         let retried = flaky_pay(&b.db, Pay::new(&run, 5), false).await;
         assert!(retried.is_ok(), "{}", b.name);
-        assert_eq!(effects(&b.db, &run).await, 1, "{}", b.name);
+        b.assert_effects(&run, 1, "the retry ran").await;
     }
 }
 
@@ -241,12 +238,8 @@ async fn a_final_error_is_recorded_and_replayed() {
             "{}: replayed without running",
             b.name
         );
-        assert_eq!(
-            effects(&b.db, &run).await,
-            0,
-            "{}: the body's write rolled back",
-            b.name
-        );
+        b.assert_effects(&run, 0, "the body's write rolled back")
+            .await;
         assert_eq!(
             ledger_rows(&b.db, &format!("{run}-key")).await,
             1,
@@ -258,12 +251,9 @@ async fn a_final_error_is_recorded_and_replayed() {
 
 #[idempotent(scope = "test.slow", key = cmd.key, skip(pause))]
 async fn slow_pay(db: &DatabaseConnection, cmd: Pay, pause: Duration) -> Result<Receipt, PayError> {
-    insert_effect(db, &cmd.run, "slow", cmd.amount).await;
+    let receipt = write_receipt(db, &cmd, "slow").await;
     tokio::time::sleep(pause).await;
-    Ok(Receipt {
-        amount: cmd.amount,
-        execution: unique("exec"),
-    })
+    Ok(receipt)
 }
 
 #[tokio::test]
@@ -278,12 +268,7 @@ async fn a_dropped_call_leaves_nothing_behind() {
         assert!(cancelled.is_err(), "{}: the call was cut off", b.name);
         let retried = slow_pay(&b.db, Pay::new(&run, 3), Duration::ZERO).await;
         assert!(retried.is_ok(), "{}: {retried:?}", b.name);
-        assert_eq!(
-            effects(&b.db, &run).await,
-            1,
-            "{}: exactly one effect",
-            b.name
-        );
+        b.assert_effects(&run, 1, "exactly one effect").await;
     }
 }
 
@@ -309,68 +294,37 @@ async fn concurrent_duplicates_execute_once_and_agree() {
             "{}: 64 identical answers",
             b.name
         );
-        assert_eq!(
-            effects(&b.db, &run).await,
-            1,
-            "{}: exactly one effect",
-            b.name
-        );
+        b.assert_effects(&run, 1, "exactly one effect").await;
     }
 }
 
-#[idempotent(scope = "test.reject", key = cmd.key, on_concurrent = reject, skip(entered, release))]
-async fn held_pay(
-    db: &DatabaseConnection,
-    cmd: Pay,
-    entered: Arc<tokio::sync::Notify>,
-    release: Arc<tokio::sync::Notify>,
-) -> Result<Receipt, PayError> {
-    write_then_hold(db, cmd, &entered, &release).await
+#[idempotent(scope = "test.reject", key = cmd.key, on_concurrent = reject, skip(gate))]
+async fn held_pay(db: &DatabaseConnection, cmd: Pay, gate: Gate) -> Result<Receipt, PayError> {
+    write_then_hold(db, cmd, &gate).await
 }
 
-/// A body that writes its effect, says it holds the claim, and keeps it until released.
+/// A body that writes its effect, then holds the claim at `gate` until released.
 async fn write_then_hold<C: ConnectionTrait>(
     db: &C,
     cmd: Pay,
-    entered: &tokio::sync::Notify,
-    release: &tokio::sync::Notify,
+    gate: &Gate,
 ) -> Result<Receipt, PayError> {
-    insert_effect(db, &cmd.run, "held", cmd.amount).await;
-    entered.notify_one();
-    release.notified().await;
-    Ok(Receipt {
-        amount: cmd.amount,
-        execution: unique("exec"),
-    })
+    let receipt = write_receipt(db, &cmd, "held").await;
+    gate.pass().await;
+    Ok(receipt)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reject_fails_fast_while_the_first_call_runs() {
     for b in backends().await {
         let run = unique("reject");
-        let (entered, release) = (
-            Arc::new(tokio::sync::Notify::new()),
-            Arc::new(tokio::sync::Notify::new()),
-        );
-        let first = {
-            let (db, cmd, entered, release) = (
-                b.db.clone(),
-                Pay::new(&run, 1),
-                entered.clone(),
-                release.clone(),
-            );
-            tokio::spawn(async move { held_pay(&db, cmd, entered, release).await })
-        };
-        entered.notified().await;
+        let gate = Gate::default();
+        let (db, cmd, held) = (b.db.clone(), Pay::new(&run, 1), gate.clone());
+        let first = tokio::spawn(async move { held_pay(&db, cmd, held).await });
+        gate.entered().await;
         let started = Instant::now();
-        let duplicate = {
-            let (db, cmd) = (b.db.clone(), Pay::new(&run, 1));
-            let (e, r) = (
-                Arc::new(tokio::sync::Notify::new()),
-                Arc::new(tokio::sync::Notify::new()),
-            );
-            tokio::spawn(async move { held_pay(&db, cmd, e, r).await })
-        };
+        let (db, cmd) = (b.db.clone(), Pay::new(&run, 1));
+        let duplicate = tokio::spawn(async move { held_pay(&db, cmd, Gate::default()).await });
         // In one process the duplicate meets the first call's single flight and is refused at
         // once on every backend (across processes SQLite, one writer, makes it wait).
         let second = duplicate.await.expect("join");
@@ -386,9 +340,9 @@ async fn reject_fails_fast_while_the_first_call_runs() {
             "{}: rejected in {elapsed:?}",
             b.name
         );
-        release.notify_one();
+        gate.release();
         first.await.expect("join").expect("first");
-        assert_eq!(effects(&b.db, &run).await, 1, "{}", b.name);
+        b.assert_effects(&run, 1, "ran once").await;
     }
 }
 
@@ -407,11 +361,7 @@ async fn tenant_pay(db: &DatabaseConnection, cmd: TenantPay) -> Result<String, i
 
 #[idempotent(scope = "test.other-scope", key = cmd.key)]
 async fn other_scope_pay(db: &DatabaseConnection, cmd: Pay) -> Result<Receipt, PayError> {
-    insert_effect(db, &cmd.run, "other", cmd.amount).await;
-    Ok(Receipt {
-        amount: cmd.amount,
-        execution: unique("exec"),
-    })
+    Ok(write_receipt(db, &cmd, "other").await)
 }
 
 #[tokio::test]
@@ -436,12 +386,8 @@ async fn principals_and_scopes_never_share_records() {
             tenant_pay(&b.db, call("acme")).await.expect("acme replay"),
             "acme paid"
         );
-        assert_eq!(
-            effects(&b.db, &run).await,
-            2,
-            "{}: one execution per principal",
-            b.name
-        );
+        b.assert_effects(&run, 2, "one execution per principal")
+            .await;
 
         let scoped = unique("scopes");
         let a = pay(&b.db, Pay::new(&scoped, 1)).await.expect("pay");
@@ -449,7 +395,8 @@ async fn principals_and_scopes_never_share_records() {
             .await
             .expect("other scope");
         assert_ne!(a, o, "{}: another scope executes anew", b.name);
-        assert_eq!(effects(&b.db, &scoped).await, 2, "{}", b.name);
+        b.assert_effects(&scoped, 2, "one execution per scope")
+            .await;
     }
 }
 
@@ -542,11 +489,7 @@ async fn a_record_that_no_longer_decodes_is_a_decode_error() {
 
 #[idempotent(scope = "test.expiry", key = cmd.key, ttl = "1s")]
 async fn short_lived(db: &DatabaseConnection, cmd: Pay) -> Result<Receipt, PayError> {
-    insert_effect(db, &cmd.run, "short", cmd.amount).await;
-    Ok(Receipt {
-        amount: cmd.amount,
-        execution: unique("exec"),
-    })
+    Ok(write_receipt(db, &cmd, "short").await)
 }
 
 #[tokio::test]
@@ -561,7 +504,7 @@ async fn an_expired_key_executes_anew_and_purge_removes_it() {
             .await
             .expect("after expiry");
         assert_ne!(first, later, "{}: executed anew", b.name);
-        assert_eq!(effects(&b.db, &run).await, 2, "{}", b.name);
+        b.assert_effects(&run, 2, "ran again after expiry").await;
 
         // Expire it again, keep a live record beside it, and purge.
         let live = unique("live");
@@ -662,11 +605,7 @@ struct Payments {
 impl Payments {
     #[idempotent(scope = "test.method", key = cmd.key, conn = self.db as db)]
     async fn pay(&self, cmd: Pay) -> Result<Receipt, PayError> {
-        insert_effect(db, &cmd.run, "method", cmd.amount).await;
-        Ok(Receipt {
-            amount: cmd.amount,
-            execution: unique("exec"),
-        })
+        Ok(write_receipt(db, &cmd, "method").await)
     }
 }
 
@@ -678,41 +617,29 @@ async fn methods_take_the_connection_from_self() {
         let first = service.pay(Pay::new(&run, 4)).await.expect("first");
         let again = service.pay(Pay::new(&run, 4)).await.expect("again");
         assert_eq!(first, again);
-        assert_eq!(effects(&b.db, &run).await, 1, "{}", b.name);
+        b.assert_effects(&run, 1, "ran once").await;
     }
 }
 
-#[idempotent(scope = "test.bounded-wait", key = cmd.key, on_concurrent = wait("300ms"), skip(entered, release))]
+#[idempotent(scope = "test.bounded-wait", key = cmd.key, on_concurrent = wait("300ms"), skip(gate))]
 async fn bounded_wait_pay(
     db: &DatabaseConnection,
     cmd: Pay,
-    entered: Arc<tokio::sync::Notify>,
-    release: Arc<tokio::sync::Notify>,
+    gate: Gate,
 ) -> Result<Receipt, PayError> {
-    write_then_hold(db, cmd, &entered, &release).await
+    write_then_hold(db, cmd, &gate).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_wait_past_its_bound_is_in_flight_then_the_retry_replays() {
     for b in backends().await {
         let run = unique("bounded");
-        let (entered, release) = (
-            Arc::new(tokio::sync::Notify::new()),
-            Arc::new(tokio::sync::Notify::new()),
-        );
-        let first = {
-            let (db, cmd, e, r) = (
-                b.db.clone(),
-                Pay::new(&run, 5),
-                entered.clone(),
-                release.clone(),
-            );
-            tokio::spawn(async move { bounded_wait_pay(&db, cmd, e, r).await })
-        };
-        entered.notified().await;
+        let gate = Gate::default();
+        let (db, cmd, held) = (b.db.clone(), Pay::new(&run, 5), gate.clone());
+        let first = tokio::spawn(async move { bounded_wait_pay(&db, cmd, held).await });
+        gate.entered().await;
         let started = Instant::now();
-        let idle = || Arc::new(tokio::sync::Notify::new());
-        let duplicate = bounded_wait_pay(&b.db, Pay::new(&run, 5), idle(), idle()).await;
+        let duplicate = bounded_wait_pay(&b.db, Pay::new(&run, 5), Gate::default()).await;
         let waited = started.elapsed();
         assert_eq!(
             duplicate.unwrap_err().kind(),
@@ -725,11 +652,11 @@ async fn a_wait_past_its_bound_is_in_flight_then_the_retry_replays() {
             "{}: waited {waited:?} for a 300 ms bound",
             b.name
         );
-        release.notify_one();
+        gate.release();
         let first = first.await.expect("join").expect("first");
-        let retry = bounded_wait_pay(&b.db, Pay::new(&run, 5), idle(), idle()).await;
+        let retry = bounded_wait_pay(&b.db, Pay::new(&run, 5), Gate::default()).await;
         assert_eq!(retry.expect("replay"), first, "{}", b.name);
-        assert_eq!(effects(&b.db, &run).await, 1, "{}", b.name);
+        b.assert_effects(&run, 1, "ran once").await;
     }
 }
 

@@ -2,89 +2,20 @@
 //! backend of the run: each status code through `oneshot`, and 50 concurrent pays over a real
 //! socket.
 
-#[path = "../examples/payments/app.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod app;
 mod common;
-#[path = "../examples/shop/model.rs"]
-#[allow(unreachable_pub)]
-mod model;
+mod shop;
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::StatusCode;
 use serde_json::{Value, json};
+use shop::{app, model};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tower::ServiceExt;
 
 use app::{AppState, Gateway};
+use common::http::{Answer, Call, get, post_json};
 use common::{Backend, backends, ledger_rows, unique};
 
-struct Answer {
-    status: StatusCode,
-    replayed: bool,
-    content_type: String,
-    etag: Option<String>,
-    body: Value,
-}
-
-async fn call(
-    router: &axum::Router,
-    method: &str,
-    uri: &str,
-    key: Option<&str>,
-    body: Option<Value>,
-) -> Answer {
-    let key: Vec<(&str, &str)> = key.map(|k| ("idempotency-key", k)).into_iter().collect();
-    call_with(router, method, uri, &key, body).await
-}
-
-/// `call` with any request headers.
-async fn call_with(
-    router: &axum::Router,
-    method: &str,
-    uri: &str,
-    headers: &[(&str, &str)],
-    body: Option<Value>,
-) -> Answer {
-    let mut request = Request::builder().method(method).uri(uri);
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let request = match body {
-        Some(body) => request
-            .header("content-type", "application/json")
-            .body(Body::from(body.to_string())),
-        None => request.body(Body::empty()),
-    }
-    .expect("request");
-    let response = router.clone().oneshot(request).await.expect("infallible");
-    let (status, replayed, content_type, etag) = {
-        let header = |name: &str| {
-            response
-                .headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        (
-            response.status(),
-            header("idempotent-replayed").as_deref() == Some("true"),
-            header("content-type").unwrap_or_default(),
-            header("etag"),
-        )
-    };
-    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
-        .await
-        .expect("body");
-    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    Answer {
-        status,
-        replayed,
-        content_type,
-        etag,
-        body,
-    }
-}
+/// The `content-type` of every error answer.
+const PROBLEM_JSON: Option<&str> = Some("application/problem+json");
 
 async fn service(b: &Backend) -> (axum::Router, AppState) {
     // Two tests creating the tables at once can race on PostgreSQL's catalog: retry.
@@ -103,16 +34,10 @@ async fn service(b: &Backend) -> (axum::Router, AppState) {
 }
 
 async fn new_order(router: &axum::Router) -> String {
-    let created = call(
-        router,
-        "POST",
-        "/orders",
-        Some(&unique("create")),
-        Some(json!({"customer": "c-1", "amount_cents": 1200, "currency": "usd"})),
-    )
-    .await;
+    let order = json!({"customer": "c-1", "amount_cents": 1200, "currency": "usd"});
+    let created = post_json(router, "/orders", &unique("create"), &order).await;
     assert_eq!(created.status, StatusCode::CREATED);
-    created.body["id"].as_str().expect("id").to_owned()
+    created.json["id"].as_str().expect("id").to_owned()
 }
 
 async fn payment_rows(db: &sea_orm::DatabaseConnection, order: &str) -> u64 {
@@ -138,16 +63,12 @@ async fn patch_note(
     if_match: Option<&str>,
     note: &str,
 ) -> Answer {
-    let mut headers = vec![("idempotency-key", key)];
-    headers.extend(if_match.map(|tag| ("if-match", tag)));
-    call_with(
-        router,
-        "PATCH",
-        &format!("/orders/{order}"),
-        &headers,
-        Some(json!({ "note": note })),
-    )
-    .await
+    let call = Call::new("PATCH", &format!("/orders/{order}")).key(key);
+    let call = match if_match {
+        Some(tag) => call.header("if-match", tag),
+        None => call,
+    };
+    call.json(&json!({ "note": note })).send(router).await
 }
 
 #[tokio::test]
@@ -159,73 +80,45 @@ async fn the_contract_holds() {
         // Create: 201, then the same key replays 201 with the same body and the header.
         let key = unique("create");
         let order = json!({"customer": "c-1", "amount_cents": 1200, "currency": "usd"});
-        let first = call(&router, "POST", "/orders", Some(&key), Some(order.clone())).await;
+        let first = post_json(&router, "/orders", &key, &order).await;
         assert_eq!(first.status, StatusCode::CREATED, "{name}");
         assert!(
             !first.replayed,
             "{name}: a first execution has no replay header"
         );
-        assert_eq!(first.body["status"], "pending");
-        assert_eq!(first.body["amount_cents"], 1200);
-        let again = call(&router, "POST", "/orders", Some(&key), Some(order)).await;
+        assert_eq!(first.json["status"], "pending");
+        assert_eq!(first.json["amount_cents"], 1200);
+        let again = post_json(&router, "/orders", &key, &order).await;
         assert_eq!(
             (again.status, again.replayed),
             (StatusCode::CREATED, true),
             "{name}"
         );
-        assert_eq!(again.body, first.body, "{name}");
-        let id = first.body["id"].as_str().expect("id").to_owned();
+        assert_eq!(again.json, first.json, "{name}");
+        let id = first.json["id"].as_str().expect("id").to_owned();
 
         // Pay: 200; retry replays; same key other amount is 422; a new key is "already paid".
         let pay_uri = format!("/orders/{id}/pay");
-        let pay_key = unique("pay");
-        let paid = call(
-            &router,
-            "POST",
-            &pay_uri,
-            Some(&pay_key),
-            Some(json!({"amount_cents": 1200})),
-        )
-        .await;
-        assert_eq!(paid.status, StatusCode::OK, "{name}: {:?}", paid.body);
-        assert_eq!(paid.body["status"], "paid");
-        let replay = call(
-            &router,
-            "POST",
-            &pay_uri,
-            Some(&pay_key),
-            Some(json!({"amount_cents": 1200})),
-        )
-        .await;
+        let (pay_key, pay) = (unique("pay"), json!({"amount_cents": 1200}));
+        let paid = post_json(&router, &pay_uri, &pay_key, &pay).await;
+        assert_eq!(paid.status, StatusCode::OK, "{name}: {:?}", paid.json);
+        assert_eq!(paid.json["status"], "paid");
+        let replay = post_json(&router, &pay_uri, &pay_key, &pay).await;
         assert_eq!(
             (replay.status, replay.replayed),
             (StatusCode::OK, true),
             "{name}"
         );
-        assert_eq!(replay.body, paid.body);
-        let reused = call(
-            &router,
-            "POST",
-            &pay_uri,
-            Some(&pay_key),
-            Some(json!({"amount_cents": 9900})),
-        )
-        .await;
+        assert_eq!(replay.json, paid.json);
+        let reused = post_json(&router, &pay_uri, &pay_key, &json!({"amount_cents": 9900})).await;
         assert_eq!(reused.status, StatusCode::UNPROCESSABLE_ENTITY, "{name}");
-        assert_eq!(reused.content_type, "application/problem+json");
-        assert_eq!(reused.body["type"], "urn:idem:problem:key-reused");
-        let other_key = call(
-            &router,
-            "POST",
-            &pay_uri,
-            Some(&unique("pay")),
-            Some(json!({"amount_cents": 1200})),
-        )
-        .await;
+        assert_eq!(reused.header("content-type"), PROBLEM_JSON);
+        assert_eq!(reused.json["type"], "urn:idem:problem:key-reused");
+        let other_key = post_json(&router, &pay_uri, &unique("pay"), &pay).await;
         assert_eq!(other_key.status, StatusCode::OK, "{name}");
         assert!(!other_key.replayed);
         assert_eq!(
-            other_key.body["payment_id"], paid.body["payment_id"],
+            other_key.json["payment_id"], paid.json["payment_id"],
             "{name}: no second payment"
         );
         assert_eq!(payment_rows(&b.db, &id).await, 1, "{name}");
@@ -236,77 +129,52 @@ async fn the_contract_holds() {
         );
 
         // Cancel a paid order: 409 invalid-transition; cancel a pending one: 200.
-        let cancel = call(
-            &router,
-            "POST",
-            &format!("/orders/{id}/cancel"),
-            Some(&unique("cancel")),
-            None,
-        )
-        .await;
+        let cancel = Call::post(&format!("/orders/{id}/cancel"))
+            .key(&unique("cancel"))
+            .send(&router)
+            .await;
         assert_eq!(cancel.status, StatusCode::CONFLICT, "{name}");
-        assert_eq!(cancel.body["type"], "urn:idem:problem:invalid-transition");
+        assert_eq!(cancel.json["type"], "urn:idem:problem:invalid-transition");
         let pending = new_order(&router).await;
-        let cancelled = call(
-            &router,
-            "POST",
-            &format!("/orders/{pending}/cancel"),
-            Some(&unique("cancel")),
-            None,
-        )
-        .await;
+        let cancelled = Call::post(&format!("/orders/{pending}/cancel"))
+            .key(&unique("cancel"))
+            .send(&router)
+            .await;
         assert_eq!(cancelled.status, StatusCode::OK, "{name}");
         assert_eq!(
-            cancelled.body,
+            cancelled.json,
             json!({"order_id": pending, "status": "cancelled"})
         );
         // Pay a cancelled order: 409, nothing written.
-        let refused = call(
+        let refused = post_json(
             &router,
-            "POST",
             &format!("/orders/{pending}/pay"),
-            Some(&unique("pay")),
-            Some(json!({"amount_cents": 1200})),
+            &unique("pay"),
+            &pay,
         )
         .await;
         assert_eq!(refused.status, StatusCode::CONFLICT, "{name}");
-        assert_eq!(refused.body["type"], "urn:idem:problem:invalid-transition");
+        assert_eq!(refused.json["type"], "urn:idem:problem:invalid-transition");
         assert_eq!(payment_rows(&b.db, &pending).await, 0, "{name}");
 
         // GET: the order with its payments; unknown: 404 problem.
-        let shown = call(&router, "GET", &format!("/orders/{id}"), None, None).await;
+        let shown = get(&router, &format!("/orders/{id}")).await;
         assert_eq!(shown.status, StatusCode::OK);
-        assert_eq!(shown.body["status"], "paid");
-        assert_eq!(shown.body["payments"].as_array().map(Vec::len), Some(1));
-        let missing = call(&router, "GET", "/orders/ord_missing", None, None).await;
+        assert_eq!(shown.json["status"], "paid");
+        assert_eq!(shown.json["payments"].as_array().map(Vec::len), Some(1));
+        let missing = get(&router, "/orders/ord_missing").await;
         assert_eq!(missing.status, StatusCode::NOT_FOUND);
-        assert_eq!(missing.body["type"], "urn:idem:problem:not-found");
-        assert_eq!(
-            call(&router, "GET", "/healthz", None, None).await.status,
-            StatusCode::OK
-        );
+        assert_eq!(missing.json["type"], "urn:idem:problem:not-found");
+        assert_eq!(get(&router, "/healthz").await.status, StatusCode::OK);
 
         // Missing and invalid keys: 400 before any work.
-        let no_key = call(
-            &router,
-            "POST",
-            "/orders",
-            None,
-            Some(json!({"customer": "c", "amount_cents": 1, "currency": "usd"})),
-        )
-        .await;
+        let new = json!({"customer": "c", "amount_cents": 1, "currency": "usd"});
+        let no_key = Call::post("/orders").json(&new).send(&router).await;
         assert_eq!(no_key.status, StatusCode::BAD_REQUEST, "{name}");
-        assert_eq!(no_key.body["type"], "urn:idem:problem:missing-key");
-        let empty = call(
-            &router,
-            "POST",
-            "/orders",
-            Some("\"\""),
-            Some(json!({"customer": "c", "amount_cents": 1, "currency": "usd"})),
-        )
-        .await;
+        assert_eq!(no_key.json["type"], "urn:idem:problem:missing-key");
+        let empty = post_json(&router, "/orders", "\"\"", &new).await;
         assert_eq!(empty.status, StatusCode::BAD_REQUEST, "{name}");
-        assert_eq!(empty.body["type"], "urn:idem:problem:invalid-key");
+        assert_eq!(empty.json["type"], "urn:idem:problem:invalid-key");
 
         // A malformed body is problem+json 400; a negative amount is 422; nothing created.
         use sea_orm::{EntityTrait, PaginatorTrait};
@@ -314,48 +182,23 @@ async fn the_contract_holds() {
             .count(&state.db)
             .await
             .expect("count orders");
-        let malformed = Request::builder()
-            .method("POST")
-            .uri("/orders")
-            .header("idempotency-key", unique("bad-body"))
-            .header("content-type", "application/json")
-            .body(Body::from("{\"customer\": "))
-            .expect("request");
-        let response = router.clone().oneshot(malformed).await.expect("infallible");
-        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{name}");
-        assert_eq!(
-            response.headers()["content-type"],
-            "application/problem+json",
-            "{name}"
-        );
-        let negative = call(
-            &router,
-            "POST",
-            "/orders",
-            Some(&unique("negative")),
-            Some(json!({"customer": "c", "amount_cents": -5, "currency": "usd"})),
-        )
-        .await;
+        let malformed = Call::post("/orders")
+            .key(&unique("bad-body"))
+            .raw_json("{\"customer\": ")
+            .send(&router)
+            .await;
+        assert_eq!(malformed.status, StatusCode::BAD_REQUEST, "{name}");
+        assert_eq!(malformed.header("content-type"), PROBLEM_JSON, "{name}");
+        let negative_order = json!({"customer": "c", "amount_cents": -5, "currency": "usd"});
+        let negative = post_json(&router, "/orders", &unique("negative"), &negative_order).await;
         assert_eq!(negative.status, StatusCode::UNPROCESSABLE_ENTITY, "{name}");
-        assert_eq!(negative.body["type"], "urn:idem:problem:invalid-amount");
+        assert_eq!(negative.json["type"], "urn:idem:problem:invalid-amount");
 
         // Two Idempotency-Key fields: no value of them can be trusted: 400, nothing created.
-        let request = Request::builder()
-            .method("POST")
-            .uri("/orders")
-            .header("idempotency-key", "a")
-            .header("idempotency-key", "b")
-            .header("content-type", "application/json")
-            .body(Body::from(
-                json!({"customer": "c", "amount_cents": 1, "currency": "usd"}).to_string(),
-            ))
-            .expect("request");
-        let response = router.clone().oneshot(request).await.expect("infallible");
-        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{name}");
-        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
-            .await
-            .expect("body");
-        let body: Value = serde_json::from_slice(&body).expect("problem+json");
+        let two_keys = Call::post("/orders").key("a").key("b").json(&new);
+        let two_keys = two_keys.send(&router).await;
+        assert_eq!(two_keys.status, StatusCode::BAD_REQUEST, "{name}");
+        let body = &two_keys.json;
         assert_eq!(body["type"], "urn:idem:problem:invalid-key", "{name}");
         assert!(
             body["detail"]
@@ -385,17 +228,11 @@ async fn a_store_failure_is_503_without_sql() {
         db,
         gateway: Gateway::default(),
     });
-    let answer = call(
-        &router,
-        "POST",
-        "/orders",
-        Some("k-1"),
-        Some(json!({"customer": "c", "amount_cents": 1, "currency": "usd"})),
-    )
-    .await;
+    let order = json!({"customer": "c", "amount_cents": 1, "currency": "usd"});
+    let answer = post_json(&router, "/orders", "k-1", &order).await;
     assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(answer.body["type"], "urn:idem:problem:store");
-    let detail = answer.body["detail"]
+    assert_eq!(answer.json["type"], "urn:idem:problem:store");
+    let detail = answer.json["detail"]
         .as_str()
         .unwrap_or_default()
         .to_lowercase();
@@ -504,25 +341,19 @@ async fn get_answers_with_the_etag_of_the_row_version() {
         let (router, _) = service(&b).await;
         let name = b.name;
         let id = new_order(&router).await;
-        let shown = call(&router, "GET", &format!("/orders/{id}"), None, None).await;
+        let shown = get(&router, &format!("/orders/{id}")).await;
         assert_eq!(shown.status, StatusCode::OK, "{name}");
         assert_eq!(order_row(&b.db, &id).await.1, 0, "{name}");
-        assert_eq!(shown.etag.as_deref(), Some("\"0\""), "{name}");
-        assert_eq!(shown.body["note"], Value::Null, "{name}");
+        assert_eq!(shown.header("etag"), Some("\"0\""), "{name}");
+        assert_eq!(shown.json["note"], Value::Null, "{name}");
 
         // Paying moves the order Pending -> Paid, which advances its version: a new ETag.
-        let paid = call(
-            &router,
-            "POST",
-            &format!("/orders/{id}/pay"),
-            Some(&unique("pay")),
-            Some(json!({"amount_cents": 1200})),
-        )
-        .await;
-        assert_eq!(paid.status, StatusCode::OK, "{name}: {:?}", paid.body);
-        let shown = call(&router, "GET", &format!("/orders/{id}"), None, None).await;
+        let pay = json!({"amount_cents": 1200});
+        let paid = post_json(&router, &format!("/orders/{id}/pay"), &unique("pay"), &pay).await;
+        assert_eq!(paid.status, StatusCode::OK, "{name}: {:?}", paid.json);
+        let shown = get(&router, &format!("/orders/{id}")).await;
         assert_eq!(order_row(&b.db, &id).await.1, 1, "{name}");
-        assert_eq!(shown.etag.as_deref(), Some("\"1\""), "{name}");
+        assert_eq!(shown.header("etag"), Some("\"1\""), "{name}");
     }
 }
 
@@ -532,19 +363,17 @@ async fn a_conditional_patch_writes_only_the_version_it_names() {
         let (router, _) = service(&b).await;
         let name = b.name;
         let id = new_order(&router).await;
-        let etag = call(&router, "GET", &format!("/orders/{id}"), None, None)
-            .await
-            .etag
-            .expect("an ETag");
+        let shown = get(&router, &format!("/orders/{id}")).await;
+        let etag = shown.header("etag").expect("an ETag").to_owned();
 
         // The current ETag: 200, the note written, the version advanced, the new ETag sent.
         let first_key = unique("note");
         let changed = patch_note(&router, &id, &first_key, Some(&etag), "leave at the door").await;
-        assert_eq!(changed.status, StatusCode::OK, "{name}: {:?}", changed.body);
+        assert_eq!(changed.status, StatusCode::OK, "{name}: {:?}", changed.json);
         assert!(!changed.replayed, "{name}");
-        assert_eq!(changed.body["note"], "leave at the door", "{name}");
-        assert_eq!(changed.body["version"], 1, "{name}");
-        assert_eq!(changed.etag.as_deref(), Some("\"1\""), "{name}");
+        assert_eq!(changed.json["note"], "leave at the door", "{name}");
+        assert_eq!(changed.json["version"], 1, "{name}");
+        assert_eq!(changed.header("etag"), Some("\"1\""), "{name}");
         assert_eq!(
             order_row(&b.db, &id).await,
             (Some("leave at the door".to_owned()), 1),
@@ -555,15 +384,15 @@ async fn a_conditional_patch_writes_only_the_version_it_names() {
         let stale_key = unique("note");
         let stale = patch_note(&router, &id, &stale_key, Some(&etag), "ring twice").await;
         assert_eq!(stale.status, StatusCode::PRECONDITION_FAILED, "{name}");
-        assert_eq!(stale.content_type, "application/problem+json", "{name}");
-        assert_eq!(stale.body["type"], "urn:idem:problem:precondition-failed");
+        assert_eq!(stale.header("content-type"), PROBLEM_JSON, "{name}");
+        assert_eq!(stale.json["type"], "urn:idem:problem:precondition-failed");
         assert!(
-            stale.body["detail"]
+            stale.json["detail"]
                 .as_str()
                 .unwrap_or_default()
                 .contains("\"1\""),
             "{name}: the detail names the current tag: {}",
-            stale.body
+            stale.json
         );
         assert_eq!(
             order_row(&b.db, &id).await,
@@ -577,7 +406,7 @@ async fn a_conditional_patch_writes_only_the_version_it_names() {
 
         // Another client changes the note with the current tag: version 2.
         let other = patch_note(&router, &id, &unique("note"), Some("\"1\""), "back door").await;
-        assert_eq!(other.status, StatusCode::OK, "{name}: {:?}", other.body);
+        assert_eq!(other.status, StatusCode::OK, "{name}: {:?}", other.json);
         assert_eq!(order_row(&b.db, &id).await.1, 2, "{name}");
 
         // The first client retries its change (same key, same If-Match): the version has
@@ -588,11 +417,11 @@ async fn a_conditional_patch_writes_only_the_version_it_names() {
             (retried.status, retried.replayed),
             (StatusCode::OK, true),
             "{name}: {:?}",
-            retried.body
+            retried.json
         );
-        assert_eq!(retried.body, changed.body, "{name}");
+        assert_eq!(retried.json, changed.json, "{name}");
         assert_eq!(
-            retried.etag.as_deref(),
+            retried.header("etag"),
             Some("\"1\""),
             "{name}: the original ETag"
         );
@@ -607,7 +436,7 @@ async fn a_conditional_patch_writes_only_the_version_it_names() {
 
         // `*` matches whatever version exists.
         let any = patch_note(&router, &id, &unique("note"), Some("*"), "any version").await;
-        assert_eq!(any.status, StatusCode::OK, "{name}: {:?}", any.body);
+        assert_eq!(any.status, StatusCode::OK, "{name}: {:?}", any.json);
         assert_eq!(
             order_row(&b.db, &id).await,
             (Some("any version".to_owned()), 3),
@@ -628,24 +457,24 @@ async fn a_patch_without_a_valid_if_match_is_refused_before_any_work() {
         let key = unique("note");
         let missing = patch_note(&router, &id, &key, None, "no precondition").await;
         assert_eq!(missing.status, StatusCode::PRECONDITION_REQUIRED, "{name}");
-        assert_eq!(missing.content_type, "application/problem+json", "{name}");
+        assert_eq!(missing.header("content-type"), PROBLEM_JSON, "{name}");
         assert_eq!(
-            missing.body["type"],
+            missing.json["type"],
             "urn:idem:problem:precondition-required"
         );
         assert!(
-            missing.body["detail"]
+            missing.json["detail"]
                 .as_str()
                 .unwrap_or_default()
                 .contains("If-Match"),
             "{name}: {}",
-            missing.body
+            missing.json
         );
 
         let malformed = patch_note(&router, &id, &unique("note"), Some("0"), "bare").await;
         assert_eq!(malformed.status, StatusCode::BAD_REQUEST, "{name}");
         assert_eq!(
-            malformed.body["type"],
+            malformed.json["type"],
             "urn:idem:problem:invalid-precondition"
         );
 
@@ -719,19 +548,19 @@ async fn replays_can_answer_200_after_a_201() {
         let customer = unique("replay-status");
         let order = json!({"customer": customer, "amount_cents": 700, "currency": "usd"});
         let key = unique("create");
-        let first = call(&router, "POST", "/orders", Some(&key), Some(order.clone())).await;
+        let first = post_json(&router, "/orders", &key, &order).await;
         assert_eq!(
             (first.status, first.replayed),
             (StatusCode::CREATED, false),
             "{name}"
         );
-        let again = call(&router, "POST", "/orders", Some(&key), Some(order)).await;
+        let again = post_json(&router, "/orders", &key, &order).await;
         assert_eq!(
             (again.status, again.replayed),
             (StatusCode::OK, true),
             "{name}"
         );
-        assert_eq!(again.body, first.body, "{name}");
+        assert_eq!(again.json, first.json, "{name}");
         use sea_orm::{ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter};
         let rows = model::order::Entity::find()
             .filter(model::order::Column::Customer.eq(customer.as_str()))

@@ -10,28 +10,35 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, Request, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use common::{Backend, backends, effects, insert_effect, unique};
+use common::http::{Answer, Call, post_json};
+use common::{Backend, Gate, backends, insert_effect, unique};
 use idem::axum::IdempotencyLayer;
 use idem::sea_orm::SeaOrmLeaseStore;
 use idem::store::Concurrency;
 use sea_orm::DatabaseConnection;
 use serde_json::{Value, json};
-use tokio::sync::Semaphore;
-use tower::ServiceExt;
 
 #[derive(Clone)]
 struct App {
     db: DatabaseConnection,
-    /// `/slow` signals here when it has started, and waits for a permit of `release`.
-    entered: Arc<Semaphore>,
-    release: Arc<Semaphore>,
+    /// `/slow` passes it once it has started.
+    gate: Gate,
     /// How often `/flaky` ran.
     flaky_runs: Arc<AtomicUsize>,
+}
+
+impl App {
+    fn new(db: &DatabaseConnection) -> Self {
+        Self {
+            db: db.clone(),
+            gate: Gate::default(),
+            flaky_runs: Arc::new(AtomicUsize::new(0)),
+        }
+    }
 }
 
 /// The run id and amount a handler writes, from the JSON body.
@@ -61,8 +68,7 @@ async fn create(State(app): State<App>, axum::Json(body): axum::Json<Value>) -> 
 
 /// Like `create`, after the test lets it go.
 async fn slow(State(app): State<App>, axum::Json(body): axum::Json<Value>) -> Response {
-    app.entered.add_permits(1);
-    app.release.acquire().await.expect("open").forget();
+    app.gate.pass().await;
     let (run, amount) = effect_of(&body);
     insert_effect(&app.db, &run, "slow", amount).await;
     (StatusCode::CREATED, unique("exec")).into_response()
@@ -93,12 +99,7 @@ async fn refuse(State(app): State<App>, axum::Json(body): axum::Json<Value>) -> 
 }
 
 fn router(b: &Backend) -> (Router, App) {
-    let app = App {
-        db: b.db.clone(),
-        entered: Arc::new(Semaphore::new(0)),
-        release: Arc::new(Semaphore::new(0)),
-        flaky_runs: Arc::new(AtomicUsize::new(0)),
-    };
+    let app = App::new(&b.db);
     let layer = IdempotencyLayer::new(SeaOrmLeaseStore::new(b.db.clone()), "layer.effects");
     let tenants = layer.clone().principal(|parts| {
         parts
@@ -125,343 +126,253 @@ fn router(b: &Backend) -> (Router, App) {
     (router, app)
 }
 
-struct Answer {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: String,
+/// One test on one backend: the routes, and a key and a JSON body that name the test's run.
+struct Case {
+    b: Backend,
+    router: Router,
+    app: App,
+    run: String,
+    key: String,
+    body: Value,
 }
 
-impl Answer {
-    fn replayed(&self) -> bool {
-        self.headers
-            .get("idempotent-replayed")
-            .is_some_and(|v| v == "true")
+impl Case {
+    fn new(b: Backend, run: &str, amount: i64) -> Self {
+        let (router, app) = router(&b);
+        let run = unique(run);
+        Self {
+            body: json!({"run": run, "amount": amount}),
+            key: unique("k"),
+            run,
+            router,
+            app,
+            b,
+        }
     }
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or(Value::Null)
-    }
-}
 
-fn request(uri: &str, keys: &[&str], body: &str) -> Request<Body> {
-    let mut request = Request::post(uri).header("content-type", "application/json");
-    for key in keys {
-        request = request.header("idempotency-key", *key);
+    /// POSTs the body under the key.
+    async fn post(&self, uri: &str) -> Answer {
+        post_json(&self.router, uri, &self.key, &self.body).await
     }
-    request.body(Body::from(body.to_owned())).expect("request")
-}
 
-async fn send(router: &Router, request: Request<Body>) -> Answer {
-    let response = router.clone().oneshot(request).await.expect("infallible");
-    let (parts, body) = response.into_parts();
-    let bytes = axum::body::to_bytes(body, 1 << 20).await.expect("body");
-    Answer {
-        status: parts.status,
-        headers: parts.headers,
-        body: String::from_utf8_lossy(&bytes).into_owned(),
+    /// POSTs the body under the key, from a client task of its own.
+    fn spawn(&self, uri: &str) -> tokio::task::JoinHandle<Answer> {
+        Call::post(uri)
+            .key(&self.key)
+            .json(&self.body)
+            .spawn(&self.router)
     }
-}
 
-async fn post_json(router: &Router, uri: &str, key: &str, body: &Value) -> Answer {
-    send(router, request(uri, &[key], &body.to_string())).await
+    /// Asserts the routes ran `times` times for the run (its effect rows).
+    async fn assert_ran(&self, times: i64, what: &str) {
+        self.b.assert_effects(&self.run, times, what).await;
+    }
 }
 
 #[tokio::test]
 async fn missing_invalid_or_repeated_keys_are_400_and_nothing_runs() {
     for b in backends().await {
-        let (router, _) = router(&b);
-        let run = unique("layer-400");
-        let body = json!({"run": run, "amount": 1}).to_string();
+        let t = Case::new(b, "layer-400", 1);
+        let name = t.b.name;
         for (keys, kind) in [
             (&[][..], "missing-key"),
             (&["\"\""][..], "invalid-key"),
             (&["a", "b"][..], "invalid-key"),
         ] {
-            let answer = send(&router, request("/effects", keys, &body)).await;
-            assert_eq!(answer.status, 400, "{}: {keys:?}", b.name);
+            let call = keys.iter().fold(Call::post("/effects"), |c, k| c.key(k));
+            let answer = call.json(&t.body).send(&t.router).await;
+            assert_eq!(answer.status, 400, "{name}: {keys:?}");
             assert_eq!(
                 answer.header("content-type"),
                 Some("application/problem+json")
             );
-            assert_eq!(
-                answer.json()["type"],
-                format!("urn:idem:problem:{kind}"),
-                "{}",
-                b.name
-            );
+            let kind = format!("urn:idem:problem:{kind}");
+            assert_eq!(answer.json["type"], kind, "{name}");
         }
-        assert_eq!(
-            effects(&b.db, &run).await,
-            0,
-            "{}: the route never ran",
-            b.name
-        );
+        t.assert_ran(0, "the route never ran").await;
     }
 }
 
 #[tokio::test]
 async fn a_retry_replays_the_recorded_status_headers_and_body_and_the_route_runs_once() {
     for b in backends().await {
-        let (router, _) = router(&b);
-        let run = unique("layer-replay");
-        let key = unique("k");
-        let body = json!({"run": run, "amount": 7});
-        let first = post_json(&router, "/effects", &key, &body).await;
-        assert_eq!(first.status, 201, "{}: {}", b.name, first.body);
-        assert!(!first.replayed(), "{}", b.name);
-        assert_eq!(
-            first.header("x-trace"),
-            Some("t-1"),
-            "the first client gets every header"
-        );
+        let t = Case::new(b, "layer-replay", 7);
+        let name = t.b.name;
+        let first = t.post("/effects").await;
+        assert_eq!(first.status, 201, "{name}: {}", first.text);
+        assert!(!first.replayed, "{name}");
+        let trace = first.header("x-trace");
+        assert_eq!(trace, Some("t-1"), "the first client gets every header");
         for _ in 0..3 {
-            let again = post_json(&router, "/effects", &key, &body).await;
-            assert_eq!(again.status, 201, "{}", b.name);
-            assert!(again.replayed(), "{}", b.name);
-            assert_eq!(again.body, first.body, "{}: the recorded body", b.name);
-            assert_eq!(
-                again.header("location"),
-                first.header("location"),
-                "{}",
-                b.name
-            );
+            let again = t.post("/effects").await;
+            assert_eq!(again.status, 201, "{name}");
+            assert!(again.replayed, "{name}");
+            assert_eq!(again.text, first.text, "{name}: the recorded body");
+            let location = again.header("location");
+            assert_eq!(location, first.header("location"), "{name}");
             assert_eq!(again.header("content-type"), Some("application/json"));
-            assert_eq!(
-                again.header("x-trace"),
-                None,
-                "{}: not a recorded header",
-                b.name
-            );
+            let trace = again.header("x-trace");
+            assert_eq!(trace, None, "{name}: not a recorded header");
         }
-        assert_eq!(
-            effects(&b.db, &run).await,
-            1,
-            "{}: the route ran once",
-            b.name
-        );
+        t.assert_ran(1, "the route ran once").await;
 
         // A recorded 4xx replays too.
         let refused_key = unique("k");
-        let refused = post_json(&router, "/refuse", &refused_key, &body).await;
-        let again = post_json(&router, "/refuse", &refused_key, &body).await;
+        let refused = post_json(&t.router, "/refuse", &refused_key, &t.body).await;
+        let again = post_json(&t.router, "/refuse", &refused_key, &t.body).await;
         assert_eq!(
             (refused.status, again.status),
             (StatusCode::NOT_FOUND, StatusCode::NOT_FOUND)
         );
-        assert!(again.replayed() && again.body == refused.body, "{}", b.name);
-        assert_eq!(
-            effects(&b.db, &run).await,
-            2,
-            "{}: /refuse ran once",
-            b.name
-        );
+        assert!(again.replayed && again.text == refused.text, "{name}");
+        t.assert_ran(2, "/refuse ran once").await;
     }
 }
 
 #[tokio::test]
 async fn the_same_key_with_another_body_path_or_query_is_422() {
     for b in backends().await {
-        let (router, _) = router(&b);
-        let run = unique("layer-422");
-        let key = unique("k");
-        let body = json!({"run": run, "amount": 7});
-        assert_eq!(
-            post_json(&router, "/effects", &key, &body).await.status,
-            201
-        );
-        let other_body = json!({"run": run, "amount": 8});
+        let t = Case::new(b, "layer-422", 7);
+        let name = t.b.name;
+        assert_eq!(t.post("/effects").await.status, 201);
+        let other_body = json!({"run": t.run, "amount": 8});
         for (uri, body) in [
             ("/effects", &other_body),
-            ("/effects?dry=1", &body),
-            ("/refuse", &body),
+            ("/effects?dry=1", &t.body),
+            ("/refuse", &t.body),
         ] {
-            let answer = post_json(&router, uri, &key, body).await;
-            assert_eq!(answer.status, 422, "{}: {uri}", b.name);
-            assert_eq!(answer.json()["type"], "urn:idem:problem:key-reused");
+            let answer = post_json(&t.router, uri, &t.key, body).await;
+            assert_eq!(answer.status, 422, "{name}: {uri}");
+            assert_eq!(answer.json["type"], "urn:idem:problem:key-reused");
         }
-        assert_eq!(effects(&b.db, &run).await, 1, "{}", b.name);
+        t.assert_ran(1, "the route ran once").await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_in_flight_is_409_with_retry_after_then_replays() {
     for b in backends().await {
-        let (router, app) = router(&b);
-        let run = unique("layer-409");
-        let key = unique("k");
-        let body = json!({"run": run, "amount": 3});
-        let first = {
-            let (router, key, body) = (router.clone(), key.clone(), body.clone());
-            tokio::spawn(async move { post_json(&router, "/slow", &key, &body).await })
-        };
-        app.entered.acquire().await.expect("entered").forget();
-        let duplicate = post_json(&router, "/slow", &key, &body).await;
-        assert_eq!(duplicate.status, 409, "{}: {}", b.name, duplicate.body);
-        assert_eq!(duplicate.json()["type"], "urn:idem:problem:in-flight");
+        let t = Case::new(b, "layer-409", 3);
+        let name = t.b.name;
+        let first = t.spawn("/slow");
+        t.app.gate.entered().await;
+        let duplicate = t.post("/slow").await;
+        assert_eq!(duplicate.status, 409, "{name}: {}", duplicate.text);
+        assert_eq!(duplicate.json["type"], "urn:idem:problem:in-flight");
         let retry_after: u64 = duplicate
             .header("retry-after")
             .and_then(|v| v.parse().ok())
             .expect("Retry-After in seconds");
-        assert!((1..=30).contains(&retry_after), "{}: {retry_after}", b.name);
-        app.release.add_permits(1);
+        assert!((1..=30).contains(&retry_after), "{name}: {retry_after}");
+        t.app.gate.release();
         let first = first.await.expect("join");
-        assert_eq!(first.status, 201, "{}", b.name);
-        let again = post_json(&router, "/slow", &key, &body).await;
-        assert!(again.replayed() && again.body == first.body, "{}", b.name);
-        assert_eq!(
-            effects(&b.db, &run).await,
-            1,
-            "{}: the route ran once",
-            b.name
-        );
+        assert_eq!(first.status, 201, "{name}");
+        let again = t.post("/slow").await;
+        assert!(again.replayed && again.text == first.text, "{name}");
+        t.assert_ran(1, "the route ran once").await;
     }
 }
 
 #[tokio::test]
 async fn a_5xx_is_not_recorded_and_the_retry_runs_the_route_again() {
     for b in backends().await {
-        let (router, _) = router(&b);
-        let run = unique("layer-5xx");
-        let key = unique("k");
-        let body = json!({"run": run, "amount": 3});
-        let failed = post_json(&router, "/flaky", &key, &body).await;
-        assert_eq!(failed.status, 503, "{}", b.name);
-        assert!(!failed.replayed());
-        assert_eq!(
-            failed.body, "try again",
-            "{}: the route's own answer",
-            b.name
-        );
-        let retried = post_json(&router, "/flaky", &key, &body).await;
-        assert_eq!(retried.status, 200, "{}: {}", b.name, retried.body);
-        assert!(!retried.replayed(), "{}: executed again", b.name);
-        let replayed = post_json(&router, "/flaky", &key, &body).await;
-        assert!(
-            replayed.replayed() && replayed.body == retried.body,
-            "{}",
-            b.name
-        );
-        assert_eq!(
-            effects(&b.db, &run).await,
-            2,
-            "{}: ran twice, then replayed",
-            b.name
-        );
+        let t = Case::new(b, "layer-5xx", 3);
+        let name = t.b.name;
+        let failed = t.post("/flaky").await;
+        assert_eq!(failed.status, 503, "{name}");
+        assert!(!failed.replayed);
+        assert_eq!(failed.text, "try again", "{name}: the route's own answer");
+        let retried = t.post("/flaky").await;
+        assert_eq!(retried.status, 200, "{name}: {}", retried.text);
+        assert!(!retried.replayed, "{name}: executed again");
+        let replayed = t.post("/flaky").await;
+        assert!(replayed.replayed && replayed.text == retried.text, "{name}");
+        t.assert_ran(2, "ran twice, then replayed").await;
     }
 }
 
 #[tokio::test]
 async fn a_response_over_the_limit_reaches_its_client_and_its_retry_gets_500_not_a_second_run() {
     for b in backends().await {
-        let (router, _) = router(&b);
-        let run = unique("layer-big");
-        let key = unique("k");
-        let body = json!({"run": run, "amount": 3});
-        let first = post_json(&router, "/big", &key, &body).await;
-        assert_eq!(first.status, 200, "{}", b.name);
-        assert_eq!(first.body.len(), 2000, "{}: the whole body", b.name);
-        let again = post_json(&router, "/big", &key, &body).await;
-        assert_eq!(again.status, 500, "{}: {}", b.name, again.body);
-        assert!(again.replayed(), "{}", b.name);
-        assert_eq!(
-            again.json()["type"],
-            "urn:idem:problem:response-not-recorded"
-        );
-        assert!(
-            again.json()["detail"]
-                .as_str()
-                .is_some_and(|d| d.contains("1000 bytes")),
-            "{}: {}",
-            b.name,
-            again.body
-        );
-        assert_eq!(
-            effects(&b.db, &run).await,
-            1,
-            "{}: the route ran once",
-            b.name
-        );
+        let t = Case::new(b, "layer-big", 3);
+        let name = t.b.name;
+        let first = t.post("/big").await;
+        assert_eq!(first.status, 200, "{name}");
+        assert_eq!(first.text.len(), 2000, "{name}: the whole body");
+        let again = t.post("/big").await;
+        assert_eq!(again.status, 500, "{name}: {}", again.text);
+        assert!(again.replayed, "{name}");
+        let kind = &again.json["type"];
+        assert_eq!(kind, "urn:idem:problem:response-not-recorded");
+        let detail = again.json["detail"].as_str();
+        let says_why = detail.is_some_and(|d| d.contains("1000 bytes"));
+        assert!(says_why, "{name}: {}", again.text);
+        t.assert_ran(1, "the route ran once").await;
 
         // A request body over the layer's 100 bytes: 413 before anything is claimed.
-        let padded = json!({"run": run, "amount": 3, "pad": "p".repeat(200)});
+        let padded = json!({"run": t.run, "amount": 3, "pad": "p".repeat(200)});
         let key = unique("k");
-        let refused = post_json(&router, "/big", &key, &padded).await;
-        assert_eq!(refused.status, 413, "{}", b.name);
-        assert_eq!(refused.json()["type"], "urn:idem:problem:request-too-large");
-        assert_eq!(effects(&b.db, &run).await, 1, "{}: not run", b.name);
+        let refused = post_json(&t.router, "/big", &key, &padded).await;
+        assert_eq!(refused.status, 413, "{name}");
+        assert_eq!(refused.json["type"], "urn:idem:problem:request-too-large");
+        t.assert_ran(1, "not run").await;
         // Nothing was claimed: the key is still free for a request that fits.
-        let fits = post_json(&router, "/big", &key, &body).await;
-        assert_eq!((fits.status, fits.replayed()), (StatusCode::OK, false));
+        let fits = post_json(&t.router, "/big", &key, &t.body).await;
+        assert_eq!((fits.status, fits.replayed), (StatusCode::OK, false));
     }
 }
 
 #[tokio::test]
 async fn principals_never_share_keys() {
     for b in backends().await {
-        let (router, _) = router(&b);
-        let run = unique("layer-tenant");
-        let key = unique("k");
-        let body = json!({"run": run, "amount": 1}).to_string();
+        let t = Case::new(b, "layer-tenant", 1);
+        let name = t.b.name;
         let as_tenant = |tenant: &str| {
-            let mut r = request("/tenant", &[&key], &body);
-            r.headers_mut()
-                .insert("x-tenant", tenant.parse().expect("header"));
-            r
+            let call = Call::post("/tenant").key(&t.key).header("x-tenant", tenant);
+            call.json(&t.body).send(&t.router)
         };
-        let a = send(&router, as_tenant("a")).await;
-        let b_answer = send(&router, as_tenant("b")).await;
-        let a_again = send(&router, as_tenant("a")).await;
+        let a = as_tenant("a").await;
+        let b_answer = as_tenant("b").await;
+        let a_again = as_tenant("a").await;
         assert_eq!(
             (a.status, b_answer.status),
             (StatusCode::CREATED, StatusCode::CREATED)
         );
-        assert!(!b_answer.replayed(), "{}: tenant b's own execution", b.name);
-        assert!(a_again.replayed() && a_again.body == a.body, "{}", b.name);
-        assert_eq!(effects(&b.db, &run).await, 2, "{}", b.name);
+        assert!(!b_answer.replayed, "{name}: tenant b's own execution");
+        assert!(a_again.replayed && a_again.text == a.text, "{name}");
+        t.assert_ran(2, "one execution per tenant").await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_hangs_up_does_not_stop_the_route_and_its_retry_replays() {
     for b in backends().await {
-        let (router, app) = router(&b);
-        let run = unique("layer-gone");
-        let key = unique("k");
-        let body = json!({"run": run, "amount": 3});
-        let client = {
-            let (router, key, body) = (router.clone(), key.clone(), body.clone());
-            tokio::spawn(async move { post_json(&router, "/slow", &key, &body).await })
-        };
-        app.entered.acquire().await.expect("entered").forget();
+        let t = Case::new(b, "layer-gone", 3);
+        let name = t.b.name;
+        let client = t.spawn("/slow");
+        t.app.gate.entered().await;
         client.abort();
         assert!(client.await.is_err_and(|e| e.is_cancelled()));
-        app.release.add_permits(1);
+        t.app.gate.release();
         // The route finishes on its own task and records; the retry replays it.
-        let mut answer = post_json(&router, "/slow", &key, &body).await;
+        let mut answer = t.post("/slow").await;
         for _ in 0..100 {
             if answer.status != StatusCode::CONFLICT {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
-            answer = post_json(&router, "/slow", &key, &body).await;
+            answer = t.post("/slow").await;
         }
-        assert_eq!(answer.status, 201, "{}: {}", b.name, answer.body);
-        assert!(answer.replayed(), "{}", b.name);
-        assert_eq!(effects(&b.db, &run).await, 1, "{}: ran once", b.name);
+        assert_eq!(answer.status, 201, "{name}: {}", answer.text);
+        assert!(answer.replayed, "{name}");
+        t.assert_ran(1, "ran once").await;
     }
 }
 
 #[tokio::test]
 async fn a_waiting_duplicate_replays_the_first_response() {
     for b in backends().await {
-        let app = App {
-            db: b.db.clone(),
-            entered: Arc::new(Semaphore::new(0)),
-            release: Arc::new(Semaphore::new(0)),
-            flaky_runs: Arc::new(AtomicUsize::new(0)),
-        };
+        let app = App::new(&b.db);
         let layer = IdempotencyLayer::new(SeaOrmLeaseStore::new(b.db.clone()), "layer.wait")
             .on_concurrent(Concurrency::Wait {
                 bound: Duration::from_secs(10),
@@ -469,27 +380,20 @@ async fn a_waiting_duplicate_replays_the_first_response() {
         let router = Router::new()
             .route("/slow", post(slow).route_layer(layer))
             .with_state(app.clone());
-        let run = unique("layer-wait");
-        let key = unique("k");
-        let body = json!({"run": run, "amount": 3});
-        let first = {
-            let (router, key, body) = (router.clone(), key.clone(), body.clone());
-            tokio::spawn(async move { post_json(&router, "/slow", &key, &body).await })
+        let t = Case {
+            router,
+            app,
+            ..Case::new(b, "layer-wait", 3)
         };
-        app.entered.acquire().await.expect("entered").forget();
-        let waiting = {
-            let (router, key, body) = (router.clone(), key.clone(), body.clone());
-            tokio::spawn(async move { post_json(&router, "/slow", &key, &body).await })
-        };
+        let name = t.b.name;
+        let first = t.spawn("/slow");
+        t.app.gate.entered().await;
+        let waiting = t.spawn("/slow");
         tokio::time::sleep(Duration::from_millis(100)).await;
-        app.release.add_permits(1);
+        t.app.gate.release();
         let (first, waiting) = (first.await.expect("join"), waiting.await.expect("join"));
-        assert_eq!(first.status, 201, "{}", b.name);
-        assert!(
-            waiting.replayed() && waiting.body == first.body,
-            "{}",
-            b.name
-        );
-        assert_eq!(effects(&b.db, &run).await, 1, "{}", b.name);
+        assert_eq!(first.status, 201, "{name}");
+        assert!(waiting.replayed && waiting.text == first.text, "{name}");
+        t.assert_ran(1, "ran once").await;
     }
 }

@@ -8,11 +8,10 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{backends, effects, insert_effect, unique};
+use common::{Backend, Gate, backends, effects, insert_effect, unique};
 use idem::{ErrorKind, Outcome, idempotent, with_outcome};
 use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
 use serde::Serialize;
-use tokio::sync::Notify;
 
 /// A payment gateway that deduplicates on the idempotency key, as Stripe does, and counts
 /// every call it gets.
@@ -37,12 +36,12 @@ impl Gateway {
     }
 }
 
-/// Where a test can hold a call: after its charge step, until released.
+/// What a call does after its charge step.
 #[derive(Clone, Default)]
 struct Pause {
-    reached: Arc<Notify>,
-    resume: Option<Arc<Notify>>,
-    /// Fail (transiently) after the charge: the gateway timed out on the way back, say.
+    /// Hold there until the test releases it.
+    gate: Option<Gate>,
+    /// Fail (transiently) there: the gateway timed out on the way back, say.
     fail_after_charge: bool,
 }
 
@@ -83,9 +82,8 @@ async fn charge_and_record(
     cmd: Pay,
 ) -> Result<String, TestError> {
     let charge: String = idem::step("charge", |key| gateway.charge(key, cmd.amount)).await?;
-    pause.reached.notify_one();
-    if let Some(resume) = &pause.resume {
-        resume.notified().await;
+    if let Some(gate) = &pause.gate {
+        gate.pass().await;
     }
     if pause.fail_after_charge {
         return Err(TestError::Flaky);
@@ -135,35 +133,98 @@ fn cmd(run: &str) -> Pay {
     }
 }
 
-/// Starts a call of `run` (through `pay_waiting` if `waiting`, else `pay`) that pauses after
-/// its charge; returns its task once it is paused, and what resumes it.
-async fn paused(
-    db: &DatabaseConnection,
-    gateway: &Gateway,
-    run: &str,
-    waiting: bool,
-) -> (
-    tokio::task::JoinHandle<Result<String, TestError>>,
-    Arc<Notify>,
-) {
-    let resume = Arc::new(Notify::new());
-    let pause = Pause {
-        reached: Arc::new(Notify::new()),
-        resume: Some(resume.clone()),
-        ..Pause::default()
-    };
-    let task = {
-        let (db, gateway, pause, cmd) = (db.clone(), gateway.clone(), pause.clone(), cmd(run));
-        tokio::spawn(async move {
+/// A call's task.
+type Call = tokio::task::JoinHandle<Result<String, TestError>>;
+/// A call's task that tells its outcome.
+type Spawned = tokio::task::JoinHandle<(Result<String, TestError>, Option<Outcome>)>;
+
+/// One test on one backend: its gateway and its run (one order, paid under key `<run>-k`).
+#[derive(Clone)]
+struct Case {
+    name: &'static str,
+    db: DatabaseConnection,
+    gateway: Gateway,
+    run: String,
+}
+
+impl Case {
+    fn new(backend: Backend, run: &str) -> Self {
+        Self {
+            name: backend.name,
+            db: backend.db,
+            gateway: Gateway::default(),
+            run: unique(run),
+        }
+    }
+
+    fn key(&self) -> String {
+        format!("{}-k", self.run)
+    }
+
+    /// Pays the run's order through `pay`, straight through.
+    async fn pay(&self) -> Result<String, TestError> {
+        pay(&self.db, &self.gateway, &Pause::default(), cmd(&self.run)).await
+    }
+
+    /// Pays the run's order through `pay_waiting`, straight through.
+    async fn pay_waiting(&self) -> Result<String, TestError> {
+        pay_waiting(&self.db, &self.gateway, &Pause::default(), cmd(&self.run)).await
+    }
+
+    /// Starts a call of the run (through `pay_waiting` if `waiting`, else `pay`) that holds at
+    /// a gate after its charge; returns its task once it holds there, and the gate.
+    async fn paused(&self, waiting: bool) -> (Call, Gate) {
+        let gate = Gate::default();
+        let pause = Pause {
+            gate: Some(gate.clone()),
+            ..Pause::default()
+        };
+        let t = self.clone();
+        let task = tokio::spawn(async move {
+            let (db, gateway, cmd) = (&t.db, &t.gateway, cmd(&t.run));
             if waiting {
-                pay_waiting(&db, &gateway, &pause, cmd).await
+                pay_waiting(db, gateway, &pause, cmd).await
             } else {
-                pay(&db, &gateway, &pause, cmd).await
+                pay(db, gateway, &pause, cmd).await
             }
-        })
-    };
-    pause.reached.notified().await;
-    (task, resume)
+        });
+        gate.entered().await;
+        (task, gate)
+    }
+
+    /// `n` calls of the run (through `pay_waiting` if `waiting`, else `pay`), each on a task
+    /// of its own: their answers and outcomes.
+    fn duplicates(&self, n: usize, waiting: bool) -> Vec<Spawned> {
+        let spawn = |_| {
+            let t = self.clone();
+            tokio::spawn(async move {
+                match waiting {
+                    true => with_outcome(t.pay_waiting()).await,
+                    false => with_outcome(t.pay()).await,
+                }
+            })
+        };
+        (0..n).map(spawn).collect()
+    }
+
+    /// A call that charged, recorded its step, and was dropped: its lease is left behind.
+    async fn abandoned(&self) {
+        let (held, _gate) = self.paused(false).await;
+        held.abort();
+        let _ = held.await;
+    }
+
+    /// Asserts the run has one payment row and the gateway one charge; `what` says why.
+    async fn assert_paid_once(&self, what: &str) {
+        let payments = effects(&self.db, &self.run).await;
+        assert_eq!(payments, 1, "{}: one payment row ({what})", self.name);
+        assert_eq!(
+            self.gateway.calls(),
+            1,
+            "{}: one charge ({what})",
+            self.name
+        );
+    }
 }
 
 async fn scalar(db: &DatabaseConnection, sql: &str, value: &str) -> i64 {
@@ -198,81 +259,51 @@ async fn expire_lease(db: &DatabaseConnection, key: &str) {
 #[tokio::test]
 async fn a_lease_call_records_its_steps_result_and_replays() {
     for backend in backends().await {
-        let (name, db) = (backend.name, &backend.db);
-        let gateway = Gateway::default();
-        let run = unique("lease-basic");
-        let (first, outcome) = with_outcome(pay(db, &gateway, &Pause::default(), cmd(&run))).await;
+        let t = Case::new(backend, "lease-basic");
+        let name = t.name;
+        let (first, outcome) = with_outcome(t.pay()).await;
         let first = first.expect("first");
         assert_eq!(outcome, Some(Outcome::Executed), "{name}");
-        let (again, outcome) = with_outcome(pay(db, &gateway, &Pause::default(), cmd(&run))).await;
+        let (again, outcome) = with_outcome(t.pay()).await;
         assert_eq!(again.expect("replay"), first, "{name}");
         assert_eq!(outcome, Some(Outcome::Replayed), "{name}");
-        assert_eq!(effects(db, &run).await, 1, "{name}: one payment");
-        assert_eq!(gateway.calls(), 1, "{name}: one charge");
-        let key = format!("{run}-k");
+        t.assert_paid_once("the body ran once").await;
+        let completed = "SELECT COUNT(*) FROM idem_ledger WHERE idem_key = ? AND state = 1";
+        let completed = scalar(&t.db, completed, &t.key()).await;
+        assert_eq!(completed, 1, "{name}: completed record");
+        let steps = "SELECT COUNT(*) FROM idem_steps WHERE record_id IN (SELECT id FROM idem_ledger WHERE idem_key = ?)";
+        let steps = scalar(&t.db, steps, &t.key()).await;
         assert_eq!(
-            scalar(
-                db,
-                "SELECT COUNT(*) FROM idem_ledger WHERE idem_key = ? AND state = 1",
-                &key
-            )
-            .await,
-            1,
-            "{name}: completed record"
-        );
-        assert_eq!(
-            scalar(
-                db,
-                "SELECT COUNT(*) FROM idem_steps WHERE record_id IN (SELECT id FROM idem_ledger WHERE idem_key = ?)",
-                &key
-            )
-            .await,
-            0,
+            steps, 0,
             "{name}: steps are forgotten once the result is recorded"
         );
-        let mut other = cmd(&run);
+        let mut other = cmd(&t.run);
         other.amount = 9900;
-        let reused = pay(db, &gateway, &Pause::default(), other).await;
-        assert_eq!(
-            reused.unwrap_err().kind(),
-            Some(ErrorKind::KeyReused),
-            "{name}"
-        );
+        let reused = pay(&t.db, &t.gateway, &Pause::default(), other).await;
+        let reused = reused.unwrap_err().kind();
+        assert_eq!(reused, Some(ErrorKind::KeyReused), "{name}");
     }
 }
 
 #[tokio::test]
 async fn a_stale_holder_is_fenced_off_and_the_takeover_resumes_after_its_steps() {
     for backend in backends().await {
-        let (name, db) = (backend.name, backend.db.clone());
-        let gateway = Gateway::default();
-        let run = unique("lease-stale");
-        let (stale, resume) = paused(&db, &gateway, &run, false).await; // charged, step recorded, now paused
-        expire_lease(&db, &format!("{run}-k")).await; // ... past its lease
+        let t = Case::new(backend, "lease-stale");
+        let name = t.name;
+        let (stale, gate) = t.paused(false).await; // charged, step recorded, now paused
+        expire_lease(&t.db, &t.key()).await; // ... past its lease
 
-        let taken_over = pay(&db, &gateway, &Pause::default(), cmd(&run))
-            .await
-            .expect("the retry takes over and completes");
-        resume.notify_one();
+        let taken_over = t.pay().await.expect("the retry takes over and completes");
+        gate.release();
         let stale = stale.await.expect("task");
         assert_eq!(
             stale.as_ref().map_err(TestError::kind).unwrap_err(),
             Some(ErrorKind::LeaseLost),
             "{name}: the stale completion is rejected, got {stale:?}"
         );
-        assert_eq!(
-            effects(&db, &run).await,
-            1,
-            "{name}: exactly one payment row"
-        );
-        assert_eq!(
-            gateway.calls(),
-            1,
-            "{name}: the charge step was replayed, not run again"
-        );
-        let replay = pay(&db, &gateway, &Pause::default(), cmd(&run))
-            .await
-            .expect("replay");
+        t.assert_paid_once("the charge step was replayed, not run again")
+            .await;
+        let replay = t.pay().await.expect("replay");
         assert_eq!(replay, taken_over, "{name}: the takeover's answer stands");
     }
 }
@@ -280,15 +311,11 @@ async fn a_stale_holder_is_fenced_off_and_the_takeover_resumes_after_its_steps()
 #[tokio::test]
 async fn a_dropped_holder_leaves_a_lease_a_retry_takes_over_once_it_ends() {
     for backend in backends().await {
-        let (name, db) = (backend.name, backend.db.clone());
-        let gateway = Gateway::default();
-        let run = unique("lease-drop");
-        let (held, _resume) = paused(&db, &gateway, &run, false).await;
-        held.abort();
-        let _ = held.await;
+        let t = Case::new(backend, "lease-drop");
+        let name = t.name;
+        t.abandoned().await;
         // During the lease a retry is told to come back, with the lease's remaining time.
-        let busy = pay(&db, &gateway, &Pause::default(), cmd(&run)).await;
-        match busy {
+        match t.pay().await {
             Err(TestError::Idem(idem::Error::InFlight { retry_after, .. })) => {
                 assert!(
                     retry_after <= Duration::from_secs(2),
@@ -299,43 +326,24 @@ async fn a_dropped_holder_leaves_a_lease_a_retry_takes_over_once_it_ends() {
         }
         // After the lease (2 s, database clock), the retry takes over and completes.
         tokio::time::sleep(Duration::from_millis(2100)).await;
-        pay(&db, &gateway, &Pause::default(), cmd(&run))
-            .await
-            .expect("takeover");
-        assert_eq!(effects(&db, &run).await, 1, "{name}");
-        assert_eq!(
-            gateway.calls(),
-            1,
-            "{name}: charged once across the two holders"
-        );
-        assert!(
-            idem::sea_orm::expired_leases(&db, 1000)
-                .await
-                .expect("list")
-                .iter()
-                .all(|l| l.key != format!("{run}-k")),
-            "{name}: no unfinished lease left"
-        );
+        t.pay().await.expect("takeover");
+        t.assert_paid_once("charged once across the two holders")
+            .await;
+        let leases = idem::sea_orm::expired_leases(&t.db, 1000).await;
+        let left = leases.expect("list").iter().any(|l| l.key == t.key());
+        assert!(!left, "{name}: no unfinished lease left");
     }
 }
 
 #[tokio::test]
 async fn duplicates_during_a_live_lease_get_in_flight_and_one_execution() {
     for backend in backends().await {
-        let (name, db) = (backend.name, backend.db.clone());
-        let gateway = Gateway::default();
-        let run = unique("lease-dup");
-        let (first, resume) = paused(&db, &gateway, &run, false).await;
-        let mut duplicates = Vec::new();
-        for _ in 0..8 {
-            let (db, gateway, cmd) = (db.clone(), gateway.clone(), cmd(&run));
-            duplicates.push(tokio::spawn(async move {
-                pay(&db, &gateway, &Pause::default(), cmd).await
-            }));
-        }
+        let t = Case::new(backend, "lease-dup");
+        let name = t.name;
+        let (first, gate) = t.paused(false).await;
         let mut in_flight = 0;
-        for d in duplicates {
-            match d.await.expect("task") {
+        for d in t.duplicates(8, false) {
+            match d.await.expect("task").0 {
                 Err(TestError::Idem(idem::Error::InFlight { retry_after, .. })) => {
                     assert!(retry_after > Duration::ZERO && retry_after <= Duration::from_secs(2));
                     in_flight += 1;
@@ -343,65 +351,52 @@ async fn duplicates_during_a_live_lease_get_in_flight_and_one_execution() {
                 other => panic!("{name}: expected InFlight, got {other:?}"),
             }
         }
-        resume.notify_one();
+        gate.release();
         first.await.expect("task").expect("the holder completes");
         assert_eq!(in_flight, 8, "{name}");
-        assert_eq!(effects(&db, &run).await, 1, "{name}");
-        assert_eq!(gateway.calls(), 1, "{name}");
+        t.assert_paid_once("one execution").await;
     }
 }
 
 #[tokio::test]
 async fn a_transient_error_hands_the_key_on_at_once_with_its_steps() {
     for backend in backends().await {
-        let (name, db) = (backend.name, backend.db.clone());
-        let gateway = Gateway::default();
-        let run = unique("lease-flaky");
+        let t = Case::new(backend, "lease-flaky");
+        let name = t.name;
         let failing = Pause {
             fail_after_charge: true,
             ..Pause::default()
         };
-        let failed = pay(&db, &gateway, &failing, cmd(&run)).await;
+        let failed = pay(&t.db, &t.gateway, &failing, cmd(&t.run)).await;
         assert!(matches!(failed, Err(TestError::Flaky)), "{name}");
-        assert_eq!(effects(&db, &run).await, 0, "{name}");
+        assert_eq!(effects(&t.db, &t.run).await, 0, "{name}");
         // No waiting for the lease: the retry resumes after the recorded charge.
-        pay(&db, &gateway, &Pause::default(), cmd(&run))
-            .await
-            .expect("retry");
-        assert_eq!(effects(&db, &run).await, 1, "{name}");
-        assert_eq!(gateway.calls(), 1, "{name}: the charge was not repeated");
-        assert_eq!(gateway.distinct_keys(), 1, "{name}");
+        t.pay().await.expect("retry");
+        t.assert_paid_once("the charge was not repeated").await;
+        assert_eq!(t.gateway.distinct_keys(), 1, "{name}");
     }
 }
 
 #[tokio::test]
 async fn lease_expiry_is_read_on_the_database_clock() {
     for backend in backends().await {
-        let (name, db) = (backend.name, backend.db.clone());
-        let gateway = Gateway::default();
-        let run = unique("lease-clock");
-        let key = format!("{run}-k");
-        let (held, _resume) = paused(&db, &gateway, &run, false).await;
-        held.abort();
-        let _ = held.await;
+        let t = Case::new(backend, "lease-clock");
+        let name = t.name;
+        t.abandoned().await;
         // The lease end stored in the ledger is the database's now + 2 s ...
-        let now = idem::sea_orm::database_now_ms(&db).await.expect("clock");
-        let end = scalar(
-            &db,
-            "SELECT expires_at_ms FROM idem_ledger WHERE idem_key = ?",
-            &key,
-        )
-        .await;
+        let now = idem::sea_orm::database_now_ms(&t.db).await.expect("clock");
+        let end = "SELECT expires_at_ms FROM idem_ledger WHERE idem_key = ?";
+        let end = scalar(&t.db, end, &t.key()).await;
         assert!(
             (end - now) > 0 && (end - now) <= 2_000,
             "{name}: lease end {end} vs database now {now}"
         );
         // ... and moving it back on that clock (not waiting on ours) lets a retry take over.
-        expire_lease(&db, &key).await;
-        pay(&db, &gateway, &Pause::default(), cmd(&run))
+        expire_lease(&t.db, &t.key()).await;
+        t.pay()
             .await
             .expect("takeover decided by the stored lease end");
-        assert_eq!(effects(&db, &run).await, 1, "{name}");
+        assert_eq!(effects(&t.db, &t.run).await, 1, "{name}");
     }
 }
 
@@ -428,87 +423,78 @@ async fn the_in_memory_store_holds_leases_too() {
 #[tokio::test]
 async fn with_a_bounded_wait_duplicates_get_the_holders_answer() {
     for backend in backends().await {
-        let (name, db) = (backend.name, backend.db.clone());
-        let gateway = Gateway::default();
-        let run = unique("lease-wait");
-        let (first, resume) = paused(&db, &gateway, &run, true).await;
-        let duplicates: Vec<_> = (0..4)
-            .map(|_| {
-                let (db, gateway, cmd) = (db.clone(), gateway.clone(), cmd(&run));
-                tokio::spawn(async move {
-                    with_outcome(pay_waiting(&db, &gateway, &Pause::default(), cmd)).await
-                })
-            })
-            .collect();
+        let t = Case::new(backend, "lease-wait");
+        let name = t.name;
+        let (first, gate) = t.paused(true).await;
+        let duplicates = t.duplicates(4, true);
         tokio::time::sleep(Duration::from_millis(300)).await;
-        resume.notify_one();
+        gate.release();
         let answer = first.await.expect("task").expect("holder");
         for d in duplicates {
             let (result, outcome) = d.await.expect("task");
             assert_eq!(result.expect("waited"), answer, "{name}");
             assert_eq!(outcome, Some(Outcome::Replayed), "{name}");
         }
-        assert_eq!(effects(&db, &run).await, 1, "{name}");
-        assert_eq!(gateway.calls(), 1, "{name}");
+        t.assert_paid_once("one execution").await;
     }
 }
 
 #[tokio::test]
 async fn a_long_body_keeps_its_lease_by_renewing_it() {
     for backend in backends().await {
-        let (name, db) = (backend.name, backend.db.clone());
-        let gateway = Gateway::default();
-        let run = unique("lease-renew");
-        let (holder, resume) = paused(&db, &gateway, &run, false).await;
+        let t = Case::new(backend, "lease-renew");
+        let name = t.name;
+        let (holder, gate) = t.paused(false).await;
         // Past the 2 s lease the holder is still busy; its renewals keep duplicates out.
         tokio::time::sleep(Duration::from_millis(2600)).await;
-        let duplicate = pay(&db, &gateway, &Pause::default(), cmd(&run)).await;
+        let duplicate = t.pay().await;
         assert_eq!(
             duplicate.as_ref().map_err(TestError::kind).unwrap_err(),
             Some(ErrorKind::InFlight),
             "{name}: {duplicate:?}"
         );
-        resume.notify_one();
+        gate.release();
         holder.await.expect("task").expect("the holder completes");
-        assert_eq!(effects(&db, &run).await, 1, "{name}");
-        assert_eq!(gateway.calls(), 1, "{name}");
+        t.assert_paid_once("one execution").await;
     }
 }
 
 #[tokio::test]
 async fn an_abandoned_lease_is_listed_then_purged_with_its_steps() {
     // A database of its own: the purge removes every expired record in it.
-    let db = common::sqlite().await;
-    let gateway = Gateway::default();
-    let run = unique("lease-purge");
-    let key = format!("{run}-k");
-    let (held, _resume) = paused(&db, &gateway, &run, false).await;
-    held.abort();
-    let _ = held.await;
+    let t = Case {
+        name: "sqlite",
+        db: common::sqlite().await,
+        gateway: Gateway::default(),
+        run: unique("lease-purge"),
+    };
+    let db = &t.db;
+    let key = t.key();
+    t.abandoned().await;
     assert!(
-        idem::sea_orm::expired_leases(&db, 10)
+        idem::sea_orm::expired_leases(db, 10)
             .await
             .expect("list")
             .is_empty()
     );
-    expire_lease(&db, &key).await;
-    let expired = idem::sea_orm::expired_leases(&db, 10).await.expect("list");
+    expire_lease(db, &key).await;
+    let expired = idem::sea_orm::expired_leases(db, 10).await.expect("list");
     assert_eq!(expired.len(), 1);
     assert_eq!(expired[0].key, key);
     assert!(expired[0].ended_ms_ago >= 3_500_000, "{:?}", expired[0]);
     let steps = "SELECT COUNT(*) FROM idem_steps WHERE ? <> ''";
     assert_eq!(
-        scalar(&db, steps, "x").await,
+        scalar(db, steps, "x").await,
         1,
         "the charge step is recorded"
     );
     assert_eq!(
-        idem::sea_orm::purge_expired(&db, 100).await.expect("purge"),
+        idem::sea_orm::purge_expired(db, 100).await.expect("purge"),
         1
     );
-    assert_eq!(scalar(&db, steps, "x").await, 0, "its steps went with it");
+    assert_eq!(scalar(db, steps, "x").await, 0, "its steps went with it");
     assert!(
-        idem::sea_orm::expired_leases(&db, 10)
+        idem::sea_orm::expired_leases(db, 10)
             .await
             .expect("list")
             .is_empty()

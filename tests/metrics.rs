@@ -3,23 +3,20 @@
 //! the run. The counts are read from the recorder's rendered text, as a scraper would; the
 //! payments example's `GET /metrics` shows them after a few pays.
 
-#[path = "../examples/payments/app.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod app;
 mod common;
-#[path = "../examples/shop/model.rs"]
-#[allow(unreachable_pub)]
-mod model;
+mod shop;
 
+use shop::app;
 use std::collections::BTreeMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
-use common::{backends, effects, insert_effect, unique};
+use common::http::{get, post_json};
+use common::{Gate, backends, effects, insert_effect, unique};
 use idem::idempotent;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use sea_orm::DatabaseConnection;
+use sea_orm::{ConnectionTrait, DatabaseConnection};
 use serde::{Deserialize, Serialize};
-use tokio::sync::Semaphore;
+use serde_json::json;
 
 /// The process-wide recorder (a recorder can be installed once per process).
 fn recorder() -> &'static PrometheusHandle {
@@ -113,37 +110,22 @@ impl From<idem::Error> for PayError {
     }
 }
 
-/// Holds a call inside its body until the test lets it go.
-#[derive(Clone)]
-struct Gate(Arc<Semaphore>, Arc<Semaphore>);
-
-impl Gate {
-    fn closed() -> (Self, Self) {
-        let gate = Self(Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
-        (gate.clone(), gate)
+/// Both handlers' body: waits at `gate` if there is one, fails (transiently) on a negative
+/// amount, else writes its effect.
+async fn body<C: ConnectionTrait>(db: &C, cmd: Pay, gate: Option<&Gate>) -> Result<i64, PayError> {
+    if let Some(gate) = gate {
+        gate.pass().await;
     }
-    async fn pass(gate: Option<&Self>) {
-        if let Some(Self(entered, release)) = gate {
-            entered.add_permits(1);
-            release.acquire().await.expect("open").forget();
-        }
-    }
-    async fn entered(&self) {
-        self.0.acquire().await.expect("open").forget();
-    }
-    fn release(&self) {
-        self.1.add_permits(1);
-    }
-}
-
-#[idempotent(scope = "metrics.atomic", key = cmd.key, on_concurrent = reject, skip(gate))]
-async fn pay(db: &DatabaseConnection, cmd: Pay, gate: Option<&Gate>) -> Result<i64, PayError> {
-    Gate::pass(gate).await;
     if cmd.amount < 0 {
         return Err(PayError::Flaky);
     }
     insert_effect(db, &cmd.run, "pay", cmd.amount).await;
     Ok(cmd.amount)
+}
+
+#[idempotent(scope = "metrics.atomic", key = cmd.key, on_concurrent = reject, skip(gate))]
+async fn pay(db: &DatabaseConnection, cmd: Pay, gate: Option<&Gate>) -> Result<i64, PayError> {
+    body(db, cmd, gate).await
 }
 
 #[idempotent(scope = "metrics.lease", key = cmd.key, lease = "5s", on_concurrent = reject, skip(gate))]
@@ -152,12 +134,7 @@ async fn pay_lease(
     cmd: Pay,
     gate: Option<&Gate>,
 ) -> Result<i64, PayError> {
-    Gate::pass(gate).await;
-    if cmd.amount < 0 {
-        return Err(PayError::Flaky);
-    }
-    insert_effect(db, &cmd.run, "pay", cmd.amount).await;
-    Ok(cmd.amount)
+    body(db, cmd, gate).await
 }
 
 /// Runs the same script against either handler: one of each outcome but `error`, and two
@@ -202,7 +179,8 @@ async fn calls_are_counted_per_scope_and_outcome_and_timed() {
             }
 
             // A duplicate while the first call is in its body.
-            let (held, gate) = Gate::closed();
+            let gate = Gate::default();
+            let held = gate.clone();
             let key = unique("k");
             let first = Pay {
                 key: key.clone(),
@@ -287,43 +265,11 @@ async fn a_store_failure_is_counted_as_error() {
 
 /// `GET /metrics` on the payments service: the Prometheus text a scraper reads.
 async fn scrape(router: &axum::Router) -> String {
-    use tower::ServiceExt;
-    let request = axum::http::Request::get("/metrics")
-        .body(axum::body::Body::empty())
-        .expect("request");
-    let response = router.clone().oneshot(request).await.expect("infallible");
-    assert_eq!(response.status(), 200);
-    assert!(
-        response.headers()["content-type"]
-            .to_str()
-            .expect("ascii")
-            .starts_with("text/plain; version=0.0.4")
-    );
-    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
-        .await
-        .expect("body");
-    String::from_utf8(body.to_vec()).expect("utf-8")
-}
-
-/// One POST with a key and a JSON body; returns status and body.
-async fn post(
-    router: &axum::Router,
-    uri: &str,
-    key: &str,
-    body: serde_json::Value,
-) -> (u16, serde_json::Value) {
-    use tower::ServiceExt;
-    let request = axum::http::Request::post(uri)
-        .header("idempotency-key", key)
-        .header("content-type", "application/json")
-        .body(axum::body::Body::from(body.to_string()))
-        .expect("request");
-    let response = router.clone().oneshot(request).await.expect("infallible");
-    let status = response.status().as_u16();
-    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
-        .await
-        .expect("body");
-    (status, serde_json::from_slice(&body).unwrap_or_default())
+    let answer = get(router, "/metrics").await;
+    assert_eq!(answer.status, 200);
+    let content_type = answer.header("content-type").expect("a content-type");
+    assert!(content_type.starts_with("text/plain; version=0.0.4"));
+    answer.text
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -343,42 +289,25 @@ async fn the_payments_example_serves_the_counters_at_get_metrics() {
             "idem_calls_total",
             "shop.orders.refund",
         );
-        let (status, order) = post(
-            &router,
-            "/orders",
-            &unique("create"),
-            serde_json::json!({"customer": "c-1", "amount_cents": 500, "currency": "usd"}),
-        )
-        .await;
-        assert_eq!(status, 201, "{}", b.name);
-        let id = order["id"].as_str().expect("id").to_owned();
+        let order = json!({"customer": "c-1", "amount_cents": 500, "currency": "usd"});
+        let created = post_json(&router, "/orders", &unique("create"), &order).await;
+        assert_eq!(created.status, 201, "{}", b.name);
+        let id = created.json["id"].as_str().expect("id").to_owned();
         let pay = format!("/orders/{id}/pay");
         let key = unique("pay");
         for _ in 0..3 {
-            let (status, _) = post(
-                &router,
-                &pay,
-                &key,
-                serde_json::json!({"amount_cents": 500}),
-            )
-            .await;
-            assert_eq!(status, 200, "{}", b.name);
+            let paid = post_json(&router, &pay, &key, &json!({"amount_cents": 500})).await;
+            assert_eq!(paid.status, 200, "{}", b.name);
         }
-        let (status, _) = post(
-            &router,
-            &pay,
-            &key,
-            serde_json::json!({"amount_cents": 501}),
-        )
-        .await;
-        assert_eq!(status, 422, "{}", b.name);
+        let reused = post_json(&router, &pay, &key, &json!({"amount_cents": 501})).await;
+        assert_eq!(reused.status, 422, "{}", b.name);
 
         // The refund route is a plain handler under `IdempotencyLayer`: counted the same way.
         let refund = format!("/orders/{id}/refund");
         let refund_key = unique("refund");
         for _ in 0..2 {
-            let (status, _) = post(&router, &refund, &refund_key, serde_json::json!({})).await;
-            assert_eq!(status, 200, "{}", b.name);
+            let refunded = post_json(&router, &refund, &refund_key, &json!({})).await;
+            assert_eq!(refunded.status, 200, "{}", b.name);
         }
         let scraped = scrape(&router).await;
         let refunds = parse(&scraped, "idem_calls_total", "shop.orders.refund");

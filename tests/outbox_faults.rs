@@ -199,15 +199,24 @@ async fn stage(db: &DatabaseConnection, subject: &str, n: usize, aggregates: usi
     ids
 }
 
+/// Resolves once `stop` is set (looked at every 20 ms): how the tests stop relays and
+/// consumers.
+async fn stopped(stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Runs a consumer in this process until `stop`, counting the deliveries it handles
 /// (deliveries − effect rows = redeliveries the inbox absorbed).
 fn spawn_consumer(
-    db: DatabaseConnection,
-    js: async_nats::jetstream::Context,
+    db: &DatabaseConnection,
+    js: &async_nats::jetstream::Context,
     stream: &'static str,
-    stop: Arc<AtomicBool>,
-    deliveries: Arc<AtomicUsize>,
+    stop: &Arc<AtomicBool>,
+    deliveries: &Arc<AtomicUsize>,
 ) -> tokio::task::JoinHandle<()> {
+    let (db, js, stop, deliveries) = (db.clone(), js.clone(), stop.clone(), deliveries.clone());
     tokio::spawn(async move {
         let dead = DeadLetterTable::new(db.clone());
         let handle = |d: Delivery| {
@@ -217,11 +226,7 @@ fn spawn_consumer(
         Consumer::new(js, stream, "faults")
             .ack_wait(Duration::from_secs(2))
             .max_deliver(1000)
-            .run(handle, &dead, async {
-                while !stop.load(Ordering::Relaxed) {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            })
+            .run(handle, &dead, stopped(stop))
             .await
             .expect("consumer");
     })
@@ -445,13 +450,7 @@ async fn r9_relays_killed_at_a_hundred_points_lose_and_duplicate_nothing() {
         let mut ids = stage(&db, &subject, 80, 24).await;
         let stop = Arc::new(AtomicBool::new(false));
         let deliveries = Arc::new(AtomicUsize::new(0));
-        let consumer = spawn_consumer(
-            db.clone(),
-            js.clone(),
-            "FAULTS",
-            stop.clone(),
-            deliveries.clone(),
-        );
+        let consumer = spawn_consumer(&db, &js, "FAULTS", &stop, &deliveries);
 
         let seed = seed();
         let mut rng = Rng(seed);
@@ -701,13 +700,7 @@ async fn r11_the_broker_and_the_database_go_away_for_five_seconds_and_nothing_is
         let run = unique("r11").replace('-', "_");
         let subject = format!("faults.{run}");
         let stop = Arc::new(AtomicBool::new(false));
-        let consumer = spawn_consumer(
-            db.clone(),
-            js.clone(),
-            "FAULTS",
-            stop.clone(),
-            Arc::default(),
-        );
+        let consumer = spawn_consumer(&db, &js, "FAULTS", &stop, &Arc::default());
         // The relay reaches the database through a proxy on servers, so it can be cut.
         let proxy = if name == "sqlite" {
             None
@@ -729,18 +722,8 @@ async fn r11_the_broker_and_the_database_go_away_for_five_seconds_and_nothing_is
                 .poll_interval(Duration::from_millis(50)),
         );
         let relay_stop = Arc::new(AtomicBool::new(false));
-        let relay_task = {
-            let (relay, s) = (relay.clone(), relay_stop.clone());
-            tokio::spawn(async move {
-                relay
-                    .run(async move {
-                        while !s.load(Ordering::Relaxed) {
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                        }
-                    })
-                    .await
-            })
-        };
+        let (r, s) = (relay.clone(), relay_stop.clone());
+        let relay_task = tokio::spawn(async move { r.run(stopped(s)).await });
         // Load: a message every 10 ms while the faults happen.
         let staged = Arc::new(Mutex::new(Vec::new()));
         let staging = Arc::new(AtomicBool::new(true));
@@ -819,13 +802,7 @@ async fn r12_order_holds_per_aggregate_and_a_poison_message_holds_only_its_own()
         let subject = format!("faults.{run}");
         let (n, aggregates) = if quick() { (400, 20) } else { (1000, 50) };
         let stop = Arc::new(AtomicBool::new(false));
-        let consumer = spawn_consumer(
-            db.clone(),
-            js.clone(),
-            "FAULTS",
-            stop.clone(),
-            Arc::default(),
-        );
+        let consumer = spawn_consumer(&db, &js, "FAULTS", &stop, &Arc::default());
 
         // Stagers with random commit delays: later ids commit first across aggregates, and
         // stagers of one aggregate queue on its head row.
@@ -898,15 +875,7 @@ async fn r12_order_holds_per_aggregate_and_a_poison_message_holds_only_its_own()
             .iter()
             .map(|relay| {
                 let (relay, s) = (relay.clone(), relay_stop.clone());
-                tokio::spawn(async move {
-                    relay
-                        .run(async move {
-                            while !s.load(Ordering::Relaxed) {
-                                tokio::time::sleep(Duration::from_millis(20)).await;
-                            }
-                        })
-                        .await
-                })
+                tokio::spawn(async move { relay.run(stopped(s)).await })
             })
             .collect();
         let limit = Duration::from_secs(if quick() { 60 } else { 120 });

@@ -40,12 +40,8 @@ mod r7_isolation;
 mod r8_properties;
 
 // The payments example, served over a socket by R13.
-#[path = "../examples/payments/app.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod app;
-#[path = "../examples/shop/model.rs"]
-#[allow(unreachable_pub)]
-mod model;
+mod shop;
+use shop::{app, model};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -9,6 +9,19 @@ use sea_orm::{DatabaseConnection, DbBackend};
 use crate::Res;
 use crate::setup::scalar;
 
+/// Adds to `into` each counter's change from `before` to `after`.
+pub(crate) fn add_deltas(
+    into: &mut BTreeMap<&'static str, f64>,
+    before: &BTreeMap<&'static str, f64>,
+    after: BTreeMap<&'static str, f64>,
+) {
+    for (k, x) in after {
+        if let Some(z) = before.get(k) {
+            *into.entry(k).or_default() += x - z;
+        }
+    }
+}
+
 /// Busy and total jiffies of the whole machine (`/proc/stat`).
 pub(crate) fn machine_cpu() -> Option<(f64, f64)> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;

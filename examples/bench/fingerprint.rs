@@ -6,37 +6,15 @@ use std::time::Instant;
 use idem::Fingerprinter;
 
 use crate::Res;
+use crate::harness::{Pair, us};
 use crate::setup::Plan;
-use crate::stats::{median, us};
 use crate::workload::PayOrder;
 
-/// µs per call of every round.
-#[derive(Debug)]
-pub(crate) struct Fingerprint {
-    /// The whole fingerprint (the figure).
-    pub(crate) whole_us: Vec<f64>,
-    /// The canonical encoding alone (the rest is SHA-256).
-    pub(crate) encoding_us: Vec<f64>,
-}
-
-impl Fingerprint {
-    /// P5: µs per fingerprint, the median of the rounds.
-    pub(crate) fn median_us(&self) -> f64 {
-        median(&self.whole_us)
-    }
-
-    pub(crate) fn encoding_median_us(&self) -> f64 {
-        median(&self.encoding_us)
-    }
-}
-
-/// The fingerprint of the 1 KiB request, as `#[idempotent]` computes it (P5), in µs per call:
-/// the whole fingerprint, and the canonical encoding alone, alternating round by round.
-pub(crate) fn measure(cmd: &PayOrder, plan: &Plan) -> Res<Fingerprint> {
-    let mut out = Fingerprint {
-        whole_us: Vec::new(),
-        encoding_us: Vec::new(),
-    };
+/// The fingerprint of the 1 KiB request, as `#[idempotent]` computes it, in µs per call of
+/// every round: the whole fingerprint (measured; P5 is its median) against the canonical
+/// encoding alone (the rest is SHA-256), alternating round by round.
+pub(crate) fn measure(cmd: &PayOrder, plan: &Plan) -> Res<Pair> {
+    let mut out = Pair::default();
     for round in 0..plan.fp_rounds * 2 {
         let hash = round % 2 == 0;
         let start = Instant::now();
@@ -50,10 +28,9 @@ pub(crate) fn measure(cmd: &PayOrder, plan: &Plan) -> Res<Fingerprint> {
             }
         }
         let per_call = us(start.elapsed()) / plan.fp_iters as f64;
-        if hash {
-            out.whole_us.push(per_call);
-        } else {
-            out.encoding_us.push(per_call);
+        match hash {
+            true => out.measured.push(per_call),
+            false => out.against.push(per_call),
         }
     }
     Ok(out)

@@ -3,9 +3,8 @@
 use std::time::Instant;
 
 use crate::Res;
-use crate::pin::Pinned;
+use crate::harness::{median, on_one_cpu, percentile, take_turns, us};
 use crate::setup::{Bench, Plan, SLOT_LATENCY};
-use crate::stats::{alternate, median, percentile, us};
 use crate::variants::{PerVariant, Variant};
 use crate::workload::PayOrder;
 
@@ -85,31 +84,46 @@ impl Latency {
 
     /// P2: idem replay over idem first.
     pub(crate) fn replay_vs_first(&self) -> f64 {
-        self.all.idem_replay.median() / self.all.idem_first.median()
+        self.all[Variant::IdemReplay].median() / self.all[Variant::IdemFirst].median()
     }
 }
 
 fn ratio(latencies: &PerVariant<Latencies>) -> f64 {
-    latencies.idem_first.median() / latencies.bare.median()
+    latencies[Variant::IdemFirst].median() / latencies[Variant::Bare].median()
 }
 
 pub(crate) async fn measure(b: &Bench, plan: &Plan) -> Res<Latency> {
     // Requests idem first has recorded: idem replay sends them again.
     let mut recorded: Vec<PayOrder> = Vec::new();
     warm_up(b, plan, &PAIR, &mut recorded).await?;
-    let pinned = match Pinned::to_one_cpu() {
-        // The pin holds until the arm ends.
-        Some(_pin) => {
-            let what = "latency, pinned to one CPU";
-            Some(rounds(b, plan, &PAIR, &mut recorded, what).await?)
-        }
-        None => None,
-    };
+    let what = "latency, pinned to one CPU";
+    let pinned = on_one_cpu(async || rounds(b, plan, &PAIR, &mut recorded, what).await).await?;
     let what = "latency, bare and idem first";
     let pair = rounds(b, plan, &PAIR, &mut recorded, what).await?;
     warm_up(b, plan, &Variant::ALL, &mut recorded).await?;
     let all = rounds(b, plan, &Variant::ALL, &mut recorded, "latency").await?;
     Ok(Latency { pinned, pair, all })
+}
+
+/// One call of `v` on one of the latency client's orders (`i`), or for a replay the recorded
+/// request `replay` (modulo their number): its µs. idem first's requests are recorded.
+async fn call(
+    b: &Bench,
+    v: Variant,
+    i: usize,
+    replay: usize,
+    recorded: &mut Vec<PayOrder>,
+) -> Res<f64> {
+    let cmd = match v {
+        Variant::IdemReplay => recorded[replay % recorded.len()].clone(),
+        _ => b.command(SLOT_LATENCY, i),
+    };
+    let keep = (v == Variant::IdemFirst).then(|| cmd.clone());
+    let start = Instant::now();
+    b.call(v, cmd).await?;
+    let took = us(start.elapsed());
+    recorded.extend(keep);
+    Ok(took)
 }
 
 /// Warm-up: prepared statements, pool connections, caches.
@@ -121,13 +135,7 @@ async fn warm_up(
 ) -> Res<()> {
     for &v in variants {
         for i in 0..plan.latency_calls.min(20) {
-            let cmd = match v {
-                Variant::IdemReplay => recorded[i % recorded.len()].clone(),
-                _ => b.command(SLOT_LATENCY, i),
-            };
-            let keep = (v == Variant::IdemFirst).then(|| cmd.clone());
-            b.call(v, cmd).await?;
-            recorded.extend(keep);
+            call(b, v, i, i, recorded).await?;
         }
     }
     Ok(())
@@ -143,35 +151,24 @@ async fn rounds(
     what: &str,
 ) -> Res<PerVariant<Latencies>> {
     let n = plan.latency_calls;
+    let turn = async |v, t| {
+        let (round, i) = (t / n, t % n);
+        call(b, v, i, round * n + i * 7, recorded).await
+    };
+    let progress = |t: usize| {
+        let round = t / n;
+        if t % n == n - 1 && round % 5 == 4 {
+            let rounds = plan.latency_rounds;
+            b.progress(&format!("{what}: round {}/{rounds}", round + 1));
+        }
+    };
+    let calls = take_turns(variants, plan.latency_rounds * n, turn, progress).await?;
     let mut out = PerVariant::<Latencies>::default();
-    for round in 0..plan.latency_rounds {
-        let mut this_round: PerVariant<Vec<f64>> = PerVariant::default();
-        for i in 0..n {
-            for v in alternate(variants, round * n + i) {
-                let cmd = match v {
-                    Variant::IdemReplay => recorded[(round * n + i * 7) % recorded.len()].clone(),
-                    _ => b.command(SLOT_LATENCY, i),
-                };
-                let keep = (v == Variant::IdemFirst).then(|| cmd.clone());
-                let start = Instant::now();
-                b.call(v, cmd).await?;
-                this_round.get_mut(v).push(us(start.elapsed()));
-                recorded.extend(keep);
-            }
-        }
-        for &v in variants {
-            let calls = this_round.get_mut(v);
-            let latencies = out.get_mut(v);
-            latencies.round_medians.push(median(calls));
-            latencies.calls.append(calls);
-        }
-        if round % 5 == 4 {
-            b.progress(&format!(
-                "{what}: round {}/{}",
-                round + 1,
-                plan.latency_rounds
-            ));
-        }
+    for (&v, calls) in variants.iter().zip(calls) {
+        out[v] = Latencies {
+            round_medians: calls.chunks(n).map(median).collect(),
+            calls,
+        };
     }
     Ok(out)
 }

@@ -105,13 +105,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// P10: the plan's first executions of each mode, alternating, on fresh keys, in the
 /// bench's `bench_lease_rows` (created with the other bench tables).
 pub(crate) async fn measure(b: &Bench, plan: &Plan) -> Res<LeaseCost> {
-    let cost = lease_cost(&b.db, plan.lease_calls).await?;
-    b.progress("lease done");
-    Ok(cost)
-}
-
-/// Runs `calls` first executions of each mode, alternating, on fresh keys.
-async fn lease_cost(db: &DatabaseConnection, calls: usize) -> Res<LeaseCost> {
+    let (db, calls) = (&b.db, plan.lease_calls);
     let run = format!(
         "{}-{}",
         std::process::id(),
@@ -119,46 +113,52 @@ async fn lease_cost(db: &DatabaseConnection, calls: usize) -> Res<LeaseCost> {
             .duration_since(std::time::UNIX_EPOCH)?
             .as_nanos()
     );
-    let order = |mode: &str, i: usize| Order {
-        key: format!("{run}-{mode}-{i}"),
-        amount_cents: 1200,
+    // One first execution in lease mode or in atomic mode, on key `<run>-<prefix>-<i>`.
+    let pay = async |lease_mode: bool, prefix: &str, i: usize| {
+        let order = Order {
+            key: format!("{run}-{prefix}-{i}"),
+            amount_cents: 1200,
+        };
+        match lease_mode {
+            true => leased(db, order).await,
+            false => atomic(db, order).await,
+        }
     };
     // Warm both paths (prepared statements, pool).
     for i in 0..20 {
-        atomic(db, order("wa", i)).await?;
-        leased(db, order("wl", i)).await?;
+        pay(false, "wa", i).await?;
+        pay(true, "wl", i).await?;
     }
     let (mut a, mut l) = (Vec::with_capacity(calls), Vec::with_capacity(calls));
     for i in 0..calls {
         let started = Instant::now();
-        atomic(db, order("a", i)).await?;
+        pay(false, "a", i).await?;
         a.push(started.elapsed().as_secs_f64() * 1e6);
         let started = Instant::now();
-        leased(db, order("l", i)).await?;
+        pay(true, "l", i).await?;
         l.push(started.elapsed().as_secs_f64() * 1e6);
     }
     // Commits, counted apart from the timing runs (the counter query commits too).
-    let per_call = |before: Option<i64>, after: Option<i64>, n: usize| {
-        before
-            .zip(after)
-            .map(|(b, a)| (a - b - 1) as f64 / n as f64)
-    };
     let n = calls.min(200);
-    let before = commits(db).await?;
-    for i in 0..n {
-        atomic(db, order("ca", i)).await?;
+    let mut per_call = Vec::new();
+    for (lease_mode, prefix) in [(false, "ca"), (true, "cl")] {
+        let before = commits(db).await?;
+        for i in 0..n {
+            pay(lease_mode, prefix, i).await?;
+        }
+        let after = commits(db).await?;
+        per_call.push(
+            before
+                .zip(after)
+                .map(|(b, a)| (a - b - 1) as f64 / n as f64),
+        );
     }
-    let atomic_commits_per_call = per_call(before, commits(db).await?, n);
-    let before = commits(db).await?;
-    for i in 0..n {
-        leased(db, order("cl", i)).await?;
-    }
-    let lease_commits_per_call = per_call(before, commits(db).await?, n);
+    b.progress("lease done");
     Ok(LeaseCost {
         calls,
         atomic_median_us: median(a),
         lease_median_us: median(l),
-        atomic_commits_per_call,
-        lease_commits_per_call,
+        atomic_commits_per_call: per_call[0],
+        lease_commits_per_call: per_call[1],
     })
 }

@@ -9,8 +9,8 @@ use idem::idempotent;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 
 use crate::Res;
+use crate::harness::{median, percentile, us};
 use crate::setup::{BULK_CHUNK, Bench, Plan, PurgePlan, SLOT_LATENCY, scalar};
-use crate::stats::{median, percentile, us};
 use crate::variants::pay_idem;
 
 /// How a P7 cycle purges.

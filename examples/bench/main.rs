@@ -6,9 +6,11 @@
 //! ```
 //!
 //! One process runs every workload, alternating the variants round by round (ABCD, DCBA, …)
-//! so drift hits all of them equally, and reports medians. The workload is a "pay order"
-//! handler (read the order, insert a payment row, update the order) whose argument struct is
-//! about 1 KiB of JSON; [`variants`] lists the four ways of running it. One module per figure:
+//! so drift hits all of them equally, and reports medians: [`harness`] takes the turns, pins
+//! the process to one CPU, sends storms of concurrent calls and reads the medians. The
+//! workload is a "pay order" handler (read the order, insert a payment row, update the order)
+//! whose argument struct is about 1 KiB of JSON; [`variants`] lists the four ways of running
+//! it. One module per figure:
 //!
 //! | figure | module |
 //! |---|---|
@@ -29,15 +31,14 @@
 
 mod counters;
 mod fingerprint;
+mod harness;
 mod latency;
 mod lease;
 mod ledger;
 mod outbox;
-mod pin;
 mod profile;
 mod report;
 mod setup;
-mod stats;
 mod storm;
 mod throughput;
 mod variants;

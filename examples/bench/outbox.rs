@@ -101,6 +101,38 @@ async fn pending(db: &DatabaseConnection) -> Res<u64> {
     Ok(outbox_health(db).await?.pending)
 }
 
+/// `relays` idem relays running on tasks of their own (each made by `relay()`), until
+/// [`Relays::stop`].
+struct Relays {
+    stop: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<Result<(), idem::Error>>>,
+}
+
+impl Relays {
+    fn start(relays: usize, relay: impl Fn() -> Relay<JetStreamSink>) -> Self {
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let spawn = |_| {
+            let (relay, mut stopped) = (relay(), stopped.clone());
+            tokio::spawn(async move {
+                let stopped = async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                };
+                relay.run(stopped).await
+            })
+        };
+        let tasks = (0..relays).map(spawn).collect();
+        Self { stop, tasks }
+    }
+
+    async fn stop(self) -> Res<()> {
+        self.stop.send(true)?;
+        for t in self.tasks {
+            t.await??;
+        }
+        Ok(())
+    }
+}
+
 /// Runs `relays` idem relays until the outbox is empty; messages per second.
 async fn idem_drain(
     db: &DatabaseConnection,
@@ -109,30 +141,16 @@ async fn idem_drain(
     n: usize,
 ) -> Res<f64> {
     let started = Instant::now();
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let tasks: Vec<_> = (0..relays)
-        .map(|_| {
-            let relay = Relay::new(db.clone(), JetStreamSink::new(js.clone()))
-                .batch_size(100)
-                .poll_interval(Duration::from_millis(5));
-            let mut stopped = stopped.clone();
-            tokio::spawn(async move {
-                relay
-                    .run(async move {
-                        let _ = stopped.wait_for(|s| *s).await;
-                    })
-                    .await
-            })
-        })
-        .collect();
+    let running = Relays::start(relays, || {
+        Relay::new(db.clone(), JetStreamSink::new(js.clone()))
+            .batch_size(100)
+            .poll_interval(Duration::from_millis(5))
+    });
     while pending(db).await? > 0 {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let elapsed = started.elapsed();
-    stop.send(true)?;
-    for t in tasks {
-        t.await??;
-    }
+    running.stop().await?;
     Ok(n as f64 / elapsed.as_secs_f64())
 }
 
@@ -197,21 +215,19 @@ async fn throughput(
     let hand_written_per_s = published as f64 / started.elapsed().as_secs_f64();
     assert_eq!(published, n, "the hand-written relay published everything");
 
-    clear(db).await?;
-    stage_batch(db, n, None).await?;
-    let idem_1_relay_per_s = idem_drain(db, js, 1, n).await?;
-    clear(db).await?;
-    stage_batch(db, n, None).await?;
-    let idem_4_relays_per_s = idem_drain(db, js, 4, n).await?;
-    clear(db).await?;
-    stage_batch(db, n, Some(50)).await?;
-    let idem_4_relays_50_aggregates_per_s = idem_drain(db, js, 4, n).await?;
+    // 1 relay, 4 relays, 4 relays over 50 aggregates.
+    let mut idem = Vec::with_capacity(3);
+    for (relays, aggregates) in [(1, None), (4, None), (4, Some(50))] {
+        clear(db).await?;
+        stage_batch(db, n, aggregates).await?;
+        idem.push(idem_drain(db, js, relays, n).await?);
+    }
     clear(db).await?;
     Ok(Throughput {
         messages: n,
-        idem_1_relay_per_s,
-        idem_4_relays_per_s,
-        idem_4_relays_50_aggregates_per_s,
+        idem_1_relay_per_s: idem[0],
+        idem_4_relays_per_s: idem[1],
+        idem_4_relays_50_aggregates_per_s: idem[2],
         hand_written_per_s,
     })
 }
@@ -326,21 +342,9 @@ async fn latency(
     );
     clear(db).await?;
 
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let relay = Relay::new(db.clone(), JetStreamSink::new(js.clone()));
-    let relay_task = {
-        let mut stopped = stopped.clone();
-        tokio::spawn(async move {
-            relay
-                .run(async move {
-                    let _ = stopped.wait_for(|s| *s).await;
-                })
-                .await
-        })
-    };
+    let relay = Relays::start(1, || Relay::new(db.clone(), JetStreamSink::new(js.clone())));
     let wake = latencies(db, client, n, interval, &format!("{run}-w")).await?;
-    stop.send(true)?;
-    relay_task.await??;
+    relay.stop().await?;
 
     clear(db).await?;
     let polling_on = Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -366,39 +370,9 @@ async fn latency(
     })
 }
 
-/// P8 and P9, or why they were not measured.
-#[derive(Debug)]
-pub(crate) enum OutboxFigures {
-    Measured {
-        throughput: Throughput,
-        latency: Latency,
-    },
-    /// The NATS server could not be reached, or has no JetStream.
-    NotMeasured { reason: String },
-}
-
-impl OutboxFigures {
-    pub(crate) fn throughput(&self) -> Option<&Throughput> {
-        match self {
-            Self::Measured { throughput, .. } => Some(throughput),
-            Self::NotMeasured { .. } => None,
-        }
-    }
-
-    pub(crate) fn latency(&self) -> Option<&Latency> {
-        match self {
-            Self::Measured { latency, .. } => Some(latency),
-            Self::NotMeasured { .. } => None,
-        }
-    }
-
-    pub(crate) fn not_measured(&self) -> Option<&str> {
-        match self {
-            Self::Measured { .. } => None,
-            Self::NotMeasured { reason } => Some(reason),
-        }
-    }
-}
+/// P8 and P9, or why they were not measured (the NATS server could not be reached, or has
+/// no JetStream).
+pub(crate) type OutboxFigures = Result<(Throughput, Latency), String>;
 
 /// P8 then P9 on the bench's database, against the NATS server at `NATS_URL`. Only failing to
 /// reach the server (or its JetStream) makes them "not measured"; any later failure is an
@@ -416,15 +390,12 @@ pub(crate) async fn measure(b: &Bench, plan: &Plan) -> Res<OutboxFigures> {
         Err(e) => {
             let reason = format!("NATS JetStream at {nats_url} unavailable: {e}");
             b.progress(&format!("outbox: P8 and P9 not measured ({reason})"));
-            return Ok(OutboxFigures::NotMeasured { reason });
+            return Ok(Err(reason));
         }
     };
     let throughput = throughput(&b.db, &js, plan.relay_messages).await?;
     b.progress("outbox: relay throughput done");
     let latency = latency(&b.db, &js, &client, plan.publish_latency_messages).await?;
     b.progress("outbox: commit-to-publish latency done");
-    Ok(OutboxFigures::Measured {
-        throughput,
-        latency,
-    })
+    Ok(Ok((throughput, latency)))
 }

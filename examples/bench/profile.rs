@@ -11,10 +11,10 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, Transac
 use serde_json::json;
 
 use crate::Res;
-use crate::counters::{process_cpu_us, server_counters, server_cpu_us, server_process};
+use crate::counters::{add_deltas, process_cpu_us, server_counters, server_cpu_us, server_process};
+use crate::harness::{alternate, median, r3, us};
 use crate::setup::{Bench, ORDERS_PER_SLOT, Plan, SLOT_PROFILE, Target, connect};
-use crate::stats::{alternate, median, r3, us};
-use crate::variants::{PerVariant, Variant, call_variant};
+use crate::variants::{PerVariant, Variant};
 use crate::workload::{PayOrder, now_ms};
 
 /// Per statement label: how many ran and their µs, summed.
@@ -63,47 +63,38 @@ pub(crate) struct Profile {
 impl Profile {
     /// The JSON's `profile` object.
     pub(crate) fn json(&self) -> serde_json::Value {
-        let mut variants = serde_json::Map::new();
-        for v in Variant::ALL {
-            let p = self.variants.get(v);
-            let by: serde_json::Map<String, serde_json::Value> = p
-                .by_statement
-                .iter()
-                .map(|(k, cost)| {
-                    (
-                        (*k).to_owned(),
-                        json!({"per_call": r3(cost.per_call), "us_per_call": r3(cost.us_per_call)}),
-                    )
-                })
-                .collect();
-            let per_call_counters: BTreeMap<&str, serde_json::Value> = p
+        let variant = |v: Variant| {
+            let p = &self.variants[v];
+            let cost = |c: &StatementCost| json!({"per_call": r3(c.per_call), "us_per_call": r3(c.us_per_call)});
+            let by: BTreeMap<_, _> = p.by_statement.iter().map(|(k, c)| (*k, cost(c))).collect();
+            let counters: BTreeMap<_, _> = p
                 .server_counters
                 .iter()
                 .map(|(k, x)| (*k, r3(*x)))
                 .collect();
-            variants.insert(
-                v.key().to_owned(),
-                json!({
-                    "wall_us": r3(p.wall_us),
-                    "statements_per_call": r3(p.statements),
-                    "statement_us_per_call": r3(p.statement_us),
-                    "outside_statements_us_per_call": r3(p.outside_statements_us),
-                    "client_cpu_us_per_call": r3(p.client_cpu_us),
-                    "server_cpu_us_per_call": r3(p.server_cpu_us),
-                    "server_counters_per_call": per_call_counters,
-                    "sqlite_wal_frames_per_call": p.sqlite_wal_frames.map(r3),
-                    "by_statement": by,
-                }),
-            );
-        }
+            let figures = json!({
+                "wall_us": r3(p.wall_us),
+                "statements_per_call": r3(p.statements),
+                "statement_us_per_call": r3(p.statement_us),
+                "outside_statements_us_per_call": r3(p.outside_statements_us),
+                "client_cpu_us_per_call": r3(p.client_cpu_us),
+                "server_cpu_us_per_call": r3(p.server_cpu_us),
+                "server_counters_per_call": counters,
+                "sqlite_wal_frames_per_call": p.sqlite_wal_frames.map(r3),
+                "by_statement": by,
+            });
+            (v.key(), figures)
+        };
+        let variants: BTreeMap<_, _> = Variant::ALL.into_iter().map(variant).collect();
+        let frame = &self.frame;
         json!({
             "calls_per_variant": self.calls_per_variant,
             "variants": variants,
             "micro_us": {
-                "acquire_ping_begin": r3(self.frame.acquire_ping_begin),
-                "select_1_round_trip": r3(self.frame.select_1_round_trip),
-                "commit_after_one_update": r3(self.frame.commit_after_one_update),
-                "rollback_read_only": r3(self.frame.rollback_read_only),
+                "acquire_ping_begin": r3(frame.acquire_ping_begin),
+                "select_1_round_trip": r3(frame.select_1_round_trip),
+                "commit_after_one_update": r3(frame.commit_after_one_update),
+                "rollback_read_only": r3(frame.rollback_read_only),
             },
         })
     }
@@ -163,10 +154,7 @@ async fn sqlite_wal_frames(
                 _ => None,
             }
             .unwrap_or_else(|| b.command(SLOT_PROFILE, i));
-            call_variant(db, &b.sql, v, cmd).await?;
-            if v.executes() {
-                b.executed.fetch_add(1, Ordering::Relaxed);
-            }
+            b.call_on(db, v, cmd).await?;
         }
         let row = db
             .query_one_raw(Statement::from_string(
@@ -176,7 +164,7 @@ async fn sqlite_wal_frames(
             .await?
             .ok_or("no checkpoint row")?;
         let frames: i64 = row.try_get_by_index(1)?;
-        *out.get_mut(v) = frames as f64 / calls as f64;
+        out[v] = frames as f64 / calls as f64;
     }
     Ok(out)
 }
@@ -199,10 +187,7 @@ pub(crate) async fn measure(b: &Bench, target: &Target, plan: &Plan) -> Res<Prof
             return;
         };
         if let Ok(mut m) = sink.lock() {
-            let e = m
-                .get_mut(v)
-                .entry(label(&info.statement.sql))
-                .or_insert((0, 0.0));
+            let e = m[v].entry(label(&info.statement.sql)).or_insert((0, 0.0));
             e.0 += 1;
             e.1 += us(info.elapsed);
         }
@@ -217,8 +202,7 @@ pub(crate) async fn measure(b: &Bench, target: &Target, plan: &Plan) -> Res<Prof
         for i in 0..chunk.max(10) {
             let cmd = b.command(SLOT_PROFILE, i);
             recorded.push(cmd.clone());
-            call_variant(&db, &b.sql, v, cmd).await?;
-            b.executed.fetch_add(1, Ordering::Relaxed);
+            b.call_on(&db, v, cmd).await?;
         }
     }
     recorded.drain(..recorded.len() - chunk.max(10));
@@ -232,11 +216,7 @@ pub(crate) async fn measure(b: &Bench, target: &Target, plan: &Plan) -> Res<Prof
     for round in 0..rounds {
         for v in alternate(&Variant::ALL, round) {
             let before = server_counters(&db).await;
-            let position = Variant::ALL
-                .iter()
-                .position(|x| *x == v)
-                .unwrap_or(usize::MAX);
-            current.store(position, Ordering::Relaxed);
+            current.store(v as usize, Ordering::Relaxed);
             let (c0, s0) = (process_cpu_us("self"), server_cpu_us(server.as_ref()));
             let start = Instant::now();
             for i in 0..chunk {
@@ -245,26 +225,15 @@ pub(crate) async fn measure(b: &Bench, target: &Target, plan: &Plan) -> Res<Prof
                     _ => b.command(SLOT_PROFILE, i),
                 };
                 let keep = (v == Variant::IdemFirst).then(|| cmd.clone());
-                call_variant(&db, &b.sql, v, cmd).await?;
-                if v.executes() {
-                    b.executed.fetch_add(1, Ordering::Relaxed);
-                }
+                b.call_on(&db, v, cmd).await?;
                 recorded.extend(keep);
             }
-            *wall.get_mut(v) += us(start.elapsed());
-            *client.get_mut(v) += process_cpu_us("self")
-                .zip(c0)
-                .map_or(f64::NAN, |(a, z)| a - z);
-            *server_cpu.get_mut(v) += server_cpu_us(server.as_ref())
-                .zip(s0)
-                .map_or(f64::NAN, |(a, z)| a - z);
+            wall[v] += us(start.elapsed());
+            let since = |now: Option<f64>, then| now.zip(then).map_or(f64::NAN, |(a, z)| a - z);
+            client[v] += since(process_cpu_us("self"), c0);
+            server_cpu[v] += since(server_cpu_us(server.as_ref()), s0);
             current.store(usize::MAX, Ordering::Relaxed);
-            let after = server_counters(&db).await;
-            for (k, x) in after {
-                if let Some(z) = before.get(k) {
-                    *counters.get_mut(v).entry(k).or_default() += x - z;
-                }
-            }
+            add_deltas(&mut counters[v], &before, server_counters(&db).await);
         }
     }
     let totals = totals.lock().map(|m| m.clone()).unwrap_or_default();
@@ -277,14 +246,14 @@ pub(crate) async fn measure(b: &Bench, target: &Target, plan: &Plan) -> Res<Prof
         let statements: u64 = mine.values().map(|e| e.0).sum();
         let statement_us: f64 = mine.values().map(|e| e.1).sum();
         VariantProfile {
-            wall_us: wall.get(v) / n,
+            wall_us: wall[v] / n,
             statements: statements as f64 / n,
             statement_us: statement_us / n,
-            outside_statements_us: (wall.get(v) - statement_us) / n,
-            client_cpu_us: client.get(v) / n,
-            server_cpu_us: server_cpu.get(v) / n,
-            server_counters: counters.get(v).iter().map(|(k, x)| (*k, x / n)).collect(),
-            sqlite_wal_frames: wal_frames.as_ref().map(|w| *w.get(v)),
+            outside_statements_us: (wall[v] - statement_us) / n,
+            client_cpu_us: client[v] / n,
+            server_cpu_us: server_cpu[v] / n,
+            server_counters: counters[v].iter().map(|(k, x)| (*k, x / n)).collect(),
+            sqlite_wal_frames: wal_frames.as_ref().map(|w| w[v]),
             by_statement: mine
                 .iter()
                 .map(|(k, (count, t))| {

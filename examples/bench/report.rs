@@ -1,27 +1,26 @@
 //! The report: the figures against their goals, the table on stdout, and the JSON object.
 
-use std::collections::BTreeMap;
 use std::time::Instant;
 
-use serde_json::json;
+use serde_json::{Map, Value, json};
 
 use crate::counters::{loadavg, peak_rss_bytes, read_proc, utc_date};
-use crate::fingerprint::Fingerprint;
+use crate::harness::{Pair, fmt_opt, median, percentile, r3, rounded};
 use crate::latency::{Latencies, Latency, PAIR};
 use crate::lease::LeaseCost;
 use crate::ledger::{Ledger, PACED_BUDGET, PurgeHow};
 use crate::outbox::OutboxFigures;
 use crate::profile::Profile;
 use crate::setup::{Args, Backend, Checked, Facts, Plan};
-use crate::stats::{fmt_opt, median, percentile, r3, rounded};
 use crate::storm::Storm;
-use crate::throughput::Throughput;
+use crate::throughput::{Rate, Throughput};
 use crate::variants::{PerVariant, Variant};
 
 /// Everything the figures measured.
 #[derive(Debug)]
 pub(crate) struct Results {
-    pub(crate) fingerprint: Fingerprint,
+    /// The whole fingerprint, measured against its encoding alone.
+    pub(crate) fingerprint: Pair,
     pub(crate) latency: Latency,
     pub(crate) throughput: Throughput,
     pub(crate) storm: Storm,
@@ -74,9 +73,15 @@ impl<'a> Run<'a> {
 /// Where a figure's goal lies.
 #[derive(Debug, Clone, Copy)]
 enum Goal {
-    AtMost(f64),
-    AtLeast(f64),
+    /// At most this.
+    Max(f64),
+    /// At least this.
+    Min(f64),
+    /// Reported without a goal.
+    Unset,
 }
+
+use Goal::{Max, Min, Unset};
 
 /// One line of the figure table, and its keys in the JSON.
 #[derive(Debug)]
@@ -85,8 +90,7 @@ struct Figure {
     key: &'static str,
     what: &'static str,
     value: Option<f64>,
-    /// `None`: reported without a goal.
-    goal: Option<Goal>,
+    goal: Goal,
     /// Why the figure has no value, when that is worth saying.
     not_measured: Option<String>,
 }
@@ -94,107 +98,68 @@ struct Figure {
 impl Figure {
     fn met(&self) -> Option<bool> {
         let value = self.value?;
-        Some(match self.goal? {
-            Goal::AtMost(goal) => value <= goal,
-            Goal::AtLeast(goal) => value >= goal,
-        })
+        match self.goal {
+            Max(goal) => Some(value <= goal),
+            Min(goal) => Some(value >= goal),
+            Unset => None,
+        }
     }
 
     fn goal_text(&self) -> String {
         match self.goal {
-            Some(Goal::AtMost(goal)) => format!("<= {goal}"),
-            Some(Goal::AtLeast(goal)) => format!(">= {goal}"),
-            None => "-".to_owned(),
+            Max(goal) => format!("<= {goal}"),
+            Min(goal) => format!(">= {goal}"),
+            Unset => "-".to_owned(),
         }
     }
 }
 
+/// Every figure: its id, its key in the JSON, its goal, and what it measures.
+#[rustfmt::skip] // a table: one figure a line
+const FIGURES: [(&str, &str, Goal, &str); 10] = [
+    ("P1", "p1_first_vs_bare", Max(1.10), "idem first / bare latency (PostgreSQL, durable)"),
+    ("P2", "p2_replay_vs_first", Max(0.33), "idem replay / idem first latency"),
+    ("P3", "p3_vs_three_commit", Min(2.0), "idem first / three-commit throughput, 16 clients"),
+    ("P4", "p4_sqlite_first_vs_bare", Max(1.20), "idem first / bare latency (SQLite file, WAL)"),
+    ("P5", "p5_fingerprint_us", Max(2.0), "fingerprint of the 1 KiB request, µs"),
+    ("P6", "p6_storm_vs_single", Max(3.0), "64 duplicates answered / one execution"),
+    ("P7", "p7_purge_p99_ratio", Max(2.0), "claim p99 during a purge / without"),
+    ("P8", "p8_ratio", Min(3.0), "idem relay / hand-written polling relay, msg/s"),
+    ("P9", "p9_wake_p99_ms", Max(10.0), "commit-to-publish p99 (relay woken by commit), ms"),
+    ("P10", "p10_ratio", Unset, "lease / atomic mode latency, same handler"),
+];
+
 fn figures(run: &Run<'_>, r: &Results) -> Vec<Figure> {
     let backend = run.args.backend;
     let first_vs_bare = r.latency.first_vs_bare();
-    let outbox_not_measured = r.outbox.not_measured().map(str::to_owned);
-    vec![
-        Figure {
-            id: "P1",
-            key: "p1_first_vs_bare",
-            what: "idem first / bare latency (PostgreSQL, durable)",
-            value: (backend == Backend::Postgres).then_some(first_vs_bare),
-            goal: Some(Goal::AtMost(1.10)),
-            not_measured: None,
-        },
-        Figure {
-            id: "P2",
-            key: "p2_replay_vs_first",
-            what: "idem replay / idem first latency",
-            value: Some(r.latency.replay_vs_first()),
-            goal: Some(Goal::AtMost(0.33)),
-            not_measured: None,
-        },
-        Figure {
-            id: "P3",
-            key: "p3_vs_three_commit",
-            what: "idem first / three-commit throughput, 16 clients",
-            value: Some(r.throughput.idem_vs_three_commit()),
-            goal: Some(Goal::AtLeast(2.0)),
-            not_measured: None,
-        },
-        Figure {
-            id: "P4",
-            key: "p4_sqlite_first_vs_bare",
-            what: "idem first / bare latency (SQLite file, WAL)",
-            value: (backend == Backend::Sqlite).then_some(first_vs_bare),
-            goal: Some(Goal::AtMost(1.20)),
-            not_measured: None,
-        },
-        Figure {
-            id: "P5",
-            key: "p5_fingerprint_us",
-            what: "fingerprint of the 1 KiB request, µs",
-            value: Some(r.fingerprint.median_us()),
-            goal: Some(Goal::AtMost(2.0)),
-            not_measured: None,
-        },
-        Figure {
-            id: "P6",
-            key: "p6_storm_vs_single",
-            what: "64 duplicates answered / one execution",
-            value: Some(r.storm.storm_vs_single()),
-            goal: Some(Goal::AtMost(3.0)),
-            not_measured: None,
-        },
-        Figure {
-            id: "P7",
-            key: "p7_purge_p99_ratio",
-            what: "claim p99 during a purge / without",
-            value: r.ledger.p7_ratio(),
-            goal: Some(Goal::AtMost(2.0)),
-            not_measured: None,
-        },
-        Figure {
-            id: "P8",
-            key: "p8_ratio",
-            what: "idem relay / hand-written polling relay, msg/s",
-            value: r.outbox.throughput().map(|t| t.ratio()),
-            goal: Some(Goal::AtLeast(3.0)),
-            not_measured: outbox_not_measured.clone(),
-        },
-        Figure {
-            id: "P9",
-            key: "p9_wake_p99_ms",
-            what: "commit-to-publish p99 (relay woken by commit), ms",
-            value: r.outbox.latency().map(|l| l.wake_p99_ms),
-            goal: Some(Goal::AtMost(10.0)),
-            not_measured: outbox_not_measured,
-        },
-        Figure {
-            id: "P10",
-            key: "p10_ratio",
-            what: "lease / atomic mode latency, same handler",
-            value: Some(r.lease.ratio()),
-            goal: None,
-            not_measured: None,
-        },
-    ]
+    let outbox = r.outbox.as_ref().ok();
+    let values = [
+        (backend == Backend::Postgres).then_some(first_vs_bare),
+        Some(r.latency.replay_vs_first()),
+        Some(r.throughput.idem_vs_three_commit()),
+        (backend == Backend::Sqlite).then_some(first_vs_bare),
+        Some(median(&r.fingerprint.measured)),
+        Some(r.storm.storm_vs_single()),
+        r.ledger.p7_ratio(),
+        outbox.map(|(p8, _)| p8.ratio()),
+        outbox.map(|(_, p9)| p9.wake_p99_ms),
+        Some(r.lease.ratio()),
+    ];
+    let figure = |(&(id, key, goal, what), value)| Figure {
+        id,
+        key,
+        what,
+        value,
+        goal,
+        // P8 and P9 say why NATS could not be reached.
+        not_measured: r
+            .outbox
+            .as_ref()
+            .err()
+            .filter(|_| id == "P8" || id == "P9")
+            .cloned(),
+    };
+    FIGURES.iter().zip(values).map(figure).collect()
 }
 
 /// The human report (stdout).
@@ -244,8 +209,8 @@ fn header(out: &mut Vec<String>, run: &Run<'_>, r: &Results) {
     let mem = read_proc("/proc/meminfo", "MemTotal").unwrap_or_default();
     let cpu = read_proc("/proc/cpuinfo", "model name").unwrap_or_default();
     let facts = &run.facts;
-    let p5 = r.fingerprint.median_us();
-    let p5_encode = r.fingerprint.encoding_median_us();
+    let p5 = median(&r.fingerprint.measured);
+    let p5_encode = median(&r.fingerprint.against);
     out.push(format!(
         "idem bench {}: backend {}, {} mode, {:.0} s",
         run.date,
@@ -279,14 +244,14 @@ fn latency_lines(out: &mut Vec<String>, plan: &Plan, latency: &Latency) {
         "variant", "median µs", "p90 µs", "p99 µs", "vs bare"
     ));
     let line = |out: &mut Vec<String>, v: Variant, phase: &PerVariant<Latencies>| {
-        let l = phase.get(v);
+        let l = &phase[v];
         out.push(format!(
             "  {:<14} {:>10.0} {:>10.0} {:>10.0} {:>9.2}",
             v.name(),
             l.median(),
             l.p90(),
             l.p99(),
-            l.median() / phase.bare.median()
+            l.median() / phase[Variant::Bare].median()
         ));
     };
     for v in Variant::ALL {
@@ -332,7 +297,7 @@ fn throughput_lines(out: &mut Vec<String>, plan: &Plan, throughput: &Throughput)
             "  {:<14} {:>10.0} {:>16.2}   {}",
             v.name(),
             rate.median(),
-            rate.median() / throughput.three_commit.median(),
+            rate.median() / throughput[Variant::ThreeCommit].median(),
             counters.join(", ")
         ));
     }
@@ -354,16 +319,16 @@ fn storm_lines(out: &mut Vec<String>, plan: &Plan, storm: &Storm) {
         };
         out.push(format!(
             "  {how}: storm {:.0}, one execution {:.0}, ratio {:.2}",
-            median(&pair.storm_us),
-            median(&pair.single_us),
+            median(&pair.measured),
+            median(&pair.against),
             pair.ratio()
         ));
     }
     out.push(format!(
         "{n} concurrent replays (no execution), median µs until all answered: one key {:.0}, \
          {n} distinct keys {:.0}",
-        median(&storm.replays_same_us),
-        median(&storm.replays_distinct_us),
+        median(&storm.replays.measured),
+        median(&storm.replays.against),
         n = plan.storm
     ));
     out.push(format!(
@@ -413,11 +378,8 @@ fn ledger_lines(out: &mut Vec<String>, ledger: &Ledger) {
 
 fn outbox_lines(out: &mut Vec<String>, outbox: &OutboxFigures) {
     let (p8, p9) = match outbox {
-        OutboxFigures::Measured {
-            throughput,
-            latency,
-        } => (throughput, latency),
-        OutboxFigures::NotMeasured { reason } => {
+        Ok(measured) => measured,
+        Err(reason) => {
             out.push(format!("outbox relay (P8, P9): not measured: {reason}"));
             return;
         }
@@ -489,7 +451,7 @@ fn profile_lines(out: &mut Vec<String>, profile: &Profile) {
         "variant", "wall µs", "statements", "in stmts µs", "outside µs", "client CPU", "server CPU"
     ));
     for v in Variant::ALL {
-        let p = profile.variants.get(v);
+        let p = &profile.variants[v];
         out.push(format!(
             "  {:<14} {:>8} {:>10} {:>12} {:>12} {:>12} {:>12}",
             v.name(),
@@ -533,189 +495,117 @@ fn profile_lines(out: &mut Vec<String>, profile: &Profile) {
 
 /// The JSON object (the last line of stdout with `--json`). Keys keep their meaning from run to
 /// run: `docs/BENCHMARKS.md` and CI read them.
-pub(crate) fn json(run: &Run<'_>, r: &Results) -> serde_json::Value {
+pub(crate) fn json(run: &Run<'_>, r: &Results) -> Value {
     let figures = figures(run, r);
-    let mut report = serde_json::Map::new();
-    for f in &figures {
-        report.insert(f.key.to_owned(), f.value.map_or(json!(null), r3));
-    }
     let latencies = |variants: &[Variant], phase: &PerVariant<Latencies>| {
-        variants
-            .iter()
-            .map(|v| {
-                let l = phase.get(*v);
-                (
-                    v.key().to_owned(),
-                    json!({
-                        "median_us": r3(l.median()),
-                        "p90_us": r3(l.p90()),
-                        "p99_us": r3(l.p99()),
-                    }),
-                )
-            })
-            .collect::<serde_json::Map<String, serde_json::Value>>()
+        let latency = |&v: &Variant| {
+            let l = &phase[v];
+            let percentiles =
+                json!({"median_us": r3(l.median()), "p90_us": r3(l.p90()), "p99_us": r3(l.p99())});
+            (v.key().to_owned(), percentiles)
+        };
+        variants.iter().map(latency).collect::<Map<String, Value>>()
     };
-    let latency = latencies(&Variant::ALL, &r.latency.all);
-    let latency_pair = latencies(&PAIR, &r.latency.pair);
-    let latency_pinned = r.latency.pinned.as_ref().map(|p| latencies(&PAIR, p));
-    let throughput: serde_json::Map<String, serde_json::Value> = r
-        .throughput
-        .rates()
+    let rates = r.throughput.rates();
+    let throughput: Map<String, Value> = rates
         .iter()
         .map(|(v, rate)| (v.key().to_owned(), r3(rate.median())))
         .collect();
-    let throughput_counters: BTreeMap<&str, BTreeMap<&str, serde_json::Value>> = r
-        .throughput
-        .rates()
+    let counters = |rate: &Rate| {
+        rate.counters_per_call()
+            .map(|(k, x)| (k.to_owned(), r3(x)))
+            .collect::<Map<_, _>>()
+    };
+    let throughput_counters: Map<String, Value> = rates
         .iter()
-        .map(|(v, rate)| {
-            let per_call = rate.counters_per_call().map(|(k, x)| (k, r3(x))).collect();
-            (v.key(), per_call)
-        })
+        .map(|(v, rate)| (v.key().to_owned(), json!(counters(rate))))
         .collect();
-    let goals: serde_json::Map<String, serde_json::Value> = figures
+    let goals: Map<String, Value> = figures
         .iter()
         .map(|f| (f.key.to_owned(), json!(f.met())))
         .collect();
     let storm = &r.storm;
-    let size = &r.ledger.size;
-    report.extend([
-        ("backend".to_owned(), json!(run.args.backend.name())),
-        ("mode".to_owned(), json!(run.mode())),
-        ("date".to_owned(), json!(run.date)),
-        ("elapsed_s".to_owned(), r3(run.elapsed_s)),
-        ("first_vs_bare".to_owned(), r3(r.latency.first_vs_bare())),
-        ("goals_met".to_owned(), json!(goals)),
-        ("latency".to_owned(), json!(latency)),
-        ("latency_pair".to_owned(), json!(latency_pair)),
-        ("latency_pair_pinned".to_owned(), json!(latency_pinned)),
-        (
-            "first_vs_bare_unpinned".to_owned(),
-            r3(r.latency.first_vs_bare_unpinned()),
-        ),
-        (
-            "first_vs_bare_among_all".to_owned(),
-            r3(r.latency.first_vs_bare_among_all()),
-        ),
-        ("throughput_per_s".to_owned(), json!(throughput)),
-        (
-            "throughput_server_counters_per_call".to_owned(),
-            json!(throughput_counters),
-        ),
-        (
-            "storm".to_owned(),
-            json!({"copies": run.plan.storm,
-                   "pinned": storm.pinned.as_ref().map(|p| json!({
-                       "all_answered_us": r3(median(&p.storm_us)),
-                       "single_us": r3(median(&p.single_us))})),
-                   "all_answered_us": r3(median(&storm.unpinned.storm_us)),
-                   "single_us": r3(median(&storm.unpinned.single_us)),
-                   "storm_vs_single_unpinned": r3(storm.unpinned.ratio()),
-                   "replays_one_key_us": r3(median(&storm.replays_same_us)),
-                   "replays_distinct_keys_us": r3(median(&storm.replays_distinct_us)),
-                   "scaling_us": storm.scaling.iter()
-                       .map(|(n, t)| json!({"copies": n, "all_answered_us": r3(*t)}))
-                       .collect::<Vec<_>>()}),
-        ),
-        (
-            "purge".to_owned(),
-            json!(
-                r.ledger
-                    .cycles
-                    .iter()
-                    .map(|c| json!({
-                        "deleted": c.deleted, "purge_s": r3(c.purge_s),
-                        "p99_during_us": r3(percentile(&c.during_us, 0.99)),
-                        "p99_baseline_us": r3(percentile(&c.baseline_us, 0.99)),
-                        "claims_during": c.during_us.len(), "ratio": r3(c.ratio()),
-                    }))
-                    .collect::<Vec<_>>()
-            ),
-        ),
-        ("peak_rss_bytes".to_owned(), json!(run.peak_rss_bytes)),
-        (
-            "ledger_bytes_per_million".to_owned(),
-            json!(size.per_million().round()),
-        ),
-        (
-            "request_json_bytes".to_owned(),
-            json!(run.facts.request_json_bytes),
-        ),
-        (
-            "request_canonical_bytes".to_owned(),
-            json!(run.facts.request_canonical_bytes),
-        ),
-        (
-            "fingerprint_encode_us".to_owned(),
-            r3(r.fingerprint.encoding_median_us()),
-        ),
-        ("server".to_owned(), json!(run.facts.server)),
-        ("durability".to_owned(), json!(run.facts.durability)),
-        (
-            "cores".to_owned(),
-            json!(std::thread::available_parallelism().map_or(0, usize::from)),
-        ),
-        ("load_start".to_owned(), json!(run.load_start)),
-        ("load_end".to_owned(), json!(run.load_end)),
-        ("profile".to_owned(), r.profile.json()),
-    ]);
-    report.extend(outbox_json(&r.outbox));
-    report.extend(lease_json(&r.lease));
-    serde_json::Value::Object(report)
-}
-
-/// P8's and P9's details (their figures, `p8_ratio` and `p9_wake_p99_ms`, are in the figure
-/// list); every key `null` when they were not measured, and `p8_p9_not_measured` says why.
-fn outbox_json(outbox: &OutboxFigures) -> Vec<(String, serde_json::Value)> {
-    let p8 = outbox.throughput();
-    let p9 = outbox.latency();
-    let of_p8 = |f: fn(&crate::outbox::Throughput) -> f64| p8.map_or(json!(null), |t| r3(f(t)));
-    let of_p9 = |f: fn(&crate::outbox::Latency) -> f64| p9.map_or(json!(null), |l| r3(f(l)));
-    vec![
-        ("p8_messages".to_owned(), json!(p8.map(|t| t.messages))),
-        (
-            "p8_idem_1_relay_per_s".to_owned(),
-            of_p8(|t| t.idem_1_relay_per_s),
-        ),
-        (
-            "p8_idem_4_relays_per_s".to_owned(),
-            of_p8(|t| t.idem_4_relays_per_s),
-        ),
-        (
-            "p8_idem_4_relays_50_aggregates_per_s".to_owned(),
-            of_p8(|t| t.idem_4_relays_50_aggregates_per_s),
-        ),
-        (
-            "p8_hand_written_per_s".to_owned(),
-            of_p8(|t| t.hand_written_per_s),
-        ),
-        ("p9_messages".to_owned(), json!(p9.map(|l| l.messages))),
-        ("p9_wake_p50_ms".to_owned(), of_p9(|l| l.wake_p50_ms)),
-        ("p9_polling_p50_ms".to_owned(), of_p9(|l| l.polling_p50_ms)),
-        ("p9_polling_p99_ms".to_owned(), of_p9(|l| l.polling_p99_ms)),
-        (
-            "p8_p9_not_measured".to_owned(),
-            json!(outbox.not_measured()),
-        ),
-    ]
-}
-
-/// P10's details (its figure, `p10_ratio`, is in the figure list).
-fn lease_json(lease: &LeaseCost) -> Vec<(String, serde_json::Value)> {
-    vec![
-        ("p10_calls".to_owned(), json!(lease.calls)),
-        (
-            "p10_atomic_median_us".to_owned(),
-            r3(lease.atomic_median_us),
-        ),
-        ("p10_lease_median_us".to_owned(), r3(lease.lease_median_us)),
-        (
-            "p10_atomic_commits_per_call".to_owned(),
-            lease.atomic_commits_per_call.map_or(json!(null), r3),
-        ),
-        (
-            "p10_lease_commits_per_call".to_owned(),
-            lease.lease_commits_per_call.map_or(json!(null), r3),
-        ),
-    ]
+    let scaling = storm
+        .scaling
+        .iter()
+        .map(|(n, t)| json!({"copies": n, "all_answered_us": r3(*t)}));
+    let purge = r.ledger.cycles.iter().map(|c| {
+        json!({
+            "deleted": c.deleted, "purge_s": r3(c.purge_s),
+            "p99_during_us": r3(percentile(&c.during_us, 0.99)),
+            "p99_baseline_us": r3(percentile(&c.baseline_us, 0.99)),
+            "claims_during": c.during_us.len(), "ratio": r3(c.ratio()),
+        })
+    });
+    let (p8, p9) = (
+        r.outbox.as_ref().ok().map(|o| &o.0),
+        r.outbox.as_ref().ok().map(|o| &o.1),
+    );
+    let lease = &r.lease;
+    let details = json!({
+        "backend": run.args.backend.name(),
+        "mode": run.mode(),
+        "date": run.date,
+        "elapsed_s": r3(run.elapsed_s),
+        "first_vs_bare": r3(r.latency.first_vs_bare()),
+        "goals_met": goals,
+        "latency": latencies(&Variant::ALL, &r.latency.all),
+        "latency_pair": latencies(&PAIR, &r.latency.pair),
+        "latency_pair_pinned": r.latency.pinned.as_ref().map(|p| latencies(&PAIR, p)),
+        "first_vs_bare_unpinned": r3(r.latency.first_vs_bare_unpinned()),
+        "first_vs_bare_among_all": r3(r.latency.first_vs_bare_among_all()),
+        "throughput_per_s": throughput,
+        "throughput_server_counters_per_call": throughput_counters,
+        "storm": {
+            "copies": run.plan.storm,
+            "pinned": storm.pinned.as_ref().map(|p| json!({
+                "all_answered_us": r3(median(&p.measured)),
+                "single_us": r3(median(&p.against)),
+            })),
+            "all_answered_us": r3(median(&storm.unpinned.measured)),
+            "single_us": r3(median(&storm.unpinned.against)),
+            "storm_vs_single_unpinned": r3(storm.unpinned.ratio()),
+            "replays_one_key_us": r3(median(&storm.replays.measured)),
+            "replays_distinct_keys_us": r3(median(&storm.replays.against)),
+            "scaling_us": scaling.collect::<Vec<_>>(),
+        },
+        "purge": purge.collect::<Vec<_>>(),
+        "peak_rss_bytes": run.peak_rss_bytes,
+        "ledger_bytes_per_million": r.ledger.size.per_million().round(),
+        "request_json_bytes": run.facts.request_json_bytes,
+        "request_canonical_bytes": run.facts.request_canonical_bytes,
+        "fingerprint_encode_us": r3(median(&r.fingerprint.against)),
+        "server": run.facts.server,
+        "durability": run.facts.durability,
+        "cores": std::thread::available_parallelism().map_or(0, usize::from),
+        "load_start": run.load_start,
+        "load_end": run.load_end,
+        "profile": r.profile.json(),
+        // P8's and P9's details (their figures are in the figure list): `null` when they were
+        // not measured, and `p8_p9_not_measured` says why.
+        "p8_messages": p8.map(|t| t.messages),
+        "p8_idem_1_relay_per_s": p8.map(|t| r3(t.idem_1_relay_per_s)),
+        "p8_idem_4_relays_per_s": p8.map(|t| r3(t.idem_4_relays_per_s)),
+        "p8_idem_4_relays_50_aggregates_per_s": p8.map(|t| r3(t.idem_4_relays_50_aggregates_per_s)),
+        "p8_hand_written_per_s": p8.map(|t| r3(t.hand_written_per_s)),
+        "p9_messages": p9.map(|l| l.messages),
+        "p9_wake_p50_ms": p9.map(|l| r3(l.wake_p50_ms)),
+        "p9_polling_p50_ms": p9.map(|l| r3(l.polling_p50_ms)),
+        "p9_polling_p99_ms": p9.map(|l| r3(l.polling_p99_ms)),
+        "p8_p9_not_measured": r.outbox.as_ref().err(),
+        // P10's details (its figure is in the figure list).
+        "p10_calls": lease.calls,
+        "p10_atomic_median_us": r3(lease.atomic_median_us),
+        "p10_lease_median_us": r3(lease.lease_median_us),
+        "p10_atomic_commits_per_call": lease.atomic_commits_per_call.map(r3),
+        "p10_lease_commits_per_call": lease.lease_commits_per_call.map(r3),
+    });
+    let mut report: Map<String, Value> = figures
+        .iter()
+        .map(|f| (f.key.to_owned(), f.value.map_or(Value::Null, r3)))
+        .collect();
+    if let Value::Object(details) = details {
+        report.extend(details);
+    }
+    Value::Object(report)
 }

@@ -191,9 +191,6 @@ impl Plan {
             latency_calls: 100,
             tput_rounds: 10,
             tput_round: Duration::from_secs(3),
-            clients: 16,
-            storm_rounds: 40,
-            storm: 64,
             fp_rounds: 50,
             fp_iters: 20_000,
             profile_calls: 1_000,
@@ -202,6 +199,7 @@ impl Plan {
             relay_messages: 10_000,
             publish_latency_messages: 1_000,
             lease_calls: 2_000,
+            ..Self::quick()
         }
     }
 
@@ -262,6 +260,17 @@ pub(crate) struct Target {
     pub(crate) pool: Option<u32>,
 }
 
+impl Target {
+    fn new(url: String, schema: Option<&'static str>, pool: Option<u32>) -> Self {
+        Self {
+            url,
+            schema,
+            sqlite_file: None,
+            pool,
+        }
+    }
+}
+
 pub(crate) async fn target(args: &Args) -> Res<Target> {
     let env = std::env::var("DATABASE_URL")
         .ok()
@@ -272,53 +281,34 @@ pub(crate) async fn target(args: &Args) -> Res<Target> {
     {
         return Err(format!("--url {url} is not a {} URL", args.backend.name()).into());
     }
-    Ok(match args.backend {
-        Backend::Sqlite => match given {
-            Some(url) => Target {
-                url,
-                schema: None,
-                sqlite_file: None,
-                pool: None,
-            },
+    if args.backend == Backend::Sqlite {
+        return Ok(match given {
+            Some(url) => Target::new(url, None, None),
             None => {
                 let path = std::env::temp_dir().join("bench_idem.db");
                 remove_sqlite(&path);
+                let url = format!("sqlite://{}?mode=rwc", path.display());
                 Target {
-                    url: format!("sqlite://{}?mode=rwc", path.display()),
-                    schema: None,
                     sqlite_file: Some(path),
-                    pool: None,
+                    ..Target::new(url, None, None)
                 }
             }
-        },
-        Backend::Postgres => {
-            let url = given.unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/test".into());
-            let admin = connect(&url, Some(1), None).await?;
-            admin
-                .execute_unprepared(&format!("CREATE SCHEMA IF NOT EXISTS {BENCH_NAMESPACE}"))
-                .await?;
-            admin.close().await?;
-            Target {
-                url,
-                schema: Some(BENCH_NAMESPACE),
-                sqlite_file: None,
-                pool: Some(72),
-            }
-        }
-        Backend::Mysql => {
-            let url = given.unwrap_or_else(|| "mysql://root@127.0.0.1:3306/test".into());
-            let admin = connect(&url, Some(1), None).await?;
-            admin
-                .execute_unprepared(&format!("CREATE DATABASE IF NOT EXISTS {BENCH_NAMESPACE}"))
-                .await?;
-            admin.close().await?;
-            Target {
-                url: with_database(&url, BENCH_NAMESPACE)?,
-                schema: None,
-                sqlite_file: None,
-                pool: Some(72),
-            }
-        }
+        });
+    }
+    // A server: the bench works in a schema (PostgreSQL) or database (MySQL) of its own.
+    let (create, default) = match args.backend {
+        Backend::Postgres => ("SCHEMA", "postgres://postgres@127.0.0.1:5432/test"),
+        _ => ("DATABASE", "mysql://root@127.0.0.1:3306/test"),
+    };
+    let url = given.unwrap_or_else(|| default.into());
+    let admin = connect(&url, Some(1), None).await?;
+    admin
+        .execute_unprepared(&format!("CREATE {create} IF NOT EXISTS {BENCH_NAMESPACE}"))
+        .await?;
+    admin.close().await?;
+    Ok(match args.backend {
+        Backend::Mysql => Target::new(with_database(&url, BENCH_NAMESPACE)?, None, Some(72)),
+        _ => Target::new(url, Some(BENCH_NAMESPACE), Some(72)),
     })
 }
 
@@ -467,7 +457,18 @@ impl Bench {
     }
 
     pub(crate) async fn call(&self, variant: Variant, cmd: PayOrder) -> Res<Receipt> {
-        let receipt = call_variant(&self.db, &self.sql, variant, cmd).await?;
+        self.call_on(&self.db, variant, cmd).await
+    }
+
+    /// A call of `variant` on `db` (the main pool, or the profile's own connection), counted
+    /// if it executes.
+    pub(crate) async fn call_on(
+        &self,
+        db: &DatabaseConnection,
+        variant: Variant,
+        cmd: PayOrder,
+    ) -> Res<Receipt> {
+        let receipt = call_variant(db, &self.sql, variant, cmd).await?;
         if variant.executes() {
             self.executed.fetch_add(1, Ordering::Relaxed);
         }

@@ -6,67 +6,35 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use crate::Res;
-use crate::pin::Pinned;
+use crate::harness::{Pair, median, on_one_cpu, storm, take_turns, us};
 use crate::setup::{Bench, Plan, SLOT_STORM};
-use crate::stats::{alternate, median, us};
-use crate::variants::{Variant, pay_idem};
-use crate::workload::{PayOrder, Receipt};
+use crate::variants::Variant;
 
-/// `copies` concurrent calls with one new key: time until every one is answered.
+/// `copies` concurrent calls with one new key: µs until every one is answered (the same
+/// receipt, or an error).
 async fn storm_once(b: &Arc<Bench>, copies: usize, i: usize) -> Res<f64> {
     let cmd = b.command(SLOT_STORM, i);
-    let cmds: Vec<PayOrder> = (0..copies).map(|_| cmd.clone()).collect();
-    let start = Instant::now();
-    let mut set = tokio::task::JoinSet::new();
-    for cmd in cmds {
-        let b = Arc::clone(b);
-        set.spawn(async move { pay_idem(&b.db, cmd, &b.sql).await });
-    }
-    let answers = set.join_all().await;
-    let elapsed = us(start.elapsed());
+    let (elapsed, answers) = storm(b, vec![cmd; copies]).await?;
     b.executed.fetch_add(1, Ordering::Relaxed);
-    let mut first: Option<Receipt> = None;
-    for answer in answers {
-        let answer = answer?;
-        match &first {
-            None => first = Some(answer),
-            Some(f) if *f != answer => return Err("a duplicate got a different receipt".into()),
-            Some(_) => {}
-        }
+    if answers.iter().any(|a| *a != answers[0]) {
+        return Err("a duplicate got a different receipt".into());
     }
     Ok(elapsed)
 }
 
-/// Storms and single executions, alternating: µs per round.
-#[derive(Debug, Default)]
-pub(crate) struct StormPair {
-    /// µs until every duplicate of a storm is answered.
-    pub(crate) storm_us: Vec<f64>,
-    /// µs of one execution alone.
-    pub(crate) single_us: Vec<f64>,
-}
-
-impl StormPair {
-    /// A storm over one execution.
-    pub(crate) fn ratio(&self) -> f64 {
-        median(&self.storm_us) / median(&self.single_us)
-    }
-}
-
 #[derive(Debug, Default)]
 pub(crate) struct Storm {
-    /// Measured with every thread on one CPU (the figure, P6): the duplicates' work without
-    /// this VM's cross-CPU wake-ups, and without a second CPU to share it. `None` without
-    /// taskset.
-    pub(crate) pinned: Option<StormPair>,
-    /// Measured on every CPU.
-    pub(crate) unpinned: StormPair,
+    /// Storms (µs until every duplicate is answered) against one execution alone, measured
+    /// with every thread on one CPU (the figure, P6): the duplicates' work without this VM's
+    /// cross-CPU wake-ups, and without a second CPU to share it. `None` without taskset.
+    pub(crate) pinned: Option<Pair>,
+    /// The same on every CPU.
+    pub(crate) unpinned: Pair,
     /// Smaller storms, to see how the time grows with the number of duplicates: copies and
     /// the median µs until all are answered.
     pub(crate) scaling: Vec<(usize, f64)>,
-    /// 64 concurrent replays of one recorded key, and of 64 different recorded keys.
-    pub(crate) replays_same_us: Vec<f64>,
-    pub(crate) replays_distinct_us: Vec<f64>,
+    /// Concurrent replays of one recorded key (measured) against as many recorded keys.
+    pub(crate) replays: Pair,
 }
 
 impl Storm {
@@ -76,67 +44,34 @@ impl Storm {
     }
 }
 
-/// Runs `cmds` concurrently: µs until every one is answered.
-async fn concurrently(b: &Arc<Bench>, cmds: Vec<PayOrder>) -> Res<f64> {
-    let start = Instant::now();
-    let mut set = tokio::task::JoinSet::new();
-    for cmd in cmds {
-        let b = Arc::clone(b);
-        set.spawn(async move { pay_idem(&b.db, cmd, &b.sql).await });
-    }
-    for answer in set.join_all().await {
-        answer?;
-    }
-    Ok(us(start.elapsed()))
-}
-
 /// Storms of `plan.storm` duplicates of one key and single executions, alternating, every
 /// call with a new key; `first` picks the orders the pass pays.
-async fn storms_and_singles(b: &Arc<Bench>, plan: &Plan, first: usize) -> Res<StormPair> {
-    let mut out = StormPair::default();
-    for round in 0..plan.storm_rounds {
+async fn storms_and_singles(b: &Arc<Bench>, plan: &Plan, first: usize) -> Res<Pair> {
+    let turn = async |storm: bool, round: usize| {
         let i = first + 2 * round;
-        for which in alternate(&[true, false], round) {
-            if which {
-                out.storm_us.push(storm_once(b, plan.storm, i).await?);
-            } else {
-                let cmd = b.command(SLOT_STORM, i + 1);
-                let start = Instant::now();
-                b.call(Variant::IdemFirst, cmd).await?;
-                out.single_us.push(us(start.elapsed()));
-            }
+        if storm {
+            return storm_once(b, plan.storm, i).await;
         }
-    }
-    Ok(out)
+        let cmd = b.command(SLOT_STORM, i + 1);
+        let start = Instant::now();
+        b.call(Variant::IdemFirst, cmd).await?;
+        Ok(us(start.elapsed()))
+    };
+    let turns = take_turns(&[true, false], plan.storm_rounds, turn, |_| {}).await?;
+    Ok(Pair::of(turns))
 }
 
 /// 64 concurrent duplicates of one key against one execution, alternating, pinned to one CPU
 /// and not (P6); how the time grows with the duplicates; concurrent replays.
 pub(crate) async fn measure(b: &Arc<Bench>, plan: &Plan) -> Res<Storm> {
     storm_once(b, plan.storm, 0).await?; // opens the pool's connections
-    let pinned = match Pinned::to_one_cpu() {
-        // The pin holds until the arm ends.
-        Some(_pin) => Some(storms_and_singles(b, plan, 1).await?),
-        None => None,
-    };
+    let pinned = on_one_cpu(async || storms_and_singles(b, plan, 1).await).await?;
     let unpinned = storms_and_singles(b, plan, 1 + 2 * plan.storm_rounds).await?;
-    let mut out = Storm {
-        pinned,
-        unpinned,
-        ..Storm::default()
-    };
     let sizes = [2, 8, 16, 32];
-    let mut times: Vec<Vec<f64>> = vec![Vec::new(); sizes.len()];
-    for round in 0..plan.storm_rounds.div_ceil(2) {
-        for i in alternate(&[0_usize, 1, 2, 3], round) {
-            times[i].push(storm_once(b, sizes[i], round + 3).await?);
-        }
-    }
-    out.scaling = sizes
-        .iter()
-        .zip(&times)
-        .map(|(n, t)| (*n, median(t)))
-        .collect();
+    let rounds = plan.storm_rounds.div_ceil(2);
+    let sized = async |copies, round| storm_once(b, copies, round + 3).await;
+    let times = take_turns(&sizes, rounds, sized, |_| {}).await?;
+    let scaling = sizes.into_iter().zip(&times).map(|(n, t)| (n, median(t)));
     // Replays only: one shared key (every call locks the same ledger row) against distinct keys.
     let mut recorded = Vec::with_capacity(plan.storm);
     for i in 0..plan.storm {
@@ -144,16 +79,18 @@ pub(crate) async fn measure(b: &Arc<Bench>, plan: &Plan) -> Res<Storm> {
         recorded.push(cmd.clone());
         b.call(Variant::IdemFirst, cmd).await?;
     }
-    for round in 0..plan.storm_rounds.div_ceil(2) {
-        for same in alternate(&[true, false], round) {
-            if same {
-                let one = vec![recorded[round % recorded.len()].clone(); plan.storm];
-                out.replays_same_us.push(concurrently(b, one).await?);
-            } else {
-                out.replays_distinct_us
-                    .push(concurrently(b, recorded.clone()).await?);
-            }
-        }
-    }
-    Ok(out)
+    let replay = async |same: bool, round: usize| {
+        let cmds = match same {
+            true => vec![recorded[round % recorded.len()].clone(); plan.storm],
+            false => recorded.clone(),
+        };
+        Ok(storm(b, cmds).await?.0)
+    };
+    let replays = Pair::of(take_turns(&[true, false], rounds, replay, |_| {}).await?);
+    Ok(Storm {
+        pinned,
+        unpinned,
+        scaling: scaling.collect(),
+        replays,
+    })
 }

@@ -4,10 +4,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::counters::{machine_cpu, server_counters};
+use crate::counters::{add_deltas, machine_cpu, server_counters};
+use crate::harness::{median, take_turns};
 use crate::setup::{Bench, Plan};
-use crate::stats::{alternate, median};
-use crate::variants::Variant;
+use crate::variants::{PerVariant, Variant};
 use crate::{BoxError, Res};
 
 /// Calls completed by `clients` concurrent clients of `variant` in about `length`, and the
@@ -68,36 +68,18 @@ impl Rate {
     }
 }
 
-/// The executing variants' throughput (replays execute nothing, so they have none).
-#[derive(Debug, Default)]
-pub(crate) struct Throughput {
-    pub(crate) bare: Rate,
-    pub(crate) three_commit: Rate,
-    pub(crate) idem_first: Rate,
-}
+/// The executing variants' throughput (replays execute nothing, so theirs stays empty).
+pub(crate) type Throughput = PerVariant<Rate>;
 
 impl Throughput {
     /// P3: idem first over three-commit.
     pub(crate) fn idem_vs_three_commit(&self) -> f64 {
-        self.idem_first.median() / self.three_commit.median()
+        self[Variant::IdemFirst].median() / self[Variant::ThreeCommit].median()
     }
 
     /// Each executing variant with its rate, in [`Variant::EXECUTING`]'s order.
     pub(crate) fn rates(&self) -> [(Variant, &Rate); 3] {
-        [
-            (Variant::Bare, &self.bare),
-            (Variant::ThreeCommit, &self.three_commit),
-            (Variant::IdemFirst, &self.idem_first),
-        ]
-    }
-
-    fn rate_mut(&mut self, variant: Variant) -> &mut Rate {
-        match variant {
-            Variant::Bare => &mut self.bare,
-            Variant::ThreeCommit => &mut self.three_commit,
-            Variant::IdemFirst => &mut self.idem_first,
-            Variant::IdemReplay => unreachable!("replays are not in the throughput figure"),
-        }
+        Variant::EXECUTING.map(|v| (v, &self[v]))
     }
 }
 
@@ -107,38 +89,33 @@ pub(crate) async fn measure(b: &Arc<Bench>, plan: &Plan) -> Res<Throughput> {
         throughput_round(b, v, plan.clients, Duration::from_millis(300)).await?;
     }
     let mut out = Throughput::default();
-    for round in 0..plan.tput_rounds {
-        for v in alternate(&Variant::EXECUTING, round) {
-            let mut before = server_counters(&b.db).await;
-            let cpu0 = machine_cpu();
-            let (calls, secs) = throughput_round(b, v, plan.clients, plan.tput_round).await?;
-            let cpu1 = machine_cpu();
-            let mut after = server_counters(&b.db).await;
-            if let (Some((busy0, all0)), Some((busy1, all1))) = (cpu0, cpu1) {
-                // Machine CPU per call in µs (all cores, 100 jiffies a second), and how busy the
-                // machine was (weighted by calls, so the per-call average is the mean).
-                before.insert("machine_cpu_us", busy0 * 10_000.0);
-                after.insert("machine_cpu_us", busy1 * 10_000.0);
-                before.insert("machine_busy_pct", 0.0);
-                after.insert(
-                    "machine_busy_pct",
-                    100.0 * (busy1 - busy0) / (all1 - all0).max(1.0) * calls as f64,
-                );
-            }
-            let rate = out.rate_mut(v);
-            rate.per_round.push(calls as f64 / secs);
-            rate.calls += calls;
-            for (k, x) in after {
-                if let Some(z) = before.get(k) {
-                    *rate.counters.entry(k).or_default() += x - z;
-                }
-            }
+    let turn = async |v, _| {
+        let mut before = server_counters(&b.db).await;
+        let cpu0 = machine_cpu();
+        let (calls, secs) = throughput_round(b, v, plan.clients, plan.tput_round).await?;
+        let cpu1 = machine_cpu();
+        let mut after = server_counters(&b.db).await;
+        if let (Some((busy0, all0)), Some((busy1, all1))) = (cpu0, cpu1) {
+            // Machine CPU per call in µs (all cores, 100 jiffies a second), and how busy the
+            // machine was (weighted by calls, so the per-call average is the mean).
+            before.insert("machine_cpu_us", busy0 * 10_000.0);
+            after.insert("machine_cpu_us", busy1 * 10_000.0);
+            before.insert("machine_busy_pct", 0.0);
+            after.insert(
+                "machine_busy_pct",
+                100.0 * (busy1 - busy0) / (all1 - all0).max(1.0) * calls as f64,
+            );
         }
-        b.progress(&format!(
-            "throughput: round {}/{}",
-            round + 1,
-            plan.tput_rounds
-        ));
+        let rate: &mut Rate = &mut out[v];
+        rate.calls += calls;
+        add_deltas(&mut rate.counters, &before, after);
+        Ok(calls as f64 / secs)
+    };
+    let rounds = plan.tput_rounds;
+    let progress = |round: usize| b.progress(&format!("throughput: round {}/{rounds}", round + 1));
+    let per_round = take_turns(&Variant::EXECUTING, rounds, turn, progress).await?;
+    for (v, per_round) in Variant::EXECUTING.into_iter().zip(per_round) {
+        out[v].per_round = per_round;
     }
     Ok(out)
 }

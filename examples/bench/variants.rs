@@ -89,6 +89,7 @@ pub(crate) async fn pay_idem(
         .map_err(|e| idem::Error::store("paying the order", e))
 }
 
+/// A way of paying; its value is its place in [`Variant::ALL`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Variant {
     Bare,
@@ -136,42 +137,28 @@ impl Variant {
     }
 }
 
-/// One `T` per variant, reached by name or by [`Variant`].
+/// One `T` per variant, reached by [`Variant`] (`per[Variant::Bare]`), in [`Variant::ALL`]'s
+/// order.
 #[derive(Debug, Default, Clone)]
-pub(crate) struct PerVariant<T> {
-    pub(crate) bare: T,
-    pub(crate) three_commit: T,
-    pub(crate) idem_first: T,
-    pub(crate) idem_replay: T,
-}
+pub(crate) struct PerVariant<T>([T; 4]);
 
 impl<T> PerVariant<T> {
-    pub(crate) fn get(&self, variant: Variant) -> &T {
-        match variant {
-            Variant::Bare => &self.bare,
-            Variant::ThreeCommit => &self.three_commit,
-            Variant::IdemFirst => &self.idem_first,
-            Variant::IdemReplay => &self.idem_replay,
-        }
-    }
-
-    pub(crate) fn get_mut(&mut self, variant: Variant) -> &mut T {
-        match variant {
-            Variant::Bare => &mut self.bare,
-            Variant::ThreeCommit => &mut self.three_commit,
-            Variant::IdemFirst => &mut self.idem_first,
-            Variant::IdemReplay => &mut self.idem_replay,
-        }
-    }
-
     /// Applies `f` to each variant's value.
     pub(crate) fn map<U>(&self, mut f: impl FnMut(Variant, &T) -> U) -> PerVariant<U> {
-        PerVariant {
-            bare: f(Variant::Bare, &self.bare),
-            three_commit: f(Variant::ThreeCommit, &self.three_commit),
-            idem_first: f(Variant::IdemFirst, &self.idem_first),
-            idem_replay: f(Variant::IdemReplay, &self.idem_replay),
-        }
+        PerVariant(Variant::ALL.map(|v| f(v, &self[v])))
+    }
+}
+
+impl<T> std::ops::Index<Variant> for PerVariant<T> {
+    type Output = T;
+    fn index(&self, v: Variant) -> &T {
+        &self.0[v as usize]
+    }
+}
+
+impl<T> std::ops::IndexMut<Variant> for PerVariant<T> {
+    fn index_mut(&mut self, v: Variant) -> &mut T {
+        &mut self.0[v as usize]
     }
 }
 

@@ -1,5 +1,6 @@
 //! The payments service: routes, handlers and the idempotent domain functions. Shared by
-//! `main.rs` and the HTTP tests (`tests/http.rs` includes this file and `../shop/model.rs`).
+//! `main.rs` and the HTTP tests (`tests/http.rs` includes this file, `../shop/model.rs` and
+//! `../shop/service.rs`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -20,7 +21,8 @@ use sea_orm::entity::prelude::*;
 use sea_orm::{ActiveValue::Set, ConnectionTrait, DatabaseConnection, QueryOrder};
 use serde::{Deserialize, Serialize};
 
-pub(crate) use crate::model::{OrderStatus, create_tables, order, payment};
+pub(crate) use super::model::{OrderStatus, create_tables, order, payment};
+pub(crate) use super::service::ApiError;
 
 /// The payment gateway: the `gateway` example over HTTP (`Gateway::http`, with `GATEWAY_URL`),
 /// or an in-process simulation (`Gateway::default()`). Both deduplicate on the idempotency
@@ -137,58 +139,6 @@ pub(crate) fn metrics_routes(handle: metrics_exporter_prometheus::PrometheusHand
             )
         }),
     )
-}
-
-/// The service's errors: idem's own, plus its domain errors.
-#[derive(Debug)]
-pub(crate) enum ApiError {
-    Idem(idem::Error),
-    NotFound(String),
-    Database,
-    /// The gateway could not be reached or refused: transient, the key is released.
-    Gateway(String),
-}
-
-impl From<idem::Error> for ApiError {
-    fn from(e: idem::Error) -> Self {
-        Self::Idem(e)
-    }
-}
-
-impl From<DbErr> for ApiError {
-    fn from(e: DbErr) -> Self {
-        tracing::error!(error = %e, "database error");
-        Self::Database
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        match self {
-            Self::Idem(e) => e.into_response(),
-            Self::NotFound(id) => {
-                Problem::new(404, "not-found", "Not found", format!("no order `{id}`"))
-                    .into_response()
-            }
-            Self::Database => Problem::new(
-                503,
-                "store",
-                "Service unavailable",
-                "the database is unavailable; retry later",
-            )
-            .into_response(),
-            Self::Gateway(detail) => {
-                tracing::warn!(%detail, "gateway call failed");
-                Problem::new(
-                    502,
-                    "gateway",
-                    "Payment gateway unavailable",
-                    "the payment gateway did not answer; retry with the same key",
-                )
-                .into_response()
-            }
-        }
-    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

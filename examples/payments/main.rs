@@ -15,56 +15,20 @@
 mod app;
 #[path = "../shop/model.rs"]
 mod model;
+#[path = "../shop/service.rs"]
+mod service;
 
-use idem::nats::{JetStreamSink, async_nats, ensure_stream};
+use idem::nats::JetStreamSink;
 use idem::outbox::LogSink;
 use idem::sea_orm::Relay;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
-use sea_orm::{ConnectOptions, Database};
-
-/// Connects to NATS and makes sure stream `SHOP` captures `shop.>`.
-async fn connect_jetstream(url: &str) -> Result<async_nats::jetstream::Context, idem::Error> {
-    let client = async_nats::ConnectOptions::new()
-        .retry_on_initial_connect()
-        .connect(url)
-        .await
-        .map_err(|e| idem::Error::store(format!("connecting to NATS at {url}"), e))?;
-    let jetstream = async_nats::jetstream::new(client);
-    ensure_stream(&jetstream, "SHOP", &["shop.>"]).await?;
-    Ok(jetstream)
-}
+use service::BoxError;
+use tracing_subscriber::fmt::format::FmtSpan;
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // One line per idempotent call when its span closes: scope, key hash, outcome, duration.
-    tracing_subscriber::fmt()
-        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,sqlx=warn".into()),
-        )
-        .init();
-
-    let mut args = std::env::args().skip(1);
-    let mut addr = "127.0.0.1:3000".to_owned();
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--addr" => {
-                addr = args
-                    .next()
-                    .ok_or("--addr needs a value, e.g. 127.0.0.1:3000")?
-            }
-            other => {
-                return Err(
-                    format!("unknown argument `{other}`; expected --addr HOST:PORT").into(),
-                );
-            }
-        }
-    }
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| {
-        let path = std::env::temp_dir().join("idem-payments.db");
-        format!("sqlite://{}?mode=rwc", path.display())
-    });
+async fn main() -> Result<(), BoxError> {
+    service::init_tracing(FmtSpan::CLOSE);
+    let addr = service::listen_addr("127.0.0.1:3000")?;
     // idem counts its calls through the `metrics` facade; this recorder keeps them for
     // `GET /metrics`. Latency buckets from 1 ms to 10 s.
     let metrics = PrometheusBuilder::new()
@@ -77,16 +41,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .install_recorder()?;
     idem::metrics::describe();
 
-    let mut options = ConnectOptions::new(url.clone());
-    options.sqlx_logging(false);
-    let db = Database::connect(options).await?;
+    let (db, database) = service::database("payments").await?;
     app::create_tables(&db).await?;
 
     // The relay publishes what paying stages: to JetStream with NATS_URL, else to the log.
     let relay_db = db.clone();
     tokio::spawn(async move {
         let result = match std::env::var("NATS_URL") {
-            Ok(nats_url) => match connect_jetstream(&nats_url).await {
+            Ok(nats_url) => match service::shop_stream(&nats_url).await {
                 Ok(jetstream) => {
                     tracing::info!(%nats_url, stream = "SHOP", "relaying the outbox to JetStream");
                     Relay::new(relay_db, JetStreamSink::new(jetstream))
@@ -117,7 +79,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let state = app::AppState { db, gateway };
     let listener = tokio::net::TcpListener::bind(&addr).await?;
-    tracing::info!(%addr, database = %url.split('?').next().unwrap_or_default(), "payments service listening");
+    tracing::info!(%addr, %database, "payments service listening");
     let routes = app::router(state).merge(app::metrics_routes(metrics));
     axum::serve(listener, routes).await?;
     Ok(())

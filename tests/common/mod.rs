@@ -1,8 +1,10 @@
 //! Shared test plumbing, the one place every test binary gets its databases from: the
 //! backend matrix ([`SERVERS`], [`connect`], [`connect_all`]), the table-creation loop
 //! ([`prepare_with`]), and an `effects` table the handlers write to, so tests count side
-//! effects in the database rather than trusting return values. `isolated` gives a test
-//! databases of its own; the reliability suite adds its tables in `tests/reliability/support.rs`.
+//! effects in the database rather than trusting return values ([`Backend::assert_effects`]),
+//! and a [`Gate`] that holds a call inside its body. `isolated` gives a test databases of its
+//! own, `http` sends requests to a router; the reliability suite adds its tables in
+//! `tests/reliability/support.rs`.
 //!
 //! SQLite always runs (a fresh file per test). PostgreSQL and MySQL/MariaDB run when
 //! `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_MYSQL_URL` are set; a set but unreachable server
@@ -10,8 +12,10 @@
 
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
+pub mod http;
 pub mod isolated;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -19,6 +23,7 @@ use idem::sea_orm::placeholders;
 use sea_orm::{
     ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement,
 };
+use tokio::sync::Semaphore;
 
 /// One database of the run.
 pub struct Backend {
@@ -26,6 +31,53 @@ pub struct Backend {
     /// How another pool or process reaches the same database.
     pub url: String,
     pub db: DatabaseConnection,
+}
+
+impl Backend {
+    /// Asserts that run `run` has `expected` committed effect rows here; `what` says why.
+    pub async fn assert_effects(&self, run: &str, expected: i64, what: &str) {
+        assert_eq!(
+            effects(&self.db, run).await,
+            expected,
+            "{}: {what}",
+            self.name
+        );
+    }
+}
+
+/// Holds a call inside its body until the test lets it go: the body calls [`Gate::pass`],
+/// the test waits for [`Gate::entered`], then calls [`Gate::release`]. Clones share the gate.
+#[derive(Clone, Debug)]
+pub struct Gate {
+    entered: Arc<Semaphore>,
+    release: Arc<Semaphore>,
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Self {
+            entered: Arc::new(Semaphore::new(0)),
+            release: Arc::new(Semaphore::new(0)),
+        }
+    }
+}
+
+impl Gate {
+    /// In the body: says it has entered, and waits to be released.
+    pub async fn pass(&self) {
+        self.entered.add_permits(1);
+        self.release.acquire().await.expect("open").forget();
+    }
+
+    /// In the test: waits until a body has entered.
+    pub async fn entered(&self) {
+        self.entered.acquire().await.expect("open").forget();
+    }
+
+    /// In the test: lets one body go on.
+    pub fn release(&self) {
+        self.release.add_permits(1);
+    }
 }
 
 /// The servers a run may cover: `(backend name, environment variable with its URL)`.
