@@ -75,7 +75,7 @@ impl From<DbErr> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         match self {
-            Self::Idem(e) => e.into_response(),
+            Self::Idem(e) => Problem::from(e).into_response(),
             Self::Invalid(detail) => {
                 Problem::new(422, "invalid-charge", "Invalid charge", detail).into_response()
             }

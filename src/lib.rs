@@ -132,22 +132,24 @@ pub mod lease {
     };
 }
 
-/// HTTP glue for axum 0.8 (the IETF Idempotency-Key draft): the `Idempotency-Key` extractor,
-/// problem+json errors with the draft's statuses, [`respond`](axum::respond), which runs the
-/// call to completion on a task of its own (a client that hangs up cannot cut it off) and adds
-/// `Idempotent-Replayed: true` to replays ([`Respond`](axum::Respond) to answer replays with
-/// 200 or send an `ETag`), the [`IfMatch`] extractor for conditional
-/// writes (428 without it, 412 when it no longer matches; see
-/// [`sea_orm::Stateful::update_if_match`]), and [`IdempotencyLayer`](axum::IdempotencyLayer),
-/// which records whole responses of plain routes.
+/// HTTP glue for axum 0.8 (the IETF Idempotency-Key draft; the `idem-axum` crate): the
+/// `Idempotency-Key` extractor, problem+json errors with the draft's statuses
+/// ([`Problem`](axum::Problem): `Problem::from(e).into_response()` answers an [`Error`]),
+/// [`respond`](axum::respond), which runs the call to completion on a task of its own (a
+/// client that hangs up cannot cut it off) and adds `Idempotent-Replayed: true` to replays
+/// ([`Respond`](axum::Respond) to answer replays with 200 or send an `ETag`), the
+/// [`IfMatch`](axum::IfMatch) extractor for conditional writes (428 without it, 412 when it no
+/// longer matches; see [`sea_orm::Stateful::update_if_match`]), [`ETag`](axum::ETag) for a
+/// response's tag, and [`IdempotencyLayer`](axum::IdempotencyLayer), which records whole
+/// responses of plain routes.
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod axum {
-    pub use idem_core::http::{
-        IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, IdempotencyLayer, IdempotencyService,
-        Problem, ReplayStatus, Respond, respond, respond_inline, run_to_completion,
+    pub use idem_axum::{
+        ETag, EntityTag, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, IdempotencyLayer,
+        IdempotencyService, IfMatch, Problem, ReplayStatus, Respond, respond, respond_inline,
+        run_to_completion,
     };
-    pub use idem_core::{EntityTag, IfMatch};
 }
 
 /// The SeaORM ledger store: schema, migration, purge.

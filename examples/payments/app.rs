@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use idem::axum::{
-    EntityTag, IdempotencyKey, IdempotencyLayer, IfMatch, Problem, Respond, respond,
+    ETag, EntityTag, IdempotencyKey, IdempotencyLayer, IfMatch, Problem, Respond, respond,
     run_to_completion,
 };
 use idem::outbox::Message;
@@ -165,7 +165,7 @@ impl From<DbErr> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         match self {
-            Self::Idem(e) => e.into_response(),
+            Self::Idem(e) => Problem::from(e).into_response(),
             Self::NotFound(id) => {
                 Problem::new(404, "not-found", "Not found", format!("no order `{id}`"))
                     .into_response()
@@ -615,7 +615,7 @@ async fn order_with_payments(db: &DatabaseConnection, id: String) -> Result<Resp
         })
         .collect();
     Ok((
-        EntityTag::from_version(found.version),
+        ETag(EntityTag::from_version(found.version)),
         Json(serde_json::json!({
             "id": found.id,
             "status": found.status,

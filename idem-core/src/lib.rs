@@ -7,8 +7,6 @@
 mod error;
 mod fingerprint;
 mod flight;
-#[cfg(feature = "axum")]
-pub mod http;
 mod key;
 pub mod lease;
 mod memory;
