@@ -104,14 +104,25 @@ pub mod outbox {
     };
 }
 
+/// The consuming side, whatever the broker: a [`Runner`](inbox::Runner) hands each message
+/// of a [`Source`](inbox::Source) to a handler and acknowledges it only after the handler
+/// succeeded; an `#[idempotent]` handler keyed by [`Delivery::id`](inbox::Delivery::id) makes
+/// the ledger its inbox. Failing messages are retried with backoff, then recorded in the
+/// [dead letters](outbox::DeadLetters). JetStream's source is in `idem::nats` (feature
+/// `nats`); a broker of your own is an adapter of a few dozen lines (see [`inbox::Source`]).
+pub mod inbox {
+    pub use idem_core::inbox::{Delivery, MemorySource, Runner, Source};
+}
+
 /// NATS JetStream: a sink for the outbox relay and a consumer runner whose `#[idempotent]`
 /// handler makes the ledger its inbox.
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats {
+    pub use idem_core::inbox::Delivery;
     pub use idem_core::nats::{
-        AGGREGATE_HEADER, AGGREGATE_SEQ_HEADER, Consumer, Delivery, JetStreamSink,
-        MESSAGE_ID_HEADER, async_nats, ensure_stream,
+        AGGREGATE_HEADER, AGGREGATE_SEQ_HEADER, Consumer, JetStreamSink, MESSAGE_ID_HEADER,
+        async_nats, ensure_stream,
     };
 }
 

@@ -7,6 +7,7 @@
 mod error;
 mod fingerprint;
 mod flight;
+pub mod inbox;
 mod key;
 pub mod lease;
 mod memory;

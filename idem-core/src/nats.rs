@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind, consumer::pull};
 use futures_util::StreamExt;
-use serde::Serialize;
 
 use crate::error::Error;
+use crate::inbox::Delivery;
 use crate::outbox::{Backoff, DeadLetter, DeadLetters, OutboxMessage, Sink, SinkError};
 
 pub use async_nats;
@@ -87,74 +87,6 @@ pub async fn ensure_stream(
         .await
         .map(drop)
         .map_err(|e| Error::store(format!("creating JetStream stream `{name}`"), e))
-}
-
-/// One delivery of a message to a [`Consumer`]'s handler.
-///
-/// It is `Serialize` over its subject and payload only (not the delivery count), so passing
-/// it to an `#[idempotent(key = delivery.id())]` handler fingerprints the message itself: a
-/// redelivery replays, and a different message under a reused id is `KeyReused`.
-#[derive(Debug, Clone)]
-pub struct Delivery {
-    id: String,
-    subject: String,
-    payload: Vec<u8>,
-    headers: Vec<(String, String)>,
-    delivered: u64,
-}
-
-impl Delivery {
-    /// A delivery, for tests and custom runners.
-    pub fn new(id: impl Into<String>, subject: impl Into<String>, payload: Vec<u8>) -> Self {
-        Self {
-            id: id.into(),
-            subject: subject.into(),
-            payload,
-            headers: Vec::new(),
-            delivered: 1,
-        }
-    }
-
-    /// The message id: its `Nats-Msg-Id` (the outbox message id), else `stream:sequence`.
-    /// Use it as the handler's idempotency key.
-    pub fn id(&self) -> &str {
-        &self.id
-    }
-
-    /// The subject it was published on.
-    pub fn subject(&self) -> &str {
-        &self.subject
-    }
-
-    /// The payload bytes.
-    pub fn payload(&self) -> &[u8] {
-        &self.payload
-    }
-
-    /// The payload as JSON.
-    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
-        serde_json::from_slice(&self.payload)
-    }
-
-    /// The message's headers.
-    pub fn headers(&self) -> &[(String, String)] {
-        &self.headers
-    }
-
-    /// How often the server delivered it (1 the first time).
-    pub fn delivered(&self) -> u64 {
-        self.delivered
-    }
-}
-
-impl Serialize for Delivery {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeStruct;
-        let mut s = serializer.serialize_struct("Delivery", 2)?;
-        s.serialize_field("subject", &self.subject)?;
-        s.serialize_field("payload", &self.payload)?;
-        s.end()
-    }
 }
 
 /// A durable JetStream pull consumer that hands each message to a handler and acknowledges
@@ -354,13 +286,11 @@ impl Consumer {
             .iter()
             .find(|(name, _)| name.eq_ignore_ascii_case(MESSAGE_ID_HEADER))
             .map_or_else(|| format!("{}:{sequence}", self.stream), |(_, v)| v.clone());
-        let delivery = Delivery {
-            id,
-            subject: message.subject.to_string(),
-            payload: message.payload.to_vec(),
-            headers,
-            delivered,
-        };
+        let delivery = headers.into_iter().fold(
+            Delivery::new(id, message.subject.to_string(), message.payload.to_vec())
+                .with_delivered(delivered),
+            |delivery, (name, value)| delivery.header(name, value),
+        );
         let outcome = if delivered > self.max_deliver {
             // Earlier deliveries ended without an answer (the consumer died each time).
             Err(format!(
@@ -377,19 +307,19 @@ impl Consumer {
             Err(error) if delivered >= self.max_deliver => {
                 let letter = DeadLetter::new(
                     &self.durable,
-                    &delivery.id,
-                    &delivery.subject,
-                    &delivery.payload,
+                    delivery.id(),
+                    delivery.subject(),
+                    delivery.payload(),
                     &error,
                     delivered,
                 );
                 match dead_letters.record(&letter).await {
                     Ok(()) => {
-                        tracing::warn!(consumer = %self.durable, id = %delivery.id, delivered, %error, "message dead-lettered");
+                        tracing::warn!(consumer = %self.durable, id = %delivery.id(), delivered, %error, "message dead-lettered");
                         message.double_ack_with(AckKind::Term).await
                     }
                     Err(e) => {
-                        tracing::warn!(consumer = %self.durable, id = %delivery.id, error = %e, "dead letter not recorded; redelivering");
+                        tracing::warn!(consumer = %self.durable, id = %delivery.id(), error = %e, "dead letter not recorded; redelivering");
                         message
                             .ack_with(AckKind::Nak(Some(
                                 self.backoff.delay(self.max_deliver as u32),
@@ -402,13 +332,13 @@ impl Consumer {
                 let delay = self
                     .backoff
                     .delay(u32::try_from(delivered).unwrap_or(u32::MAX));
-                tracing::info!(consumer = %self.durable, id = %delivery.id, delivered, %error, retry_in_ms = delay.as_millis() as u64, "handler failed; redelivering");
+                tracing::info!(consumer = %self.durable, id = %delivery.id(), delivered, %error, retry_in_ms = delay.as_millis() as u64, "handler failed; redelivering");
                 message.ack_with(AckKind::Nak(Some(delay))).await
             }
         };
         if let Err(e) = ack {
             // The server redelivers after `ack_wait`; the inbox makes that harmless.
-            tracing::warn!(consumer = %self.durable, id = %delivery.id, error = %e, "acknowledgement failed");
+            tracing::warn!(consumer = %self.durable, id = %delivery.id(), error = %e, "acknowledgement failed");
         }
     }
 }
