@@ -114,15 +114,15 @@ pub mod inbox {
     pub use idem_core::inbox::{Delivery, MemorySource, Runner, Source};
 }
 
-/// NATS JetStream: a sink for the outbox relay and a consumer runner whose `#[idempotent]`
-/// handler makes the ledger its inbox.
+/// NATS JetStream (the `idem-nats` crate): a sink for the outbox relay, and a source for
+/// the [inbox runner](inbox::Runner) whose `#[idempotent]` handler makes the ledger its inbox
+/// ([`Consumer`](nats::Consumer) builds the two in one expression).
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats {
-    pub use idem_core::inbox::Delivery;
-    pub use idem_core::nats::{
-        AGGREGATE_HEADER, AGGREGATE_SEQ_HEADER, Consumer, JetStreamSink, MESSAGE_ID_HEADER,
-        async_nats, ensure_stream,
+    pub use idem_nats::{
+        AGGREGATE_HEADER, AGGREGATE_SEQ_HEADER, Consumer, Delivery, JetStreamSink, JetStreamSource,
+        MESSAGE_ID_HEADER, async_nats, ensure_stream,
     };
 }
 

@@ -1,7 +1,9 @@
 //! Runtime of [`idem`](https://docs.rs/idem): validated keys, canonical fingerprints, the
 //! error type, outcomes, the [`Store`] contract and the store-independent engine that
-//! `#[idempotent]` expands to.
+//! `#[idempotent]` expands to, and the broker-independent halves of messaging: the outbox's
+//! [`Sink`](outbox::Sink) and the [`inbox`]'s runner.
 //!
+//! No transport lives here: the axum adapter is `idem-axum`, JetStream is `idem-nats`.
 //! Applications use the `idem` crate, which re-exports what is public here.
 
 mod error;
@@ -12,8 +14,6 @@ mod key;
 pub mod lease;
 mod memory;
 pub mod metrics;
-#[cfg(feature = "nats")]
-pub mod nats;
 pub mod outbox;
 mod outcome;
 mod precondition;
