@@ -185,13 +185,24 @@ pub mod outbox {
     };
 }
 
-/// NATS JetStream: a sink for the outbox relay and a consumer runner whose `#[idempotent]`
-/// handler makes the ledger its inbox.
+/// The consuming side, whatever the broker: a [`Runner`](inbox::Runner) hands each message
+/// of a [`Source`](inbox::Source) to a handler and acknowledges it only after the handler
+/// succeeded; an `#[idempotent]` handler keyed by [`Delivery::id`](inbox::Delivery::id) makes
+/// the ledger its inbox. Failing messages are retried with backoff, then recorded in the
+/// [dead letters](outbox::DeadLetters). JetStream's source is in `idem::nats` (feature
+/// `nats`); a broker of your own is an adapter of a few dozen lines (see [`inbox::Source`]).
+pub mod inbox {
+    pub use idem_core::inbox::{Delivery, MemorySource, Runner, Source};
+}
+
+/// NATS JetStream (the `idem-nats` crate): a sink for the outbox relay, and a source for
+/// the [inbox runner](inbox::Runner) whose `#[idempotent]` handler makes the ledger its inbox
+/// ([`Consumer`](nats::Consumer) builds the two in one expression).
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats {
-    pub use idem_core::nats::{
-        AGGREGATE_HEADER, AGGREGATE_SEQ_HEADER, Consumer, Delivery, JetStreamSink,
+    pub use idem_nats::{
+        AGGREGATE_HEADER, AGGREGATE_SEQ_HEADER, Consumer, Delivery, JetStreamSink, JetStreamSource,
         MESSAGE_ID_HEADER, async_nats, ensure_stream,
     };
 }
@@ -213,22 +224,24 @@ pub mod lease {
     pub use idem_core::{BoxFuture, LeaseClaim, LeaseStore, Ticket};
 }
 
-/// HTTP glue for axum 0.8 (the IETF Idempotency-Key draft): the `Idempotency-Key` extractor,
-/// problem+json errors with the draft's statuses, [`respond`](axum::respond), which runs the
-/// call to completion on a task of its own (a client that hangs up cannot cut it off) and adds
-/// `Idempotent-Replayed: true` to replays ([`Respond`](axum::Respond) to answer replays with
-/// 200 or send an `ETag`), the [`IfMatch`] extractor for conditional
-/// writes (428 without it, 412 when it no longer matches; see
-/// [`sea_orm::Stateful::update_if_match`]), and [`IdempotencyLayer`](axum::IdempotencyLayer),
-/// which records whole responses of plain routes.
+/// HTTP glue for axum 0.8 (the IETF Idempotency-Key draft; the `idem-axum` crate): the
+/// `Idempotency-Key` extractor, problem+json errors with the draft's statuses
+/// ([`Problem`](axum::Problem): `Problem::from(e).into_response()` answers an [`Error`]),
+/// [`respond`](axum::respond), which runs the call to completion on a task of its own (a
+/// client that hangs up cannot cut it off) and adds `Idempotent-Replayed: true` to replays
+/// ([`Respond`](axum::Respond) to answer replays with 200 or send an `ETag`), the
+/// [`IfMatch`](axum::IfMatch) extractor for conditional writes (428 without it, 412 when it no
+/// longer matches; see [`sea_orm::Stateful::update_if_match`]), [`ETag`](axum::ETag) for a
+/// response's tag, and [`IdempotencyLayer`](axum::IdempotencyLayer), which records whole
+/// responses of plain routes.
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod axum {
-    pub use idem_core::http::{
-        IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, IdempotencyLayer, IdempotencyService,
-        Problem, ReplayStatus, Respond, respond, respond_inline, run_to_completion,
+    pub use idem_axum::{
+        ETag, EntityTag, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, IdempotencyLayer,
+        IdempotencyService, IfMatch, Problem, ReplayStatus, Respond, respond, respond_inline,
+        run_to_completion,
     };
-    pub use idem_core::{EntityTag, IfMatch};
 }
 
 /// The SeaORM ledger store: schema, migration, purge.

@@ -246,10 +246,10 @@ async fn a_store_failure_is_503_without_sql() {
 async fn in_flight_is_409_with_retry_after() {
     let answer = {
         use axum::response::IntoResponse;
-        idem::Error::InFlight {
+        idem::axum::Problem::from(idem::Error::InFlight {
             scope: "s".into(),
             retry_after: std::time::Duration::from_millis(1500),
-        }
+        })
         .into_response()
     };
     assert_eq!(answer.status(), StatusCode::CONFLICT);

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use idem::axum::{
-    EntityTag, IdempotencyKey, IdempotencyLayer, IfMatch, Problem, Respond, respond,
+    ETag, EntityTag, IdempotencyKey, IdempotencyLayer, IfMatch, Problem, Respond, respond,
     run_to_completion,
 };
 use idem::outbox::Message;
@@ -565,7 +565,7 @@ async fn order_with_payments(db: &DatabaseConnection, id: String) -> Result<Resp
         })
         .collect();
     Ok((
-        EntityTag::from_version(found.version),
+        ETag(EntityTag::from_version(found.version)),
         Json(serde_json::json!({
             "id": found.id,
             "status": found.status,

@@ -116,7 +116,7 @@ impl From<DbErr> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         match self {
-            Self::Idem(e) => e.into_response(),
+            Self::Idem(e) => Problem::from(e).into_response(),
             Self::NotFound(id) => {
                 Problem::new(404, "not-found", "Not found", format!("no order `{id}`"))
                     .into_response()

@@ -1,8 +1,9 @@
 //! Runtime of [`idem`](https://docs.rs/idem): validated keys, canonical fingerprints, the
-//! error type, outcomes, the [`Store`] and [`LeaseStore`] contracts and the store-independent
-//! engine that `#[idempotent]` expands to ([`atomic::run`], [`lease::run_lease`]). It knows no
-//! database and no transport: SQL lives in `idem-sea-orm`, HTTP and brokers in crates of
-//! their own.
+//! error type, outcomes, the [`Store`] and [`LeaseStore`] contracts, the store-independent
+//! engine that `#[idempotent]` expands to ([`atomic::run`], [`lease::run_lease`]), and the
+//! broker-independent halves of messaging: the outbox's [`Sink`](outbox::Sink) and the
+//! [`inbox`]'s runner. It knows no database and no transport: SQL lives in `idem-sea-orm`,
+//! the axum adapter in `idem-axum`, JetStream in `idem-nats`.
 //!
 //! Applications use the `idem` crate, which re-exports what is public here.
 
@@ -12,15 +13,12 @@ mod error;
 mod fingerprint;
 mod flight;
 pub mod handler;
-#[cfg(feature = "axum")]
-pub mod http;
 pub mod ids;
+pub mod inbox;
 mod key;
 pub mod lease;
 mod memory;
 pub mod metrics;
-#[cfg(feature = "nats")]
-pub mod nats;
 pub mod outbox;
 mod outcome;
 mod precondition;

@@ -1,26 +1,9 @@
-//! HTTP glue for axum 0.8 (feature `axum`): the `Idempotency-Key` header, problem+json
-//! errors, and replay-aware responses, as the IETF Idempotency-Key draft describes them.
-//!
-//! | situation | status |
-//! |---|---|
-//! | missing or invalid `Idempotency-Key` | 400 |
-//! | key reused with a different payload | 422 |
-//! | same key still in flight | 409 + `Retry-After` |
-//! | invalid state transition | 409 |
-//! | malformed `If-Match` | 400 |
-//! | `If-Match` does not match the resource's current `ETag` | 412, nothing written |
-//! | missing `If-Match` where the route requires it | 428 |
-//! | store failure | 503 (no SQL in the body) |
-//! | replay | the recorded status (or 200, see [`ReplayStatus`]) and body + `Idempotent-Replayed: true` |
-//!
-//! [`IdempotencyLayer`] gives plain routes (not `#[idempotent]` functions) the same contract by
-//! recording their whole responses.
-//!
-//! [`respond`] runs the call to completion on a task of its own, so a client that hangs up
-//! cannot cut it off mid-statement; its retry replays the recorded answer.
+//! The `Idempotency-Key` extractor, problem+json errors, `If-Match` and `ETag`, and
+//! [`respond`], which answers an idempotent call (and marks its replays).
 
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Duration;
 
 use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
 use axum_core::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
@@ -29,14 +12,7 @@ use http::request::Parts;
 use http::{HeaderName, HeaderValue, StatusCode};
 use serde::Serialize;
 
-use crate::error::{Error, ErrorKind};
-use crate::key::{Key, KeySource};
-use crate::outcome::{Outcome, with_outcome};
-use crate::precondition::{EntityTag, IfMatch};
-
-mod layer;
-
-pub use layer::{IdempotencyLayer, IdempotencyService};
+use idem_core::{EntityTag, Error, ErrorKind, Key, KeyProblem, KeySource, Outcome, with_outcome};
 
 /// The request header carrying the key.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -59,7 +35,7 @@ impl IdempotencyKey {
     pub fn parse(value: &[u8]) -> Result<Self, Error> {
         let invalid = |problem| Error::InvalidKey { problem };
         let text = std::str::from_utf8(value)
-            .map_err(|_| invalid(crate::KeyProblem::NotUtf8))?
+            .map_err(|_| invalid(KeyProblem::NotUtf8))?
             .trim_matches(' ');
         let Some(inner) = text
             .strip_prefix('"')
@@ -73,9 +49,9 @@ impl IdempotencyKey {
             match c {
                 '\\' => match chars.next() {
                     Some((_, escaped @ ('"' | '\\'))) => out.push(escaped),
-                    _ => return Err(invalid(crate::KeyProblem::ControlCharacter { at })),
+                    _ => return Err(invalid(KeyProblem::ControlCharacter { at })),
                 },
-                '"' => return Err(invalid(crate::KeyProblem::ControlCharacter { at })),
+                '"' => return Err(invalid(KeyProblem::ControlCharacter { at })),
                 c => out.push(c),
             }
         }
@@ -97,7 +73,7 @@ impl KeySource for IdempotencyKey {
 impl IdempotencyKey {
     /// The key of a request: `None` without the header, an error for a malformed or repeated
     /// one.
-    fn of_request(parts: &Parts) -> Result<Option<Self>, Error> {
+    pub(crate) fn of_request(parts: &Parts) -> Result<Option<Self>, Error> {
         let mut fields = parts.headers.get_all(IDEMPOTENCY_KEY).iter();
         let Some(value) = fields.next() else {
             return Ok(None);
@@ -105,7 +81,7 @@ impl IdempotencyKey {
         let more = fields.count();
         if more > 0 {
             return Err(Error::InvalidKey {
-                problem: crate::KeyProblem::Repeated { count: more + 1 },
+                problem: KeyProblem::Repeated { count: more + 1 },
             });
         }
         Self::parse(value.as_bytes()).map(Some)
@@ -113,43 +89,81 @@ impl IdempotencyKey {
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
-    type Rejection = Error;
+    type Rejection = Problem;
 
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Error> {
-        Self::of_request(parts)?.ok_or(Error::MissingKey)
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Problem> {
+        Ok(Self::of_request(parts)?.ok_or(Error::MissingKey)?)
     }
 }
 
 impl<S: Send + Sync> OptionalFromRequestParts<S> for IdempotencyKey {
-    type Rejection = Error;
+    type Rejection = Problem;
 
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Option<Self>, Error> {
-        Self::of_request(parts)
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Option<Self>, Problem> {
+        Ok(Self::of_request(parts)?)
     }
 }
 
-/// `If-Match` as an extractor: a route that takes `IfMatch` requires the header (428
-/// `precondition-required` without it) and refuses a malformed one (400
-/// `invalid-precondition`); take `Option<IfMatch>` where a precondition is optional. Several
-/// `If-Match` field lines are one list (RFC 9110 §5.3).
-impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
-    type Rejection = Error;
+/// The `If-Match` precondition of a request, as an extractor: a route that takes `IfMatch`
+/// requires the header (428 `precondition-required` without it) and refuses a malformed one
+/// (400 `invalid-precondition`); take `Option<IfMatch>` where a precondition is optional.
+/// Several `If-Match` field lines are one list (RFC 9110 §5.3).
+///
+/// It dereferences to the precondition itself, [`idem_core::IfMatch`], so `&if_match` goes
+/// where a store expects `&idem::IfMatch` (`Stateful::update_if_match`), and it is
+/// fingerprinted as that precondition: passed to an `#[idempotent]` function, it is part of
+/// the request's fingerprint.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[serde(transparent)]
+pub struct IfMatch(pub idem_core::IfMatch);
 
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Error> {
-        if_match_of(parts)?.ok_or(Error::PreconditionRequired)
+impl IfMatch {
+    /// The precondition.
+    pub fn into_inner(self) -> idem_core::IfMatch {
+        self.0
+    }
+}
+
+impl std::ops::Deref for IfMatch {
+    type Target = idem_core::IfMatch;
+
+    fn deref(&self) -> &idem_core::IfMatch {
+        &self.0
+    }
+}
+
+impl From<idem_core::IfMatch> for IfMatch {
+    fn from(precondition: idem_core::IfMatch) -> Self {
+        Self(precondition)
+    }
+}
+
+impl From<IfMatch> for idem_core::IfMatch {
+    fn from(if_match: IfMatch) -> Self {
+        if_match.0
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Problem> {
+        Ok(Self(
+            if_match_of(parts)?.ok_or(Error::PreconditionRequired)?,
+        ))
     }
 }
 
 impl<S: Send + Sync> OptionalFromRequestParts<S> for IfMatch {
-    type Rejection = Error;
+    type Rejection = Problem;
 
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Option<Self>, Error> {
-        if_match_of(parts)
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Option<Self>, Problem> {
+        Ok(if_match_of(parts)?.map(Self))
     }
 }
 
 /// The `If-Match` of a request: `None` without the header.
-fn if_match_of(parts: &Parts) -> Result<Option<IfMatch>, Error> {
+fn if_match_of(parts: &Parts) -> Result<Option<idem_core::IfMatch>, Error> {
     let mut lines = Vec::new();
     for value in parts.headers.get_all(IF_MATCH) {
         lines.push(
@@ -164,24 +178,43 @@ fn if_match_of(parts: &Parts) -> Result<Option<IfMatch>, Error> {
     if lines.is_empty() {
         return Ok(None);
     }
-    IfMatch::parse(&lines.join(", ")).map(Some)
+    idem_core::IfMatch::parse(&lines.join(", ")).map(Some)
 }
 
-/// An entity tag in a response sets its `ETag` header: `(EntityTag::from_version(3),
-/// Json(order))`.
-impl IntoResponseParts for EntityTag {
+/// The `ETag` header of a response, as a response part:
+/// `(ETag(EntityTag::from_version(3)), Json(order))`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ETag(pub EntityTag);
+
+impl From<EntityTag> for ETag {
+    fn from(tag: EntityTag) -> Self {
+        Self(tag)
+    }
+}
+
+impl IntoResponseParts for ETag {
     type Error = std::convert::Infallible;
 
     fn into_response_parts(self, mut parts: ResponseParts) -> Result<ResponseParts, Self::Error> {
-        // Always a header value: a tag holds visible ASCII only, checked when it was made.
-        if let Ok(value) = HeaderValue::from_str(&self.to_string()) {
+        if let Some(value) = etag_value(&self.0) {
             parts.headers_mut().insert(ETAG, value);
         }
         Ok(parts)
     }
 }
 
-/// An RFC 9457 problem document.
+/// The header value of `tag`; always `Some`, since a tag holds visible ASCII only, checked
+/// when it was made.
+fn etag_value(tag: &EntityTag) -> Option<HeaderValue> {
+    HeaderValue::from_str(&tag.to_string()).ok()
+}
+
+/// An RFC 9457 problem document: how an [`Error`] (or any error of yours) is answered over
+/// HTTP, as `application/problem+json`.
+///
+/// `Problem::from(e).into_response()` answers an idem [`Error`] with the status of its kind
+/// (and `Retry-After` for [`Error::InFlight`]); a handler's own error type does that in its
+/// `IntoResponse` for its idem variant.
 #[derive(Debug, Clone, Serialize)]
 pub struct Problem {
     /// A stable URI for the kind of problem: `urn:idem:problem:<kind>`.
@@ -193,6 +226,10 @@ pub struct Problem {
     pub status: u16,
     /// What happened in this case; never SQL or driver text.
     pub detail: String,
+    /// When the client should retry, sent as `Retry-After` (whole seconds, at least 1); not
+    /// part of the document.
+    #[serde(skip)]
+    pub retry_after: Option<Duration>,
 }
 
 impl Problem {
@@ -208,6 +245,7 @@ impl Problem {
             title: title.into(),
             status,
             detail: detail.into(),
+            retry_after: None,
         }
     }
 }
@@ -216,7 +254,7 @@ impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let body = serde_json::to_vec(&self).unwrap_or_default();
-        (
+        let mut response = (
             status,
             [(
                 CONTENT_TYPE,
@@ -224,13 +262,31 @@ impl IntoResponse for Problem {
             )],
             body,
         )
-            .into_response()
+            .into_response();
+        if let Some(retry_after) = self.retry_after {
+            let seconds = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
     }
 }
 
 impl From<&Error> for Problem {
     fn from(e: &Error) -> Self {
         let kind = e.kind();
+        if !matches!(
+            kind,
+            ErrorKind::InvalidKey
+                | ErrorKind::MissingKey
+                | ErrorKind::PreconditionRequired
+                | ErrorKind::InvalidPrecondition
+        ) {
+            // Not a malformed request: worth a line when debugging a service (the detail
+            // sent to the client leaves store errors out).
+            tracing::debug!(error = %e, "idem error answered over HTTP");
+        }
         let (title, detail) = match kind {
             ErrorKind::InvalidKey => ("Invalid idempotency key", e.to_string()),
             ErrorKind::MissingKey => (
@@ -252,34 +308,23 @@ impl From<&Error> for Problem {
                 "the request could not be processed".to_owned(),
             ),
         };
-        Self::new(e.http_status(), kind.as_str(), title, detail)
+        let mut problem = Self::new(e.http_status(), kind.as_str(), title, detail);
+        if let Error::InFlight { retry_after, .. } = e {
+            problem.retry_after = Some(*retry_after);
+        }
+        problem
     }
 }
 
-impl IntoResponse for Error {
-    fn into_response(self) -> Response {
-        if !matches!(
-            self.kind(),
-            ErrorKind::InvalidKey
-                | ErrorKind::MissingKey
-                | ErrorKind::PreconditionRequired
-                | ErrorKind::InvalidPrecondition
-        ) {
-            tracing::debug!(error = %self, "idem error answered over HTTP");
-        }
-        let mut response = Problem::from(&self).into_response();
-        if let Error::InFlight { retry_after, .. } = &self {
-            let seconds = retry_after.as_secs_f64().ceil().max(1.0) as u64;
-            if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
-                response.headers_mut().insert(RETRY_AFTER, value);
-            }
-        }
-        response
+impl From<Error> for Problem {
+    fn from(e: Error) -> Self {
+        Self::from(&e)
     }
 }
 
 /// Runs an idempotent call **to completion on a task of its own** and answers it: `Ok(value)`
-/// as JSON with `status`, `Err(e)` as `e`'s response; a replayed answer (value or recorded
+/// as JSON with `status`, `Err(e)` as `e`'s response (for an idem [`Error`], map it to a
+/// [`Problem`]: `.map_err(Problem::from)`); a replayed answer (value or recorded
 /// final error) carries `Idempotent-Replayed: true`, a first execution does not.
 ///
 /// Because the recorded value is replayed and rendered the same way, a replay returns the
@@ -397,7 +442,7 @@ pub enum ReplayStatus {
 /// How to answer an idempotent call over HTTP: [`respond`] with options.
 ///
 /// ```
-/// use idem_core::http::{ReplayStatus, Respond};
+/// use idem_axum::{ReplayStatus, Respond};
 /// use http::StatusCode;
 ///
 /// // 201 for the first execution, 200 for its replays.
@@ -494,10 +539,10 @@ impl<T: Serialize> Respond<T> {
         let body = match serde_json::to_vec(value) {
             Ok(body) => body,
             Err(e) => {
-                return Error::Encode {
+                return Problem::from(Error::Encode {
                     scope: "http response".to_owned(),
                     source: Box::new(e),
-                }
+                })
                 .into_response();
             }
         };
@@ -512,7 +557,7 @@ impl<T: Serialize> Respond<T> {
         )
             .into_response();
         if let Some(etag) = self.etag
-            && let Ok(value) = HeaderValue::from_str(&etag(value).to_string())
+            && let Some(value) = etag_value(&etag(value))
         {
             response.headers_mut().insert(ETAG, value);
         }
@@ -522,6 +567,11 @@ impl<T: Serialize> Respond<T> {
 
 #[cfg(test)]
 mod tests {
+    use idem_core::atomic::run;
+    use idem_core::call::{Call, Site};
+    use idem_core::handler::{FinalProbe, ViaFinal};
+    use idem_core::{Concurrency, FinalError, MemoryStore, MemoryTx};
+
     use super::*;
 
     /// A call whose `respond` future is dropped mid-way (the client hung up) still finishes;
@@ -535,7 +585,7 @@ mod tests {
             let call = async move {
                 open.notified().await;
                 let _ = done.send(());
-                Ok::<_, Error>(1)
+                Ok::<_, Problem>(1)
             };
             let waiting = tokio::time::Duration::from_millis(20);
             let dropped = if spawned {
@@ -558,7 +608,7 @@ mod tests {
         let call = async {
             let ballast = [0_u8; 16 * 1024];
             tokio::task::yield_now().await;
-            Ok::<_, Error>(ballast.len())
+            Ok::<_, Problem>(ballast.len())
         };
         assert!(std::mem::size_of_val(&call) >= 16 * 1024);
         let answer = respond(StatusCode::OK, call);
@@ -574,7 +624,7 @@ mod tests {
         let handler = tokio::spawn(respond(StatusCode::OK, async {
             panic!("in the call");
             #[allow(unreachable_code)]
-            Ok::<u8, Error>(0)
+            Ok::<u8, Problem>(0)
         }));
         let e = handler.await.expect_err("the handler panicked");
         let message = e.into_panic();
@@ -606,7 +656,7 @@ mod tests {
         assert_eq!(if_match_of(&parts_with(&[])).expect("absent"), None);
         assert_eq!(
             if_match_of(&parts_with(&["\"1\"", "W/\"2\", \"3\""])).expect("lines"),
-            Some(IfMatch::parse("\"1\", W/\"2\", \"3\"").expect("list"))
+            Some(idem_core::IfMatch::parse("\"1\", W/\"2\", \"3\"").expect("list"))
         );
         let mixed = if_match_of(&parts_with(&["*", "\"1\""])).expect_err("`*` and a tag");
         assert_eq!(mixed.http_status(), 400);
@@ -625,48 +675,113 @@ mod tests {
         assert!(p.detail.contains("\"4\""), "{}", p.detail);
     }
 
-    /// A call that answers `result` as the engine would after a first execution or a replay.
-    async fn answered<T>(outcome: Outcome, result: Result<T, Error>) -> Result<T, Error> {
-        crate::outcome::report(outcome);
-        result
+    static SITE: Site = Site::new(
+        "idem-axum.tests",
+        Duration::from_secs(60),
+        Concurrency::Reject,
+    );
+
+    /// A handler's refusal that is recorded and replayed, as a final error is.
+    #[derive(Debug, Serialize, serde::Deserialize)]
+    struct Refused(String);
+
+    impl FinalError for Refused {
+        fn is_final(&self) -> bool {
+            true
+        }
+    }
+
+    impl From<Error> for Refused {
+        fn from(e: Error) -> Self {
+            Self(e.to_string())
+        }
+    }
+
+    impl IntoResponse for Refused {
+        fn into_response(self) -> Response {
+            Problem::new(409, "refused", "Refused", self.0).into_response()
+        }
+    }
+
+    /// An idempotent call of the engine under `key` of `store` that answers `result`: the
+    /// first call with a key executes, later ones replay what it recorded.
+    fn call<T>(
+        store: &MemoryStore,
+        key: &str,
+        result: Result<T, Refused>,
+    ) -> impl Future<Output = Result<T, Refused>> + Send + 'static
+    where
+        T: Serialize + serde::de::DeserializeOwned + Send + 'static,
+    {
+        let call = Call::new(&SITE, Key::new(key));
+        let finality = (&FinalProbe::<Refused>::new()).finality();
+        run(
+            store.clone(),
+            call,
+            finality,
+            async move |_tx: &MemoryTx| result,
+        )
     }
 
     #[tokio::test]
     async fn replay_status_ok_answers_replayed_values_with_200_and_keeps_error_statuses() {
+        let store = MemoryStore::new();
         let created = Respond::new(StatusCode::CREATED).replay_status(ReplayStatus::Ok);
-        let first = created.run(answered(Outcome::Executed, Ok(1))).await;
+        let first = created.run(call(&store, "value", Ok(1))).await;
         assert_eq!(first.status(), StatusCode::CREATED);
         assert!(first.headers().get(IDEMPOTENT_REPLAYED).is_none());
-        let replay = created.run(answered(Outcome::Replayed, Ok(1))).await;
+        let replay = created.run(call(&store, "value", Ok(1))).await;
         assert_eq!(replay.status(), StatusCode::OK);
         assert_eq!(replay.headers()[IDEMPOTENT_REPLAYED], "true");
-        let refused = Error::InvalidTransition {
-            from: "Paid".into(),
-            to: "Cancelled".into(),
-        };
-        let replayed_error = created
-            .run(answered::<i32>(Outcome::Replayed, Err(refused)))
-            .await;
+        let refused = || Err(Refused("from Paid to Cancelled".into()));
+        let recorded = created.run(call::<i32>(&store, "refused", refused())).await;
+        assert_eq!(recorded.status(), StatusCode::CONFLICT);
+        let replayed_error = created.run(call::<i32>(&store, "refused", refused())).await;
         assert_eq!(replayed_error.status(), StatusCode::CONFLICT);
         assert_eq!(replayed_error.headers()[IDEMPOTENT_REPLAYED], "true");
 
-        let original = respond(StatusCode::CREATED, answered(Outcome::Replayed, Ok(1))).await;
+        let original = respond(StatusCode::CREATED, call(&store, "value", Ok(1))).await;
         assert_eq!(original.status(), StatusCode::CREATED, "the default");
     }
 
     #[tokio::test]
     async fn respond_sends_the_etag_of_the_value() {
+        let store = MemoryStore::new();
         let tagged = Respond::new(StatusCode::OK).etag(|v: &i64| EntityTag::from_version(*v));
-        let answer = tagged.run(answered(Outcome::Replayed, Ok(5))).await;
-        assert_eq!(answer.headers()[ETAG], "\"5\"");
+        let first = tagged.run(call(&store, "tagged", Ok(5))).await;
+        assert_eq!(first.headers()[ETAG], "\"5\"");
+        let replay = tagged.run(call(&store, "tagged", Ok(5))).await;
+        assert_eq!(replay.headers()[ETAG], "\"5\"", "a replay's tag too");
         let failed = tagged
-            .run(answered::<i64>(
-                Outcome::Executed,
-                Err(Error::PreconditionRequired),
-            ))
+            .run(async { Err::<i64, _>(Problem::from(Error::PreconditionRequired)) })
             .await;
         assert_eq!(failed.status(), StatusCode::PRECONDITION_REQUIRED);
         assert!(failed.headers().get(ETAG).is_none(), "no tag on an error");
+    }
+
+    #[test]
+    fn etag_and_retry_after_headers() {
+        let tagged = (ETag(EntityTag::from_version(3)), ()).into_response();
+        assert_eq!(tagged.headers()[ETAG], "\"3\"");
+        let in_flight = Problem::from(Error::InFlight {
+            scope: "s".into(),
+            retry_after: Duration::from_millis(1500),
+        })
+        .into_response();
+        assert_eq!(in_flight.status(), StatusCode::CONFLICT);
+        assert_eq!(in_flight.headers()[RETRY_AFTER], "2");
+    }
+
+    #[test]
+    fn the_if_match_extractor_is_fingerprinted_as_the_precondition() {
+        let precondition = idem_core::IfMatch::parse("\"1\", W/\"2\"").expect("list");
+        let extracted = IfMatch(precondition.clone());
+        assert_eq!(
+            serde_json::to_string(&extracted).expect("json"),
+            serde_json::to_string(&precondition).expect("json")
+        );
+        let deref: &idem_core::IfMatch = &extracted;
+        assert_eq!(deref, &precondition);
     }
 
     #[test]

@@ -18,13 +18,11 @@ use http::request::Parts;
 use http::{HeaderName, HeaderValue, Request, StatusCode};
 use serde::{Deserialize, Serialize};
 
-use super::{IDEMPOTENT_REPLAYED, IdempotencyKey, Problem};
-use crate::call::{Call, Site};
-use crate::error::Error;
-use crate::key::Key;
-use crate::lease::run_lease;
-use crate::store::Concurrency;
-use crate::store::LeaseStore;
+use idem_core::call::{Call, Site};
+use idem_core::lease::run_lease;
+use idem_core::{Concurrency, Error, Key, LeaseStore};
+
+use crate::http::{IDEMPOTENT_REPLAYED, IdempotencyKey, Problem, spawn_and_wait};
 
 /// Records the whole response of an axum route on the idem ledger, so a retry with the same
 /// `Idempotency-Key` gets the recorded response instead of running the route again: the
@@ -435,7 +433,7 @@ where
         call.arg(parts.uri.path_and_query().map_or("/", |p| p.as_str()));
         call.arg(&BodyBytes(&bytes));
     }
-    let task = super::spawn_and_wait(Box::pin(run_lease(
+    let task = spawn_and_wait(Box::pin(run_lease(
         Arc::clone(&config.store),
         call,
         config.lease,
@@ -445,7 +443,7 @@ where
     match task.await {
         Ok(Ok(recorded)) => recorded.into_response(),
         Ok(Err(Unrecorded::Released(response))) => response,
-        Ok(Err(Unrecorded::Idem(e))) => e.into_response(),
+        Ok(Err(Unrecorded::Idem(e))) => Problem::from(e).into_response(),
         Err(e) => {
             // The route panicked: its lease is left to expire, and a retry runs it again.
             tracing::error!(error = %e, "a route under IdempotencyLayer panicked");

@@ -1,0 +1,35 @@
+//! The axum 0.8 adapter of [`idem`](https://docs.rs/idem): the `Idempotency-Key` header,
+//! problem+json errors, replay-aware responses and `If-Match`, as the IETF Idempotency-Key
+//! draft and RFC 9110 describe them. Applications use it as `idem::axum` (feature `axum`).
+//!
+//! | situation | status |
+//! |---|---|
+//! | missing or invalid `Idempotency-Key` | 400 |
+//! | key reused with a different payload | 422 |
+//! | same key still in flight | 409 + `Retry-After` |
+//! | invalid state transition | 409 |
+//! | malformed `If-Match` | 400 |
+//! | `If-Match` does not match the resource's current `ETag` | 412, nothing written |
+//! | missing `If-Match` where the route requires it | 428 |
+//! | store failure | 503 (no SQL in the body) |
+//! | replay | the recorded status (or 200, see [`ReplayStatus`]) and body + `Idempotent-Replayed: true` |
+//!
+//! An [`idem_core::Error`] becomes a response through [`Problem`]:
+//! `Problem::from(e).into_response()` (the error type lives in the transport-free core, so it
+//! cannot implement axum's traits itself).
+//!
+//! [`IdempotencyLayer`] gives plain routes (not `#[idempotent]` functions) the same contract by
+//! recording their whole responses.
+//!
+//! [`respond`] runs the call to completion on a task of its own, so a client that hangs up
+//! cannot cut it off mid-statement; its retry replays the recorded answer.
+
+mod http;
+mod layer;
+
+pub use http::{
+    ETag, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, IfMatch, Problem, ReplayStatus,
+    Respond, respond, respond_inline, run_to_completion,
+};
+pub use idem_core::EntityTag;
+pub use layer::{IdempotencyLayer, IdempotencyService};
