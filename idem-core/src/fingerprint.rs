@@ -135,20 +135,15 @@ impl FingerprintError {
     }
 }
 
+/// The byte before each value of the canonical encoding. Frozen: a change is a new
+/// `FINGERPRINT_VERSION`.
 mod tag {
-    pub(super) const UNIT: u8 = 0x00;
-    pub(super) const SOME: u8 = 0x01;
-    pub(super) const FALSE: u8 = 0x02;
-    pub(super) const TRUE: u8 = 0x03;
-    pub(super) const INT: u8 = 0x04;
-    pub(super) const FLOAT: u8 = 0x05;
-    pub(super) const STR: u8 = 0x06;
-    pub(super) const BYTES: u8 = 0x07;
-    pub(super) const SEQ: u8 = 0x08;
-    pub(super) const MAP: u8 = 0x09;
-    pub(super) const STRUCT: u8 = 0x0a;
-    pub(super) const VARIANT: u8 = 0x0b;
-    pub(super) const END: u8 = 0x0c;
+    macro_rules! tags {
+        ($($name:ident = $byte:literal),+) => { $(pub(super) const $name: u8 = $byte;)+ };
+    }
+    tags!(UNIT = 0x00, SOME = 0x01, FALSE = 0x02, TRUE = 0x03, INT = 0x04, FLOAT = 0x05);
+    tags!(STR = 0x06, BYTES = 0x07, SEQ = 0x08, MAP = 0x09, STRUCT = 0x0a, VARIANT = 0x0b);
+    tags!(END = 0x0c);
 }
 
 // Each token is written with one copy of a stack array: the encoder's cost is its number of
