@@ -141,9 +141,21 @@ mod tag {
     macro_rules! tags {
         ($($name:ident = $byte:literal),+) => { $(pub(super) const $name: u8 = $byte;)+ };
     }
-    tags!(UNIT = 0x00, SOME = 0x01, FALSE = 0x02, TRUE = 0x03, INT = 0x04, FLOAT = 0x05);
-    tags!(STR = 0x06, BYTES = 0x07, SEQ = 0x08, MAP = 0x09, STRUCT = 0x0a, VARIANT = 0x0b);
-    tags!(END = 0x0c);
+    tags!(
+        UNIT = 0x00,
+        SOME = 0x01,
+        FALSE = 0x02,
+        TRUE = 0x03,
+        INT = 0x04,
+        FLOAT = 0x05,
+        STR = 0x06,
+        BYTES = 0x07,
+        SEQ = 0x08,
+        MAP = 0x09,
+        STRUCT = 0x0a,
+        VARIANT = 0x0b,
+        END = 0x0c
+    );
 }
 
 // Each token is written with one copy of a stack array: the encoder's cost is its number of
