@@ -5,7 +5,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use idem_core::ids::random_token;
@@ -13,130 +12,22 @@ use idem_core::lease::LeaseHandle;
 use idem_core::{
     BoxFuture, Error, LeaseClaim, LeaseStore, RecordStatus, Recorded, Request, Ticket,
 };
-use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, Statement, Value,
-};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, Statement, Value};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::dialect::{Dialect, LEDGER_TABLE, MYSQL_NOW, PG_NOW, SQLITE_NOW, millis, render};
 use crate::error::store_error;
+use crate::sql::{Sql, millis};
 use crate::store::{begin, detached, ledger_row, read_row, statement};
-
-/// Name of the table of recorded steps (recovery points) of calls in progress.
-pub const STEPS_TABLE: &str = "idem_steps";
-
-/// The lease statements of one backend (the claim reuses the ledger's own statements).
-struct LeaseSql {
-    create: Vec<String>,
-    /// Binds record_id.
-    select_steps: String,
-    /// Binds record_id, name, token, result.
-    insert_step: String,
-    /// Binds record_id.
-    delete_steps: String,
-    /// Binds lease_ms, id, token.
-    renew: String,
-    /// Binds state, response, ttl_ms, id, token.
-    complete: String,
-    /// Binds id, token.
-    release: String,
-    /// Returns id, scope, idem_key, owner, expires_at_ms, now_ms of leases that ended.
-    expired: String,
-    /// Deletes the steps of records that no longer exist (purged).
-    purge_orphans: String,
-}
-
-fn lease_sql(backend: DbBackend) -> &'static LeaseSql {
-    static PG: LazyLock<LeaseSql> = LazyLock::new(|| build(DbBackend::Postgres));
-    static MY: LazyLock<LeaseSql> = LazyLock::new(|| build(DbBackend::MySql));
-    static LITE: LazyLock<LeaseSql> = LazyLock::new(|| build(DbBackend::Sqlite));
-    match backend {
-        DbBackend::Postgres => &PG,
-        DbBackend::MySql => &MY,
-        _ => &LITE,
-    }
-}
-
-fn build(backend: DbBackend) -> LeaseSql {
-    let now = match backend {
-        DbBackend::Postgres => PG_NOW,
-        DbBackend::MySql => MYSQL_NOW,
-        _ => SQLITE_NOW,
-    };
-    let r = |t: &str| {
-        let t = t
-            .replace("{steps}", STEPS_TABLE)
-            .replace("{ledger}", LEDGER_TABLE);
-        render(&t, now, backend)
-    };
-    let create = match backend {
-        DbBackend::Postgres => {
-            "CREATE TABLE IF NOT EXISTS {steps} (\
-            record_id BYTEA NOT NULL, name VARCHAR(255) NOT NULL, token BIGINT NOT NULL, \
-            result BYTEA NOT NULL, created_at_ms BIGINT NOT NULL, PRIMARY KEY (record_id, name))"
-        }
-        DbBackend::MySql => {
-            "CREATE TABLE IF NOT EXISTS {steps} (\
-            record_id BINARY(32) NOT NULL, name VARCHAR(255) NOT NULL, token BIGINT NOT NULL, \
-            result LONGBLOB NOT NULL, created_at_ms BIGINT NOT NULL, PRIMARY KEY (record_id, name)\
-            ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin"
-        }
-        _ => {
-            "CREATE TABLE IF NOT EXISTS {steps} (\
-            record_id BLOB NOT NULL, name TEXT NOT NULL, token INTEGER NOT NULL, \
-            result BLOB NOT NULL, created_at_ms INTEGER NOT NULL, PRIMARY KEY (record_id, name)\
-            ) WITHOUT ROWID"
-        }
-    };
-    let insert = "INSERT INTO {steps} (record_id, name, token, result, created_at_ms) \
-        VALUES (?, ?, ?, ?, {now})";
-    let insert_step = match backend {
-        DbBackend::MySql => format!(
-            "{insert} ON DUPLICATE KEY UPDATE token = VALUES(token), result = VALUES(result)"
-        ),
-        _ => format!(
-            "{insert} ON CONFLICT (record_id, name) DO UPDATE SET token = excluded.token, result = excluded.result"
-        ),
-    };
-    LeaseSql {
-        create: vec![r(create)],
-        select_steps: r("SELECT name, result FROM {steps} WHERE record_id = ?"),
-        insert_step: r(&insert_step),
-        delete_steps: r("DELETE FROM {steps} WHERE record_id = ?"),
-        renew: r("UPDATE {ledger} SET expires_at_ms = {now} + ? \
-            WHERE id = ? AND owner = ? AND state = 0"),
-        complete: r(
-            "UPDATE {ledger} SET state = ?, response = ?, expires_at_ms = {now} + ? \
-            WHERE id = ? AND owner = ? AND state = 0",
-        ),
-        release: r("UPDATE {ledger} SET expires_at_ms = {now} \
-            WHERE id = ? AND owner = ? AND state = 0"),
-        expired: r(
-            "SELECT id, scope, idem_key, owner, expires_at_ms, {now} AS now_ms FROM {ledger} \
-            WHERE state = 0 AND expires_at_ms <= {now} ORDER BY expires_at_ms LIMIT ?",
-        ),
-        purge_orphans: r("DELETE FROM {steps} WHERE record_id NOT IN (SELECT id FROM {ledger})"),
-    }
-}
 
 /// Creates the steps table. [`crate::create_tables`] calls it.
 pub(crate) async fn create_lease_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
-    for sql in &lease_sql(db.get_database_backend()).create {
+    for sql in &Sql::of(db.get_database_backend()).lease.create {
         db.execute_unprepared(sql)
             .await
             .map_err(|e| store_error("creating the steps table", e))?;
     }
     Ok(())
-}
-
-/// The DDL of the steps table, for the migration: (up, down).
-#[cfg_attr(not(feature = "migration"), allow(dead_code))]
-pub(crate) fn lease_ddl(backend: DbBackend) -> (&'static [String], String) {
-    (
-        &lease_sql(backend).create,
-        format!("DROP TABLE IF EXISTS {STEPS_TABLE}"),
-    )
 }
 
 /// The ledger in lease mode on a SeaORM connection; `#[idempotent(..., lease = "…")]` builds
@@ -155,11 +46,11 @@ impl SeaOrmLeaseStore {
 
 /// Locks the ledger row of `ticket` in `tx` and checks the ticket still holds it.
 async fn fence(tx: &DatabaseTransaction, ticket: &Ticket, scope: &str) -> Result<(), Error> {
-    let d = Dialect::of(tx.get_database_backend());
+    let d = Sql::of(tx.get_database_backend());
     let row = tx
         .query_one_raw(statement(
             d,
-            &d.read_locked,
+            &d.ledger.read_locked,
             vec![ticket.id.to_vec().into()],
         ))
         .await
@@ -186,7 +77,7 @@ async fn insert_step(
     name: &str,
     payload: &[u8],
 ) -> Result<(), Error> {
-    let sql = lease_sql(tx.get_database_backend());
+    let sql = &Sql::of(tx.get_database_backend()).lease;
     tx.execute_raw(Statement::from_sql_and_values(
         tx.get_database_backend(),
         &sql.insert_step,
@@ -210,16 +101,20 @@ async fn claim(
     fingerprint: idem_core::Fingerprint,
     lease_ms: i64,
 ) -> Result<LeaseClaim, Error> {
-    let d = Dialect::of(db.get_database_backend());
+    let d = Sql::of(db.get_database_backend());
     let doing = "claiming a lease";
     let tx = begin(&db).await.map_err(|e| store_error(doing, e))?;
     let failed = |e: DbErr| store_error(doing, e);
     // Inserted only if absent; then read the row back, locked, with the database's clock.
-    tx.execute_raw(statement(d, &d.claim, values))
+    tx.execute_raw(statement(d, &d.ledger.claim, values))
         .await
         .map_err(failed)?;
     let row = tx
-        .query_one_raw(statement(d, &d.read_locked, vec![id.to_vec().into()]))
+        .query_one_raw(statement(
+            d,
+            &d.ledger.read_locked,
+            vec![id.to_vec().into()],
+        ))
         .await
         .map_err(failed)?
         .ok_or_else(|| Error::store(doing, "the claimed ledger row is missing"))?;
@@ -260,7 +155,7 @@ async fn claim(
             // The holder's lease ended: take over with the next token, resume after its steps.
             let token = row.owner.wrapping_add(1);
             take_over(&tx, d, token, fingerprint, lease_ms, &id).await?;
-            let sql = lease_sql(d.backend);
+            let sql = &d.lease;
             let steps = tx
                 .query_all_raw(statement(d, &sql.select_steps, vec![id.to_vec().into()]))
                 .await
@@ -278,7 +173,7 @@ async fn claim(
         _ => {
             // An expired record (or an unknown state): a new execution.
             take_over(&tx, d, owner, fingerprint, lease_ms, &id).await?;
-            let sql = lease_sql(d.backend);
+            let sql = &d.lease;
             tx.execute_raw(statement(d, &sql.delete_steps, vec![id.to_vec().into()]))
                 .await
                 .map_err(failed)?;
@@ -294,7 +189,7 @@ async fn claim(
 
 async fn take_over(
     tx: &DatabaseTransaction,
-    d: &Dialect,
+    d: &Sql,
     owner: i64,
     fingerprint: idem_core::Fingerprint,
     lease_ms: i64,
@@ -302,7 +197,7 @@ async fn take_over(
 ) -> Result<(), Error> {
     tx.execute_raw(statement(
         d,
-        &d.take_over,
+        &d.ledger.take_over,
         vec![
             owner.into(),
             fingerprint.0.to_vec().into(),
@@ -362,7 +257,7 @@ impl LeaseStore for SeaOrmLeaseStore {
         ticket: &'a Ticket,
         lease: Duration,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        let sql = &lease_sql(self.db.get_database_backend()).renew;
+        let sql = &Sql::of(self.db.get_database_backend()).lease.renew;
         let values = vec![
             millis(lease).into(),
             ticket.id.to_vec().into(),
@@ -408,7 +303,7 @@ impl LeaseStore for SeaOrmLeaseStore {
         let (db, ticket, payload, ttl) = (self.db.clone(), *ticket, payload.to_vec(), req.ttl());
         Box::pin(detached(async move {
             let doing = "recording the result";
-            let sql = lease_sql(db.get_database_backend());
+            let sql = &Sql::of(db.get_database_backend()).lease;
             let tx = begin(&db).await.map_err(|e| store_error(doing, e))?;
             let updated = tx
                 .execute_raw(Statement::from_sql_and_values(
@@ -439,7 +334,7 @@ impl LeaseStore for SeaOrmLeaseStore {
     }
 
     fn release_lease<'a>(&'a self, ticket: &'a Ticket) -> BoxFuture<'a, Result<(), Error>> {
-        let sql = &lease_sql(self.db.get_database_backend()).release;
+        let sql = &Sql::of(self.db.get_database_backend()).lease.release;
         let values = vec![ticket.id.to_vec().into(), ticket.token.into()];
         let db = self.db.clone();
         Box::pin(detached(async move {
@@ -530,7 +425,7 @@ pub async fn expired_leases<C: ConnectionTrait>(
     db: &C,
     limit: u32,
 ) -> Result<Vec<ExpiredLease>, Error> {
-    let sql = lease_sql(db.get_database_backend());
+    let sql = &Sql::of(db.get_database_backend()).lease;
     let doing = "listing expired leases";
     let rows = db
         .query_all_raw(Statement::from_sql_and_values(
@@ -559,7 +454,7 @@ pub async fn expired_leases<C: ConnectionTrait>(
 /// Deletes the steps of records `purge_expired` removed (leases that ended and were never
 /// taken over). The steps table only holds calls in progress, so this stays small.
 pub(crate) async fn purge_orphaned_steps<C: ConnectionTrait>(db: &C) -> Result<u64, Error> {
-    let sql = lease_sql(db.get_database_backend());
+    let sql = &Sql::of(db.get_database_backend()).lease;
     db.execute_unprepared(&sql.purge_orphans)
         .await
         .map(|r| r.rows_affected())

@@ -20,11 +20,11 @@
 //!
 //! Expiry is always computed on the database's clock, never the application's.
 
-mod dialect;
 mod error;
 mod lease;
 mod outbox;
 mod outbox_sql;
+mod sql;
 mod state;
 mod store;
 
@@ -32,15 +32,16 @@ pub mod ledger;
 #[cfg(feature = "migration")]
 mod migration;
 
-pub use dialect::{LEDGER_TABLE, placeholders};
-pub use lease::{ExpiredLease, STEPS_TABLE, SeaOrmLeaseStore, expired_leases, final_step};
+pub use lease::{ExpiredLease, SeaOrmLeaseStore, expired_leases, final_step};
 #[cfg(feature = "migration")]
 pub use migration::{LeaseMigration, Migration, OutboxMigration, migrations};
 pub use outbox::{
     DeadLetterTable, DeadMessage, Outbox, Relay, RelayCounters, RelayRound, dead_messages,
     outbox_health, purge_published, retry_dead,
 };
-pub use outbox_sql::{DEAD_LETTERS_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE};
+pub use sql::{
+    DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE, placeholders,
+};
 pub use state::{ConditionalUpdate, Stateful};
 pub use store::SeaOrmStore;
 
@@ -49,8 +50,8 @@ pub use sea_orm;
 use idem_core::Error;
 use sea_orm::{ConnectionTrait, Statement, Value};
 
-use crate::dialect::{Dialect, Purge};
 use crate::error::store_error;
+use crate::sql::{Purge, Sql};
 use crate::store::statement;
 
 /// Creates the ledger table and the outbox tables (with their indexes) if they do not exist.
@@ -64,7 +65,7 @@ use crate::store::statement;
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(run()).unwrap();
 /// ```
 pub async fn create_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
-    for sql in Dialect::of(db.get_database_backend()).create {
+    for sql in &Sql::of(db.get_database_backend()).ledger.create {
         db.execute_unprepared(sql)
             .await
             .map_err(|e| store_error("creating the ledger table", e))?;
@@ -131,7 +132,7 @@ impl ExpiredPurge {
             return Ok(None);
         }
         let batch = batch.max(1);
-        let d = Dialect::of(db.get_database_backend());
+        let d = Sql::of(db.get_database_backend());
         let delete = |sql: &str, values: Vec<Value>| {
             let delete = statement(d, sql, values);
             async move {
@@ -141,7 +142,7 @@ impl ExpiredPurge {
                     .map_err(|e| store_error("purging expired records", e))
             }
         };
-        let deleted = match &d.purge {
+        let deleted = match &d.ledger.purge {
             Purge::ByIndex(sql) => {
                 let deleted = delete(sql, vec![i64::from(batch).into()]).await?;
                 self.finished = deleted < u64::from(batch);
@@ -209,9 +210,12 @@ pub async fn purge_expired<C: ConnectionTrait>(db: &C, batch: u32) -> Result<u64
 
 /// The database's clock, in milliseconds since the Unix epoch (what expiry is measured on).
 pub async fn database_now_ms<C: ConnectionTrait>(db: &C) -> Result<i64, Error> {
-    let d = Dialect::of(db.get_database_backend());
+    let d = Sql::of(db.get_database_backend());
     let row = db
-        .query_one_raw(Statement::from_string(d.backend, d.select_now.clone()))
+        .query_one_raw(Statement::from_string(
+            d.backend,
+            d.ledger.select_now.clone(),
+        ))
         .await
         .map_err(|e| store_error("reading the database clock", e))?;
     row.ok_or_else(|| Error::Store {

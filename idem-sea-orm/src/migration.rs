@@ -3,9 +3,8 @@
 use sea_orm::{ConnectionTrait, DbErr};
 use sea_orm_migration::{MigrationName, MigrationTrait, SchemaManager, async_trait};
 
-use crate::dialect::Dialect;
-use crate::lease::lease_ddl;
 use crate::outbox::outbox_ddl;
+use crate::sql::Sql;
 
 /// Creates the ledger table; add it to your Migrator's list:
 ///
@@ -30,18 +29,18 @@ impl MigrationName for Migration {
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let db = manager.get_connection();
-        for sql in Dialect::of(db.get_database_backend()).create {
+        for sql in &Sql::of(db.get_database_backend()).ledger.create {
             db.execute_unprepared(sql).await?;
         }
         Ok(())
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .get_connection()
-            .execute_unprepared("DROP TABLE IF EXISTS idem_ledger")
-            .await
-            .map(drop)
+        let db = manager.get_connection();
+        for sql in &Sql::of(db.get_database_backend()).ledger.drop {
+            db.execute_unprepared(sql).await?;
+        }
+        Ok(())
     }
 }
 
@@ -95,7 +94,7 @@ impl MigrationName for LeaseMigration {
 impl MigrationTrait for LeaseMigration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let db = manager.get_connection();
-        for sql in lease_ddl(db.get_database_backend()).0 {
+        for sql in &Sql::of(db.get_database_backend()).lease.create {
             db.execute_unprepared(sql).await?;
         }
         Ok(())
@@ -103,9 +102,10 @@ impl MigrationTrait for LeaseMigration {
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let db = manager.get_connection();
-        db.execute_unprepared(&lease_ddl(db.get_database_backend()).1)
-            .await
-            .map(drop)
+        for sql in &Sql::of(db.get_database_backend()).lease.drop {
+            db.execute_unprepared(sql).await?;
+        }
+        Ok(())
     }
 }
 

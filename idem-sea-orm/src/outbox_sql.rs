@@ -5,14 +5,7 @@ use std::sync::LazyLock;
 
 use sea_orm::DbBackend;
 
-use crate::dialect::{MYSQL_NOW, PG_NOW, SQLITE_NOW};
-
-/// Name of the outbox table.
-pub const OUTBOX_TABLE: &str = "idem_outbox";
-/// Name of the table holding each aggregate's last sequence number.
-pub const OUTBOX_HEADS_TABLE: &str = "idem_outbox_heads";
-/// Name of the table of messages a consumer gave up on.
-pub const DEAD_LETTERS_TABLE: &str = "idem_dead_letters";
+use crate::sql::{DEAD_LETTERS_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE};
 
 /// The `state` column of the outbox.
 pub(crate) mod state {
@@ -75,18 +68,15 @@ const DUE: &str =
 const INSERT_COLUMNS: &str = "message_id, topic, aggregate_key, aggregate_seq, headers, payload, \
     state, attempts, next_attempt_at_ms, locked_until_ms, locked_by, created_at_ms";
 
-fn render(template: &str, now: &str, backend: DbBackend) -> String {
+fn render(template: &str, backend: DbBackend) -> String {
     let sql = template
         .replace("{eligible}", &format!("{DUE} AND {FIRST_IN_AGGREGATE}"))
         .replace("{columns}", INSERT_COLUMNS)
-        .replace("{outbox}", OUTBOX_TABLE)
-        .replace("{heads}", OUTBOX_HEADS_TABLE)
-        .replace("{dead_letters}", DEAD_LETTERS_TABLE)
         .replace("{pending}", &state::PENDING.to_string())
         .replace("{published}", &state::PUBLISHED.to_string())
         .replace("{dead}", &state::DEAD.to_string());
     // `{ids}` stays for the caller to fill in; `render` only numbers the `?` before it.
-    crate::dialect::render(&sql, now, backend)
+    crate::sql::render(backend, &sql)
 }
 
 /// Fills an `{ids}` list with `n` placeholders, numbered after those already in `sql`.
@@ -118,7 +108,7 @@ fn drops() -> Vec<String> {
 }
 
 static POSTGRES: LazyLock<OutboxSql> = LazyLock::new(|| {
-    let r = |t: &str| render(t, PG_NOW, DbBackend::Postgres);
+    let r = |t: &str| render(t, DbBackend::Postgres);
     OutboxSql {
         backend: DbBackend::Postgres,
         create: [
@@ -214,7 +204,7 @@ const DEAD_LETTER: &str = "INSERT INTO {dead_letters} \
     VALUES (?, ?, ?, ?, ?, ?, {now})";
 
 static MYSQL: LazyLock<OutboxSql> = LazyLock::new(|| {
-    let r = |t: &str| render(t, MYSQL_NOW, DbBackend::MySql);
+    let r = |t: &str| render(t, DbBackend::MySql);
     OutboxSql {
         backend: DbBackend::MySql,
         create: [
@@ -293,7 +283,7 @@ static MYSQL: LazyLock<OutboxSql> = LazyLock::new(|| {
 });
 
 static SQLITE: LazyLock<OutboxSql> = LazyLock::new(|| {
-    let r = |t: &str| render(t, SQLITE_NOW, DbBackend::Sqlite);
+    let r = |t: &str| render(t, DbBackend::Sqlite);
     OutboxSql {
         backend: DbBackend::Sqlite,
         create: [

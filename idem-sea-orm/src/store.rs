@@ -11,11 +11,8 @@ use sea_orm::{
     SqliteTransactionMode, Statement, TransactionOptions, TransactionTrait, Value,
 };
 
-use crate::dialect::{Dialect, millis};
 use crate::error::{Failure, classify, store_error};
-
-const SAVEPOINT: &str = "SAVEPOINT idem_claim";
-const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT idem_claim";
+use crate::sql::{Sql, millis};
 
 /// The ledger on a SeaORM connection (SQLite, PostgreSQL, MySQL/MariaDB).
 ///
@@ -34,8 +31,8 @@ impl<'c> SeaOrmStore<'c> {
     }
 }
 
-pub(crate) fn statement(dialect: &Dialect, sql: &str, values: Vec<Value>) -> Statement {
-    Statement::from_sql_and_values(dialect.backend, sql, values)
+pub(crate) fn statement(statements: &Sql, sql: &str, values: Vec<Value>) -> Statement {
+    Statement::from_sql_and_values(statements.backend, sql, values)
 }
 
 /// A ledger row's values, in the order every statement that writes a whole row binds them:
@@ -191,23 +188,27 @@ async fn try_claim(
     db: &DatabaseConnection,
     step: &ClaimStep,
 ) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
-    let d = Dialect::of(db.get_database_backend());
+    let d = Sql::of(db.get_database_backend());
     let tx = begin(db)
         .await
         .map_err(|e| ("beginning the claim transaction", e))?;
     if step.reject
-        && let Some(sql) = d.before_nowait
+        && let Some(sql) = d.ledger.before_nowait
     {
         tx.execute_unprepared(sql)
             .await
             .map_err(|e| ("setting the lock timeout", e))?;
     }
-    if d.claim_by_read {
+    if d.ledger.claim_by_read {
         // SQLite: `BEGIN IMMEDIATE` already holds the only write lock, so nobody can claim
         // the key before this transaction ends. A plain read decides, and the record step
         // writes the whole row once (an upsert over an expired record).
         let row = tx
-            .query_one_raw(statement(d, &d.read_locked, vec![step.id.clone().into()]))
+            .query_one_raw(statement(
+                d,
+                &d.ledger.read_locked,
+                vec![step.id.clone().into()],
+            ))
             .await
             .and_then(|row| row.map(|row| read_row(&row)).transpose())
             .map_err(|e| ("reading the key", e))?;
@@ -222,9 +223,9 @@ async fn try_claim(
     let insert = statement(
         d,
         if step.reject {
-            &d.claim_nowait
+            &d.ledger.claim_nowait
         } else {
-            &d.claim
+            &d.ledger.claim
         },
         step.insert.clone(),
     );
@@ -242,7 +243,7 @@ async fn try_claim(
     };
     match seen {
         // Our new row, or (MariaDB) the current row, locked: it decides.
-        Some(row) if row.owner == step.owner || d.claim_locks_row => {
+        Some(row) if row.owner == step.owner || d.ledger.claim_locks_row => {
             return settle(tx, d, row, step).await;
         }
         // A committed final record never changes before it expires: it answers as the
@@ -261,7 +262,11 @@ async fn try_claim(
     }
     // Another owner's row, seen without a lock: read it locked, as it is now.
     let row = tx
-        .query_one_raw(statement(d, &d.read_locked, vec![step.id.clone().into()]))
+        .query_one_raw(statement(
+            d,
+            &d.ledger.read_locked,
+            vec![step.id.clone().into()],
+        ))
         .await
         .and_then(|row| match row {
             Some(row) => read_row(&row),
@@ -275,7 +280,7 @@ async fn try_claim(
 /// expired record this claim takes over.
 async fn settle(
     tx: DatabaseTransaction,
-    d: &Dialect,
+    d: &Sql,
     row: Row,
     step: &ClaimStep,
 ) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
@@ -288,7 +293,7 @@ async fn settle(
         // An expired record is a new execution: take it over in this transaction.
         tx.execute_raw(statement(
             d,
-            &d.take_over,
+            &d.ledger.take_over,
             vec![
                 step.owner.into(),
                 step.fingerprint.0.to_vec().into(),
@@ -332,7 +337,8 @@ async fn savepoint(
     step: &ClaimStep,
 ) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
     if step.savepoint {
-        tx.execute_unprepared(SAVEPOINT)
+        let sql = &Sql::of(tx.get_database_backend()).ledger.savepoint;
+        tx.execute_unprepared(sql)
             .await
             .map_err(|e| ("taking the claim savepoint", e))?;
     }
@@ -347,14 +353,14 @@ async fn record_step(
     values: Vec<Value>,
     undo_body: bool,
 ) -> Result<(), Error> {
-    let d = Dialect::of(tx.get_database_backend());
+    let d = Sql::of(tx.get_database_backend());
     if undo_body {
-        tx.execute_unprepared(ROLLBACK_TO_SAVEPOINT)
+        tx.execute_unprepared(&d.ledger.rollback_to_savepoint)
             .await
             .map_err(|e| store_error("rolling back the handler's writes", e))?;
     }
     let updated = tx
-        .execute_raw(statement(d, &d.record, values))
+        .execute_raw(statement(d, &d.ledger.record, values))
         .await
         .map_err(|e| store_error("recording the result", e))?;
     if updated.rows_affected() != 1 {
@@ -381,7 +387,7 @@ impl Store for SeaOrmStore<'_> {
         let step = ClaimStep {
             id: req.id().to_vec(),
             // SQLite claims by a read: its claim binds nothing but the id.
-            insert: if Dialect::of(self.db.get_database_backend()).claim_by_read {
+            insert: if Sql::of(self.db.get_database_backend()).ledger.claim_by_read {
                 Vec::new()
             } else {
                 ledger_row(req, owner, req.ttl())
@@ -402,7 +408,7 @@ impl Store for SeaOrmStore<'_> {
         status: RecordStatus,
         payload: &[u8],
     ) -> Result<(), Error> {
-        let values = if Dialect::of(self.db.get_database_backend()).claim_by_read {
+        let values = if Sql::of(self.db.get_database_backend()).ledger.claim_by_read {
             // The claim wrote nothing: the record writes the whole row.
             let mut row = ledger_row(req, owner, req.ttl());
             row.extend([status.code().into(), payload.to_vec().into()]);
