@@ -23,7 +23,6 @@
 mod error;
 mod lease;
 mod outbox;
-mod outbox_sql;
 mod sql;
 mod state;
 mod store;

@@ -25,7 +25,7 @@ use sea_orm::{
 };
 
 use crate::error::store_error;
-use crate::outbox_sql::{OutboxSql, state, with_ids};
+use crate::sql::{Sql, outbox_state, with_ids};
 use crate::store::detached;
 
 /// Staging messages in the transaction you are in: inside an `#[idempotent]` body, on the
@@ -54,7 +54,7 @@ pub trait Outbox {
 impl<C: ConnectionTrait + Sync + ?Sized> Outbox for C {
     async fn stage(&self, message: Message) -> Result<String, Error> {
         message.validate()?;
-        let sql = OutboxSql::of(self.get_database_backend());
+        let sql = Sql::of(self.get_database_backend());
         let id = uuid::Uuid::now_v7().to_string();
         let topic = message.topic().to_owned();
         let aggregate = message.aggregate_key().map(str::to_owned);
@@ -68,22 +68,22 @@ impl<C: ConnectionTrait + Sync + ?Sized> Outbox for C {
         let payload = message.into_payload();
         let statement = match aggregate {
             Some(aggregate) => {
-                if let Some(bump) = &sql.bump_head {
+                if let Some(bump) = &sql.outbox.bump_head {
                     exec(self, sql.backend, bump, vec![aggregate.clone().into()])
                         .await
                         .map_err(|e| store_error("ordering the message in its aggregate", e))?;
                 }
-                let leading: Vec<Value> = if sql.bump_head.is_some() {
+                let leading: Vec<Value> = if sql.outbox.bump_head.is_some() {
                     vec![id.clone().into(), topic.into(), aggregate.clone().into()]
                 } else {
                     vec![aggregate.clone().into(), id.clone().into(), topic.into()]
                 };
                 let mut values = leading;
                 values.extend([aggregate.into(), headers, payload.into()]);
-                (&sql.insert_with_aggregate, values)
+                (&sql.outbox.insert_with_aggregate, values)
             }
             None => (
-                &sql.insert,
+                &sql.outbox.insert,
                 vec![id.clone().into(), topic.into(), headers, payload.into()],
             ),
         };
@@ -112,7 +112,7 @@ async fn exec<C: ConnectionTrait + ?Sized>(
 /// Creates the outbox tables (`idem_outbox`, `idem_outbox_heads`, `idem_dead_letters`).
 /// [`crate::create_tables`] calls it.
 pub(crate) async fn create_outbox_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
-    for sql in &OutboxSql::of(db.get_database_backend()).create {
+    for sql in &Sql::of(db.get_database_backend()).outbox.create {
         db.execute_unprepared(sql)
             .await
             .map_err(|e| store_error("creating the outbox tables", e))?;
@@ -123,8 +123,8 @@ pub(crate) async fn create_outbox_tables<C: ConnectionTrait>(db: &C) -> Result<(
 /// The DDL of the outbox tables, for the migration.
 #[cfg_attr(not(feature = "migration"), allow(dead_code))]
 pub(crate) fn outbox_ddl(backend: DbBackend) -> (&'static [String], &'static [String]) {
-    let sql = OutboxSql::of(backend);
-    (&sql.create, &sql.drop)
+    let sql = Sql::of(backend);
+    (&sql.outbox.create, &sql.outbox.drop)
 }
 
 /// A claimed message: its row and what the sink gets.
@@ -168,7 +168,7 @@ async fn claim(
     lease: Duration,
     token: i64,
 ) -> Result<Vec<Claimed>, Error> {
-    let sql = OutboxSql::of(db.get_database_backend());
+    let sql = Sql::of(db.get_database_backend());
     let doing = "claiming outbox messages";
     let mut claimed = if sql.backend == DbBackend::MySql {
         let tx = db
@@ -178,7 +178,7 @@ async fn claim(
         let eligible: Vec<i64> = tx
             .query_all_raw(Statement::from_sql_and_values(
                 sql.backend,
-                &sql.select_eligible,
+                &sql.outbox.select_eligible,
                 [i64::from(batch).into()],
             ))
             .await
@@ -192,7 +192,7 @@ async fn claim(
         let mut locked: Vec<Claimed> = tx
             .query_all_raw(Statement::from_sql_and_values(
                 sql.backend,
-                with_ids(sql.backend, &sql.lock_claimable, ids.len()),
+                with_ids(sql.backend, &sql.outbox.lock_claimable, ids.len()),
                 ids,
             ))
             .await
@@ -203,7 +203,7 @@ async fn claim(
             values.extend(locked.iter().map(|c| Value::from(c.row)));
             tx.execute_raw(Statement::from_sql_and_values(
                 sql.backend,
-                with_ids(sql.backend, &sql.lease, locked.len()),
+                with_ids(sql.backend, &sql.outbox.lease, locked.len()),
                 values,
             ))
             .await
@@ -217,7 +217,7 @@ async fn claim(
     } else {
         db.query_all_raw(Statement::from_sql_and_values(
             sql.backend,
-            &sql.claim,
+            &sql.outbox.claim,
             [millis(lease).into(), token.into(), i64::from(batch).into()],
         ))
         .await
@@ -233,13 +233,13 @@ async fn mark_published(db: &DatabaseConnection, rows: &[i64], token: i64) -> Re
     if rows.is_empty() {
         return Ok(());
     }
-    let sql = OutboxSql::of(db.get_database_backend());
+    let sql = Sql::of(db.get_database_backend());
     let mut values: Vec<Value> = vec![token.into()];
     values.extend(rows.iter().map(|&r| Value::from(r)));
     exec(
         db,
         sql.backend,
-        &with_ids(sql.backend, &sql.mark_published, rows.len()),
+        &with_ids(sql.backend, &sql.outbox.mark_published, rows.len()),
         values,
     )
     .await
@@ -256,14 +256,18 @@ async fn mark_failed(
     error: &str,
     delay: Duration,
 ) -> Result<(), Error> {
-    let sql = OutboxSql::of(db.get_database_backend());
-    let state = if dead { state::DEAD } else { state::PENDING };
+    let sql = Sql::of(db.get_database_backend());
+    let state = if dead {
+        outbox_state::DEAD
+    } else {
+        outbox_state::PENDING
+    };
     // Keep the stored error short: it is for an operator's eyes, not a log archive.
     let error: String = error.chars().take(2000).collect();
     exec(
         db,
         sql.backend,
-        &sql.mark_failed,
+        &sql.outbox.mark_failed,
         vec![
             state.into(),
             error.into(),
@@ -563,7 +567,7 @@ fn listen_for_notifications(db: &DatabaseConnection) -> Option<tokio::task::Join
             loop {
                 let listening = async {
                     let mut listener = PgListener::connect_with(&pool).await?;
-                    listener.listen("idem_outbox").await?;
+                    listener.listen(crate::sql::WAKE_CHANNEL).await?;
                     loop {
                         listener.recv().await?;
                         idem_core::outbox::wake();
@@ -585,10 +589,13 @@ fn listen_for_notifications(db: &DatabaseConnection) -> Option<tokio::task::Join
 /// The outbox's figures for a health endpoint or a metrics scrape: pending messages, the age
 /// of the oldest one (database clock), dead messages. One statement.
 pub async fn outbox_health<C: ConnectionTrait>(db: &C) -> Result<OutboxHealth, Error> {
-    let sql = OutboxSql::of(db.get_database_backend());
+    let sql = Sql::of(db.get_database_backend());
     let doing = "reading the outbox's health";
     let row = db
-        .query_one_raw(Statement::from_string(sql.backend, sql.health.clone()))
+        .query_one_raw(Statement::from_string(
+            sql.backend,
+            sql.outbox.health.clone(),
+        ))
         .await
         .map_err(|e| store_error(doing, e))?
         .ok_or_else(|| Error::store(doing, "no row"))?;
@@ -627,12 +634,12 @@ pub async fn dead_messages<C: ConnectionTrait>(
     db: &C,
     limit: u32,
 ) -> Result<Vec<DeadMessage>, Error> {
-    let sql = OutboxSql::of(db.get_database_backend());
+    let sql = Sql::of(db.get_database_backend());
     let doing = "listing dead outbox messages";
     let rows = db
         .query_all_raw(Statement::from_sql_and_values(
             sql.backend,
-            &sql.list_dead,
+            &sql.outbox.list_dead,
             [i64::from(limit).into()],
         ))
         .await
@@ -657,10 +664,15 @@ pub async fn dead_messages<C: ConnectionTrait>(
 /// Puts a dead message back in line with fresh attempts; `false` if no dead message has that
 /// id.
 pub async fn retry_dead<C: ConnectionTrait>(db: &C, message_id: &str) -> Result<bool, Error> {
-    let sql = OutboxSql::of(db.get_database_backend());
-    let retried = exec(db, sql.backend, &sql.retry_dead, vec![message_id.into()])
-        .await
-        .map_err(|e| store_error("retrying a dead outbox message", e))?;
+    let sql = Sql::of(db.get_database_backend());
+    let retried = exec(
+        db,
+        sql.backend,
+        &sql.outbox.retry_dead,
+        vec![message_id.into()],
+    )
+    .await
+    .map_err(|e| store_error("retrying a dead outbox message", e))?;
     if retried > 0 {
         idem_core::outbox::wake();
     }
@@ -674,7 +686,7 @@ pub async fn purge_published<C: ConnectionTrait>(
     retention: Duration,
     batch: u32,
 ) -> Result<u64, Error> {
-    let sql = OutboxSql::of(db.get_database_backend());
+    let sql = Sql::of(db.get_database_backend());
     let batch = batch.max(1);
     let mut total = 0;
     loop {
@@ -682,7 +694,7 @@ pub async fn purge_published<C: ConnectionTrait>(
         let deleted = exec(
             db,
             sql.backend,
-            &sql.purge_published,
+            &sql.outbox.purge_published,
             vec![millis(retention).into(), i64::from(batch).into()],
         )
         .await
@@ -710,7 +722,7 @@ impl DeadLetterTable {
 
 impl idem_core::outbox::DeadLetters for DeadLetterTable {
     async fn record(&self, letter: &idem_core::outbox::DeadLetter<'_>) -> Result<(), Error> {
-        let sql = OutboxSql::of(self.db.get_database_backend());
+        let sql = Sql::of(self.db.get_database_backend());
         let values = vec![
             letter.consumer.into(),
             letter.message_id.into(),
@@ -720,7 +732,7 @@ impl idem_core::outbox::DeadLetters for DeadLetterTable {
             i64::try_from(letter.deliveries).unwrap_or(i64::MAX).into(),
         ];
         let db = self.db.clone();
-        let statement = sql.record_dead_letter.clone();
+        let statement = sql.outbox.record_dead_letter.clone();
         let backend = sql.backend;
         detached(async move {
             exec(&db, backend, &statement, values)
