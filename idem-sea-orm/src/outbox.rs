@@ -25,7 +25,7 @@ use sea_orm::{
 };
 
 use crate::error::store_error;
-use crate::sql::{Sql, outbox_state, with_ids};
+use crate::sql::{Sql, millis, outbox_state, with_ids};
 use crate::store::detached;
 
 /// Staging messages in the transaction you are in: inside an `#[idempotent]` body, on the
@@ -155,10 +155,6 @@ fn read_claimed(row: &QueryResult) -> Result<Claimed, sea_orm::DbErr> {
         row: row.try_get_by_index(0)?,
         message,
     })
-}
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
 }
 
 /// Claims up to `batch` due messages that are first in their aggregate, leased to `token`.
