@@ -22,7 +22,7 @@ use crate::store::{begin, detached, ledger_row, read_row, statement};
 
 /// Creates the steps table. [`crate::create_tables`] calls it.
 pub(crate) async fn create_lease_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
-    for sql in &Sql::of(db.get_database_backend()).lease.create {
+    for sql in &Sql::of(db.get_database_backend()).steps_tables.create {
         db.execute_unprepared(sql)
             .await
             .map_err(|e| store_error("creating the steps table", e))?;
@@ -50,7 +50,7 @@ async fn fence(tx: &DatabaseTransaction, ticket: &Ticket, scope: &str) -> Result
     let row = tx
         .query_one_raw(statement(
             d,
-            &d.ledger.read_locked,
+            &d.read_locked,
             vec![ticket.id.to_vec().into()],
         ))
         .await
@@ -77,7 +77,7 @@ async fn insert_step(
     name: &str,
     payload: &[u8],
 ) -> Result<(), Error> {
-    let sql = &Sql::of(tx.get_database_backend()).lease;
+    let sql = Sql::of(tx.get_database_backend());
     tx.execute_raw(Statement::from_sql_and_values(
         tx.get_database_backend(),
         &sql.insert_step,
@@ -106,15 +106,11 @@ async fn claim(
     let tx = begin(&db).await.map_err(|e| store_error(doing, e))?;
     let failed = |e: DbErr| store_error(doing, e);
     // Inserted only if absent; then read the row back, locked, with the database's clock.
-    tx.execute_raw(statement(d, &d.ledger.claim, values))
+    tx.execute_raw(statement(d, &d.claim, values))
         .await
         .map_err(failed)?;
     let row = tx
-        .query_one_raw(statement(
-            d,
-            &d.ledger.read_locked,
-            vec![id.to_vec().into()],
-        ))
+        .query_one_raw(statement(d, &d.read_locked, vec![id.to_vec().into()]))
         .await
         .map_err(failed)?
         .ok_or_else(|| Error::store(doing, "the claimed ledger row is missing"))?;
@@ -155,7 +151,7 @@ async fn claim(
             // The holder's lease ended: take over with the next token, resume after its steps.
             let token = row.owner.wrapping_add(1);
             take_over(&tx, d, token, fingerprint, lease_ms, &id).await?;
-            let sql = &d.lease;
+            let sql = d;
             let steps = tx
                 .query_all_raw(statement(d, &sql.select_steps, vec![id.to_vec().into()]))
                 .await
@@ -173,7 +169,7 @@ async fn claim(
         _ => {
             // An expired record (or an unknown state): a new execution.
             take_over(&tx, d, owner, fingerprint, lease_ms, &id).await?;
-            let sql = &d.lease;
+            let sql = d;
             tx.execute_raw(statement(d, &sql.delete_steps, vec![id.to_vec().into()]))
                 .await
                 .map_err(failed)?;
@@ -197,7 +193,7 @@ async fn take_over(
 ) -> Result<(), Error> {
     tx.execute_raw(statement(
         d,
-        &d.ledger.take_over,
+        &d.take_over,
         vec![
             owner.into(),
             fingerprint.0.to_vec().into(),
@@ -257,7 +253,7 @@ impl LeaseStore for SeaOrmLeaseStore {
         ticket: &'a Ticket,
         lease: Duration,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        let sql = &Sql::of(self.db.get_database_backend()).lease.renew;
+        let sql = &Sql::of(self.db.get_database_backend()).renew_lease;
         let values = vec![
             millis(lease).into(),
             ticket.id.to_vec().into(),
@@ -303,12 +299,12 @@ impl LeaseStore for SeaOrmLeaseStore {
         let (db, ticket, payload, ttl) = (self.db.clone(), *ticket, payload.to_vec(), req.ttl());
         Box::pin(detached(async move {
             let doing = "recording the result";
-            let sql = &Sql::of(db.get_database_backend()).lease;
+            let sql = Sql::of(db.get_database_backend());
             let tx = begin(&db).await.map_err(|e| store_error(doing, e))?;
             let updated = tx
                 .execute_raw(Statement::from_sql_and_values(
                     db.get_database_backend(),
-                    &sql.complete,
+                    &sql.complete_lease,
                     [
                         status.code().into(),
                         payload.into(),
@@ -334,7 +330,7 @@ impl LeaseStore for SeaOrmLeaseStore {
     }
 
     fn release_lease<'a>(&'a self, ticket: &'a Ticket) -> BoxFuture<'a, Result<(), Error>> {
-        let sql = &Sql::of(self.db.get_database_backend()).lease.release;
+        let sql = &Sql::of(self.db.get_database_backend()).release_lease;
         let values = vec![ticket.id.to_vec().into(), ticket.token.into()];
         let db = self.db.clone();
         Box::pin(detached(async move {
@@ -425,12 +421,12 @@ pub async fn expired_leases<C: ConnectionTrait>(
     db: &C,
     limit: u32,
 ) -> Result<Vec<ExpiredLease>, Error> {
-    let sql = &Sql::of(db.get_database_backend()).lease;
+    let sql = Sql::of(db.get_database_backend());
     let doing = "listing expired leases";
     let rows = db
         .query_all_raw(Statement::from_sql_and_values(
             db.get_database_backend(),
-            &sql.expired,
+            &sql.expired_leases,
             [i64::from(limit).into()],
         ))
         .await
@@ -454,8 +450,8 @@ pub async fn expired_leases<C: ConnectionTrait>(
 /// Deletes the steps of records `purge_expired` removed (leases that ended and were never
 /// taken over). The steps table only holds calls in progress, so this stays small.
 pub(crate) async fn purge_orphaned_steps<C: ConnectionTrait>(db: &C) -> Result<u64, Error> {
-    let sql = &Sql::of(db.get_database_backend()).lease;
-    db.execute_unprepared(&sql.purge_orphans)
+    let sql = Sql::of(db.get_database_backend());
+    db.execute_unprepared(&sql.purge_orphaned_steps)
         .await
         .map(|r| r.rows_affected())
         .map_err(|e| store_error("purging the steps of purged records", e))

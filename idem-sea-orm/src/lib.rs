@@ -64,7 +64,7 @@ use crate::store::statement;
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(run()).unwrap();
 /// ```
 pub async fn create_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
-    for sql in &Sql::of(db.get_database_backend()).ledger.create {
+    for sql in &Sql::of(db.get_database_backend()).ledger_tables.create {
         db.execute_unprepared(sql)
             .await
             .map_err(|e| store_error("creating the ledger table", e))?;
@@ -141,7 +141,7 @@ impl ExpiredPurge {
                     .map_err(|e| store_error("purging expired records", e))
             }
         };
-        let deleted = match &d.ledger.purge {
+        let deleted = match &d.purge {
             Purge::ByIndex(sql) => {
                 let deleted = delete(sql, vec![i64::from(batch).into()]).await?;
                 self.finished = deleted < u64::from(batch);
@@ -211,10 +211,7 @@ pub async fn purge_expired<C: ConnectionTrait>(db: &C, batch: u32) -> Result<u64
 pub async fn database_now_ms<C: ConnectionTrait>(db: &C) -> Result<i64, Error> {
     let d = Sql::of(db.get_database_backend());
     let row = db
-        .query_one_raw(Statement::from_string(
-            d.backend,
-            d.ledger.select_now.clone(),
-        ))
+        .query_one_raw(Statement::from_string(d.backend, d.select_now.clone()))
         .await
         .map_err(|e| store_error("reading the database clock", e))?;
     row.ok_or_else(|| Error::Store {

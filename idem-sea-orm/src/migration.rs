@@ -29,7 +29,7 @@ impl MigrationName for Migration {
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let db = manager.get_connection();
-        for sql in &Sql::of(db.get_database_backend()).ledger.create {
+        for sql in &Sql::of(db.get_database_backend()).ledger_tables.create {
             db.execute_unprepared(sql).await?;
         }
         Ok(())
@@ -37,7 +37,7 @@ impl MigrationTrait for Migration {
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let db = manager.get_connection();
-        for sql in &Sql::of(db.get_database_backend()).ledger.drop {
+        for sql in &Sql::of(db.get_database_backend()).ledger_tables.drop {
             db.execute_unprepared(sql).await?;
         }
         Ok(())
@@ -94,7 +94,7 @@ impl MigrationName for LeaseMigration {
 impl MigrationTrait for LeaseMigration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let db = manager.get_connection();
-        for sql in &Sql::of(db.get_database_backend()).lease.create {
+        for sql in &Sql::of(db.get_database_backend()).steps_tables.create {
             db.execute_unprepared(sql).await?;
         }
         Ok(())
@@ -102,7 +102,7 @@ impl MigrationTrait for LeaseMigration {
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let db = manager.get_connection();
-        for sql in &Sql::of(db.get_database_backend()).lease.drop {
+        for sql in &Sql::of(db.get_database_backend()).steps_tables.drop {
             db.execute_unprepared(sql).await?;
         }
         Ok(())

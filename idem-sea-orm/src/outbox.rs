@@ -68,22 +68,22 @@ impl<C: ConnectionTrait + Sync + ?Sized> Outbox for C {
         let payload = message.into_payload();
         let statement = match aggregate {
             Some(aggregate) => {
-                if let Some(bump) = &sql.outbox.bump_head {
+                if let Some(bump) = &sql.bump_head {
                     exec(self, sql.backend, bump, vec![aggregate.clone().into()])
                         .await
                         .map_err(|e| store_error("ordering the message in its aggregate", e))?;
                 }
-                let leading: Vec<Value> = if sql.outbox.bump_head.is_some() {
+                let leading: Vec<Value> = if sql.bump_head.is_some() {
                     vec![id.clone().into(), topic.into(), aggregate.clone().into()]
                 } else {
                     vec![aggregate.clone().into(), id.clone().into(), topic.into()]
                 };
                 let mut values = leading;
                 values.extend([aggregate.into(), headers, payload.into()]);
-                (&sql.outbox.insert_with_aggregate, values)
+                (&sql.insert_message_in_aggregate, values)
             }
             None => (
-                &sql.outbox.insert,
+                &sql.insert_message,
                 vec![id.clone().into(), topic.into(), headers, payload.into()],
             ),
         };
@@ -112,7 +112,7 @@ async fn exec<C: ConnectionTrait + ?Sized>(
 /// Creates the outbox tables (`idem_outbox`, `idem_outbox_heads`, `idem_dead_letters`).
 /// [`crate::create_tables`] calls it.
 pub(crate) async fn create_outbox_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
-    for sql in &Sql::of(db.get_database_backend()).outbox.create {
+    for sql in &Sql::of(db.get_database_backend()).outbox_tables.create {
         db.execute_unprepared(sql)
             .await
             .map_err(|e| store_error("creating the outbox tables", e))?;
@@ -124,7 +124,7 @@ pub(crate) async fn create_outbox_tables<C: ConnectionTrait>(db: &C) -> Result<(
 #[cfg_attr(not(feature = "migration"), allow(dead_code))]
 pub(crate) fn outbox_ddl(backend: DbBackend) -> (&'static [String], &'static [String]) {
     let sql = Sql::of(backend);
-    (&sql.outbox.create, &sql.outbox.drop)
+    (&sql.outbox_tables.create, &sql.outbox_tables.drop)
 }
 
 /// A claimed message: its row and what the sink gets.
@@ -174,7 +174,7 @@ async fn claim(
         let eligible: Vec<i64> = tx
             .query_all_raw(Statement::from_sql_and_values(
                 sql.backend,
-                &sql.outbox.select_eligible,
+                &sql.select_eligible,
                 [i64::from(batch).into()],
             ))
             .await
@@ -188,7 +188,7 @@ async fn claim(
         let mut locked: Vec<Claimed> = tx
             .query_all_raw(Statement::from_sql_and_values(
                 sql.backend,
-                with_ids(sql.backend, &sql.outbox.lock_claimable, ids.len()),
+                with_ids(sql.backend, &sql.lock_claimable, ids.len()),
                 ids,
             ))
             .await
@@ -199,7 +199,7 @@ async fn claim(
             values.extend(locked.iter().map(|c| Value::from(c.row)));
             tx.execute_raw(Statement::from_sql_and_values(
                 sql.backend,
-                with_ids(sql.backend, &sql.outbox.lease, locked.len()),
+                with_ids(sql.backend, &sql.lease_messages, locked.len()),
                 values,
             ))
             .await
@@ -213,7 +213,7 @@ async fn claim(
     } else {
         db.query_all_raw(Statement::from_sql_and_values(
             sql.backend,
-            &sql.outbox.claim,
+            &sql.claim_messages,
             [millis(lease).into(), token.into(), i64::from(batch).into()],
         ))
         .await
@@ -235,7 +235,7 @@ async fn mark_published(db: &DatabaseConnection, rows: &[i64], token: i64) -> Re
     exec(
         db,
         sql.backend,
-        &with_ids(sql.backend, &sql.outbox.mark_published, rows.len()),
+        &with_ids(sql.backend, &sql.mark_published, rows.len()),
         values,
     )
     .await
@@ -263,7 +263,7 @@ async fn mark_failed(
     exec(
         db,
         sql.backend,
-        &sql.outbox.mark_failed,
+        &sql.mark_failed,
         vec![
             state.into(),
             error.into(),
@@ -590,7 +590,7 @@ pub async fn outbox_health<C: ConnectionTrait>(db: &C) -> Result<OutboxHealth, E
     let row = db
         .query_one_raw(Statement::from_string(
             sql.backend,
-            sql.outbox.health.clone(),
+            sql.outbox_health.clone(),
         ))
         .await
         .map_err(|e| store_error(doing, e))?
@@ -635,7 +635,7 @@ pub async fn dead_messages<C: ConnectionTrait>(
     let rows = db
         .query_all_raw(Statement::from_sql_and_values(
             sql.backend,
-            &sql.outbox.list_dead,
+            &sql.list_dead,
             [i64::from(limit).into()],
         ))
         .await
@@ -661,14 +661,9 @@ pub async fn dead_messages<C: ConnectionTrait>(
 /// id.
 pub async fn retry_dead<C: ConnectionTrait>(db: &C, message_id: &str) -> Result<bool, Error> {
     let sql = Sql::of(db.get_database_backend());
-    let retried = exec(
-        db,
-        sql.backend,
-        &sql.outbox.retry_dead,
-        vec![message_id.into()],
-    )
-    .await
-    .map_err(|e| store_error("retrying a dead outbox message", e))?;
+    let retried = exec(db, sql.backend, &sql.retry_dead, vec![message_id.into()])
+        .await
+        .map_err(|e| store_error("retrying a dead outbox message", e))?;
     if retried > 0 {
         idem_core::outbox::wake();
     }
@@ -690,7 +685,7 @@ pub async fn purge_published<C: ConnectionTrait>(
         let deleted = exec(
             db,
             sql.backend,
-            &sql.outbox.purge_published,
+            &sql.purge_published,
             vec![millis(retention).into(), i64::from(batch).into()],
         )
         .await
@@ -728,7 +723,7 @@ impl idem_core::outbox::DeadLetters for DeadLetterTable {
             i64::try_from(letter.deliveries).unwrap_or(i64::MAX).into(),
         ];
         let db = self.db.clone();
-        let statement = sql.outbox.record_dead_letter.clone();
+        let statement = sql.record_dead_letter.clone();
         let backend = sql.backend;
         detached(async move {
             exec(&db, backend, &statement, values)

@@ -193,22 +193,18 @@ async fn try_claim(
         .await
         .map_err(|e| ("beginning the claim transaction", e))?;
     if step.reject
-        && let Some(sql) = d.ledger.before_nowait
+        && let Some(sql) = d.before_nowait
     {
         tx.execute_unprepared(sql)
             .await
             .map_err(|e| ("setting the lock timeout", e))?;
     }
-    if d.ledger.claim_by_read {
+    if d.claim_by_read {
         // SQLite: `BEGIN IMMEDIATE` already holds the only write lock, so nobody can claim
         // the key before this transaction ends. A plain read decides, and the record step
         // writes the whole row once (an upsert over an expired record).
         let row = tx
-            .query_one_raw(statement(
-                d,
-                &d.ledger.read_locked,
-                vec![step.id.clone().into()],
-            ))
+            .query_one_raw(statement(d, &d.read_locked, vec![step.id.clone().into()]))
             .await
             .and_then(|row| row.map(|row| read_row(&row)).transpose())
             .map_err(|e| ("reading the key", e))?;
@@ -223,9 +219,9 @@ async fn try_claim(
     let insert = statement(
         d,
         if step.reject {
-            &d.ledger.claim_nowait
+            &d.claim_nowait
         } else {
-            &d.ledger.claim
+            &d.claim
         },
         step.insert.clone(),
     );
@@ -243,7 +239,7 @@ async fn try_claim(
     };
     match seen {
         // Our new row, or (MariaDB) the current row, locked: it decides.
-        Some(row) if row.owner == step.owner || d.ledger.claim_locks_row => {
+        Some(row) if row.owner == step.owner || d.claim_locks_row => {
             return settle(tx, d, row, step).await;
         }
         // A committed final record never changes before it expires: it answers as the
@@ -262,11 +258,7 @@ async fn try_claim(
     }
     // Another owner's row, seen without a lock: read it locked, as it is now.
     let row = tx
-        .query_one_raw(statement(
-            d,
-            &d.ledger.read_locked,
-            vec![step.id.clone().into()],
-        ))
+        .query_one_raw(statement(d, &d.read_locked, vec![step.id.clone().into()]))
         .await
         .and_then(|row| match row {
             Some(row) => read_row(&row),
@@ -293,7 +285,7 @@ async fn settle(
         // An expired record is a new execution: take it over in this transaction.
         tx.execute_raw(statement(
             d,
-            &d.ledger.take_over,
+            &d.take_over,
             vec![
                 step.owner.into(),
                 step.fingerprint.0.to_vec().into(),
@@ -337,7 +329,7 @@ async fn savepoint(
     step: &ClaimStep,
 ) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
     if step.savepoint {
-        let sql = &Sql::of(tx.get_database_backend()).ledger.savepoint;
+        let sql = &Sql::of(tx.get_database_backend()).savepoint;
         tx.execute_unprepared(sql)
             .await
             .map_err(|e| ("taking the claim savepoint", e))?;
@@ -355,12 +347,12 @@ async fn record_step(
 ) -> Result<(), Error> {
     let d = Sql::of(tx.get_database_backend());
     if undo_body {
-        tx.execute_unprepared(&d.ledger.rollback_to_savepoint)
+        tx.execute_unprepared(&d.rollback_to_savepoint)
             .await
             .map_err(|e| store_error("rolling back the handler's writes", e))?;
     }
     let updated = tx
-        .execute_raw(statement(d, &d.ledger.record, values))
+        .execute_raw(statement(d, &d.record, values))
         .await
         .map_err(|e| store_error("recording the result", e))?;
     if updated.rows_affected() != 1 {
@@ -387,7 +379,7 @@ impl Store for SeaOrmStore<'_> {
         let step = ClaimStep {
             id: req.id().to_vec(),
             // SQLite claims by a read: its claim binds nothing but the id.
-            insert: if Sql::of(self.db.get_database_backend()).ledger.claim_by_read {
+            insert: if Sql::of(self.db.get_database_backend()).claim_by_read {
                 Vec::new()
             } else {
                 ledger_row(req, owner, req.ttl())
@@ -408,7 +400,7 @@ impl Store for SeaOrmStore<'_> {
         status: RecordStatus,
         payload: &[u8],
     ) -> Result<(), Error> {
-        let values = if Sql::of(self.db.get_database_backend()).ledger.claim_by_read {
+        let values = if Sql::of(self.db.get_database_backend()).claim_by_read {
             // The claim wrote nothing: the record writes the whole row.
             let mut row = ledger_row(req, owner, req.ttl());
             row.extend([status.code().into(), payload.to_vec().into()]);
