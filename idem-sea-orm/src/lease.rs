@@ -20,16 +20,6 @@ use crate::error::store_error;
 use crate::sql::{Sql, millis};
 use crate::store::{begin, detached, ledger_row, read_row, statement};
 
-/// Creates the steps table. [`crate::create_tables`] calls it.
-pub(crate) async fn create_lease_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
-    for sql in &Sql::of(db.get_database_backend()).steps_tables.create {
-        db.execute_unprepared(sql)
-            .await
-            .map_err(|e| store_error("creating the steps table", e))?;
-    }
-    Ok(())
-}
-
 /// The ledger in lease mode on a SeaORM connection; `#[idempotent(..., lease = "…")]` builds
 /// one from the handler's connection.
 #[derive(Debug, Clone)]

@@ -64,13 +64,20 @@ use crate::store::statement;
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(run()).unwrap();
 /// ```
 pub async fn create_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
-    for sql in &Sql::of(db.get_database_backend()).ledger_tables.create {
-        db.execute_unprepared(sql)
-            .await
-            .map_err(|e| store_error("creating the ledger table", e))?;
+    let sql = Sql::of(db.get_database_backend());
+    let families = [
+        (&sql.ledger_tables, "creating the ledger table"),
+        (&sql.steps_tables, "creating the steps table"),
+        (&sql.outbox_tables, "creating the outbox tables"),
+    ];
+    for (tables, doing) in families {
+        for statement in &tables.create {
+            db.execute_unprepared(statement)
+                .await
+                .map_err(|e| store_error(doing, e))?;
+        }
     }
-    lease::create_lease_tables(db).await?;
-    outbox::create_outbox_tables(db).await
+    Ok(())
 }
 
 /// A purge of expired records, one bounded statement at a time. [`purge_expired`] runs one to

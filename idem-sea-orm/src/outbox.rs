@@ -109,24 +109,6 @@ async fn exec<C: ConnectionTrait + ?Sized>(
         .map(|r| r.rows_affected())
 }
 
-/// Creates the outbox tables (`idem_outbox`, `idem_outbox_heads`, `idem_dead_letters`).
-/// [`crate::create_tables`] calls it.
-pub(crate) async fn create_outbox_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
-    for sql in &Sql::of(db.get_database_backend()).outbox_tables.create {
-        db.execute_unprepared(sql)
-            .await
-            .map_err(|e| store_error("creating the outbox tables", e))?;
-    }
-    Ok(())
-}
-
-/// The DDL of the outbox tables, for the migration.
-#[cfg_attr(not(feature = "migration"), allow(dead_code))]
-pub(crate) fn outbox_ddl(backend: DbBackend) -> (&'static [String], &'static [String]) {
-    let sql = Sql::of(backend);
-    (&sql.outbox_tables.create, &sql.outbox_tables.drop)
-}
-
 /// A claimed message: its row and what the sink gets.
 #[derive(Debug)]
 struct Claimed {
