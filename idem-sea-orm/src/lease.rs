@@ -18,7 +18,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::store_error;
 use crate::sql::{Sql, millis};
-use crate::store::{begin, detached, ledger_row, read_row, statement};
+use crate::store::{begin, detached, ledger_row, list_rows, read_row, statement};
 
 /// The ledger in lease mode on a SeaORM connection; `#[idempotent(..., lease = "…")]` builds
 /// one from the handler's connection.
@@ -411,30 +411,19 @@ pub async fn expired_leases<C: ConnectionTrait>(
     db: &C,
     limit: u32,
 ) -> Result<Vec<ExpiredLease>, Error> {
-    let sql = Sql::of(db.get_database_backend());
-    let doing = "listing expired leases";
-    let rows = db
-        .query_all_raw(Statement::from_sql_and_values(
-            db.get_database_backend(),
-            &sql.expired_leases,
-            [i64::from(limit).into()],
-        ))
-        .await
-        .map_err(|e| store_error(doing, e))?;
-    rows.iter()
-        .map(|r| {
-            let expires: i64 = r.try_get_by_index(4)?;
-            let now: i64 = r.try_get_by_index(5)?;
-            Ok(ExpiredLease {
-                id: r.try_get_by_index(0)?,
-                scope: r.try_get_by_index(1)?,
-                key: r.try_get_by_index(2)?,
-                token: r.try_get_by_index(3)?,
-                ended_ms_ago: now - expires,
-            })
+    let sql = &Sql::of(db.get_database_backend()).expired_leases;
+    list_rows(db, sql, limit, "listing expired leases", |row| {
+        let (id, scope, key, token, expires_at_ms, now_ms) =
+            row.try_get_many_by_index::<(_, _, _, _, i64, i64)>()?;
+        Ok(ExpiredLease {
+            id,
+            scope,
+            key,
+            token,
+            ended_ms_ago: now_ms - expires_at_ms,
         })
-        .collect::<Result<_, DbErr>>()
-        .map_err(|e| store_error(doing, e))
+    })
+    .await
 }
 
 /// Deletes the steps of records `purge_expired` removed (leases that ended and were never

@@ -26,7 +26,7 @@ use sea_orm::{
 
 use crate::error::store_error;
 use crate::sql::{Sql, millis, outbox_state, with_ids};
-use crate::store::detached;
+use crate::store::{detached, list_rows};
 
 /// Staging messages in the transaction you are in: inside an `#[idempotent]` body, on the
 /// claim's transaction (`db` there).
@@ -612,31 +612,21 @@ pub async fn dead_messages<C: ConnectionTrait>(
     db: &C,
     limit: u32,
 ) -> Result<Vec<DeadMessage>, Error> {
-    let sql = Sql::of(db.get_database_backend());
-    let doing = "listing dead outbox messages";
-    let rows = db
-        .query_all_raw(Statement::from_sql_and_values(
-            sql.backend,
-            &sql.list_dead,
-            [i64::from(limit).into()],
-        ))
-        .await
-        .map_err(|e| store_error(doing, e))?;
-    rows.iter()
-        .map(|row| {
-            let attempts: i32 = row.try_get_by_index(4)?;
-            Ok(DeadMessage {
-                id: row.try_get_by_index(0)?,
-                topic: row.try_get_by_index(1)?,
-                aggregate: row.try_get_by_index(2)?,
-                aggregate_seq: row.try_get_by_index(3)?,
-                attempts: u32::try_from(attempts).unwrap_or(0),
-                last_error: row.try_get_by_index(5)?,
-                created_at_ms: row.try_get_by_index(6)?,
-            })
+    let sql = &Sql::of(db.get_database_backend()).list_dead;
+    list_rows(db, sql, limit, "listing dead outbox messages", |row| {
+        let (id, topic, aggregate, aggregate_seq, attempts, last_error, created_at_ms) =
+            row.try_get_many_by_index::<(_, _, _, _, i32, _, _)>()?;
+        Ok(DeadMessage {
+            id,
+            topic,
+            aggregate,
+            aggregate_seq,
+            attempts: u32::try_from(attempts).unwrap_or(0),
+            last_error,
+            created_at_ms,
         })
-        .collect::<Result<_, sea_orm::DbErr>>()
-        .map_err(|e| store_error(doing, e))
+    })
+    .await
 }
 
 /// Puts a dead message back in line with fresh attempts; `false` if no dead message has that

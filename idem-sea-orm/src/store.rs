@@ -35,6 +35,27 @@ pub(crate) fn statement(statements: &Sql, sql: &str, values: Vec<Value>) -> Stat
     Statement::from_sql_and_values(statements.backend, sql, values)
 }
 
+/// Runs `sql`, which binds a row limit, and reads each row it returns with `read`; an error
+/// says it happened while `doing`.
+pub(crate) async fn list_rows<C: ConnectionTrait, T>(
+    db: &C,
+    sql: &str,
+    limit: u32,
+    doing: &str,
+    read: impl Fn(&QueryResult) -> Result<T, DbErr>,
+) -> Result<Vec<T>, Error> {
+    let list =
+        Statement::from_sql_and_values(db.get_database_backend(), sql, [i64::from(limit).into()]);
+    let rows = db
+        .query_all_raw(list)
+        .await
+        .map_err(|e| store_error(doing, e))?;
+    rows.iter()
+        .map(read)
+        .collect::<Result<_, DbErr>>()
+        .map_err(|e| store_error(doing, e))
+}
+
 /// A ledger row's values, in the order every statement that writes a whole row binds them:
 /// id, scope, principal, key, owner, fingerprint, and the time it lives from now (the TTL, or
 /// the lease). Built once per statement from the call's one request.
