@@ -1,7 +1,8 @@
 //! Lease mode on the SeaORM ledger: the lease is the ledger row itself (state in progress,
 //! `owner` = the fencing token, `expires_at_ms` = the lease end while in progress), and
-//! recovery points live in `idem_steps`. Every write of a holder locks the ledger row and checks
-//! its token first, so a holder whose lease was taken over cannot record anything.
+//! recovery points live in the steps table ([`STEPS_TABLE`](crate::STEPS_TABLE)). Every write
+//! of a holder locks the ledger row and checks its token first, so a holder whose lease was
+//! taken over cannot record anything.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -5,7 +5,8 @@ use sea_orm_migration::{MigrationName, MigrationTrait, SchemaManager, async_trai
 
 use crate::sql::Sql;
 
-/// Creates the ledger table; add it to your Migrator's list:
+/// Creates the ledger table ([`LEDGER_TABLE`](crate::LEDGER_TABLE)); add it to your Migrator's
+/// list:
 ///
 /// ```text
 /// fn migrations() -> Vec<Box<dyn MigrationTrait>> {
@@ -15,8 +16,9 @@ use crate::sql::Sql;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Migration;
 
-/// Creates the outbox tables (`idem_outbox`, `idem_outbox_heads`, `idem_dead_letters`); add
-/// it after [`Migration`]:
+/// Creates the outbox tables ([`OUTBOX_TABLE`](crate::OUTBOX_TABLE),
+/// [`OUTBOX_HEADS_TABLE`](crate::OUTBOX_HEADS_TABLE),
+/// [`DEAD_LETTERS_TABLE`](crate::DEAD_LETTERS_TABLE)); add it after [`Migration`]:
 ///
 /// ```text
 /// vec![Box::new(idem::sea_orm::Migration), Box::new(idem::sea_orm::OutboxMigration), ...]
@@ -24,7 +26,8 @@ pub struct Migration;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OutboxMigration;
 
-/// Creates the steps table of lease mode (`idem_steps`); add it after [`Migration`].
+/// Creates the steps table of lease mode ([`STEPS_TABLE`](crate::STEPS_TABLE)); add it after
+/// [`Migration`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LeaseMigration;
 

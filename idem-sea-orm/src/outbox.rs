@@ -532,8 +532,9 @@ impl<S: Sink> Relay<S> {
     }
 }
 
-/// On PostgreSQL, a task that turns `NOTIFY idem_outbox` (sent by every stage at commit, from
-/// any process) into a wake-up of this process's relays. It reconnects after failures.
+/// On PostgreSQL, a task that turns each `NOTIFY` on the channel named after the outbox table
+/// (sent by every stage at commit, from any process) into a wake-up of this process's relays.
+/// It reconnects after failures.
 #[allow(unused_variables)]
 fn listen_for_notifications(db: &DatabaseConnection) -> Option<tokio::task::JoinHandle<()>> {
     #[cfg(feature = "postgres")]
@@ -670,7 +671,8 @@ pub async fn purge_published<C: ConnectionTrait>(
     }
 }
 
-/// Where a consumer records the messages it gave up on: the `idem_dead_letters` table.
+/// Where a consumer records the messages it gave up on: the dead-letter table,
+/// [`DEAD_LETTERS_TABLE`](crate::DEAD_LETTERS_TABLE).
 #[derive(Debug, Clone)]
 pub struct DeadLetterTable {
     db: DatabaseConnection,
