@@ -8,7 +8,12 @@
 //!   it yourself);
 //! - [`ledger`] is the ledger's SeaORM entity, for inspection and admin tools.
 //!
-//! The claim, per backend (every statement is in one place, `dialect.rs`):
+//! Every SQL statement the crate runs is in one module, `src/sql.rs`: one table of statements
+//! per backend, rendered once from templates that name the tables through [`LEDGER_TABLE`],
+//! [`STEPS_TABLE`], [`OUTBOX_TABLE`], [`OUTBOX_HEADS_TABLE`] and [`DEAD_LETTERS_TABLE`]. The
+//! rest of the crate only picks statements from that table and binds their values.
+//!
+//! The claim, per backend:
 //! - **PostgreSQL**: at READ COMMITTED, one statement inserts the key (`ON CONFLICT DO
 //!   NOTHING`) or returns the committed row it ran into; a completed record replays from that
 //!   row without a lock, anything else is read again with `SELECT … FOR UPDATE`.
