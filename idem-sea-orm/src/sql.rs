@@ -42,6 +42,7 @@ pub(crate) mod outbox_state {
 
 /// Pieces several statements share, spliced before the names (they contain names).
 const FRAGMENTS: [(&str, &str); 9] = [
+    // The ledger's columns.
     (
         "{ledger_columns}",
         "id {hash} NOT NULL PRIMARY KEY, scope {string} NOT NULL, principal {string} NOT NULL, \
@@ -56,6 +57,7 @@ const FRAGMENTS: [(&str, &str); 9] = [
         (id, scope, principal, idem_key, owner, fingerprint, state, response, created_at_ms, expires_at_ms) \
         VALUES (?, ?, ?, ?, ?, ?, 0, NULL, {now}, {now} + ?)",
     ),
+    // Returns what `{read_row}` reads.
     (
         "{returning_row}",
         "RETURNING owner, fingerprint, state, response, expires_at_ms, {now} AS now_ms",
@@ -66,6 +68,7 @@ const FRAGMENTS: [(&str, &str); 9] = [
         "SELECT owner, fingerprint, state, response, expires_at_ms, {now} AS now_ms \
         FROM {ledger} WHERE id = ?",
     ),
+    // The outbox's columns.
     (
         "{outbox_columns}",
         "id {auto_id}, message_id {uuid} NOT NULL, topic {string} NOT NULL, \
@@ -262,6 +265,7 @@ impl Sql {
             // has none) and a concurrent duplicate always waits in BEGIN.
             _ => "{insert_claim} ON CONFLICT (id) DO NOTHING {returning_row}",
         });
+        // The outbox's two other tables, the same whatever the outbox table's indexes.
         let heads_table = "CREATE TABLE IF NOT EXISTS {heads} (\
             aggregate_key {string} NOT NULL PRIMARY KEY, last_seq {i64} NOT NULL){clustered}";
         let dead_letters_table = "CREATE TABLE IF NOT EXISTS {dead_letters} (\
@@ -318,13 +322,24 @@ impl Sql {
             ),
             record: match backend {
                 // Binds a whole row (`ledger_row`), then state and response.
-                Sqlite => r("INSERT INTO {ledger} \
-                    (id, scope, principal, idem_key, owner, fingerprint, expires_at_ms, state, response, created_at_ms) \
-                    VALUES (?, ?, ?, ?, ?, ?, {now} + ?, ?, ?, {now}) \
-                    ON CONFLICT (id) DO UPDATE SET scope = excluded.scope, principal = excluded.principal, \
-                    idem_key = excluded.idem_key, owner = excluded.owner, fingerprint = excluded.fingerprint, \
-                    state = excluded.state, response = excluded.response, \
-                    created_at_ms = excluded.created_at_ms, expires_at_ms = excluded.expires_at_ms"),
+                Sqlite => r(&upsert(
+                    backend,
+                    "INSERT INTO {ledger} (id, scope, principal, idem_key, owner, fingerprint, \
+                    expires_at_ms, state, response, created_at_ms) \
+                    VALUES (?, ?, ?, ?, ?, ?, {now} + ?, ?, ?, {now})",
+                    "id",
+                    &[
+                        "scope",
+                        "principal",
+                        "idem_key",
+                        "owner",
+                        "fingerprint",
+                        "state",
+                        "response",
+                        "created_at_ms",
+                        "expires_at_ms",
+                    ],
+                )),
                 // The expiry set by the claim stands (a record's TTL counts from its claim):
                 // leaving the indexed `expires_at_ms` alone lets PostgreSQL update the row in
                 // place (a HOT update).
