@@ -3,6 +3,8 @@
 use idem_core::Error;
 use sea_orm::DbErr;
 
+use crate::LEDGER_TABLE;
+
 /// What kind of failure a database error is, as far as the ledger cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Failure {
@@ -53,7 +55,9 @@ pub(crate) fn classify(e: &DbErr) -> Failure {
             _ => {}
         }
     }
-    if e.to_string().contains("no such table: idem_ledger") {
+    if e.to_string()
+        .contains(&format!("no such table: {LEDGER_TABLE}"))
+    {
         return Failure::MissingTable;
     }
     Failure::Other
@@ -64,10 +68,11 @@ pub(crate) fn store_error(doing: &str, e: DbErr) -> Error {
     let message = match classify(&e) {
         Failure::MissingTable => {
             return Error::Store {
-                message: "the ledger table `idem_ledger` is missing: call \
-                          `idem::sea_orm::create_tables(&db)` at startup, or add \
-                          `idem::sea_orm::Migration` to your sea-orm-migration Migrator"
-                    .to_owned(),
+                message: format!(
+                    "the ledger table `{LEDGER_TABLE}` is missing: call \
+                    `idem::sea_orm::create_tables(&db)` at startup, or add \
+                    `idem::sea_orm::Migration` to your sea-orm-migration Migrator"
+                ),
                 source: Some(Box::new(e)),
             };
         }
@@ -76,4 +81,27 @@ pub(crate) fn store_error(doing: &str, e: DbErr) -> Error {
         Failure::Other => format!("database error while {doing}"),
     };
     Error::store(message, e)
+}
+
+#[cfg(test)]
+mod tests {
+    use sea_orm::{ConnectionTrait, Database};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_missing_ledger_is_named_with_the_fix() {
+        let db = Database::connect("sqlite::memory:").await.expect("db");
+        let e = db
+            .execute_unprepared(&format!("SELECT id FROM {LEDGER_TABLE}"))
+            .await
+            .expect_err("no ledger yet");
+        assert_eq!(classify(&e), Failure::MissingTable);
+        let message = store_error("claiming the key", e).to_string();
+        assert!(
+            message.contains(&format!("`{LEDGER_TABLE}` is missing")),
+            "{message}"
+        );
+        assert!(message.contains("create_tables"), "{message}");
+    }
 }

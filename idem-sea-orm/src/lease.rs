@@ -1,11 +1,11 @@
 //! Lease mode on the SeaORM ledger: the lease is the ledger row itself (state in progress,
 //! `owner` = the fencing token, `expires_at_ms` = the lease end while in progress), and
-//! recovery points live in `idem_steps`. Every write of a holder locks the ledger row and checks
-//! its token first, so a holder whose lease was taken over cannot record anything.
+//! recovery points live in the steps table ([`STEPS_TABLE`](crate::STEPS_TABLE)). Every write
+//! of a holder locks the ledger row and checks its token first, so a holder whose lease was
+//! taken over cannot record anything.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use idem_core::ids::random_token;
@@ -13,131 +13,13 @@ use idem_core::lease::LeaseHandle;
 use idem_core::{
     BoxFuture, Error, LeaseClaim, LeaseStore, RecordStatus, Recorded, Request, Ticket,
 };
-use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, Statement, Value,
-};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, Statement, Value};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::dialect::{Dialect, LEDGER_TABLE, MYSQL_NOW, PG_NOW, SQLITE_NOW, millis, render};
 use crate::error::store_error;
-use crate::store::{begin, detached, ledger_row, read_row, statement};
-
-/// Name of the table of recorded steps (recovery points) of calls in progress.
-pub const STEPS_TABLE: &str = "idem_steps";
-
-/// The lease statements of one backend (the claim reuses the ledger's own statements).
-struct LeaseSql {
-    create: Vec<String>,
-    /// Binds record_id.
-    select_steps: String,
-    /// Binds record_id, name, token, result.
-    insert_step: String,
-    /// Binds record_id.
-    delete_steps: String,
-    /// Binds lease_ms, id, token.
-    renew: String,
-    /// Binds state, response, ttl_ms, id, token.
-    complete: String,
-    /// Binds id, token.
-    release: String,
-    /// Returns id, scope, idem_key, owner, expires_at_ms, now_ms of leases that ended.
-    expired: String,
-    /// Deletes the steps of records that no longer exist (purged).
-    purge_orphans: String,
-}
-
-fn lease_sql(backend: DbBackend) -> &'static LeaseSql {
-    static PG: LazyLock<LeaseSql> = LazyLock::new(|| build(DbBackend::Postgres));
-    static MY: LazyLock<LeaseSql> = LazyLock::new(|| build(DbBackend::MySql));
-    static LITE: LazyLock<LeaseSql> = LazyLock::new(|| build(DbBackend::Sqlite));
-    match backend {
-        DbBackend::Postgres => &PG,
-        DbBackend::MySql => &MY,
-        _ => &LITE,
-    }
-}
-
-fn build(backend: DbBackend) -> LeaseSql {
-    let now = match backend {
-        DbBackend::Postgres => PG_NOW,
-        DbBackend::MySql => MYSQL_NOW,
-        _ => SQLITE_NOW,
-    };
-    let r = |t: &str| {
-        let t = t
-            .replace("{steps}", STEPS_TABLE)
-            .replace("{ledger}", LEDGER_TABLE);
-        render(&t, now, backend)
-    };
-    let create = match backend {
-        DbBackend::Postgres => {
-            "CREATE TABLE IF NOT EXISTS {steps} (\
-            record_id BYTEA NOT NULL, name VARCHAR(255) NOT NULL, token BIGINT NOT NULL, \
-            result BYTEA NOT NULL, created_at_ms BIGINT NOT NULL, PRIMARY KEY (record_id, name))"
-        }
-        DbBackend::MySql => {
-            "CREATE TABLE IF NOT EXISTS {steps} (\
-            record_id BINARY(32) NOT NULL, name VARCHAR(255) NOT NULL, token BIGINT NOT NULL, \
-            result LONGBLOB NOT NULL, created_at_ms BIGINT NOT NULL, PRIMARY KEY (record_id, name)\
-            ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin"
-        }
-        _ => {
-            "CREATE TABLE IF NOT EXISTS {steps} (\
-            record_id BLOB NOT NULL, name TEXT NOT NULL, token INTEGER NOT NULL, \
-            result BLOB NOT NULL, created_at_ms INTEGER NOT NULL, PRIMARY KEY (record_id, name)\
-            ) WITHOUT ROWID"
-        }
-    };
-    let insert = "INSERT INTO {steps} (record_id, name, token, result, created_at_ms) \
-        VALUES (?, ?, ?, ?, {now})";
-    let insert_step = match backend {
-        DbBackend::MySql => format!(
-            "{insert} ON DUPLICATE KEY UPDATE token = VALUES(token), result = VALUES(result)"
-        ),
-        _ => format!(
-            "{insert} ON CONFLICT (record_id, name) DO UPDATE SET token = excluded.token, result = excluded.result"
-        ),
-    };
-    LeaseSql {
-        create: vec![r(create)],
-        select_steps: r("SELECT name, result FROM {steps} WHERE record_id = ?"),
-        insert_step: r(&insert_step),
-        delete_steps: r("DELETE FROM {steps} WHERE record_id = ?"),
-        renew: r("UPDATE {ledger} SET expires_at_ms = {now} + ? \
-            WHERE id = ? AND owner = ? AND state = 0"),
-        complete: r(
-            "UPDATE {ledger} SET state = ?, response = ?, expires_at_ms = {now} + ? \
-            WHERE id = ? AND owner = ? AND state = 0",
-        ),
-        release: r("UPDATE {ledger} SET expires_at_ms = {now} \
-            WHERE id = ? AND owner = ? AND state = 0"),
-        expired: r(
-            "SELECT id, scope, idem_key, owner, expires_at_ms, {now} AS now_ms FROM {ledger} \
-            WHERE state = 0 AND expires_at_ms <= {now} ORDER BY expires_at_ms LIMIT ?",
-        ),
-        purge_orphans: r("DELETE FROM {steps} WHERE record_id NOT IN (SELECT id FROM {ledger})"),
-    }
-}
-
-/// Creates the steps table. [`crate::create_tables`] calls it.
-pub(crate) async fn create_lease_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
-    for sql in &lease_sql(db.get_database_backend()).create {
-        db.execute_unprepared(sql)
-            .await
-            .map_err(|e| store_error("creating the steps table", e))?;
-    }
-    Ok(())
-}
-
-/// The DDL of the steps table, for the migration: (up, down).
-#[cfg_attr(not(feature = "migration"), allow(dead_code))]
-pub(crate) fn lease_ddl(backend: DbBackend) -> (&'static [String], String) {
-    (
-        &lease_sql(backend).create,
-        format!("DROP TABLE IF EXISTS {STEPS_TABLE}"),
-    )
-}
+use crate::sql::{Sql, millis};
+use crate::store::{begin, detached, ledger_row, list_rows, read_row, statement};
 
 /// The ledger in lease mode on a SeaORM connection; `#[idempotent(..., lease = "…")]` builds
 /// one from the handler's connection.
@@ -155,7 +37,7 @@ impl SeaOrmLeaseStore {
 
 /// Locks the ledger row of `ticket` in `tx` and checks the ticket still holds it.
 async fn fence(tx: &DatabaseTransaction, ticket: &Ticket, scope: &str) -> Result<(), Error> {
-    let d = Dialect::of(tx.get_database_backend());
+    let d = Sql::of(tx.get_database_backend());
     let row = tx
         .query_one_raw(statement(
             d,
@@ -186,7 +68,7 @@ async fn insert_step(
     name: &str,
     payload: &[u8],
 ) -> Result<(), Error> {
-    let sql = lease_sql(tx.get_database_backend());
+    let sql = Sql::of(tx.get_database_backend());
     tx.execute_raw(Statement::from_sql_and_values(
         tx.get_database_backend(),
         &sql.insert_step,
@@ -210,7 +92,7 @@ async fn claim(
     fingerprint: idem_core::Fingerprint,
     lease_ms: i64,
 ) -> Result<LeaseClaim, Error> {
-    let d = Dialect::of(db.get_database_backend());
+    let d = Sql::of(db.get_database_backend());
     let doing = "claiming a lease";
     let tx = begin(&db).await.map_err(|e| store_error(doing, e))?;
     let failed = |e: DbErr| store_error(doing, e);
@@ -260,7 +142,7 @@ async fn claim(
             // The holder's lease ended: take over with the next token, resume after its steps.
             let token = row.owner.wrapping_add(1);
             take_over(&tx, d, token, fingerprint, lease_ms, &id).await?;
-            let sql = lease_sql(d.backend);
+            let sql = d;
             let steps = tx
                 .query_all_raw(statement(d, &sql.select_steps, vec![id.to_vec().into()]))
                 .await
@@ -278,7 +160,7 @@ async fn claim(
         _ => {
             // An expired record (or an unknown state): a new execution.
             take_over(&tx, d, owner, fingerprint, lease_ms, &id).await?;
-            let sql = lease_sql(d.backend);
+            let sql = d;
             tx.execute_raw(statement(d, &sql.delete_steps, vec![id.to_vec().into()]))
                 .await
                 .map_err(failed)?;
@@ -294,7 +176,7 @@ async fn claim(
 
 async fn take_over(
     tx: &DatabaseTransaction,
-    d: &Dialect,
+    d: &Sql,
     owner: i64,
     fingerprint: idem_core::Fingerprint,
     lease_ms: i64,
@@ -362,7 +244,7 @@ impl LeaseStore for SeaOrmLeaseStore {
         ticket: &'a Ticket,
         lease: Duration,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        let sql = &lease_sql(self.db.get_database_backend()).renew;
+        let sql = &Sql::of(self.db.get_database_backend()).renew_lease;
         let values = vec![
             millis(lease).into(),
             ticket.id.to_vec().into(),
@@ -408,12 +290,12 @@ impl LeaseStore for SeaOrmLeaseStore {
         let (db, ticket, payload, ttl) = (self.db.clone(), *ticket, payload.to_vec(), req.ttl());
         Box::pin(detached(async move {
             let doing = "recording the result";
-            let sql = lease_sql(db.get_database_backend());
+            let sql = Sql::of(db.get_database_backend());
             let tx = begin(&db).await.map_err(|e| store_error(doing, e))?;
             let updated = tx
                 .execute_raw(Statement::from_sql_and_values(
                     db.get_database_backend(),
-                    &sql.complete,
+                    &sql.complete_lease,
                     [
                         status.code().into(),
                         payload.into(),
@@ -439,7 +321,7 @@ impl LeaseStore for SeaOrmLeaseStore {
     }
 
     fn release_lease<'a>(&'a self, ticket: &'a Ticket) -> BoxFuture<'a, Result<(), Error>> {
-        let sql = &lease_sql(self.db.get_database_backend()).release;
+        let sql = &Sql::of(self.db.get_database_backend()).release_lease;
         let values = vec![ticket.id.to_vec().into(), ticket.token.into()];
         let db = self.db.clone();
         Box::pin(detached(async move {
@@ -530,37 +412,26 @@ pub async fn expired_leases<C: ConnectionTrait>(
     db: &C,
     limit: u32,
 ) -> Result<Vec<ExpiredLease>, Error> {
-    let sql = lease_sql(db.get_database_backend());
-    let doing = "listing expired leases";
-    let rows = db
-        .query_all_raw(Statement::from_sql_and_values(
-            db.get_database_backend(),
-            &sql.expired,
-            [i64::from(limit).into()],
-        ))
-        .await
-        .map_err(|e| store_error(doing, e))?;
-    rows.iter()
-        .map(|r| {
-            let expires: i64 = r.try_get_by_index(4)?;
-            let now: i64 = r.try_get_by_index(5)?;
-            Ok(ExpiredLease {
-                id: r.try_get_by_index(0)?,
-                scope: r.try_get_by_index(1)?,
-                key: r.try_get_by_index(2)?,
-                token: r.try_get_by_index(3)?,
-                ended_ms_ago: now - expires,
-            })
+    let sql = &Sql::of(db.get_database_backend()).expired_leases;
+    list_rows(db, sql, limit, "listing expired leases", |row| {
+        let (id, scope, key, token, expires_at_ms, now_ms) =
+            row.try_get_many_by_index::<(_, _, _, _, i64, i64)>()?;
+        Ok(ExpiredLease {
+            id,
+            scope,
+            key,
+            token,
+            ended_ms_ago: now_ms - expires_at_ms,
         })
-        .collect::<Result<_, DbErr>>()
-        .map_err(|e| store_error(doing, e))
+    })
+    .await
 }
 
 /// Deletes the steps of records `purge_expired` removed (leases that ended and were never
 /// taken over). The steps table only holds calls in progress, so this stays small.
 pub(crate) async fn purge_orphaned_steps<C: ConnectionTrait>(db: &C) -> Result<u64, Error> {
-    let sql = lease_sql(db.get_database_backend());
-    db.execute_unprepared(&sql.purge_orphans)
+    let sql = Sql::of(db.get_database_backend());
+    db.execute_unprepared(&sql.purge_orphaned_steps)
         .await
         .map(|r| r.rows_affected())
         .map_err(|e| store_error("purging the steps of purged records", e))

@@ -3,9 +3,21 @@
 
 use sea_orm::entity::prelude::*;
 
+use crate::LEDGER_TABLE;
+
+/// The ledger table, [`LEDGER_TABLE`].
+#[derive(Copy, Clone, Default, Debug, DeriveEntity)]
+pub struct Entity;
+
+// Written out (not `#[sea_orm(table_name = "…")]`) so the name comes from the one constant.
+impl EntityName for Entity {
+    fn table_name(&self) -> &'static str {
+        LEDGER_TABLE
+    }
+}
+
 /// One record: a claimed, completed or failed `(scope, principal, key)`.
 #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
-#[sea_orm(table_name = "idem_ledger")]
 pub struct Model {
     /// SHA-256 over scope, principal and key (length-prefixed).
     #[sea_orm(primary_key, auto_increment = false)]
@@ -35,3 +47,18 @@ pub struct Model {
 pub enum Relation {}
 
 impl ActiveModelBehavior for ActiveModel {}
+
+#[cfg(test)]
+mod tests {
+    use sea_orm::Database;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn the_entity_reads_the_table_create_tables_makes() {
+        let db = Database::connect("sqlite::memory:").await.expect("db");
+        crate::create_tables(&db).await.expect("tables");
+        assert_eq!(Entity.table_name(), LEDGER_TABLE);
+        assert_eq!(Entity::find().all(&db).await.expect("select"), Vec::new());
+    }
+}

@@ -8,7 +8,12 @@
 //!   it yourself);
 //! - [`ledger`] is the ledger's SeaORM entity, for inspection and admin tools.
 //!
-//! The claim, per backend (every statement is in one place, `dialect.rs`):
+//! Every SQL statement the crate runs is in one module, `src/sql.rs`: one table of statements
+//! per backend, rendered once from templates that name the tables through [`LEDGER_TABLE`],
+//! [`STEPS_TABLE`], [`OUTBOX_TABLE`], [`OUTBOX_HEADS_TABLE`] and [`DEAD_LETTERS_TABLE`]. The
+//! rest of the crate only picks statements from that table and binds their values.
+//!
+//! The claim, per backend:
 //! - **PostgreSQL**: at READ COMMITTED, one statement inserts the key (`ON CONFLICT DO
 //!   NOTHING`) or returns the committed row it ran into; a completed record replays from that
 //!   row without a lock, anything else is read again with `SELECT … FOR UPDATE`.
@@ -20,11 +25,10 @@
 //!
 //! Expiry is always computed on the database's clock, never the application's.
 
-mod dialect;
 mod error;
 mod lease;
 mod outbox;
-mod outbox_sql;
+mod sql;
 mod state;
 mod store;
 
@@ -32,15 +36,16 @@ pub mod ledger;
 #[cfg(feature = "migration")]
 mod migration;
 
-pub use dialect::{LEDGER_TABLE, placeholders};
-pub use lease::{ExpiredLease, STEPS_TABLE, SeaOrmLeaseStore, expired_leases, final_step};
+pub use lease::{ExpiredLease, SeaOrmLeaseStore, expired_leases, final_step};
 #[cfg(feature = "migration")]
 pub use migration::{LeaseMigration, Migration, OutboxMigration, migrations};
 pub use outbox::{
     DeadLetterTable, DeadMessage, Outbox, Relay, RelayCounters, RelayRound, dead_messages,
     outbox_health, purge_published, retry_dead,
 };
-pub use outbox_sql::{DEAD_LETTERS_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE};
+pub use sql::{
+    DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE, placeholders,
+};
 pub use state::{ConditionalUpdate, Stateful};
 pub use store::SeaOrmStore;
 
@@ -49,8 +54,8 @@ pub use sea_orm;
 use idem_core::Error;
 use sea_orm::{ConnectionTrait, Statement, Value};
 
-use crate::dialect::{Dialect, Purge};
 use crate::error::store_error;
+use crate::sql::{Purge, Sql};
 use crate::store::statement;
 
 /// Creates the ledger table and the outbox tables (with their indexes) if they do not exist.
@@ -64,13 +69,20 @@ use crate::store::statement;
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(run()).unwrap();
 /// ```
 pub async fn create_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
-    for sql in Dialect::of(db.get_database_backend()).create {
-        db.execute_unprepared(sql)
-            .await
-            .map_err(|e| store_error("creating the ledger table", e))?;
+    let sql = Sql::of(db.get_database_backend());
+    let families = [
+        (&sql.ledger_tables, "creating the ledger table"),
+        (&sql.steps_tables, "creating the steps table"),
+        (&sql.outbox_tables, "creating the outbox tables"),
+    ];
+    for (tables, doing) in families {
+        for statement in &tables.create {
+            db.execute_unprepared(statement)
+                .await
+                .map_err(|e| store_error(doing, e))?;
+        }
     }
-    lease::create_lease_tables(db).await?;
-    outbox::create_outbox_tables(db).await
+    Ok(())
 }
 
 /// A purge of expired records, one bounded statement at a time. [`purge_expired`] runs one to
@@ -131,7 +143,7 @@ impl ExpiredPurge {
             return Ok(None);
         }
         let batch = batch.max(1);
-        let d = Dialect::of(db.get_database_backend());
+        let d = Sql::of(db.get_database_backend());
         let delete = |sql: &str, values: Vec<Value>| {
             let delete = statement(d, sql, values);
             async move {
@@ -209,7 +221,7 @@ pub async fn purge_expired<C: ConnectionTrait>(db: &C, batch: u32) -> Result<u64
 
 /// The database's clock, in milliseconds since the Unix epoch (what expiry is measured on).
 pub async fn database_now_ms<C: ConnectionTrait>(db: &C) -> Result<i64, Error> {
-    let d = Dialect::of(db.get_database_backend());
+    let d = Sql::of(db.get_database_backend());
     let row = db
         .query_one_raw(Statement::from_string(d.backend, d.select_now.clone()))
         .await

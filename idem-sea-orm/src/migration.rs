@@ -1,13 +1,12 @@
-//! The ledger as a `sea-orm-migration` migration.
+//! The ledger, the outbox and the steps of lease mode as `sea-orm-migration` migrations.
 
 use sea_orm::{ConnectionTrait, DbErr};
 use sea_orm_migration::{MigrationName, MigrationTrait, SchemaManager, async_trait};
 
-use crate::dialect::Dialect;
-use crate::lease::lease_ddl;
-use crate::outbox::outbox_ddl;
+use crate::sql::Sql;
 
-/// Creates the ledger table; add it to your Migrator's list:
+/// Creates the ledger table ([`LEDGER_TABLE`](crate::LEDGER_TABLE)); add it to your Migrator's
+/// list:
 ///
 /// ```text
 /// fn migrations() -> Vec<Box<dyn MigrationTrait>> {
@@ -17,36 +16,9 @@ use crate::outbox::outbox_ddl;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Migration;
 
-impl MigrationName for Migration {
-    fn name(&self) -> &str {
-        "m20261122_000001_create_idem_ledger"
-    }
-}
-
-// The elided lifetime must stay elided: `async_trait` expands the trait's `&SchemaManager`
-// with a late-bound lifetime, and `<'_>` would make it early-bound (E0195).
-#[allow(elided_lifetimes_in_paths)]
-#[async_trait::async_trait]
-impl MigrationTrait for Migration {
-    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        let db = manager.get_connection();
-        for sql in Dialect::of(db.get_database_backend()).create {
-            db.execute_unprepared(sql).await?;
-        }
-        Ok(())
-    }
-
-    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .get_connection()
-            .execute_unprepared("DROP TABLE IF EXISTS idem_ledger")
-            .await
-            .map(drop)
-    }
-}
-
-/// Creates the outbox tables (`idem_outbox`, `idem_outbox_heads`, `idem_dead_letters`); add
-/// it after [`Migration`]:
+/// Creates the outbox tables ([`OUTBOX_TABLE`](crate::OUTBOX_TABLE),
+/// [`OUTBOX_HEADS_TABLE`](crate::OUTBOX_HEADS_TABLE),
+/// [`DEAD_LETTERS_TABLE`](crate::DEAD_LETTERS_TABLE)); add it after [`Migration`]:
 ///
 /// ```text
 /// vec![Box::new(idem::sea_orm::Migration), Box::new(idem::sea_orm::OutboxMigration), ...]
@@ -54,59 +26,64 @@ impl MigrationTrait for Migration {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OutboxMigration;
 
-impl MigrationName for OutboxMigration {
-    fn name(&self) -> &str {
-        "m20261123_000001_create_idem_outbox"
-    }
-}
-
-#[allow(elided_lifetimes_in_paths)]
-#[async_trait::async_trait]
-impl MigrationTrait for OutboxMigration {
-    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        let db = manager.get_connection();
-        for sql in outbox_ddl(db.get_database_backend()).0 {
-            db.execute_unprepared(sql).await?;
-        }
-        Ok(())
-    }
-
-    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        let db = manager.get_connection();
-        for sql in outbox_ddl(db.get_database_backend()).1 {
-            db.execute_unprepared(sql).await?;
-        }
-        Ok(())
-    }
-}
-
-/// Creates the steps table of lease mode (`idem_steps`); add it after [`Migration`].
+/// Creates the steps table of lease mode ([`STEPS_TABLE`](crate::STEPS_TABLE)); add it after
+/// [`Migration`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LeaseMigration;
 
-impl MigrationName for LeaseMigration {
-    fn name(&self) -> &str {
-        "m20261123_000002_create_idem_steps"
-    }
+/// Implements a migration of one family of tables (`$tables`, a field of [`Sql`]) named
+/// `$name`: `up` creates the tables, `down` drops them.
+macro_rules! tables_migration {
+    ($migration:ident, $name:literal, $tables:ident) => {
+        impl MigrationName for $migration {
+            fn name(&self) -> &str {
+                $name
+            }
+        }
+
+        // The elided lifetime must stay elided: `async_trait` expands the trait's
+        // `&SchemaManager` with a late-bound lifetime, and `<'_>` would make it early-bound
+        // (E0195).
+        #[allow(elided_lifetimes_in_paths)]
+        #[async_trait::async_trait]
+        impl MigrationTrait for $migration {
+            async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+                execute(manager, |sql| &sql.$tables.create).await
+            }
+
+            async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
+                execute(manager, |sql| &sql.$tables.drop).await
+            }
+        }
+    };
 }
 
-#[allow(elided_lifetimes_in_paths)]
-#[async_trait::async_trait]
-impl MigrationTrait for LeaseMigration {
-    async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        let db = manager.get_connection();
-        for sql in lease_ddl(db.get_database_backend()).0 {
-            db.execute_unprepared(sql).await?;
-        }
-        Ok(())
-    }
+tables_migration!(
+    Migration,
+    "m20261122_000001_create_idem_ledger",
+    ledger_tables
+);
+tables_migration!(
+    OutboxMigration,
+    "m20261123_000001_create_idem_outbox",
+    outbox_tables
+);
+tables_migration!(
+    LeaseMigration,
+    "m20261123_000002_create_idem_steps",
+    steps_tables
+);
 
-    async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        let db = manager.get_connection();
-        db.execute_unprepared(&lease_ddl(db.get_database_backend()).1)
-            .await
-            .map(drop)
+/// Runs the `statements` of the connection's backend, in order.
+async fn execute(
+    manager: &SchemaManager<'_>,
+    statements: fn(&Sql) -> &[String],
+) -> Result<(), DbErr> {
+    let db = manager.get_connection();
+    for sql in statements(Sql::of(db.get_database_backend())) {
+        db.execute_unprepared(sql).await?;
     }
+    Ok(())
 }
 
 /// Every idem migration, in order: the ledger, the outbox, the steps of lease mode. Put them

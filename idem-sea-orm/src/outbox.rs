@@ -25,8 +25,8 @@ use sea_orm::{
 };
 
 use crate::error::store_error;
-use crate::outbox_sql::{OutboxSql, state, with_ids};
-use crate::store::detached;
+use crate::sql::{Sql, millis, outbox_state, with_ids};
+use crate::store::{detached, list_rows};
 
 /// Staging messages in the transaction you are in: inside an `#[idempotent]` body, on the
 /// claim's transaction (`db` there).
@@ -54,7 +54,7 @@ pub trait Outbox {
 impl<C: ConnectionTrait + Sync + ?Sized> Outbox for C {
     async fn stage(&self, message: Message) -> Result<String, Error> {
         message.validate()?;
-        let sql = OutboxSql::of(self.get_database_backend());
+        let sql = Sql::of(self.get_database_backend());
         let id = uuid::Uuid::now_v7().to_string();
         let topic = message.topic().to_owned();
         let aggregate = message.aggregate_key().map(str::to_owned);
@@ -80,10 +80,10 @@ impl<C: ConnectionTrait + Sync + ?Sized> Outbox for C {
                 };
                 let mut values = leading;
                 values.extend([aggregate.into(), headers, payload.into()]);
-                (&sql.insert_with_aggregate, values)
+                (&sql.insert_message_in_aggregate, values)
             }
             None => (
-                &sql.insert,
+                &sql.insert_message,
                 vec![id.clone().into(), topic.into(), headers, payload.into()],
             ),
         };
@@ -107,24 +107,6 @@ async fn exec<C: ConnectionTrait + ?Sized>(
     db.execute_raw(Statement::from_sql_and_values(backend, sql, values))
         .await
         .map(|r| r.rows_affected())
-}
-
-/// Creates the outbox tables (`idem_outbox`, `idem_outbox_heads`, `idem_dead_letters`).
-/// [`crate::create_tables`] calls it.
-pub(crate) async fn create_outbox_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
-    for sql in &OutboxSql::of(db.get_database_backend()).create {
-        db.execute_unprepared(sql)
-            .await
-            .map_err(|e| store_error("creating the outbox tables", e))?;
-    }
-    Ok(())
-}
-
-/// The DDL of the outbox tables, for the migration.
-#[cfg_attr(not(feature = "migration"), allow(dead_code))]
-pub(crate) fn outbox_ddl(backend: DbBackend) -> (&'static [String], &'static [String]) {
-    let sql = OutboxSql::of(backend);
-    (&sql.create, &sql.drop)
 }
 
 /// A claimed message: its row and what the sink gets.
@@ -157,10 +139,6 @@ fn read_claimed(row: &QueryResult) -> Result<Claimed, sea_orm::DbErr> {
     })
 }
 
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
-}
-
 /// Claims up to `batch` due messages that are first in their aggregate, leased to `token`.
 async fn claim(
     db: &DatabaseConnection,
@@ -168,7 +146,7 @@ async fn claim(
     lease: Duration,
     token: i64,
 ) -> Result<Vec<Claimed>, Error> {
-    let sql = OutboxSql::of(db.get_database_backend());
+    let sql = Sql::of(db.get_database_backend());
     let doing = "claiming outbox messages";
     let mut claimed = if sql.backend == DbBackend::MySql {
         let tx = db
@@ -203,7 +181,7 @@ async fn claim(
             values.extend(locked.iter().map(|c| Value::from(c.row)));
             tx.execute_raw(Statement::from_sql_and_values(
                 sql.backend,
-                with_ids(sql.backend, &sql.lease, locked.len()),
+                with_ids(sql.backend, &sql.lease_messages, locked.len()),
                 values,
             ))
             .await
@@ -217,7 +195,7 @@ async fn claim(
     } else {
         db.query_all_raw(Statement::from_sql_and_values(
             sql.backend,
-            &sql.claim,
+            &sql.claim_messages,
             [millis(lease).into(), token.into(), i64::from(batch).into()],
         ))
         .await
@@ -233,7 +211,7 @@ async fn mark_published(db: &DatabaseConnection, rows: &[i64], token: i64) -> Re
     if rows.is_empty() {
         return Ok(());
     }
-    let sql = OutboxSql::of(db.get_database_backend());
+    let sql = Sql::of(db.get_database_backend());
     let mut values: Vec<Value> = vec![token.into()];
     values.extend(rows.iter().map(|&r| Value::from(r)));
     exec(
@@ -256,8 +234,12 @@ async fn mark_failed(
     error: &str,
     delay: Duration,
 ) -> Result<(), Error> {
-    let sql = OutboxSql::of(db.get_database_backend());
-    let state = if dead { state::DEAD } else { state::PENDING };
+    let sql = Sql::of(db.get_database_backend());
+    let state = if dead {
+        outbox_state::DEAD
+    } else {
+        outbox_state::PENDING
+    };
     // Keep the stored error short: it is for an operator's eyes, not a log archive.
     let error: String = error.chars().take(2000).collect();
     exec(
@@ -550,8 +532,9 @@ impl<S: Sink> Relay<S> {
     }
 }
 
-/// On PostgreSQL, a task that turns `NOTIFY idem_outbox` (sent by every stage at commit, from
-/// any process) into a wake-up of this process's relays. It reconnects after failures.
+/// On PostgreSQL, a task that turns each `NOTIFY` on the channel named after the outbox table
+/// (sent by every stage at commit, from any process) into a wake-up of this process's relays.
+/// It reconnects after failures.
 #[allow(unused_variables)]
 fn listen_for_notifications(db: &DatabaseConnection) -> Option<tokio::task::JoinHandle<()>> {
     #[cfg(feature = "postgres")]
@@ -563,7 +546,7 @@ fn listen_for_notifications(db: &DatabaseConnection) -> Option<tokio::task::Join
             loop {
                 let listening = async {
                     let mut listener = PgListener::connect_with(&pool).await?;
-                    listener.listen("idem_outbox").await?;
+                    listener.listen(crate::sql::WAKE_CHANNEL).await?;
                     loop {
                         listener.recv().await?;
                         idem_core::outbox::wake();
@@ -585,10 +568,13 @@ fn listen_for_notifications(db: &DatabaseConnection) -> Option<tokio::task::Join
 /// The outbox's figures for a health endpoint or a metrics scrape: pending messages, the age
 /// of the oldest one (database clock), dead messages. One statement.
 pub async fn outbox_health<C: ConnectionTrait>(db: &C) -> Result<OutboxHealth, Error> {
-    let sql = OutboxSql::of(db.get_database_backend());
+    let sql = Sql::of(db.get_database_backend());
     let doing = "reading the outbox's health";
     let row = db
-        .query_one_raw(Statement::from_string(sql.backend, sql.health.clone()))
+        .query_one_raw(Statement::from_string(
+            sql.backend,
+            sql.outbox_health.clone(),
+        ))
         .await
         .map_err(|e| store_error(doing, e))?
         .ok_or_else(|| Error::store(doing, "no row"))?;
@@ -627,37 +613,27 @@ pub async fn dead_messages<C: ConnectionTrait>(
     db: &C,
     limit: u32,
 ) -> Result<Vec<DeadMessage>, Error> {
-    let sql = OutboxSql::of(db.get_database_backend());
-    let doing = "listing dead outbox messages";
-    let rows = db
-        .query_all_raw(Statement::from_sql_and_values(
-            sql.backend,
-            &sql.list_dead,
-            [i64::from(limit).into()],
-        ))
-        .await
-        .map_err(|e| store_error(doing, e))?;
-    rows.iter()
-        .map(|row| {
-            let attempts: i32 = row.try_get_by_index(4)?;
-            Ok(DeadMessage {
-                id: row.try_get_by_index(0)?,
-                topic: row.try_get_by_index(1)?,
-                aggregate: row.try_get_by_index(2)?,
-                aggregate_seq: row.try_get_by_index(3)?,
-                attempts: u32::try_from(attempts).unwrap_or(0),
-                last_error: row.try_get_by_index(5)?,
-                created_at_ms: row.try_get_by_index(6)?,
-            })
+    let sql = &Sql::of(db.get_database_backend()).list_dead;
+    list_rows(db, sql, limit, "listing dead outbox messages", |row| {
+        let (id, topic, aggregate, aggregate_seq, attempts, last_error, created_at_ms) =
+            row.try_get_many_by_index::<(_, _, _, _, i32, _, _)>()?;
+        Ok(DeadMessage {
+            id,
+            topic,
+            aggregate,
+            aggregate_seq,
+            attempts: u32::try_from(attempts).unwrap_or(0),
+            last_error,
+            created_at_ms,
         })
-        .collect::<Result<_, sea_orm::DbErr>>()
-        .map_err(|e| store_error(doing, e))
+    })
+    .await
 }
 
 /// Puts a dead message back in line with fresh attempts; `false` if no dead message has that
 /// id.
 pub async fn retry_dead<C: ConnectionTrait>(db: &C, message_id: &str) -> Result<bool, Error> {
-    let sql = OutboxSql::of(db.get_database_backend());
+    let sql = Sql::of(db.get_database_backend());
     let retried = exec(db, sql.backend, &sql.retry_dead, vec![message_id.into()])
         .await
         .map_err(|e| store_error("retrying a dead outbox message", e))?;
@@ -674,7 +650,7 @@ pub async fn purge_published<C: ConnectionTrait>(
     retention: Duration,
     batch: u32,
 ) -> Result<u64, Error> {
-    let sql = OutboxSql::of(db.get_database_backend());
+    let sql = Sql::of(db.get_database_backend());
     let batch = batch.max(1);
     let mut total = 0;
     loop {
@@ -695,7 +671,8 @@ pub async fn purge_published<C: ConnectionTrait>(
     }
 }
 
-/// Where a consumer records the messages it gave up on: the `idem_dead_letters` table.
+/// Where a consumer records the messages it gave up on: the dead-letter table,
+/// [`DEAD_LETTERS_TABLE`](crate::DEAD_LETTERS_TABLE).
 #[derive(Debug, Clone)]
 pub struct DeadLetterTable {
     db: DatabaseConnection,
@@ -710,7 +687,7 @@ impl DeadLetterTable {
 
 impl idem_core::outbox::DeadLetters for DeadLetterTable {
     async fn record(&self, letter: &idem_core::outbox::DeadLetter<'_>) -> Result<(), Error> {
-        let sql = OutboxSql::of(self.db.get_database_backend());
+        let sql = Sql::of(self.db.get_database_backend());
         let values = vec![
             letter.consumer.into(),
             letter.message_id.into(),

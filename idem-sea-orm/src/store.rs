@@ -11,11 +11,8 @@ use sea_orm::{
     SqliteTransactionMode, Statement, TransactionOptions, TransactionTrait, Value,
 };
 
-use crate::dialect::{Dialect, millis};
 use crate::error::{Failure, classify, store_error};
-
-const SAVEPOINT: &str = "SAVEPOINT idem_claim";
-const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT idem_claim";
+use crate::sql::{Sql, millis};
 
 /// The ledger on a SeaORM connection (SQLite, PostgreSQL, MySQL/MariaDB).
 ///
@@ -34,8 +31,29 @@ impl<'c> SeaOrmStore<'c> {
     }
 }
 
-pub(crate) fn statement(dialect: &Dialect, sql: &str, values: Vec<Value>) -> Statement {
-    Statement::from_sql_and_values(dialect.backend, sql, values)
+pub(crate) fn statement(statements: &Sql, sql: &str, values: Vec<Value>) -> Statement {
+    Statement::from_sql_and_values(statements.backend, sql, values)
+}
+
+/// Runs `sql`, which binds a row limit, and reads each row it returns with `read`; an error
+/// says it happened while `doing`.
+pub(crate) async fn list_rows<C: ConnectionTrait, T>(
+    db: &C,
+    sql: &str,
+    limit: u32,
+    doing: &str,
+    read: impl Fn(&QueryResult) -> Result<T, DbErr>,
+) -> Result<Vec<T>, Error> {
+    let list =
+        Statement::from_sql_and_values(db.get_database_backend(), sql, [i64::from(limit).into()]);
+    let rows = db
+        .query_all_raw(list)
+        .await
+        .map_err(|e| store_error(doing, e))?;
+    rows.iter()
+        .map(read)
+        .collect::<Result<_, DbErr>>()
+        .map_err(|e| store_error(doing, e))
 }
 
 /// A ledger row's values, in the order every statement that writes a whole row binds them:
@@ -191,7 +209,7 @@ async fn try_claim(
     db: &DatabaseConnection,
     step: &ClaimStep,
 ) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
-    let d = Dialect::of(db.get_database_backend());
+    let d = Sql::of(db.get_database_backend());
     let tx = begin(db)
         .await
         .map_err(|e| ("beginning the claim transaction", e))?;
@@ -275,7 +293,7 @@ async fn try_claim(
 /// expired record this claim takes over.
 async fn settle(
     tx: DatabaseTransaction,
-    d: &Dialect,
+    d: &Sql,
     row: Row,
     step: &ClaimStep,
 ) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
@@ -332,7 +350,8 @@ async fn savepoint(
     step: &ClaimStep,
 ) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
     if step.savepoint {
-        tx.execute_unprepared(SAVEPOINT)
+        let sql = &Sql::of(tx.get_database_backend()).savepoint;
+        tx.execute_unprepared(sql)
             .await
             .map_err(|e| ("taking the claim savepoint", e))?;
     }
@@ -347,9 +366,9 @@ async fn record_step(
     values: Vec<Value>,
     undo_body: bool,
 ) -> Result<(), Error> {
-    let d = Dialect::of(tx.get_database_backend());
+    let d = Sql::of(tx.get_database_backend());
     if undo_body {
-        tx.execute_unprepared(ROLLBACK_TO_SAVEPOINT)
+        tx.execute_unprepared(&d.rollback_to_savepoint)
             .await
             .map_err(|e| store_error("rolling back the handler's writes", e))?;
     }
@@ -381,7 +400,7 @@ impl Store for SeaOrmStore<'_> {
         let step = ClaimStep {
             id: req.id().to_vec(),
             // SQLite claims by a read: its claim binds nothing but the id.
-            insert: if Dialect::of(self.db.get_database_backend()).claim_by_read {
+            insert: if Sql::of(self.db.get_database_backend()).claim_by_read {
                 Vec::new()
             } else {
                 ledger_row(req, owner, req.ttl())
@@ -402,7 +421,7 @@ impl Store for SeaOrmStore<'_> {
         status: RecordStatus,
         payload: &[u8],
     ) -> Result<(), Error> {
-        let values = if Dialect::of(self.db.get_database_backend()).claim_by_read {
+        let values = if Sql::of(self.db.get_database_backend()).claim_by_read {
             // The claim wrote nothing: the record writes the whole row.
             let mut row = ledger_row(req, owner, req.ttl());
             row.extend([status.code().into(), payload.to_vec().into()]);
