@@ -142,9 +142,8 @@ async fn claim(
             // The holder's lease ended: take over with the next token, resume after its steps.
             let token = row.owner.wrapping_add(1);
             take_over(&tx, d, token, fingerprint, lease_ms, &id).await?;
-            let sql = d;
             let steps = tx
-                .query_all_raw(statement(d, &sql.select_steps, vec![id.to_vec().into()]))
+                .query_all_raw(statement(d, &d.select_steps, vec![id.to_vec().into()]))
                 .await
                 .and_then(|rows| {
                     rows.iter()
@@ -160,8 +159,7 @@ async fn claim(
         _ => {
             // An expired record (or an unknown state): a new execution.
             take_over(&tx, d, owner, fingerprint, lease_ms, &id).await?;
-            let sql = d;
-            tx.execute_raw(statement(d, &sql.delete_steps, vec![id.to_vec().into()]))
+            tx.execute_raw(statement(d, &d.delete_steps, vec![id.to_vec().into()]))
                 .await
                 .map_err(failed)?;
             LeaseClaim::Execute {
