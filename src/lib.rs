@@ -133,6 +133,7 @@ pub mod store {
     }
 
     #[cfg(feature = "sea-orm")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sea-orm")))]
     impl IntoStore for idem_sea_orm::sea_orm::DatabaseConnection {
         type Store<'a> = idem_sea_orm::SeaOrmStore<'a>;
         fn store(&self) -> Self::Store<'_> {
@@ -167,6 +168,7 @@ pub mod store {
     }
 
     #[cfg(feature = "sea-orm")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sea-orm")))]
     impl IntoLeaseStore for idem_sea_orm::sea_orm::DatabaseConnection {
         fn lease_store(&self) -> std::sync::Arc<dyn LeaseStore> {
             std::sync::Arc::new(idem_sea_orm::SeaOrmLeaseStore::new(self.clone()))
@@ -249,6 +251,7 @@ pub mod axum {
 #[cfg_attr(docsrs, doc(cfg(feature = "sea-orm")))]
 pub mod sea_orm {
     #[cfg(feature = "migration")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "migration")))]
     pub use idem_sea_orm::Migration;
     pub use idem_sea_orm::{
         ConditionalUpdate, DEAD_LETTERS_TABLE, DeadLetterTable, DeadMessage, ExpiredLease,
@@ -258,6 +261,7 @@ pub mod sea_orm {
         placeholders, purge_expired, purge_published, retry_dead,
     };
     #[cfg(feature = "migration")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "migration")))]
     pub use idem_sea_orm::{LeaseMigration, OutboxMigration, migrations};
 }
 

@@ -1,4 +1,4 @@
-//! The axum 0.8 adapter of [`idem`](https://docs.rs/idem): the `Idempotency-Key` header,
+//! The axum 0.8 adapter of [`idem`](https://docs.rs/idempotence): the `Idempotency-Key` header,
 //! problem+json errors, replay-aware responses and `If-Match`, as the IETF Idempotency-Key
 //! draft and RFC 9110 describe them. Applications use it as `idem::axum` (feature `axum`).
 //!

@@ -1,11 +1,14 @@
-//! Runtime of [`idem`](https://docs.rs/idem): validated keys, canonical fingerprints, the
+//! Runtime of [`idem`](https://docs.rs/idempotence): validated keys, canonical fingerprints, the
 //! error type, outcomes, the [`Store`] and [`LeaseStore`] contracts, the store-independent
 //! engine that `#[idempotent]` expands to ([`atomic::run`], [`lease::run_lease`]), and the
 //! broker-independent halves of messaging: the outbox's [`Sink`](outbox::Sink) and the
 //! [`inbox`]'s runner. It knows no database and no transport: SQL lives in `idem-sea-orm`,
 //! the axum adapter in `idem-axum`, JetStream in `idem-nats`.
 //!
-//! Applications use the `idem` crate, which re-exports what is public here.
+//! Applications use the `idempotence` crate (imported as `idem`), which re-exports what is
+//! public here.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod atomic;
 pub mod call;

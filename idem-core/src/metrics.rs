@@ -121,6 +121,7 @@ mod enabled {
 /// Registers the help text and unit of idem's metrics with the installed recorder (the
 /// `# HELP` lines of a Prometheus scrape). Optional: the metrics are recorded without it.
 #[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub fn describe() {
     ::metrics::describe_counter!(
         CALLS_TOTAL,

@@ -1,5 +1,6 @@
-//! Implementation detail of [`idem`](https://docs.rs/idem): the `#[idempotent]` attribute.
-//! Use it through the `idem` crate, whose docs describe it in full.
+//! Implementation detail of [`idem`](https://docs.rs/idempotence): the `#[idempotent]` attribute.
+//! Use it through the `idempotence` crate (imported as `idem`), whose docs describe it in
+//! full.
 
 mod args;
 mod expand;
@@ -9,7 +10,7 @@ use proc_macro::TokenStream;
 use proc_macro2::{Span, TokenStream as TokenStream2};
 use syn::Error;
 
-/// Makes an `async fn` safe to retry. See the `idem` crate for the full documentation.
+/// Makes an `async fn` safe to retry. See the `idempotence` crate for the full documentation.
 #[proc_macro_attribute]
 pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
     let output = idempotent_impl(attr.into(), item.into());

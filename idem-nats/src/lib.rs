@@ -1,4 +1,4 @@
-//! NATS JetStream for [`idem`](https://docs.rs/idem), on both sides of the outbox:
+//! NATS JetStream for [`idem`](https://docs.rs/idempotence), on both sides of the outbox:
 //! [`JetStreamSink`] publishes relayed messages with `Nats-Msg-Id` (JetStream drops
 //! duplicates within the stream's window), and [`JetStreamSource`] is a durable pull consumer
 //! as an inbox [`Source`](idem_core::inbox::Source): the inbox's

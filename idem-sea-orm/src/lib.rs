@@ -1,4 +1,4 @@
-//! The SeaORM ledger store of [`idem`](https://docs.rs/idem).
+//! The SeaORM ledger store of [`idem`](https://docs.rs/idempotence).
 //!
 //! - [`create_tables`] creates the ledger (or use `Migration` in your own Migrator, with the
 //!   `migration` feature);
@@ -25,6 +25,8 @@
 //!
 //! Expiry is always computed on the database's clock, never the application's.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod error;
 mod lease;
 mod outbox;
@@ -38,6 +40,7 @@ mod migration;
 
 pub use lease::{ExpiredLease, SeaOrmLeaseStore, expired_leases, final_step};
 #[cfg(feature = "migration")]
+#[cfg_attr(docsrs, doc(cfg(feature = "migration")))]
 pub use migration::{LeaseMigration, Migration, OutboxMigration, migrations};
 pub use outbox::{
     DeadLetterTable, DeadMessage, Outbox, Relay, RelayCounters, RelayRound, dead_messages,
