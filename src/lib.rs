@@ -254,11 +254,11 @@ pub mod sea_orm {
     #[cfg_attr(docsrs, doc(cfg(feature = "migration")))]
     pub use idem_sea_orm::Migration;
     pub use idem_sea_orm::{
-        ConditionalUpdate, DEAD_LETTERS_TABLE, DeadLetterTable, DeadMessage, ExpiredLease,
-        ExpiredPurge, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, Outbox, Relay, RelayCounters,
-        RelayRound, STEPS_TABLE, SeaOrmLeaseStore, SeaOrmStore, Stateful, create_tables,
-        database_now_ms, dead_messages, expired_leases, final_step, ledger, outbox_health,
-        placeholders, purge_expired, purge_published, retry_dead,
+        ClaimedTx, ConditionalUpdate, DEAD_LETTERS_TABLE, DeadLetterTable, DeadMessage,
+        ExpiredLease, ExpiredPurge, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, Outbox, Relay,
+        RelayCounters, RelayRound, STEPS_TABLE, SeaOrmLeaseStore, SeaOrmStore, Stateful,
+        create_tables, database_now_ms, dead_messages, expired_leases, final_step, ledger,
+        outbox_health, placeholders, purge_expired, purge_published, retry_dead,
     };
     #[cfg(feature = "migration")]
     #[cfg_attr(docsrs, doc(cfg(feature = "migration")))]

@@ -50,7 +50,7 @@ pub use sql::{
     DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE, placeholders,
 };
 pub use state::{ConditionalUpdate, Stateful};
-pub use store::SeaOrmStore;
+pub use store::{ClaimedTx, SeaOrmStore};
 
 pub use sea_orm;
 
