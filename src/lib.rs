@@ -226,6 +226,18 @@ pub mod lease {
     pub use idem_core::{BoxFuture, LeaseClaim, LeaseStore, Ticket};
 }
 
+/// Finishing lease-mode calls their clients abandoned: a resumable handler
+/// (`#[idempotent(..., lease = "30s", resumable)]`) stores its arguments with its claim, and a
+/// completer ([`sea_orm::Completer`] on SeaORM) takes over calls whose lease ended, runs the
+/// resumer registered for their scope, and gives a call up after its last attempt; see
+/// [`idem_core::completer`].
+pub mod completer {
+    pub use idem_core::completer::{
+        Completer, DEFAULT_MAX_ATTEMPTS, Due, GaveUp, HOOK_RETRY, MAX_STORED_ARGS, ResumeStore,
+        Resumed, Round, Steps, StoredCall,
+    };
+}
+
 /// HTTP glue for axum 0.8 (the IETF Idempotency-Key draft; the `idem-axum` crate): the
 /// `Idempotency-Key` extractor, problem+json errors with the draft's statuses
 /// ([`Problem`](axum::Problem): `Problem::from(e).into_response()` answers an [`Error`]),
@@ -254,15 +266,15 @@ pub mod sea_orm {
     #[cfg_attr(docsrs, doc(cfg(feature = "migration")))]
     pub use idem_sea_orm::Migration;
     pub use idem_sea_orm::{
-        ClaimedTx, ConditionalUpdate, DEAD_LETTERS_TABLE, DeadLetterTable, DeadMessage,
-        ExpiredLease, ExpiredPurge, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, Outbox, Relay,
-        RelayCounters, RelayRound, STEPS_TABLE, SeaOrmLeaseStore, SeaOrmStore, Stateful,
-        create_tables, database_now_ms, dead_messages, expired_leases, final_step, ledger,
-        outbox_health, placeholders, purge_expired, purge_published, retry_dead,
+        CALLS_TABLE, ClaimedTx, Completer, ConditionalUpdate, DEAD_LETTERS_TABLE, DeadLetterTable,
+        DeadMessage, ExpiredLease, ExpiredPurge, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE,
+        Outbox, Relay, RelayCounters, RelayRound, STEPS_TABLE, SeaOrmLeaseStore, SeaOrmStore,
+        Stateful, create_tables, database_now_ms, dead_messages, expired_leases, final_step,
+        ledger, outbox_health, placeholders, purge_expired, purge_published, retry_dead,
     };
     #[cfg(feature = "migration")]
     #[cfg_attr(docsrs, doc(cfg(feature = "migration")))]
-    pub use idem_sea_orm::{LeaseMigration, OutboxMigration, migrations};
+    pub use idem_sea_orm::{CompleterMigration, LeaseMigration, OutboxMigration, migrations};
 }
 
 /// What `#[idempotent]` expands to. Not public API: it changes without notice.

@@ -299,6 +299,8 @@ impl From<&Error> for Problem {
             ErrorKind::PreconditionRequired => ("Precondition required", e.to_string()),
             ErrorKind::PreconditionFailed => ("Precondition failed", e.to_string()),
             ErrorKind::InvalidPrecondition => ("Invalid precondition", e.to_string()),
+            ErrorKind::ArgumentsTooLarge => ("Request too large to resume", e.to_string()),
+            ErrorKind::GaveUp => ("Request given up", e.to_string()),
             ErrorKind::Store => (
                 "Service unavailable",
                 "the idempotency store is unavailable; retry later".to_owned(),

@@ -9,7 +9,8 @@ use std::time::Duration;
 use crate::error::{BoxError, Error};
 use crate::fingerprint::{Fingerprint, FingerprintError, Fingerprinter};
 use crate::handler::{
-    Finality, Fingerprintable, HandlerError, HandlerOutput, Record, Replayable, Verdict, verdict,
+    Finality, Fingerprintable, HandlerError, HandlerOutput, Record, Replayable, StoredArgument,
+    Verdict, verdict,
 };
 use crate::ids::{KeyHash, derived_key, record_id};
 use crate::key::Key;
@@ -64,6 +65,8 @@ pub struct Call {
     principal: Result<Option<Key>, Error>,
     fingerprint: Fingerprinter,
     fingerprint_error: Option<FingerprintError>,
+    /// A resumable call's arguments, as a JSON array being written (`None` for others).
+    stored: Option<Result<Vec<u8>, String>>,
 }
 
 impl Call {
@@ -75,6 +78,20 @@ impl Call {
             principal: Ok(None),
             fingerprint: Fingerprinter::new(site.scope),
             fingerprint_error: None,
+            stored: None,
+        }
+    }
+
+    /// Adds an argument to those stored with a resumable call's claim (a JSON array, in the
+    /// order they are added), from which a completer rebuilds the call.
+    pub fn store_arg<T: StoredArgument>(&mut self, value: &T) {
+        let stored = self.stored.get_or_insert_with(|| Ok(vec![b'[']));
+        let Ok(bytes) = stored else { return };
+        if bytes.len() > 1 {
+            bytes.push(b',');
+        }
+        if let Err(e) = serde_json::to_writer(&mut *bytes, value) {
+            *stored = Err(e.to_string());
         }
     }
 
@@ -117,6 +134,10 @@ impl Call {
         if let Some(e) = self.fingerprint_error {
             return Err(e.into_error(site.scope));
         }
+        let stored_args = self
+            .stored
+            .map(|stored| stored_args(site.scope, stored))
+            .transpose()?;
         let id = record_id(
             site.scope,
             principal.as_ref().map_or("", Key::as_str),
@@ -139,8 +160,27 @@ impl Call {
             id,
             savepoint,
             span,
+            stored_args,
         })
     }
+}
+
+/// Closes a resumable call's argument array and checks its size.
+fn stored_args(scope: &str, stored: Result<Vec<u8>, String>) -> Result<Vec<u8>, Error> {
+    let mut bytes = stored.map_err(|message| Error::Fingerprint {
+        scope: scope.to_owned(),
+        message: format!("the arguments cannot be stored for resuming: {message}"),
+    })?;
+    bytes.push(b']');
+    let limit = crate::completer::MAX_STORED_ARGS;
+    if bytes.len() > limit {
+        return Err(Error::ArgumentsTooLarge {
+            scope: scope.to_owned(),
+            size: bytes.len(),
+            limit,
+        });
+    }
+    Ok(bytes)
 }
 
 /// A call whose key, principal and fingerprint passed their checks: what a store claims,
@@ -155,6 +195,7 @@ pub struct Request {
     id: [u8; 32],
     savepoint: bool,
     span: tracing::Span,
+    stored_args: Option<Vec<u8>>,
 }
 
 impl Request {
@@ -197,6 +238,12 @@ impl Request {
     /// back the handler's writes and still record itself.
     pub fn savepoint(&self) -> bool {
         self.savepoint
+    }
+
+    /// A resumable call's arguments (a JSON array), which the store keeps with the claim so
+    /// that a completer can rebuild the call; `None` for a call that is not resumable.
+    pub fn stored_args(&self) -> Option<&[u8]> {
+        self.stored_args.as_deref()
     }
 
     /// The key step `step` of this call sends downstream ([`derived_key`]).
@@ -289,6 +336,12 @@ impl Request {
             RecordStatus::Failed => Err(decode_error(
                 "a final error was recorded, but the handler's error type no longer implements `idem::FinalError`".into(),
             )),
+            // A give-up is answered as an error of idem's, the same on every retry.
+            RecordStatus::GaveUp => Ok(Err(crate::completer::gave_up_error(
+                scope,
+                &recorded.payload,
+            )
+            .into())),
             _ => Err(self.in_flight(RETRY_AFTER)),
         };
         match replay {

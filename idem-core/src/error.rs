@@ -170,6 +170,35 @@ pub enum Error {
         /// What is wrong with it.
         problem: String,
     },
+    /// A resumable call's arguments are too large to store with its claim
+    /// ([`MAX_STORED_ARGS`](crate::completer::MAX_STORED_ARGS)). Raised before any database
+    /// work; nothing was claimed.
+    #[error(
+        "the arguments of a resumable call in scope `{scope}` take {size} bytes; at most {limit} are stored with a claim: pass a reference to large data (an id) instead of the data"
+    )]
+    ArgumentsTooLarge {
+        /// Scope of the call.
+        scope: String,
+        /// Size of the serialised arguments in bytes.
+        size: usize,
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// A resumable call was given up: a completer tried it `attempts` times without finishing
+    /// it (or its stored arguments no longer rebuild the call). The give-up is recorded, and
+    /// every retry with the same key gets this answer; the application's give-up hook was
+    /// told (to compensate: refund a charge, alert someone). Retrying needs a new key.
+    #[error(
+        "the call in scope `{scope}` was given up after {attempts} attempts ({reason}); it will not be completed: retry with a new idempotency key"
+    )]
+    GaveUp {
+        /// Scope of the call.
+        scope: String,
+        /// How many times a completer tried it.
+        attempts: u32,
+        /// The last attempt's error.
+        reason: String,
+    },
     /// The store (database) failed. No partial effects were committed.
     #[error("idempotency store failed: {message}")]
     Store {
@@ -211,6 +240,10 @@ pub enum ErrorKind {
     PreconditionFailed,
     /// See [`Error::InvalidPrecondition`].
     InvalidPrecondition,
+    /// See [`Error::ArgumentsTooLarge`].
+    ArgumentsTooLarge,
+    /// See [`Error::GaveUp`].
+    GaveUp,
     /// See [`Error::Store`].
     Store,
 }
@@ -232,6 +265,8 @@ impl ErrorKind {
             Self::PreconditionRequired => "precondition-required",
             Self::PreconditionFailed => "precondition-failed",
             Self::InvalidPrecondition => "invalid-precondition",
+            Self::ArgumentsTooLarge => "arguments-too-large",
+            Self::GaveUp => "gave-up",
             Self::Store => "store",
         }
     }
@@ -244,9 +279,14 @@ impl ErrorKind {
             Self::PreconditionFailed => 412,
             Self::PreconditionRequired => 428,
             Self::KeyReused => 422,
+            Self::ArgumentsTooLarge => 413,
             Self::InFlight | Self::InvalidTransition | Self::LeaseLost => 409,
             Self::Store => 503,
-            Self::Decode | Self::Encode | Self::Fingerprint | Self::InvalidMessage => 500,
+            Self::Decode
+            | Self::Encode
+            | Self::Fingerprint
+            | Self::InvalidMessage
+            | Self::GaveUp => 500,
         }
     }
 }
@@ -268,6 +308,8 @@ impl Error {
             Self::PreconditionRequired => ErrorKind::PreconditionRequired,
             Self::PreconditionFailed { .. } => ErrorKind::PreconditionFailed,
             Self::InvalidPrecondition { .. } => ErrorKind::InvalidPrecondition,
+            Self::ArgumentsTooLarge { .. } => ErrorKind::ArgumentsTooLarge,
+            Self::GaveUp { .. } => ErrorKind::GaveUp,
             Self::Store { .. } => ErrorKind::Store,
         }
     }

@@ -63,6 +63,18 @@ pub trait Fingerprintable: Serialize {}
 #[diagnostic::do_not_recommend] // report `T: Fingerprintable` (with its note), not `Serialize`
 impl<T: Serialize + ?Sized> Fingerprintable for T {}
 
+/// An argument of a resumable handler (`#[idempotent(..., lease, resumable)]`): stored with
+/// the claim as JSON and read back by a completer that rebuilds the call, so serde must
+/// write it and read it back into an owned value.
+#[diagnostic::on_unimplemented(
+    message = "argument of type `{Self}` cannot be stored for a resumable call",
+    label = "a completer rebuilds the call from this argument",
+    note = "derive `serde::Serialize` and `serde::Deserialize` for an owned type (`String`, not `&str`), or leave the argument out with `skip(<name>)` and supply it in the completer's resumer"
+)]
+pub trait StoredArgument: Serialize + DeserializeOwned {}
+#[diagnostic::do_not_recommend] // report `T: StoredArgument` (with its note), not each serde trait
+impl<T: Serialize + DeserializeOwned> StoredArgument for T {}
+
 /// An error type whose deterministic failures (card declined, invalid transition) are
 /// recorded and replayed like results, instead of releasing the key.
 ///

@@ -12,6 +12,7 @@
 
 pub mod atomic;
 pub mod call;
+pub mod completer;
 mod error;
 mod fingerprint;
 mod flight;
@@ -42,4 +43,5 @@ pub use store::{
 };
 
 pub use call::Request;
+pub use completer::{Completer, GaveUp, ResumeStore, Resumed};
 pub use handler::FinalError;

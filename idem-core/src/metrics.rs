@@ -8,6 +8,7 @@
 //! |---|---|---|---|
 //! | `idem_calls_total` | counter | `scope`, `outcome` | calls answered, by outcome |
 //! | `idem_call_duration_seconds` | histogram | `scope`, `outcome` | time from the call to its answer, in seconds |
+//! | `idem_completer_total` | counter | `scope`, `outcome` | what [completers](crate::completer) did: `resumed`, `finished`, `failed`, `gave_up`, `unregistered` |
 //!
 //! `outcome` is one of:
 //!
@@ -24,6 +25,12 @@
 //! A call whose future is dropped before its answer (a client that went away) is not
 //! counted. Without the feature nothing here is compiled: no clock reads, no task-local.
 
+/// Counter of what completers did, labelled `scope` and `outcome`: `resumed` (an abandoned
+/// call was taken over), `finished` (an attempt ended with the call's answer recorded),
+/// `failed` (an attempt did not finish it; retried after a backoff), `gave_up` (the call was
+/// given up), `unregistered` (calls whose lease ended have no resumer in this process; counted
+/// once a minute per scope).
+pub const COMPLETER_TOTAL: &str = "idem_completer_total";
 /// Counter of answered calls, labelled `scope` and `outcome`.
 pub const CALLS_TOTAL: &str = "idem_calls_total";
 /// Histogram of call latency in seconds, labelled `scope` and `outcome`.
@@ -91,6 +98,12 @@ mod enabled {
         });
     }
 
+    /// Counts a completer outcome for `scope`.
+    pub(crate) fn completer(scope: &str, outcome: &'static str) {
+        ::metrics::counter!(super::COMPLETER_TOTAL, "scope" => scope.to_owned(), "outcome" => outcome)
+            .increment(1);
+    }
+
     /// Runs one call of `scope` and counts it with its latency: the one place the engine
     /// emits metrics.
     pub(crate) fn observe<F: Future>(
@@ -132,6 +145,10 @@ pub fn describe() {
         ::metrics::Unit::Seconds,
         "Time from an idempotent call to its answer, by scope and outcome"
     );
+    ::metrics::describe_counter!(
+        COMPLETER_TOTAL,
+        "What completers did with abandoned lease-mode calls, by scope and outcome"
+    );
 }
 
 #[cfg(not(feature = "metrics"))]
@@ -143,6 +160,9 @@ mod enabled {
     #[inline(always)]
     pub(crate) fn note(_label: Label) {}
 
+    #[inline(always)]
+    pub(crate) fn completer(_scope: &str, _outcome: &'static str) {}
+
     /// Without the feature the call is returned as it is: nothing wraps it.
     #[inline(always)]
     pub(crate) fn observe<F: Future>(_scope: &'static str, call: F) -> F {
@@ -150,4 +170,4 @@ mod enabled {
     }
 }
 
-pub(crate) use enabled::{note, observe};
+pub(crate) use enabled::{completer, note, observe};

@@ -69,6 +69,9 @@ pub enum RecordStatus {
     Completed,
     /// A final `Err(error)` was recorded.
     Failed,
+    /// A completer gave the call up ([`Error::GaveUp`]); the payload says how often it
+    /// tried and why it failed.
+    GaveUp,
 }
 
 impl RecordStatus {
@@ -78,6 +81,7 @@ impl RecordStatus {
             Self::Pending => 0,
             Self::Completed => 1,
             Self::Failed => 2,
+            Self::GaveUp => 3,
         }
     }
 
@@ -87,6 +91,7 @@ impl RecordStatus {
             0 => Some(Self::Pending),
             1 => Some(Self::Completed),
             2 => Some(Self::Failed),
+            3 => Some(Self::GaveUp),
             _ => None,
         }
     }

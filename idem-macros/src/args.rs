@@ -20,6 +20,9 @@ pub(crate) struct Args {
     pub(crate) policy: Policy,
     /// `lease` / `lease = "30s"`: lease mode, with this lease in milliseconds.
     pub(crate) lease_ms: Option<u64>,
+    /// `resumable`: the call's arguments are stored with its claim, so a completer can
+    /// finish it (lease mode only).
+    pub(crate) resumable: Option<Span>,
     pub(crate) conn: Option<Conn>,
     pub(crate) krate: Option<Path>,
     /// Where a bare `on_concurrent = wait` was written: lease mode refuses it.
@@ -145,6 +148,18 @@ const ARGUMENTS: &[Argument] = &[
         args.lease_ms = Some(duration_ms(&lease, "lease", zero)?);
         Ok(())
     }),
+    arg(
+        "resumable",
+        &["resume", "durable", "complete"],
+        |input, args| {
+            if input.peek(Token![=]) {
+                return Err(input.error("`resumable` takes no value: write `resumable`"));
+            }
+            // Where the word is written is set by `parse`, which sees the name's span.
+            args.resumable = Some(Span::call_site());
+            Ok(())
+        },
+    ),
     arg("conn", &["db", "store", "connection"], |input, args| {
         args.conn = Some(conn(value(input)?.parse()?)?);
         Ok(())
@@ -172,6 +187,7 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Vec<syn::Error>) -> Option<A
         ttl_ms: 24 * 3_600_000,
         policy: Policy::Wait { bound_ms: None },
         lease_ms: None,
+        resumable: None,
         conn: None,
         krate: None,
         bare_wait: None,
@@ -192,7 +208,12 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Vec<syn::Error>) -> Option<A
         // as an unparsed token when the whole list ends.
         let speculative = meta.input.fork();
         match parse(&speculative, &mut args) {
-            Ok(()) => meta.input.advance_to(&speculative),
+            Ok(()) => {
+                meta.input.advance_to(&speculative);
+                if name == "resumable" {
+                    args.resumable = Some(meta.path.span());
+                }
+            }
             Err(error) => {
                 errors.push(error);
                 skip_value(meta.input)?;
@@ -214,6 +235,10 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Vec<syn::Error>) -> Option<A
             let message = format!("missing `{name}`: {fix}, e.g. `{example}`");
             errors.push(syn::Error::new(Span::call_site(), message));
         }
+    }
+    if let (Some(span), None) = (args.resumable, args.lease_ms) {
+        let message = "`resumable` needs lease mode: add `lease = \"30s\"` (an atomic-mode call needs no completer: a crash rolls it back)";
+        errors.push(syn::Error::new(span, message));
     }
     if given.contains(&"lease") {
         if let Some(span) = args.bare_wait {

@@ -298,6 +298,12 @@ pub(crate) fn expand(
         let call = key(principal);
         quote!(__idem_call.principal(#call);)
     });
+    // A resumable call also stores each fingerprinted argument, for a completer to rebuild
+    // the call from: its type must read back (the bound is checked at the parameter's type).
+    let store_arg = args
+        .resumable
+        .filter(|_| args.lease_ms.is_some())
+        .map(|_| quote!(#p::Call::store_arg));
     let arg = quote!(#p::Call::arg);
     let fingerprint_args = fingerprinted.iter().map(|Fingerprinted { name, ty }| {
         let name = Ident::new(&name.to_string(), name.span().located_at(ty.last));
@@ -305,7 +311,15 @@ pub(crate) fn expand(
         // The call carries the user's spans, so clippy sees `_name` used as user code.
         let underscored = name.to_string().starts_with('_');
         let allow = underscored.then(|| quote!(#[allow(clippy::used_underscore_binding)]));
-        quote!(#allow #call;)
+        let stored = store_arg.as_ref().map(|store_arg| {
+            let call = ty.call_with_borrow(
+                store_arg,
+                &quote!(&mut __idem_call,),
+                &name.to_token_stream(),
+            );
+            quote!(#allow #call;)
+        });
+        quote!(#allow #call; #stored)
     });
     let conn_span = Span::call_site().located_at(conn_expr.span());
     let conn = Ident::new("__idem_conn", conn_span);

@@ -33,6 +33,11 @@ impl SeaOrmLeaseStore {
     pub fn new(db: DatabaseConnection) -> Self {
         Self { db }
     }
+
+    /// The connection.
+    pub(crate) fn db(&self) -> &DatabaseConnection {
+        &self.db
+    }
 }
 
 /// Locks the ledger row of `ticket` in `tx` and checks the ticket still holds it.
@@ -84,9 +89,14 @@ async fn insert_step(
     .map_err(|e| store_error("recording a step", e))
 }
 
+/// A resumable call's row in the calls table, written with its claim: binds id, scope,
+/// args, ttl_ms.
+type StoredCallRow = Vec<Value>;
+
 async fn claim(
     db: DatabaseConnection,
     values: Vec<Value>,
+    stored_call: Option<StoredCallRow>,
     id: [u8; 32],
     owner: i64,
     fingerprint: idem_core::Fingerprint,
@@ -107,7 +117,18 @@ async fn claim(
         .ok_or_else(|| Error::store(doing, "the claimed ledger row is missing"))?;
     let row = read_row(&row).map_err(failed)?;
     let ticket = |token: i64, now_ms: i64| Ticket::new(id, token, now_ms + lease_ms);
+    // A new execution stores a resumable call's arguments in the claim's transaction: there is
+    // never a claim a completer cannot rebuild.
+    let store_call = async |tx: &DatabaseTransaction| match stored_call {
+        Some(row) => tx
+            .execute_raw(statement(d, &d.insert_call, row))
+            .await
+            .map(drop)
+            .map_err(failed),
+        None => Ok(()),
+    };
     if row.owner == owner {
+        store_call(&tx).await?;
         tx.commit().await.map_err(failed)?;
         return Ok(LeaseClaim::Execute {
             ticket: ticket(owner, row.now_ms),
@@ -131,7 +152,7 @@ async fn claim(
                 u64::try_from(row.expires_at_ms - row.now_ms).unwrap_or(0),
             ),
         },
-        Some(RecordStatus::Completed | RecordStatus::Failed) if live => {
+        Some(RecordStatus::Completed | RecordStatus::Failed | RecordStatus::GaveUp) if live => {
             LeaseClaim::Recorded(Recorded {
                 fingerprint: row.fingerprint,
                 status: row.status.unwrap_or(RecordStatus::Completed),
@@ -162,6 +183,7 @@ async fn claim(
             tx.execute_raw(statement(d, &d.delete_steps, vec![id.to_vec().into()]))
                 .await
                 .map_err(failed)?;
+            store_call(&tx).await?;
             LeaseClaim::Execute {
                 ticket: ticket(owner, row.now_ms),
                 steps: Vec::new(),
@@ -226,9 +248,18 @@ impl LeaseStore for SeaOrmLeaseStore {
         lease: Duration,
     ) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
         let owner = random_token();
+        let stored_call = req.stored_args().map(|args| {
+            vec![
+                req.id().to_vec().into(),
+                req.scope().into(),
+                args.to_vec().into(),
+                millis(req.ttl()).into(),
+            ]
+        });
         let step = claim(
             self.db.clone(),
             ledger_row(req, owner, lease),
+            stored_call,
             *req.id(),
             owner,
             req.fingerprint(),
@@ -307,13 +338,11 @@ impl LeaseStore for SeaOrmLeaseStore {
             if updated.rows_affected() != 1 {
                 return Err(lost());
             }
-            tx.execute_raw(Statement::from_sql_and_values(
-                db.get_database_backend(),
-                &sql.delete_steps,
-                [ticket.id.to_vec().into()],
-            ))
-            .await
-            .map_err(|e| store_error(doing, e))?;
+            for forget in [&sql.delete_steps, &sql.delete_call] {
+                tx.execute_raw(statement(sql, forget, vec![ticket.id.to_vec().into()]))
+                    .await
+                    .map_err(|e| store_error(doing, e))?;
+            }
             tx.commit().await.map_err(|e| store_error(doing, e))
         }))
     }
@@ -387,9 +416,10 @@ where
     Ok(value)
 }
 
-/// A lease that ended without its call finishing (the holder crashed, hung or was dropped):
-/// alert on these; a retry takes it over, and `purge_expired` removes it with the other
-/// expired records.
+/// A lease that ended without its call finishing (the holder crashed, hung or was dropped): a
+/// retry takes it over, and so does a [`Completer`](crate::Completer) when the call is
+/// [`resumable`](Self::resumable) and its scope has a resumer; alert on the others.
+/// `purge_expired` removes those never taken over with the other expired records.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ExpiredLease {
@@ -403,6 +433,11 @@ pub struct ExpiredLease {
     pub token: i64,
     /// How long ago the lease ended (database clock).
     pub ended_ms_ago: i64,
+    /// Whether the call is resumable (its arguments are stored): a completer with a resumer
+    /// for its scope finishes it. Otherwise only a client retry can.
+    pub resumable: bool,
+    /// Attempts completers made at it (0 when it is not resumable).
+    pub attempts: u32,
 }
 
 /// Lists up to `limit` leases that ended without their call finishing, oldest first.
@@ -412,14 +447,16 @@ pub async fn expired_leases<C: ConnectionTrait>(
 ) -> Result<Vec<ExpiredLease>, Error> {
     let sql = &Sql::of(db.get_database_backend()).expired_leases;
     list_rows(db, sql, limit, "listing expired leases", |row| {
-        let (id, scope, key, token, expires_at_ms, now_ms) =
-            row.try_get_many_by_index::<(_, _, _, _, i64, i64)>()?;
+        let (id, scope, key, token, expires_at_ms, now_ms, attempts) =
+            row.try_get_many_by_index::<(_, _, _, _, i64, i64, Option<i32>)>()?;
         Ok(ExpiredLease {
             id,
             scope,
             key,
             token,
             ended_ms_ago: now_ms - expires_at_ms,
+            resumable: attempts.is_some(),
+            attempts: attempts.map_or(0, |n| u32::try_from(n).unwrap_or(0)),
         })
     })
     .await
@@ -429,8 +466,13 @@ pub async fn expired_leases<C: ConnectionTrait>(
 /// taken over). The steps table only holds calls in progress, so this stays small.
 pub(crate) async fn purge_orphaned_steps<C: ConnectionTrait>(db: &C) -> Result<u64, Error> {
     let sql = Sql::of(db.get_database_backend());
-    db.execute_unprepared(&sql.purge_orphaned_steps)
-        .await
-        .map(|r| r.rows_affected())
-        .map_err(|e| store_error("purging the steps of purged records", e))
+    let mut purged = 0;
+    for orphans in [&sql.purge_orphaned_steps, &sql.purge_orphaned_calls] {
+        purged += db
+            .execute_unprepared(orphans)
+            .await
+            .map(|r| r.rows_affected())
+            .map_err(|e| store_error("purging the steps and calls of purged records", e))?;
+    }
+    Ok(purged)
 }

@@ -27,6 +27,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod completer;
 mod error;
 mod lease;
 mod outbox;
@@ -38,16 +39,18 @@ pub mod ledger;
 #[cfg(feature = "migration")]
 mod migration;
 
+pub use completer::Completer;
 pub use lease::{ExpiredLease, SeaOrmLeaseStore, expired_leases, final_step};
 #[cfg(feature = "migration")]
 #[cfg_attr(docsrs, doc(cfg(feature = "migration")))]
-pub use migration::{LeaseMigration, Migration, OutboxMigration, migrations};
+pub use migration::{CompleterMigration, LeaseMigration, Migration, OutboxMigration, migrations};
 pub use outbox::{
     DeadLetterTable, DeadMessage, Outbox, Relay, RelayCounters, RelayRound, dead_messages,
     outbox_health, purge_published, retry_dead,
 };
 pub use sql::{
-    DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE, placeholders,
+    CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
+    placeholders,
 };
 pub use state::{ConditionalUpdate, Stateful};
 pub use store::{ClaimedTx, SeaOrmStore};
@@ -61,8 +64,9 @@ use crate::error::store_error;
 use crate::sql::{Purge, Sql};
 use crate::store::statement;
 
-/// Creates the ledger table and the outbox tables (with their indexes) if they do not exist.
-/// Call it once at startup (or use `Migration` and `OutboxMigration`, feature `migration`).
+/// Creates the ledger, the steps and calls tables of lease mode, and the outbox tables (with
+/// their indexes) if they do not exist. Call it once at startup (or use the migrations,
+/// feature `migration`).
 ///
 /// ```
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -76,6 +80,7 @@ pub async fn create_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
     let families = [
         (&sql.ledger_tables, "creating the ledger table"),
         (&sql.steps_tables, "creating the steps table"),
+        (&sql.calls_tables, "creating the calls table"),
         (&sql.outbox_tables, "creating the outbox tables"),
     ];
     for (tables, doing) in families {

@@ -31,6 +31,11 @@ pub struct OutboxMigration;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LeaseMigration;
 
+/// Creates the table of resumable calls ([`CALLS_TABLE`](crate::CALLS_TABLE)), which
+/// [`Completer`](crate::Completer)s work from; add it after [`LeaseMigration`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CompleterMigration;
+
 /// Implements a migration of one family of tables (`$tables`, a field of [`Sql`]) named
 /// `$name`: `up` creates the tables, `down` drops them.
 macro_rules! tables_migration {
@@ -74,6 +79,12 @@ tables_migration!(
     steps_tables
 );
 
+tables_migration!(
+    CompleterMigration,
+    "m20261124_000001_create_idem_calls",
+    calls_tables
+);
+
 /// Runs the `statements` of the connection's backend, in order.
 async fn execute(
     manager: &SchemaManager<'_>,
@@ -86,12 +97,14 @@ async fn execute(
     Ok(())
 }
 
-/// Every idem migration, in order: the ledger, the outbox, the steps of lease mode. Put them
+/// Every idem migration, in order: the ledger, the outbox, the steps of lease mode, the
+/// resumable calls. Put them
 /// first in your Migrator's list: `let mut all = idem::sea_orm::migrations(); all.push(..)`.
 pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
     vec![
         Box::new(Migration),
         Box::new(OutboxMigration),
         Box::new(LeaseMigration),
+        Box::new(CompleterMigration),
     ]
 }

@@ -21,6 +21,9 @@ use sea_orm::DbBackend;
 pub const LEDGER_TABLE: &str = "idem_ledger";
 /// Name of the table of recorded steps (recovery points) of calls in progress.
 pub const STEPS_TABLE: &str = "idem_steps";
+/// Name of the table of resumable calls in progress: their stored arguments, and their
+/// completer attempts.
+pub const CALLS_TABLE: &str = "idem_calls";
 /// Name of the outbox table.
 pub const OUTBOX_TABLE: &str = "idem_outbox";
 /// Name of the table holding each aggregate's last sequence number.
@@ -166,6 +169,32 @@ pub(crate) struct Sql {
     pub(crate) expired_leases: String,
     /// Deletes the steps of records that no longer exist (purged).
     pub(crate) purge_orphaned_steps: String,
+
+    // Resumable calls and their completers.
+    pub(crate) calls_tables: Tables,
+    /// Binds record_id, scope, args, ttl_ms: a new execution's stored call.
+    pub(crate) insert_call: String,
+    /// Binds record_id.
+    pub(crate) delete_call: String,
+    /// `{ids}` is the list of scopes; `{limit}` the batch. Returns record_id, scope,
+    /// principal, idem_key, args, attempts, last_error, gave_up of due calls.
+    pub(crate) due_calls: String,
+    /// `{ids}` is the list of scopes. Returns milliseconds until the next call is due.
+    pub(crate) next_due_in: String,
+    /// `{ids}` is the list of scopes. Returns scope and count of calls due outside them.
+    pub(crate) unregistered_calls: String,
+    /// Binds backoff_ms, record_id, attempts.
+    pub(crate) begin_attempt: String,
+    /// Binds last_error, record_id.
+    pub(crate) note_call_error: String,
+    /// Binds response, record_id. The give-up, fenced: the lease must have ended.
+    pub(crate) give_up: String,
+    /// Binds hook_retry_ms, record_id.
+    pub(crate) owe_hook: String,
+    /// Binds record_id.
+    pub(crate) forget_given_up: String,
+    /// Deletes the stored calls of records that no longer exist (purged).
+    pub(crate) purge_orphaned_calls: String,
 
     // The outbox.
     pub(crate) outbox_tables: Tables,
@@ -390,11 +419,77 @@ impl Sql {
             release_lease: r("UPDATE {ledger} SET expires_at_ms = {now} \
                 WHERE id = ? AND owner = ? AND state = 0"),
             expired_leases: r(
-                "SELECT id, scope, idem_key, owner, expires_at_ms, {now} AS now_ms FROM {ledger} \
-                WHERE state = 0 AND expires_at_ms <= {now} ORDER BY expires_at_ms LIMIT ?",
+                "SELECT l.id, l.scope, l.idem_key, l.owner, l.expires_at_ms, {now} AS now_ms, \
+                c.attempts FROM {ledger} l LEFT JOIN {calls} c ON c.record_id = l.id \
+                WHERE l.state = 0 AND l.expires_at_ms <= {now} ORDER BY l.expires_at_ms LIMIT ?",
             ),
             purge_orphaned_steps: r(
                 "DELETE FROM {steps} WHERE record_id NOT IN (SELECT id FROM {ledger})",
+            ),
+
+            // Only calls in progress (and give-ups whose hook is owed) have a row: the table
+            // stays small, and its scans need no index.
+            calls_tables: Tables {
+                create: vec![r("CREATE TABLE IF NOT EXISTS {calls} (\
+                    record_id {hash} NOT NULL PRIMARY KEY, scope {string} NOT NULL, \
+                    args {blob} NOT NULL, ttl_ms {i64} NOT NULL, attempts {i32} NOT NULL, \
+                    next_attempt_at_ms {i64} NOT NULL, last_error TEXT NULL, \
+                    gave_up {i16} NOT NULL, created_at_ms {i64} NOT NULL){clustered}")],
+                drop: vec![r("DROP TABLE IF EXISTS {calls}")],
+            },
+            insert_call: r(&upsert(
+                backend,
+                "INSERT INTO {calls} (record_id, scope, args, ttl_ms, attempts, \
+                next_attempt_at_ms, last_error, gave_up, created_at_ms) \
+                VALUES (?, ?, ?, ?, 0, 0, NULL, 0, {now})",
+                "record_id",
+                &[
+                    "scope",
+                    "args",
+                    "ttl_ms",
+                    "attempts",
+                    "next_attempt_at_ms",
+                    "last_error",
+                    "gave_up",
+                    "created_at_ms",
+                ],
+            )),
+            delete_call: r("DELETE FROM {calls} WHERE record_id = ?"),
+            due_calls: r(
+                "SELECT c.record_id, c.scope, l.principal, l.idem_key, c.args, \
+                c.attempts, c.last_error, c.gave_up \
+                FROM {calls} c JOIN {ledger} l ON l.id = c.record_id \
+                WHERE c.next_attempt_at_ms <= {now} \
+                AND (c.gave_up = 1 OR (l.state = 0 AND l.expires_at_ms <= {now})) \
+                AND c.scope IN ({ids}) ORDER BY c.next_attempt_at_ms LIMIT {limit}",
+            ),
+            next_due_in: r(
+                "SELECT MIN(CASE WHEN c.gave_up = 0 AND l.expires_at_ms > c.next_attempt_at_ms \
+                THEN l.expires_at_ms ELSE c.next_attempt_at_ms END) - {now} \
+                FROM {calls} c JOIN {ledger} l ON l.id = c.record_id \
+                WHERE (l.state = 0 OR c.gave_up = 1) AND c.scope IN ({ids})",
+            ),
+            unregistered_calls: r("SELECT c.scope, COUNT(*) FROM {calls} c \
+                JOIN {ledger} l ON l.id = c.record_id \
+                WHERE l.state = 0 AND l.expires_at_ms <= {now} AND c.scope NOT IN ({ids}) \
+                GROUP BY c.scope"),
+            begin_attempt: r("UPDATE {calls} SET attempts = attempts + 1, \
+                next_attempt_at_ms = {now} + ? \
+                WHERE record_id = ? AND attempts = ? AND next_attempt_at_ms <= {now}"),
+            note_call_error: r("UPDATE {calls} SET last_error = ? WHERE record_id = ?"),
+            // The next token fences out the last holder, as a takeover would.
+            give_up: r(
+                "UPDATE {ledger} SET state = {gave_up}, response = ?, owner = owner + 1, \
+                expires_at_ms = {now} + (SELECT ttl_ms FROM {calls} WHERE record_id = {ledger}.id) \
+                WHERE id = ? AND state = 0 AND expires_at_ms <= {now}",
+            ),
+            owe_hook: r(
+                "UPDATE {calls} SET gave_up = 1, next_attempt_at_ms = {now} + ? \
+                WHERE record_id = ?",
+            ),
+            forget_given_up: r("DELETE FROM {calls} WHERE record_id = ? AND gave_up = 1"),
+            purge_orphaned_calls: r(
+                "DELETE FROM {calls} WHERE record_id NOT IN (SELECT id FROM {ledger})",
             ),
 
             outbox_tables: Tables {
@@ -645,6 +740,11 @@ fn render(backend: DbBackend, template: &str) -> String {
         .replace("{wake_channel}", WAKE_CHANNEL)
         .replace("{ledger}", LEDGER_TABLE)
         .replace("{steps}", STEPS_TABLE)
+        .replace("{calls}", CALLS_TABLE)
+        .replace(
+            "{gave_up}",
+            &idem_core::RecordStatus::GaveUp.code().to_string(),
+        )
         .replace("{outbox}", OUTBOX_TABLE)
         .replace("{heads}", OUTBOX_HEADS_TABLE)
         .replace("{dead_letters}", DEAD_LETTERS_TABLE)

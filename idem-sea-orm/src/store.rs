@@ -269,7 +269,7 @@ async fn try_claim(
             if row.expires_at_ms > row.now_ms
                 && matches!(
                     row.status,
-                    Some(RecordStatus::Completed | RecordStatus::Failed)
+                    Some(RecordStatus::Completed | RecordStatus::Failed | RecordStatus::GaveUp)
                 ) =>
         {
             end_unwritten(tx);

@@ -1,0 +1,228 @@
+//! The completer's store on the SeaORM ledger: resumable calls live in the calls table
+//! ([`CALLS_TABLE`](crate::CALLS_TABLE)), one row per call in progress, written with its claim
+//! and deleted when the call is recorded (or, once given up, when its hook ran).
+
+use std::time::Duration;
+
+use idem_core::completer::{Due, ResumeStore, Steps, StoredCall};
+use idem_core::{BoxFuture, Error};
+use sea_orm::{ConnectionTrait, DbErr, QueryResult, Value};
+
+use crate::error::store_error;
+use crate::lease::SeaOrmLeaseStore;
+use crate::sql::{Sql, millis, with_ids};
+use crate::store::{begin, detached, statement};
+
+/// A [`Completer`](idem_core::Completer) on the SeaORM ledger: finishes resumable lease-mode
+/// calls whose clients did not come back. `Completer::new(SeaOrmLeaseStore::new(db))`.
+pub type Completer = idem_core::Completer<SeaOrmLeaseStore>;
+
+/// A statement over the list of `scopes` (its `{ids}`), with their values.
+fn over_scopes(d: &Sql, sql: &str, scopes: &[&str]) -> (String, Vec<Value>) {
+    let values = scopes.iter().map(|&s| s.into()).collect();
+    (with_ids(d.backend, sql, scopes.len()), values)
+}
+
+fn stored_call(row: &QueryResult) -> Result<StoredCall, DbErr> {
+    let (id, scope, principal, key, args) =
+        row.try_get_many_by_index::<(Vec<u8>, String, String, String, Vec<u8>)>()?;
+    let attempts: i32 = row.try_get_by_index(5)?;
+    let last_error: Option<String> = row.try_get_by_index(6)?;
+    let gave_up: i16 = row.try_get_by_index(7)?;
+    Ok(StoredCall::new(
+        id,
+        scope,
+        principal,
+        key,
+        args,
+        u32::try_from(attempts).unwrap_or(0),
+        last_error,
+        gave_up == 1,
+    ))
+}
+
+/// The attempts count a conditional update compares with: the one read.
+fn attempts(call: &StoredCall) -> Value {
+    i32::try_from(call.attempts).unwrap_or(i32::MAX).into()
+}
+
+impl SeaOrmLeaseStore {
+    /// Runs `sql` with `values` and tells whether it changed exactly one row.
+    async fn changed_one(&self, sql: &str, values: Vec<Value>, doing: &str) -> Result<bool, Error> {
+        let d = Sql::of(self.db().get_database_backend());
+        self.db()
+            .execute_raw(statement(d, sql, values))
+            .await
+            .map(|done| done.rows_affected() == 1)
+            .map_err(|e| store_error(doing, e))
+    }
+}
+
+impl ResumeStore for SeaOrmLeaseStore {
+    fn due_calls<'a>(
+        &'a self,
+        scopes: &'a [&'a str],
+        limit: u32,
+    ) -> BoxFuture<'a, Result<Due, Error>> {
+        let d = Sql::of(self.db().get_database_backend());
+        let (due, values) = over_scopes(d, &d.due_calls, scopes);
+        let due = due.replace("{limit}", &limit.max(1).to_string());
+        let (next, next_values) = over_scopes(d, &d.next_due_in, scopes);
+        let db = self.db().clone();
+        Box::pin(detached(async move {
+            let doing = "finding resumable calls";
+            let rows = db
+                .query_all_raw(statement(d, &due, values))
+                .await
+                .map_err(|e| store_error(doing, e))?;
+            let calls = rows
+                .iter()
+                .map(stored_call)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| store_error(doing, e))?;
+            let next_in = db
+                .query_one_raw(statement(d, &next, next_values))
+                .await
+                .and_then(|row| {
+                    row.map(|r| r.try_get_by_index::<Option<i64>>(0))
+                        .transpose()
+                })
+                .map_err(|e| store_error(doing, e))?
+                .flatten()
+                .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)));
+            Ok(Due::new(calls, next_in))
+        }))
+    }
+
+    fn begin_attempt<'a>(
+        &'a self,
+        call: &'a StoredCall,
+        backoff: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        let d = Sql::of(self.db().get_database_backend());
+        let values = vec![
+            millis(backoff).into(),
+            call.id.clone().into(),
+            attempts(call),
+        ];
+        Box::pin(async move {
+            self.changed_one(&d.begin_attempt, values, "claiming an attempt")
+                .await
+        })
+    }
+
+    fn note_failure<'a>(
+        &'a self,
+        call: &'a StoredCall,
+        error: &'a str,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        let d = Sql::of(self.db().get_database_backend());
+        // Bounded: an error text can be long (a response body); the start says what failed.
+        let error: String = error.chars().take(2000).collect();
+        let values = vec![error.into(), call.id.clone().into()];
+        Box::pin(async move {
+            self.changed_one(&d.note_call_error, values, "keeping an attempt's error")
+                .await
+                .map(drop)
+        })
+    }
+
+    fn give_up<'a>(
+        &'a self,
+        call: &'a StoredCall,
+        payload: &'a [u8],
+        hook_retry: Duration,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        let db = self.db().clone();
+        let (id, payload) = (call.id.clone(), payload.to_vec());
+        Box::pin(detached(async move {
+            let doing = "giving a call up";
+            let d = Sql::of(db.get_database_backend());
+            let tx = begin(&db).await.map_err(|e| store_error(doing, e))?;
+            let gave_up = tx
+                .execute_raw(statement(
+                    d,
+                    &d.give_up,
+                    vec![payload.into(), id.clone().into()],
+                ))
+                .await
+                .map_err(|e| store_error(doing, e))?
+                .rows_affected()
+                == 1;
+            if !gave_up {
+                // Finished or taken over meanwhile.
+                let _ = tx.rollback().await;
+                return Ok(false);
+            }
+            tx.execute_raw(statement(
+                d,
+                &d.owe_hook,
+                vec![millis(hook_retry).into(), id.into()],
+            ))
+            .await
+            .map_err(|e| store_error(doing, e))?;
+            tx.commit().await.map_err(|e| store_error(doing, e))?;
+            Ok(true)
+        }))
+    }
+
+    fn steps<'a>(&'a self, call: &'a StoredCall) -> BoxFuture<'a, Result<Steps, Error>> {
+        let d = Sql::of(self.db().get_database_backend());
+        let values = vec![call.id.clone().into()];
+        Box::pin(async move {
+            let rows = self
+                .db()
+                .query_all_raw(statement(d, &d.select_steps, values))
+                .await
+                .map_err(|e| store_error("reading a call's steps", e))?;
+            rows.iter()
+                .map(|r| Ok((r.try_get_by_index(0)?, r.try_get_by_index(1)?)))
+                .collect::<Result<_, DbErr>>()
+                .map_err(|e| store_error("reading a call's steps", e))
+        })
+    }
+
+    fn forget<'a>(&'a self, call: &'a StoredCall) -> BoxFuture<'a, Result<(), Error>> {
+        let db = self.db().clone();
+        let id = call.id.clone();
+        Box::pin(detached(async move {
+            let doing = "forgetting a given-up call";
+            let d = Sql::of(db.get_database_backend());
+            let tx = begin(&db).await.map_err(|e| store_error(doing, e))?;
+            for forget in [&d.forget_given_up, &d.delete_steps] {
+                tx.execute_raw(statement(d, forget, vec![id.clone().into()]))
+                    .await
+                    .map_err(|e| store_error(doing, e))?;
+            }
+            tx.commit().await.map_err(|e| store_error(doing, e))
+        }))
+    }
+
+    fn unregistered<'a>(
+        &'a self,
+        scopes: &'a [&'a str],
+    ) -> BoxFuture<'a, Result<Vec<(String, u64)>, Error>> {
+        let d = Sql::of(self.db().get_database_backend());
+        // `NOT IN ()` is not SQL: with no scopes, match none.
+        let (sql, values) = if scopes.is_empty() {
+            over_scopes(d, &d.unregistered_calls, &[""])
+        } else {
+            over_scopes(d, &d.unregistered_calls, scopes)
+        };
+        Box::pin(async move {
+            let doing = "counting calls nobody resumes";
+            let rows = self
+                .db()
+                .query_all_raw(statement(d, &sql, values))
+                .await
+                .map_err(|e| store_error(doing, e))?;
+            rows.iter()
+                .map(|r| {
+                    let (scope, count) = r.try_get_many_by_index::<(String, i64)>()?;
+                    Ok((scope, u64::try_from(count).unwrap_or(0)))
+                })
+                .collect::<Result<_, DbErr>>()
+                .map_err(|e| store_error(doing, e))
+        })
+    }
+}

@@ -1,0 +1,512 @@
+//! Resumable lease-mode calls and the completer, on every backend of the run: a call whose
+//! client went away is finished by a completer (its recorded charge replays, the payment is
+//! written once), completers and a client racing for one call run it once, a call that keeps
+//! failing is given up after its attempts with the hook run once and the give-up replayed to
+//! the client, a scope without a resumer is left alone and reported, and oversized arguments
+//! are refused before any claim. Every test counts effect rows and gateway calls, on databases
+//! of its own (a completer works on every call of its database).
+
+mod common;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::isolated::isolated;
+use common::{Backend, Gate, effects, insert_effect, unique};
+use idem::completer::{GaveUp, ResumeStore, Resumed, Round};
+use idem::sea_orm::{Completer, SeaOrmLeaseStore};
+use idem::{ErrorKind, Outcome, idempotent, with_outcome};
+use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
+use serde::{Deserialize, Serialize};
+
+/// A payment gateway that deduplicates on the idempotency key, as Stripe does, and counts
+/// every call it gets.
+#[derive(Clone, Default)]
+struct Gateway {
+    calls: Arc<Mutex<Vec<String>>>,
+}
+
+impl Gateway {
+    async fn charge(&self, key: String) -> Result<String, TestError> {
+        self.calls.lock().expect("lock").push(key.clone());
+        Ok(format!("ch_{}", &key[..12]))
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.lock().expect("lock").len()
+    }
+}
+
+/// What a call does after its charge.
+#[derive(Clone, Default)]
+struct After {
+    /// Hold there until the test releases it (or drops the call).
+    gate: Option<Gate>,
+    /// Fail transiently there, every time.
+    fail: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Pay {
+    key: String,
+    run: String,
+    amount: i64,
+}
+
+#[derive(Debug)]
+enum TestError {
+    Idem(idem::Error),
+    Flaky,
+}
+
+impl From<idem::Error> for TestError {
+    fn from(e: idem::Error) -> Self {
+        Self::Idem(e)
+    }
+}
+
+impl std::fmt::Display for TestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Idem(e) => write!(f, "{e}"),
+            Self::Flaky => f.write_str("the gateway timed out on the way back"),
+        }
+    }
+}
+
+const SCOPE: &str = "completer.pay";
+
+#[idempotent(scope = "completer.pay", key = cmd.key, lease = "1s", resumable, skip(gateway, after))]
+async fn pay(
+    db: &DatabaseConnection,
+    gateway: &Gateway,
+    after: &After,
+    cmd: Pay,
+) -> Result<String, TestError> {
+    let charge: String = idem::step("charge", |key| gateway.charge(key)).await?;
+    if let Some(gate) = &after.gate {
+        gate.pass().await;
+    }
+    if after.fail {
+        return Err(TestError::Flaky);
+    }
+    let (run, amount, answer) = (cmd.run.clone(), cmd.amount, charge.clone());
+    idem::sea_orm::final_step(db, "record-payment", move |tx| {
+        Box::pin(async move {
+            insert_effect(tx, &run, "payment", amount).await;
+            Ok::<_, TestError>(answer)
+        })
+    })
+    .await
+}
+
+/// A resumable handler whose argument is large.
+#[idempotent(scope = "completer.large", key = key, lease = "1s", resumable)]
+async fn large(db: &DatabaseConnection, key: String, blob: String) -> Result<usize, TestError> {
+    let _ = db;
+    Ok(blob.len())
+}
+
+fn cmd(run: &str) -> Pay {
+    Pay {
+        key: format!("{run}-k"),
+        run: run.to_owned(),
+        amount: 700,
+    }
+}
+
+/// One test on one backend: its gateway and its run (one order, paid under key `<run>-k`).
+#[derive(Clone)]
+struct Case {
+    name: &'static str,
+    db: DatabaseConnection,
+    gateway: Gateway,
+    run: String,
+}
+
+impl Case {
+    fn new(backend: &Backend, run: &str) -> Self {
+        Self {
+            name: backend.name,
+            db: backend.db.clone(),
+            gateway: Gateway::default(),
+            run: unique(run),
+        }
+    }
+
+    /// A call that charged and was dropped while it held its lease: its client is gone.
+    async fn abandoned(&self) {
+        let gate = Gate::default();
+        let after = After {
+            gate: Some(gate.clone()),
+            fail: false,
+        };
+        let t = self.clone();
+        let held = tokio::spawn(async move { pay(&t.db, &t.gateway, &after, cmd(&t.run)).await });
+        gate.entered().await;
+        held.abort();
+        let _ = held.await;
+    }
+
+    /// A completer for `pay` whose resumer behaves as `after` says, with no backoff.
+    fn completer(&self, after: After) -> Completer {
+        let (db, gateway) = (self.db.clone(), self.gateway.clone());
+        Completer::new(SeaOrmLeaseStore::new(self.db.clone()))
+            .backoff(Duration::ZERO, Duration::ZERO)
+            .resume(SCOPE, move |call: Resumed<(Pay,)>| {
+                let (db, gateway, after) = (db.clone(), gateway.clone(), after.clone());
+                async move { pay(&db, &gateway, &after, call.args.0).await }
+            })
+    }
+
+    /// The client's late retry, straight through.
+    async fn client_retry(&self) -> (Result<String, TestError>, Option<Outcome>) {
+        with_outcome(pay(
+            &self.db,
+            &self.gateway,
+            &After::default(),
+            cmd(&self.run),
+        ))
+        .await
+    }
+
+    async fn assert_paid_once(&self, what: &str) {
+        assert_eq!(
+            effects(&self.db, &self.run).await,
+            1,
+            "{}: one payment ({what})",
+            self.name
+        );
+        assert_eq!(
+            self.gateway.calls(),
+            1,
+            "{}: one charge ({what})",
+            self.name
+        );
+    }
+
+    /// The run's stored calls (1 while it is in progress or its give-up hook is owed).
+    async fn calls_rows(&self) -> i64 {
+        count(
+            &self.db,
+            "SELECT COUNT(*) FROM idem_calls c JOIN idem_ledger l ON l.id = c.record_id \
+            WHERE l.idem_key = ?",
+            &format!("{}-k", self.run),
+        )
+        .await
+    }
+}
+
+async fn count(db: &DatabaseConnection, sql: &str, value: &str) -> i64 {
+    let backend = db.get_database_backend();
+    db.query_one_raw(Statement::from_sql_and_values(
+        backend,
+        idem::sea_orm::placeholders(backend, sql),
+        [value.into()],
+    ))
+    .await
+    .expect("query")
+    .expect("row")
+    .try_get_by_index::<i64>(0)
+    .expect("integer")
+}
+
+/// Runs `completer` round after round until `done` says so (at most 15 s): every round's sum.
+async fn until(completer: &Completer, done: impl Fn(&Round) -> bool) -> Round {
+    let mut total = Round::default();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let round = completer.run_once().await.expect("completer round");
+        total.resumed += round.resumed;
+        total.finished += round.finished;
+        total.failed += round.failed;
+        total.gave_up += round.gave_up;
+        total.hooks_run += round.hooks_run;
+        if done(&total) {
+            return total;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the completer did not get there: {total:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_abandoned_call_is_finished_by_the_completer_and_the_client_retry_replays() {
+    for backend in isolated().await {
+        let case = Case::new(&backend, "finish");
+        case.abandoned().await;
+        // Before the completer: the lease ends, and the listing says a completer can finish it.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let listed = idem::sea_orm::expired_leases(&case.db, 1000)
+            .await
+            .expect("list");
+        let ours = listed
+            .iter()
+            .find(|l| l.key == format!("{}-k", case.run))
+            .expect("the abandoned lease is listed");
+        assert!(ours.resumable, "{}: listed as resumable", case.name);
+        assert_eq!(effects(&case.db, &case.run).await, 0, "{}", case.name);
+
+        let completer = case.completer(After::default());
+        let round = until(&completer, |r| r.finished >= 1).await;
+        assert_eq!((round.resumed, round.failed), (1, 0), "{}", case.name);
+        case.assert_paid_once("finished by the completer").await;
+        assert_eq!(
+            case.calls_rows().await,
+            0,
+            "{}: stored call forgotten",
+            case.name
+        );
+
+        let (answer, outcome) = case.client_retry().await;
+        let answer = answer.unwrap_or_else(|e| panic!("{}: retry: {e}", case.name));
+        assert_eq!(outcome, Some(Outcome::Replayed), "{}", case.name);
+        assert!(answer.starts_with("ch_"), "{}: {answer}", case.name);
+        case.assert_paid_once("after the client's retry").await;
+        // Nothing left for a second completer round.
+        let again = completer.run_once().await.expect("round");
+        assert_eq!(again.resumed, 0, "{}", case.name);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_completers_and_a_client_racing_for_one_call_run_it_once() {
+    for backend in isolated().await {
+        let case = Case::new(&backend, "race");
+        case.abandoned().await;
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let (first, second) = (
+            case.completer(After::default()),
+            case.completer(After::default()),
+        );
+        let (a, b, client) = tokio::join!(first.run_once(), second.run_once(), case.client_retry());
+        let (a, b) = (a.expect("first"), b.expect("second"));
+        // The client either ran it, replayed it, or met a completer's live lease.
+        match client {
+            (Ok(_), Some(_)) => {}
+            (Err(TestError::Idem(e)), None) if e.kind() == ErrorKind::InFlight => {}
+            (other, outcome) => panic!("{}: client: {other:?} {outcome:?}", case.name),
+        }
+        let finished = a.finished + b.finished;
+        // Whoever lost the race finishes nothing; keep going until the call is recorded.
+        if finished == 0 && case.client_retry().await.0.is_err() {
+            until(&first, |r| r.finished >= 1).await;
+        }
+        case.assert_paid_once("two completers and a client").await;
+        assert_eq!(
+            case.client_retry().await.1,
+            Some(Outcome::Replayed),
+            "{}",
+            case.name
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_call_that_keeps_failing_is_given_up_once_with_its_hook_and_the_retry_replays_it() {
+    for backend in isolated().await {
+        let case = Case::new(&backend, "give-up");
+        // The client's own call fails transiently after the charge: its lease ends at once.
+        let failing = After {
+            gate: None,
+            fail: true,
+        };
+        let first = pay(&case.db, &case.gateway, &failing, cmd(&case.run)).await;
+        assert!(matches!(first, Err(TestError::Flaky)), "{}", case.name);
+
+        let hooks = Arc::new(Mutex::new(Vec::<(GaveUp, Option<String>)>::new()));
+        let seen = Arc::clone(&hooks);
+        let completer =
+            case.completer(failing)
+                .max_attempts(3)
+                .on_give_up(move |gave_up: GaveUp| {
+                    let seen = Arc::clone(&seen);
+                    async move {
+                        let charge = gave_up.step::<String>("charge")?;
+                        seen.lock().expect("lock").push((gave_up, charge));
+                        Ok::<_, idem::Error>(())
+                    }
+                });
+        let round = until(&completer, |r| r.gave_up >= 1).await;
+        assert_eq!((round.resumed, round.failed), (3, 3), "{}", case.name);
+        // More rounds find nothing more to do: the hook ran once.
+        for _ in 0..3 {
+            let more = completer.run_once().await.expect("round");
+            let did = (more.resumed, more.gave_up, more.hooks_run);
+            assert_eq!(did, (0, 0, 0), "{}: {more:?}", case.name);
+        }
+        let hooks = std::mem::take(&mut *hooks.lock().expect("lock"));
+        assert_eq!(hooks.len(), 1, "{}: the hook ran once", case.name);
+        let (gave_up, charge) = &hooks[0];
+        assert_eq!(gave_up.attempts, 3, "{}", case.name);
+        assert!(
+            gave_up.reason.contains("timed out"),
+            "{}: {}",
+            case.name,
+            gave_up.reason
+        );
+        assert!(
+            charge.is_some(),
+            "{}: the hook sees the charge to refund",
+            case.name
+        );
+        assert_eq!(gave_up.args::<(Pay,)>().expect("args").0.run, case.run);
+
+        // The client's retry replays the give-up, every time, and nothing runs again.
+        for _ in 0..2 {
+            let (answer, outcome) = case.client_retry().await;
+            match answer {
+                Err(TestError::Idem(e)) if e.kind() == ErrorKind::GaveUp => {
+                    assert_eq!(e.http_status(), 500);
+                }
+                other => panic!("{}: expected the give-up, got {other:?}", case.name),
+            }
+            assert_eq!(outcome, Some(Outcome::Replayed), "{}", case.name);
+        }
+        assert_eq!(
+            effects(&case.db, &case.run).await,
+            0,
+            "{}: no payment",
+            case.name
+        );
+        assert_eq!(case.gateway.calls(), 1, "{}: charged once", case.name);
+        assert_eq!(
+            case.calls_rows().await,
+            0,
+            "{}: forgotten after the hook",
+            case.name
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_failed_hook_runs_again_until_it_succeeds() {
+    for backend in isolated().await {
+        let case = Case::new(&backend, "hook-again");
+        let failing = After {
+            gate: None,
+            fail: true,
+        };
+        let _ = pay(&case.db, &case.gateway, &failing, cmd(&case.run)).await;
+        let runs = Arc::new(AtomicU32::new(0));
+        let counted = Arc::clone(&runs);
+        let store = SeaOrmLeaseStore::new(case.db.clone());
+        let completer = case
+            .completer(failing)
+            .max_attempts(1)
+            .on_give_up(move |_: GaveUp| {
+                let n = counted.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    if n == 0 {
+                        Err("the refund service is down")
+                    } else {
+                        Ok(())
+                    }
+                }
+            });
+        until(&completer, |r| r.gave_up >= 1).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "{}", case.name);
+        // The failed hook is owed: due again after HOOK_RETRY (30 s); bring it forward.
+        assert_eq!(case.calls_rows().await, 1, "{}: still owed", case.name);
+        case.db
+            .execute_unprepared("UPDATE idem_calls SET next_attempt_at_ms = 0 WHERE gave_up = 1")
+            .await
+            .expect("bring the hook forward");
+        until(&completer, |r| r.hooks_run >= 1).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "{}", case.name);
+        assert_eq!(case.calls_rows().await, 0, "{}: forgotten", case.name);
+        let due = store.due_calls(&[SCOPE], 10).await.expect("due");
+        assert!(due.calls.iter().all(|c| !c.key.starts_with(&case.run)));
+    }
+}
+
+#[tokio::test]
+async fn a_scope_without_a_resumer_is_left_alone_and_reported() {
+    for backend in isolated().await {
+        let case = Case::new(&backend, "unregistered");
+        case.abandoned().await;
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let store = SeaOrmLeaseStore::new(case.db.clone());
+        let gateway = case.gateway.clone();
+        let db = case.db.clone();
+        let elsewhere = Completer::new(SeaOrmLeaseStore::new(case.db.clone())).resume(
+            "completer.other",
+            move |call: Resumed<(Pay,)>| {
+                let (db, gateway) = (db.clone(), gateway.clone());
+                async move { pay(&db, &gateway, &After::default(), call.args.0).await }
+            },
+        );
+        let round = elsewhere.run_once().await.expect("round");
+        assert_eq!(round.resumed, 0, "{}", case.name);
+        let unregistered = store
+            .unregistered(&["completer.other"])
+            .await
+            .expect("unregistered");
+        assert!(
+            unregistered
+                .iter()
+                .any(|(scope, n)| scope == SCOPE && *n >= 1),
+            "{}: {unregistered:?}",
+            case.name
+        );
+        assert_eq!(effects(&case.db, &case.run).await, 0, "{}", case.name);
+        // A client retry still finishes it.
+        assert!(case.client_retry().await.0.is_ok(), "{}", case.name);
+        case.assert_paid_once("the client came back").await;
+    }
+}
+
+#[tokio::test]
+async fn arguments_that_no_longer_decode_fail_each_attempt_then_give_up() {
+    for backend in isolated().await {
+        let case = Case::new(&backend, "decode");
+        case.abandoned().await;
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let db = case.db.clone();
+        // A resumer that expects other arguments (a deploy changed the handler).
+        let completer = Completer::new(SeaOrmLeaseStore::new(case.db.clone()))
+            .backoff(Duration::ZERO, Duration::ZERO)
+            .max_attempts(2)
+            .resume(SCOPE, move |call: Resumed<(u64, u64)>| {
+                let _ = (&db, call.args);
+                async { Ok::<(), TestError>(()) }
+            });
+        let round = until(&completer, |r| r.gave_up >= 1).await;
+        assert_eq!(round.failed, 2, "{}", case.name);
+        match case.client_retry().await.0 {
+            Err(TestError::Idem(idem::Error::GaveUp { reason, .. })) => {
+                assert!(reason.contains("do not decode"), "{}: {reason}", case.name);
+            }
+            other => panic!("{}: {other:?}", case.name),
+        }
+        assert_eq!(effects(&case.db, &case.run).await, 0, "{}", case.name);
+    }
+}
+
+#[tokio::test]
+async fn arguments_over_the_limit_are_refused_before_any_claim() {
+    for backend in isolated().await {
+        let key = unique("large");
+        let blob = "x".repeat(idem::completer::MAX_STORED_ARGS);
+        let refused = large(&backend.db, key.clone(), blob).await;
+        match refused {
+            Err(TestError::Idem(idem::Error::ArgumentsTooLarge { size, limit, .. })) => {
+                assert!(size > limit, "{}", backend.name);
+            }
+            other => panic!("{}: {other:?}", backend.name),
+        }
+        assert_eq!(
+            common::ledger_rows(&backend.db, &key).await,
+            0,
+            "{}",
+            backend.name
+        );
+        // Under the limit it runs.
+        let fine = large(&backend.db, unique("small"), "x".repeat(1000)).await;
+        assert_eq!(fine.ok(), Some(1000), "{}", backend.name);
+    }
+}
