@@ -116,7 +116,21 @@ fn plan(args: &Args, sig: &Signature, errors: &mut Vec<syn::Error>) -> Option<Pl
     // A connection parameter is rebound to the transaction, not fingerprinted.
     let conn_param = (!matches!(args.conn, Some(Conn::Expr { .. }))).then_some(&conn_binding);
     let mut fingerprinted = Vec::new();
+    let resumable = args.resumable.is_some() && args.lease_ms.is_some();
     for (pat, ty) in params {
+        // A borrowed argument cannot be rebuilt by a completer: say so at the type (serde's
+        // own error names lifetimes, not the fix).
+        if let (true, Type::Reference(reference)) = (resumable, ty) {
+            let stored = bindings(pat)
+                .into_iter()
+                .find(|name| Some(name) != conn_param && !args.skip.contains(name));
+            if let Some(name) = stored {
+                let message = format!(
+                    "`{name}` is borrowed, but a resumable call stores its arguments for a completer to rebuild: take an owned type (`String` for `&str`, `Vec<T>` for `&[T]`), or `skip({name})` and supply it in the completer's resumer"
+                );
+                errors.push(syn::Error::new_spanned(reference, message));
+            }
+        }
         let ty = Range::of(ty);
         let names = bindings(pat).into_iter();
         let names = names.filter(|name| Some(name) != conn_param && !args.skip.contains(name));
