@@ -219,7 +219,7 @@ pub use idem_core::lease::step;
 
 /// Lease mode (`#[idempotent(..., lease = "30s")]`): recovery points ([`step`]), derived
 /// downstream keys, and the store contract. The SeaORM final phase is
-/// [`sea_orm::final_step`].
+/// [`sea_orm::final_step`] (or [`sea_orm::finish`] as the last work).
 pub mod lease {
     pub use idem_core::ids::derived_key;
     pub use idem_core::lease::{LeaseHandle, step};
@@ -270,7 +270,7 @@ pub mod sea_orm {
         DeadMessage, ExpiredLease, ExpiredPurge, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE,
         Outbox, Relay, RelayCounters, RelayRound, STEPS_TABLE, SeaOrmLeaseStore, SeaOrmStore,
         Stateful, create_tables, database_now_ms, dead_messages, expired_leases, final_step,
-        ledger, outbox_health, placeholders, purge_expired, purge_published, retry_dead,
+        finish, ledger, outbox_health, placeholders, purge_expired, purge_published, retry_dead,
     };
     #[cfg(feature = "migration")]
     #[cfg_attr(docsrs, doc(cfg(feature = "migration")))]

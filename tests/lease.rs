@@ -459,6 +459,62 @@ async fn a_long_body_keeps_its_lease_by_renewing_it() {
     }
 }
 
+/// Database work after `finish` (which keeps its transaction open for the result).
+#[idempotent(scope = "lease.after-final", key = cmd.key, lease = "2s")]
+async fn pay_then_read(db: &DatabaseConnection, cmd: Pay) -> Result<i64, TestError> {
+    let run = cmd.run.clone();
+    idem::sea_orm::finish(db, "record-payment", move |tx| {
+        Box::pin(async move {
+            insert_effect(tx, &run, "payment", 1).await;
+            Ok::<_, TestError>(())
+        })
+    })
+    .await?;
+    // On a pool of one connection this read needs the connection the open phase holds: the
+    // phase commits alone after its fuse (elsewhere the read may not see it yet).
+    Ok(effects(db, &cmd.run).await)
+}
+
+/// The same with `finish` as its last work: the result is recorded in the phase's
+/// transaction.
+#[idempotent(scope = "lease.finish", key = cmd.key, lease = "2s")]
+async fn pay_and_finish(db: &DatabaseConnection, cmd: Pay) -> Result<String, TestError> {
+    let run = cmd.run.clone();
+    idem::sea_orm::finish(db, "record-payment", move |tx| {
+        Box::pin(async move {
+            insert_effect(tx, &run, "payment", 1).await;
+            Ok::<_, TestError>(format!("paid {run}"))
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn finish_records_the_result_with_the_final_phase_and_work_after_it_does_not_hang() {
+    for backend in backends().await {
+        let t = Case::new(backend, "finish");
+        let paid = pay_and_finish(&t.db, cmd(&t.run)).await;
+        assert_eq!(paid.ok(), Some(format!("paid {}", t.run)), "{}", t.name);
+        let (again, outcome) = with_outcome(pay_and_finish(&t.db, cmd(&t.run))).await;
+        assert_eq!(outcome, Some(Outcome::Replayed), "{}", t.name);
+        assert_eq!(again.ok(), Some(format!("paid {}", t.run)), "{}", t.name);
+        assert_eq!(effects(&t.db, &t.run).await, 1, "{}", t.name);
+        assert_eq!(scalar(&t.db, "SELECT COUNT(*) FROM idem_steps s JOIN idem_ledger l ON l.id = s.record_id WHERE l.idem_key = ?", &format!("{}-k", t.run)).await, 0, "{}: steps forgotten", t.name);
+
+        let t = Case {
+            run: unique("after-finish"),
+            ..t.clone()
+        };
+        let started = std::time::Instant::now();
+        let seen = pay_then_read(&t.db, cmd(&t.run)).await;
+        assert!(matches!(seen, Ok(0 | 1)), "{}: {seen:?}", t.name);
+        assert!(started.elapsed() < Duration::from_secs(2), "{}", t.name);
+        let (_, outcome) = with_outcome(pay_then_read(&t.db, cmd(&t.run))).await;
+        assert_eq!(outcome, Some(Outcome::Replayed), "{}", t.name);
+        assert_eq!(effects(&t.db, &t.run).await, 1, "{}", t.name);
+    }
+}
+
 #[tokio::test]
 async fn an_abandoned_lease_is_listed_then_purged_with_its_steps() {
     // A database of its own: the purge removes every expired record in it.

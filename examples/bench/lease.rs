@@ -3,7 +3,8 @@
 //!
 //! The handler calls an external service (here an in-process stand-in that answers at once)
 //! and writes one row. Atomic mode makes the call inside its transaction (what lease mode
-//! exists to avoid); lease mode makes it a recorded step and writes in its final phase.
+//! exists to avoid); lease mode makes it a recorded step and writes in its final phase
+//! (`finish`, which records the result in the phase's transaction: claim, step, phase).
 
 use std::time::Instant;
 
@@ -68,7 +69,8 @@ async fn atomic(db: &DatabaseConnection, order: Order) -> Result<String, idem::E
 async fn leased(db: &DatabaseConnection, order: Order) -> Result<String, idem::Error> {
     let reference: String =
         idem::step("call", |key| external_call(key, order.amount_cents)).await?;
-    idem::sea_orm::final_step(db, "write", move |tx| {
+    // The final phase is the last work: `finish` records the result in its transaction.
+    idem::sea_orm::finish(db, "write", move |tx| {
         Box::pin(async move {
             insert_row(tx, &reference).await?;
             Ok::<_, idem::Error>(reference)

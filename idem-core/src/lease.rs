@@ -21,7 +21,29 @@ use crate::error::Error;
 use crate::handler::{Finality, HandlerError, HandlerOutput, Replayable};
 use crate::metrics;
 use crate::outcome;
-use crate::store::{LeaseClaim, LeaseStore, Ticket};
+use crate::store::{BoxFuture, LeaseClaim, LeaseStore, RecordStatus, Ticket};
+
+/// How long a final phase's transaction is kept open for the call's result: a handler
+/// returns right after its final phase, and one that does more work first (which may need
+/// the connection or the locks the phase holds) gets the phase committed alone after this.
+const OPEN_PHASE_FUSE: Duration = Duration::from_millis(50);
+
+/// A final phase whose transaction the store keeps open, so the call's result is recorded in
+/// it: one write transaction per call fewer. Dropping it rolls the phase back.
+pub trait OpenPhase: Send {
+    /// Records the call's outcome in the phase's transaction (fenced by `ticket`, as
+    /// [`LeaseStore::complete`]: kept for `ttl`, steps forgotten) and commits.
+    fn complete(
+        self: Box<Self>,
+        ticket: Ticket,
+        status: RecordStatus,
+        payload: Vec<u8>,
+        ttl: Duration,
+    ) -> BoxFuture<'static, Result<(), Error>>;
+
+    /// Commits the phase alone: the call records nothing now, or did not return in time.
+    fn commit(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>>;
+}
 
 /// The lease of the call running in this task.
 struct Context {
@@ -30,6 +52,39 @@ struct Context {
     store: Arc<dyn LeaseStore>,
     steps: Mutex<HashMap<String, Vec<u8>>>,
     lost: AtomicBool,
+    /// A final phase waiting for the call's result; locked while it commits.
+    open_phase: tokio::sync::Mutex<Option<Box<dyn OpenPhase>>>,
+    /// A final phase that was committed alone and failed: its writes and step are gone, so
+    /// the call must not record a result.
+    phase_failed: AtomicBool,
+}
+
+impl Context {
+    /// Commits a final phase kept open, before anything else runs (a later step must not wait
+    /// on its locks). Fails if that commit fails: the phase's writes are gone.
+    async fn commit_open_phase(&self) -> Result<(), Error> {
+        let mut slot = self.open_phase.lock().await;
+        if let Some(open) = slot.take()
+            && let Err(e) = open.commit().await
+        {
+            self.phase_failed.store(true, Ordering::SeqCst);
+            return Err(e);
+        }
+        if self.phase_failed.load(Ordering::SeqCst) {
+            return Err(self.phase_lost());
+        }
+        Ok(())
+    }
+
+    fn phase_lost(&self) -> Error {
+        Error::Store {
+            message: format!(
+                "the final phase of a call in scope `{}` could not commit; the call is retried from there",
+                self.request.scope()
+            ),
+            source: None,
+        }
+    }
 }
 
 impl Context {
@@ -77,6 +132,7 @@ where
     if let Some(value) = recorded_step::<T>(&context, name)? {
         return Ok(value);
     }
+    context.commit_open_phase().await?;
     if context.lost.load(Ordering::SeqCst) {
         return Err(context.lost().into());
     }
@@ -177,6 +233,33 @@ impl LeaseHandle {
     pub fn is_lost(&self) -> bool {
         self.0.lost.load(Ordering::SeqCst)
     }
+
+    /// Commits a final phase an earlier [`keep_open`](Self::keep_open) left open, before a
+    /// new phase runs.
+    pub async fn commit_open_phase(&self) -> Result<(), Error> {
+        self.0.commit_open_phase().await
+    }
+
+    /// Keeps a final phase's transaction open for the call's result, which the engine then
+    /// records in it ([`OpenPhase::complete`]) instead of in a transaction of its own. If the
+    /// handler has not returned soon after, the phase is committed alone.
+    pub fn keep_open(&self, phase: Box<dyn OpenPhase>) {
+        let context = Arc::clone(&self.0);
+        let Ok(mut slot) = context.open_phase.try_lock() else {
+            // Being committed by its fuse: commit this one alone too (never reached in
+            // practice: phases run one after another and each first commits the last).
+            tokio::spawn(phase.commit());
+            return;
+        };
+        *slot = Some(phase);
+        drop(slot);
+        tokio::spawn(async move {
+            tokio::time::sleep(OPEN_PHASE_FUSE).await;
+            if let Err(e) = context.commit_open_phase().await {
+                tracing::warn!(parent: context.request.span(), error = %e, "the final phase failed to commit");
+            }
+        });
+    }
 }
 
 /// Stops the renewal task when the call ends or is dropped.
@@ -268,6 +351,8 @@ where
             store: Arc::clone(&store),
             steps: Mutex::new(steps.into_iter().collect()),
             lost: AtomicBool::new(false),
+            open_phase: tokio::sync::Mutex::new(None),
+            phase_failed: AtomicBool::new(false),
         });
         let renewal = renew_in_background(Arc::clone(&context), lease);
         let nested = outcome::Nested::enter();
@@ -280,19 +365,37 @@ where
         drop(nested);
         drop(renewal);
         let request = &context.request;
+        // A final phase kept open: the result is recorded in its transaction (waits for its
+        // fuse if that is committing it alone right now).
+        let open_phase = context.open_phase.lock().await.take();
         let record = match request.record_of(output, finality) {
-            Ok(record) => record,
+            Ok(record) if !context.phase_failed.load(Ordering::SeqCst) => record,
+            Ok(_) => {
+                let _ = store.release_lease(&ticket).await;
+                return request.fail(context.phase_lost());
+            }
             Err(answer) => {
-                // Nothing to record: hand the key to the next attempt now, with the steps
-                // done so far.
+                // Nothing to record: keep the final phase's writes, and hand the key to the
+                // next attempt now, with the steps done so far.
+                if let Some(open) = open_phase {
+                    let _ = open.commit().await;
+                }
                 let _ = store.release_lease(&ticket).await;
                 return answer;
             }
         };
-        match store
-            .complete(&ticket, request, record.status, &record.payload)
-            .await
-        {
+        let completed = match open_phase {
+            Some(open) => {
+                open.complete(ticket, record.status, record.payload, request.ttl())
+                    .await
+            }
+            None => {
+                store
+                    .complete(&ticket, request, record.status, &record.payload)
+                    .await
+            }
+        };
+        match completed {
             Ok(()) => request.executed(record.answer),
             Err(e) if e.kind() == crate::ErrorKind::LeaseLost => request.fail(context.lost()),
             Err(e) => request.fail(e),

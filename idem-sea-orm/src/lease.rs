@@ -9,7 +9,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use idem_core::ids::random_token;
-use idem_core::lease::LeaseHandle;
+use idem_core::lease::{LeaseHandle, OpenPhase};
 use idem_core::{
     BoxFuture, Error, LeaseClaim, LeaseStore, RecordStatus, Recorded, Request, Ticket,
 };
@@ -194,6 +194,68 @@ async fn claim(
     Ok(answer)
 }
 
+/// Records a lease-mode call's outcome in `tx` if `ticket` still holds the lease (kept for
+/// `ttl` from now), forgets its steps and stored call, and commits.
+async fn record_completion(
+    tx: DatabaseTransaction,
+    ticket: Ticket,
+    status: RecordStatus,
+    payload: Vec<u8>,
+    ttl: Duration,
+) -> Result<(), Error> {
+    let doing = "recording the result";
+    let sql = Sql::of(tx.get_database_backend());
+    let updated = tx
+        .execute_raw(statement(
+            sql,
+            &sql.complete_lease,
+            vec![
+                status.code().into(),
+                payload.into(),
+                millis(ttl).into(),
+                ticket.id.to_vec().into(),
+                ticket.token.into(),
+            ],
+        ))
+        .await
+        .map_err(|e| store_error(doing, e))?;
+    if updated.rows_affected() != 1 {
+        return Err(lost());
+    }
+    for forget in [&sql.delete_steps, &sql.delete_call] {
+        tx.execute_raw(statement(sql, forget, vec![ticket.id.to_vec().into()]))
+            .await
+            .map_err(|e| store_error(doing, e))?;
+    }
+    tx.commit().await.map_err(|e| store_error(doing, e))
+}
+
+/// A final phase's transaction kept open for the call's result (P10).
+struct OpenFinalPhase(DatabaseTransaction);
+
+impl OpenPhase for OpenFinalPhase {
+    fn complete(
+        self: Box<Self>,
+        ticket: Ticket,
+        status: RecordStatus,
+        payload: Vec<u8>,
+        ttl: Duration,
+    ) -> BoxFuture<'static, Result<(), Error>> {
+        Box::pin(detached(record_completion(
+            self.0, ticket, status, payload, ttl,
+        )))
+    }
+
+    fn commit(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
+        Box::pin(detached(async move {
+            self.0
+                .commit()
+                .await
+                .map_err(|e| store_error("committing the final phase", e))
+        }))
+    }
+}
+
 async fn take_over(
     tx: &DatabaseTransaction,
     d: &Sql,
@@ -318,32 +380,10 @@ impl LeaseStore for SeaOrmLeaseStore {
     ) -> BoxFuture<'a, Result<(), Error>> {
         let (db, ticket, payload, ttl) = (self.db.clone(), *ticket, payload.to_vec(), req.ttl());
         Box::pin(detached(async move {
-            let doing = "recording the result";
-            let sql = Sql::of(db.get_database_backend());
-            let tx = begin(&db).await.map_err(|e| store_error(doing, e))?;
-            let updated = tx
-                .execute_raw(Statement::from_sql_and_values(
-                    db.get_database_backend(),
-                    &sql.complete_lease,
-                    [
-                        status.code().into(),
-                        payload.into(),
-                        millis(ttl).into(),
-                        ticket.id.to_vec().into(),
-                        ticket.token.into(),
-                    ],
-                ))
+            let tx = begin(&db)
                 .await
-                .map_err(|e| store_error(doing, e))?;
-            if updated.rows_affected() != 1 {
-                return Err(lost());
-            }
-            for forget in [&sql.delete_steps, &sql.delete_call] {
-                tx.execute_raw(statement(sql, forget, vec![ticket.id.to_vec().into()]))
-                    .await
-                    .map_err(|e| store_error(doing, e))?;
-            }
-            tx.commit().await.map_err(|e| store_error(doing, e))
+                .map_err(|e| store_error("recording the result", e))?;
+            record_completion(tx, ticket, status, payload, ttl).await
         }))
     }
 
@@ -365,6 +405,8 @@ impl LeaseStore for SeaOrmLeaseStore {
 /// that finds the step recorded returns its value without running `writes` again. A holder
 /// that lost its lease gets [`Error::LeaseLost`] and its writes roll back.
 ///
+/// When the phase is the handler's last work, [`finish`] saves a write transaction.
+///
 /// ```text
 /// let view = idem::sea_orm::final_step(db, "record-payment", |tx| Box::pin(async move {
 ///     order::Entity::apply_transition(tx, id, transition!(OrderStatus: Pending -> Paid)).await?;
@@ -380,10 +422,53 @@ where
         &'t DatabaseTransaction,
     ) -> Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>,
 {
-    let lease = LeaseHandle::current("idem::sea_orm::final_step")?;
+    final_phase(db, name, writes, "idem::sea_orm::final_step", false).await
+}
+
+/// [`final_step`] as the handler's last work: the phase's transaction stays open until the
+/// handler returns, and the call's result is recorded in it, so a call takes three write
+/// transactions (claim, steps, this) instead of four. Return its value (or something made
+/// from it, with no database work in between):
+///
+/// ```text
+/// idem::sea_orm::finish(db, "record-payment", |tx| Box::pin(async move { ... Ok(view) })).await
+/// ```
+///
+/// Its writes become visible to other connections when the handler returns, together with
+/// the recorded result: read them back inside `writes`, not after. Database work after it
+/// waits at most 50 ms, after which the phase commits alone (and the result is recorded in a
+/// transaction of its own, as after [`final_step`]).
+pub async fn finish<T, E, F>(db: &DatabaseConnection, name: &str, writes: F) -> Result<T, E>
+where
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+    F: for<'t> FnOnce(
+        &'t DatabaseTransaction,
+    ) -> Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>,
+{
+    final_phase(db, name, writes, "idem::sea_orm::finish", true).await
+}
+
+/// A final phase; with `keep_open` its transaction waits for the call's result.
+async fn final_phase<T, E, F>(
+    db: &DatabaseConnection,
+    name: &str,
+    writes: F,
+    what: &str,
+    keep_open: bool,
+) -> Result<T, E>
+where
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+    F: for<'t> FnOnce(
+        &'t DatabaseTransaction,
+    ) -> Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>,
+{
+    let lease = LeaseHandle::current(what)?;
     if let Some(value) = lease.recorded::<T>(name)? {
         return Ok(value);
     }
+    lease.commit_open_phase().await?;
     if lease.is_lost() {
         return Err(lease.lose().into());
     }
@@ -409,9 +494,15 @@ where
     };
     let payload = lease.encode(&value)?;
     insert_step(&tx, &ticket, name, &payload).await?;
-    tx.commit()
-        .await
-        .map_err(|e| store_error("committing the final phase", e))?;
+    if keep_open {
+        // The engine records the call's result in this transaction when the handler
+        // returns, or commits it alone if the handler does more first.
+        lease.keep_open(Box::new(OpenFinalPhase(tx)));
+    } else {
+        tx.commit()
+            .await
+            .map_err(|e| store_error("committing the final phase", e))?;
+    }
     lease.note_recorded(name, payload);
     Ok(value)
 }

@@ -40,7 +40,7 @@ pub mod ledger;
 mod migration;
 
 pub use completer::Completer;
-pub use lease::{ExpiredLease, SeaOrmLeaseStore, expired_leases, final_step};
+pub use lease::{ExpiredLease, SeaOrmLeaseStore, expired_leases, final_step, finish};
 #[cfg(feature = "migration")]
 #[cfg_attr(docsrs, doc(cfg(feature = "migration")))]
 pub use migration::{CompleterMigration, LeaseMigration, Migration, OutboxMigration, migrations};
