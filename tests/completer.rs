@@ -510,3 +510,56 @@ async fn arguments_over_the_limit_are_refused_before_any_claim() {
         assert_eq!(fine.ok(), Some(1000), "{}", backend.name);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_completer_outlives_store_errors_and_finishes_the_call() {
+    for backend in isolated().await {
+        let case = Case::new(&backend, "run");
+        case.abandoned().await;
+        // The calls table disappears (an operator's mistake, a failover): every round fails.
+        rename(&case.db, "idem_calls", "idem_calls_away").await;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let completer = case
+            .completer(After::default())
+            .poll_interval(Duration::from_millis(50));
+        let running = tokio::spawn(completer.run(async {
+            let _ = stopped.await;
+        }));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(
+            !running.is_finished(),
+            "{}: run returned on errors",
+            case.name
+        );
+        assert_eq!(effects(&case.db, &case.run).await, 0, "{}", case.name);
+        rename(&case.db, "idem_calls_away", "idem_calls").await;
+        // It recovers by itself (its backoff is capped at ten poll intervals).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        while effects(&case.db, &case.run).await == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{}: the running completer never finished the call",
+                case.name
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let _ = stop.send(());
+        running.await.expect("the completer stops on shutdown");
+        case.assert_paid_once("finished by a running completer")
+            .await;
+        assert_eq!(
+            case.client_retry().await.1,
+            Some(Outcome::Replayed),
+            "{}",
+            case.name
+        );
+    }
+}
+
+async fn rename(db: &DatabaseConnection, from: &str, to: &str) {
+    let sql = match db.get_database_backend() {
+        sea_orm::DbBackend::MySql => format!("RENAME TABLE {from} TO {to}"),
+        _ => format!("ALTER TABLE {from} RENAME TO {to}"),
+    };
+    db.execute_unprepared(&sql).await.expect("rename a table");
+}
