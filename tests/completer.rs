@@ -563,3 +563,58 @@ async fn rename(db: &DatabaseConnection, from: &str, to: &str) {
     };
     db.execute_unprepared(&sql).await.expect("rename a table");
 }
+
+/// Fails (transiently) after its final phase committed, while `failures` lasts.
+#[idempotent(scope = "completer.after-final", key = cmd.key, lease = "1s", resumable, skip(failures))]
+async fn pay_then_flake(
+    db: &DatabaseConnection,
+    failures: &AtomicU32,
+    cmd: Pay,
+) -> Result<String, TestError> {
+    let run = cmd.run.clone();
+    let answer = idem::sea_orm::final_step(db, "record-payment", move |tx| {
+        Box::pin(async move {
+            insert_effect(tx, &run, "payment", 1).await;
+            Ok::<_, TestError>(format!("paid {run}"))
+        })
+    })
+    .await?;
+    if failures
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+    {
+        return Err(TestError::Flaky);
+    }
+    Ok(answer)
+}
+
+#[tokio::test]
+async fn a_call_whose_final_phase_committed_is_completed_never_given_up() {
+    for backend in isolated().await {
+        let case = Case::new(&backend, "final-done");
+        let failures = Arc::new(AtomicU32::new(4));
+        let first = pay_then_flake(&case.db, &failures, cmd(&case.run)).await;
+        assert!(matches!(first, Err(TestError::Flaky)), "{}", case.name);
+        let (db, left) = (case.db.clone(), Arc::clone(&failures));
+        // One attempt allowed: a call without its final phase would be given up after it.
+        let completer = Completer::new(SeaOrmLeaseStore::new(case.db.clone()))
+            .backoff(Duration::ZERO, Duration::ZERO)
+            .max_attempts(1)
+            .resume("completer.after-final", move |call: Resumed<(Pay,)>| {
+                let (db, left) = (db.clone(), Arc::clone(&left));
+                async move { pay_then_flake(&db, &left, call.args.0).await }
+            });
+        let round = until(&completer, |r| r.finished >= 1).await;
+        assert_eq!(round.gave_up, 0, "{}: {round:?}", case.name);
+        assert_eq!(round.failed, 3, "{}: {round:?}", case.name);
+        assert_eq!(effects(&case.db, &case.run).await, 1, "{}", case.name);
+        let retry = with_outcome(pay_then_flake(&case.db, &failures, cmd(&case.run))).await;
+        assert_eq!(retry.1, Some(Outcome::Replayed), "{}", case.name);
+        assert_eq!(
+            retry.0.ok(),
+            Some(format!("paid {}", case.run)),
+            "{}",
+            case.name
+        );
+    }
+}

@@ -61,6 +61,9 @@ pub struct StoredCall {
     pub last_error: Option<String>,
     /// Whether the call was given up and its give-up hook is still owed.
     pub gave_up: bool,
+    /// Whether the call's final phase committed: its database effects are done, so it is
+    /// completed (attempted again), never given up.
+    pub final_phase_done: bool,
 }
 
 impl StoredCall {
@@ -85,7 +88,15 @@ impl StoredCall {
             attempts,
             last_error,
             gave_up,
+            final_phase_done: false,
         }
+    }
+
+    /// Notes that the call's final phase committed.
+    #[must_use]
+    pub fn with_final_phase_done(mut self, done: bool) -> Self {
+        self.final_phase_done = done;
+        self
     }
 }
 
@@ -457,7 +468,7 @@ impl<S: ResumeStore> Completer<S> {
         for call in due.calls {
             if call.gave_up {
                 round.hooks_run += u32::from(self.owed_hook(call).await?);
-            } else if call.attempts >= self.max_attempts {
+            } else if call.attempts >= self.max_attempts && !call.final_phase_done {
                 let reason = call
                     .last_error
                     .clone()

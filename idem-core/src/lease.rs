@@ -208,6 +208,11 @@ impl LeaseHandle {
         self.0.ticket
     }
 
+    /// Whether the call is resumable (its arguments are stored for a completer).
+    pub fn is_resumable(&self) -> bool {
+        self.0.request.stored_args().is_some()
+    }
+
     /// A step's recorded value, if it was recorded.
     pub fn recorded<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>, Error> {
         recorded_step(&self.0, name)

@@ -29,6 +29,7 @@ fn stored_call(row: &QueryResult) -> Result<StoredCall, DbErr> {
     let attempts: i32 = row.try_get_by_index(5)?;
     let last_error: Option<String> = row.try_get_by_index(6)?;
     let gave_up: i16 = row.try_get_by_index(7)?;
+    let final_phase_done: i16 = row.try_get_by_index(8)?;
     Ok(StoredCall::new(
         id,
         scope,
@@ -38,7 +39,8 @@ fn stored_call(row: &QueryResult) -> Result<StoredCall, DbErr> {
         u32::try_from(attempts).unwrap_or(0),
         last_error,
         gave_up == 1,
-    ))
+    )
+    .with_final_phase_done(final_phase_done == 1))
 }
 
 /// The attempts count a conditional update compares with: the one read.

@@ -494,6 +494,17 @@ where
     };
     let payload = lease.encode(&value)?;
     insert_step(&tx, &ticket, name, &payload).await?;
+    if lease.is_resumable() {
+        // A completer must complete this call, never give it up: its effects are done.
+        let sql = Sql::of(tx.get_database_backend());
+        tx.execute_raw(statement(
+            sql,
+            &sql.note_final_phase,
+            vec![ticket.id.to_vec().into()],
+        ))
+        .await
+        .map_err(|e| store_error("recording the final phase", e))?;
+    }
     if keep_open {
         // The engine records the call's result in this transaction when the handler
         // returns, or commits it alone if the handler does more first.

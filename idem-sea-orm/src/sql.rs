@@ -177,7 +177,7 @@ pub(crate) struct Sql {
     /// Binds record_id.
     pub(crate) delete_call: String,
     /// `{ids}` is the list of scopes; `{limit}` the batch. Returns record_id, scope,
-    /// principal, idem_key, args, attempts, last_error, gave_up of due calls.
+    /// principal, idem_key, args, attempts, last_error, gave_up, final_phase_done of due calls.
     pub(crate) due_calls: String,
     /// `{ids}` is the list of scopes. Returns milliseconds until the next call is due.
     pub(crate) next_due_in: String,
@@ -187,8 +187,11 @@ pub(crate) struct Sql {
     pub(crate) begin_attempt: String,
     /// Binds last_error, record_id.
     pub(crate) note_call_error: String,
-    /// Binds response, record_id. The give-up, fenced: the lease must have ended.
+    /// Binds response, record_id. The give-up, fenced: the lease must have ended, and the
+    /// final phase not have committed (such a call is completed, never given up).
     pub(crate) give_up: String,
+    /// Binds record_id. Run in a final phase's transaction.
+    pub(crate) note_final_phase: String,
     /// Binds hook_retry_ms, record_id.
     pub(crate) owe_hook: String,
     /// Binds record_id.
@@ -434,14 +437,15 @@ impl Sql {
                     record_id {hash} NOT NULL PRIMARY KEY, scope {string} NOT NULL, \
                     args {blob} NOT NULL, ttl_ms {i64} NOT NULL, attempts {i32} NOT NULL, \
                     next_attempt_at_ms {i64} NOT NULL, last_error TEXT NULL, \
-                    gave_up {i16} NOT NULL, created_at_ms {i64} NOT NULL){clustered}")],
+                    gave_up {i16} NOT NULL, final_phase_done {i16} NOT NULL, \
+                    created_at_ms {i64} NOT NULL){clustered}")],
                 drop: vec![r("DROP TABLE IF EXISTS {calls}")],
             },
             insert_call: r(&upsert(
                 backend,
                 "INSERT INTO {calls} (record_id, scope, args, ttl_ms, attempts, \
-                next_attempt_at_ms, last_error, gave_up, created_at_ms) \
-                VALUES (?, ?, ?, ?, 0, 0, NULL, 0, {now})",
+                next_attempt_at_ms, last_error, gave_up, final_phase_done, created_at_ms) \
+                VALUES (?, ?, ?, ?, 0, 0, NULL, 0, 0, {now})",
                 "record_id",
                 &[
                     "scope",
@@ -451,13 +455,14 @@ impl Sql {
                     "next_attempt_at_ms",
                     "last_error",
                     "gave_up",
+                    "final_phase_done",
                     "created_at_ms",
                 ],
             )),
             delete_call: r("DELETE FROM {calls} WHERE record_id = ?"),
             due_calls: r(
                 "SELECT c.record_id, c.scope, l.principal, l.idem_key, c.args, \
-                c.attempts, c.last_error, c.gave_up \
+                c.attempts, c.last_error, c.gave_up, c.final_phase_done \
                 FROM {calls} c JOIN {ledger} l ON l.id = c.record_id \
                 WHERE c.next_attempt_at_ms <= {now} \
                 AND (c.gave_up = 1 OR (l.state = 0 AND l.expires_at_ms <= {now})) \
@@ -481,8 +486,10 @@ impl Sql {
             give_up: r(
                 "UPDATE {ledger} SET state = {gave_up}, response = ?, owner = owner + 1, \
                 expires_at_ms = {now} + (SELECT ttl_ms FROM {calls} WHERE record_id = {ledger}.id) \
-                WHERE id = ? AND state = 0 AND expires_at_ms <= {now}",
+                WHERE id = ? AND state = 0 AND expires_at_ms <= {now} AND NOT EXISTS (\
+                SELECT 1 FROM {calls} WHERE record_id = {ledger}.id AND final_phase_done = 1)",
             ),
+            note_final_phase: r("UPDATE {calls} SET final_phase_done = 1 WHERE record_id = ?"),
             owe_hook: r(
                 "UPDATE {calls} SET gave_up = 1, next_attempt_at_ms = {now} + ? \
                 WHERE record_id = ?",
