@@ -31,9 +31,14 @@
 //! while a lease is live. A tick while the holder is alive means it is slow; slow ticks, crashes
 //! and a completer's attempts (`Protocol::attempt_bound`) are bounded.
 //!
-//! Properties: see `Protocol::properties`. Stateright checks `eventually` at terminal states
-//! only: the state graph has no cycle (`assert_acyclic`) and "ended" stays true once true, so
-//! that covers every run. Each mutation test removes one guard and expects its property to fail.
+//! Properties (`Protocol::properties`): always at most one payment row and one charge; a `Done`
+//! call has one payment, of the one charge, as its answer; a `GaveUp` call has no payment; one
+//! give-up at most, its hook run before its flag is cleared; every answer a client got is the
+//! recorded one. Eventually every call ends (`Done`, or `GaveUp` with its hook run). Stateright
+//! checks `eventually` at terminal states only: the state graph has no cycle (`assert_acyclic`)
+//! and "ended" stays true once true, so that covers every run. Sometimes: done, given up, a
+//! crashed holder taken over, a zombie fenced out (not vacuous). Each mutation test removes one
+//! guard and expects the property it keeps to fail.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
@@ -82,6 +87,7 @@ impl Protocol {
         Self {
             completers: 2,
             crash_budget: 3,
+            // Enough for two live holders to lose their lease (two zombies).
             slow_ticks: 2 * LEASE_TICKS,
             ..Self::default()
         }
@@ -139,6 +145,7 @@ impl Protocol {
     }
 }
 
+/// A `Pending` row: its holder's token, its lease, and the completers' attempts.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 struct Lease {
     token: Token,
@@ -462,8 +469,6 @@ impl Model for Protocol {
         !matches!(w.row, Row::Pending(lease) if lease.attempts > self.attempt_bound())
     }
 
-    /// Safety, liveness (`eventually`: `Done`, or `GaveUp` with its hook run), and examples that
-    /// keep them from being vacuous.
     fn properties(&self) -> Vec<Property<Self>> {
         type P = Property<Protocol>;
         vec![
