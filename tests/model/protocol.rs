@@ -15,15 +15,22 @@
 //! a takeover bumps the token and replays the recorded steps. A gateway failure (before the
 //! charge, or after it with the response lost) releases the lease, fenced, and stops the holder.
 //!
-//! Decision: a call whose final phase committed is not given up: a completer takes it over
-//! whatever its attempts and completes it from the recorded steps. So a `GaveUp` row never has a
+//! Decision: a call whose final phase committed is not given up, so a `GaveUp` row never has a
 //! payment; it may have a charge (made, never paid for), which is what the give-up hook is for.
+//! With a final phase that also completes the call (`final_completes`: `finish`), no such call is
+//! `Pending`, and the give-up needs no check. With a separate completion (`final_step`), the
+//! completer must complete such a call from its steps whatever its attempts: a give-up that does
+//! not check (`give_up_after_final`) leaves a paid call given up.
 //!
 //! Mapping: `claim` (takeover, `InFlight`), `record_step` and `fence`, `final_step` (fence,
 //! payment and step in one transaction), `complete` (`WHERE owner = ? AND state = 0`, steps
 //! deleted), `release_lease`, `renew` in idem-sea-orm/src/lease.rs, driven by `run_lease` and
-//! `step` in idem-core/src/lease.rs. Completer and give-up: `idem::sea_orm::Completer` (being
-//! written), which rebuilds the call from the arguments the claim stored with the `Pending` row.
+//! `step` in idem-core/src/lease.rs; `finish` is the final phase that completes. Completer:
+//! `idem::sea_orm::Completer` (idem-core/src/completer.rs `run_once`, `give_up`, `run_hook`;
+//! idem-sea-orm/src/completer.rs `begin_attempt`, `give_up`, `forget`), which rebuilds the call
+//! from the arguments stored with its claim. It counts an attempt in a transaction of its own
+//! before the takeover; the model counts it in the takeover (a crash in between only makes the
+//! real give-up come sooner, under the same guards).
 //!
 //! Abstracted: one key, one handler; no record TTL, fingerprint or `wait` polling (`InFlight` is
 //! final: the second client is the retry). The row keeps what the protocol compares, the lease's
@@ -625,9 +632,11 @@ fn the_guarded_protocol_has_no_cycle() {
     assert_acyclic(&Protocol::guarded());
 }
 
+/// `finish` on main: no call is `Pending` with its final phase committed, so a give-up that does
+/// not look at the steps (main's) is safe.
 #[test]
-fn folding_the_final_phase_into_completion_keeps_every_promise() {
-    let protocol = mutated(|p| p.final_completes = true);
+fn a_final_phase_that_completes_keeps_every_promise_with_any_give_up() {
+    let protocol = mutated(|p| (p.final_completes, p.give_up_after_final) = (true, true));
     assert_promises_kept("final phase completes", protocol, &[]);
 }
 
