@@ -102,9 +102,10 @@ async fn claim(
     fingerprint: idem_core::Fingerprint,
     lease_ms: i64,
 ) -> Result<LeaseClaim, Error> {
-    let d = Sql::of(db.get_database_backend());
     let doing = "claiming a lease";
     let tx = begin(&db).await.map_err(|e| store_error(doing, e))?;
+    // After `begin`, which learns which MySQL family the server is.
+    let d = Sql::of(db.get_database_backend());
     let failed = |e: DbErr| store_error(doing, e);
     // Inserted only if absent; then read the row back, locked, with the database's clock.
     tx.execute_raw(statement(d, &d.claim, values))

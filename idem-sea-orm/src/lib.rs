@@ -29,6 +29,7 @@
 
 mod completer;
 mod error;
+mod flavour;
 mod lease;
 mod outbox;
 mod sql;
@@ -40,6 +41,7 @@ pub mod ledger;
 mod migration;
 
 pub use completer::Completer;
+pub use flavour::FORCE_MYSQL8_ENV;
 pub use lease::{ExpiredLease, SeaOrmLeaseStore, expired_leases, final_step, finish};
 #[cfg(feature = "migration")]
 #[cfg_attr(docsrs, doc(cfg(feature = "migration")))]

@@ -132,6 +132,9 @@ pub(crate) struct Sql {
     pub(crate) claim_by_read: bool,
     /// Same as `claim`, failing at once if another transaction holds the key.
     pub(crate) claim_nowait: String,
+    /// Run after `claim_nowait` (whatever it answered) where `before_nowait` changed the
+    /// session.
+    pub(crate) after_nowait: Option<&'static str>,
     /// Run before `claim_nowait` where the backend needs a separate statement.
     pub(crate) before_nowait: Option<&'static str>,
     /// Binds id; returns owner, fingerprint, state, response, expires_at_ms, now_ms.
@@ -262,21 +265,27 @@ pub(crate) enum Purge {
 }
 
 impl Sql {
-    /// The statements of `backend`.
+    /// The statements of `backend` (on MySQL, of the server family this process talks to:
+    /// [`crate::flavour`]).
     pub(crate) fn of(backend: DbBackend) -> &'static Sql {
-        static POSTGRES: LazyLock<Sql> = LazyLock::new(|| Sql::new(DbBackend::Postgres));
-        static MYSQL: LazyLock<Sql> = LazyLock::new(|| Sql::new(DbBackend::MySql));
-        static SQLITE: LazyLock<Sql> = LazyLock::new(|| Sql::new(DbBackend::Sqlite));
+        static POSTGRES: LazyLock<Sql> = LazyLock::new(|| Sql::new(DbBackend::Postgres, true));
+        static MARIADB: LazyLock<Sql> = LazyLock::new(|| Sql::new(DbBackend::MySql, true));
+        static MYSQL: LazyLock<Sql> = LazyLock::new(|| Sql::new(DbBackend::MySql, false));
+        static SQLITE: LazyLock<Sql> = LazyLock::new(|| Sql::new(DbBackend::Sqlite, true));
         match backend {
             DbBackend::Postgres => &POSTGRES,
-            DbBackend::MySql => &MYSQL,
+            DbBackend::MySql if crate::flavour::mysql_without_returning() => &MYSQL,
+            DbBackend::MySql => &MARIADB,
             _ => &SQLITE,
         }
     }
 
-    fn new(backend: DbBackend) -> Sql {
+    /// The statements of `backend`; `mariadb` picks MariaDB's on the MySQL protocol
+    /// (`RETURNING`, `SET STATEMENT`), else those of the MySQL 8 family.
+    fn new(backend: DbBackend, mariadb: bool) -> Sql {
         use sea_orm::DatabaseBackend::{MySql, Postgres, Sqlite};
         let r = |template: &str| render(backend, template);
+        let mysql8 = backend == MySql && !mariadb;
         let claim = r(match backend {
             // One round trip answers a new key and a replay alike: the insert's row, or else
             // the committed row it ran into, read without a lock. A row committed while the
@@ -288,10 +297,12 @@ impl Sql {
                 SELECT owner, fingerprint, state, response, expires_at_ms, {now} AS now_ms \
                 FROM {ledger} WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM claimed)"
             }
+            // MySQL 8, Aurora MySQL, TiDB, Vitess: no `RETURNING`. The upsert returns no row,
+            // so the store reads the key locked: two round trips.
+            MySql if mysql8 => "{insert_claim} ON DUPLICATE KEY UPDATE id = id",
             // MariaDB (10.5+) returns the row an upsert leaves: ours if inserted, else the
             // existing one, locked by the duplicate-key update and read as committed. One round
-            // trip decides. (MySQL 8 has neither `RETURNING` nor `SET STATEMENT`: MariaDB is
-            // the supported server.)
+            // trip decides.
             MySql => "{insert_claim} ON DUPLICATE KEY UPDATE id = id {returning_row}",
             // The write lock is taken by BEGIN IMMEDIATE, so reads need no FOR UPDATE (SQLite
             // has none) and a concurrent duplicate always waits in BEGIN.
@@ -333,17 +344,24 @@ impl Sql {
             },
             claim_nowait: match backend {
                 // MariaDB: a lock wait of 0 s fails at once with error 1205.
-                MySql => format!("SET STATEMENT innodb_lock_wait_timeout = 0 FOR {claim}"),
+                MySql if !mysql8 => {
+                    format!("SET STATEMENT innodb_lock_wait_timeout = 0 FOR {claim}")
+                }
                 _ => claim.clone(),
             },
             claim,
-            claim_locks_row: backend == MySql,
+            claim_locks_row: backend == MySql && !mysql8,
             claim_by_read: backend == Sqlite,
             before_nowait: match backend {
                 // A lock wait longer than this is another transaction holding the key.
                 Postgres => Some("SET LOCAL lock_timeout = '50ms'"),
+                // The MySQL 8 family has no per-statement setting (`SET_VAR` is not in
+                // MariaDB, where this path is tested) and no wait below 1 s: a rejected
+                // duplicate is told within a second.
+                MySql if mysql8 => Some("SET SESSION innodb_lock_wait_timeout = 1"),
                 _ => None,
             },
+            after_nowait: mysql8.then_some("SET SESSION innodb_lock_wait_timeout = DEFAULT"),
             read_locked: match backend {
                 Sqlite => r("{read_row}"),
                 _ => r("{read_row} FOR UPDATE"),

@@ -81,6 +81,10 @@ pub struct ClaimedTx {
 
 pub(crate) async fn begin(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
     match db.get_database_backend() {
+        DbBackend::MySql => {
+            crate::flavour::detect(db).await;
+            db.begin().await
+        }
         // Take SQLite's write lock up front: a deferred transaction that reads and then writes
         // fails with SQLITE_BUSY instead of waiting.
         DbBackend::Sqlite => {
@@ -209,10 +213,11 @@ async fn try_claim(
     db: &DatabaseConnection,
     step: &ClaimStep,
 ) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
-    let d = Sql::of(db.get_database_backend());
     let tx = begin(db)
         .await
         .map_err(|e| ("beginning the claim transaction", e))?;
+    // After `begin`, which learns which MySQL family the server is.
+    let d = Sql::of(db.get_database_backend());
     if step.reject
         && let Some(sql) = d.before_nowait
     {
@@ -250,6 +255,13 @@ async fn try_claim(
         .query_one_raw(insert)
         .await
         .and_then(|row| row.map(|row| read_row(&row)).transpose());
+    if step.reject
+        && let Some(sql) = d.after_nowait
+    {
+        tx.execute_unprepared(sql)
+            .await
+            .map_err(|e| ("resetting the lock timeout", e))?;
+    }
     let seen = match seen {
         Ok(seen) => seen,
         Err(e) if classify(&e) == Failure::LockTimeout => {

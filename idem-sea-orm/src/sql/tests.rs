@@ -2,6 +2,13 @@ use super::*;
 
 const BACKENDS: [DbBackend; 3] = [DbBackend::Postgres, DbBackend::MySql, DbBackend::Sqlite];
 
+/// Every statement table: each backend's, and the MySQL 8 family's beside MariaDB's.
+fn every_table() -> Vec<Sql> {
+    let mut all: Vec<Sql> = BACKENDS.map(|b| Sql::new(b, true)).into();
+    all.push(Sql::new(DbBackend::MySql, false));
+    all
+}
+
 /// Every statement of `sql` as it runs (`{ids}` lists filled with two ids).
 fn every_statement(sql: &Sql) -> Vec<String> {
     let purge = match &sql.purge {
@@ -42,23 +49,40 @@ fn every_statement(sql: &Sql) -> Vec<String> {
         &sql.list_dead,
         &sql.retry_dead,
         &sql.record_dead_letter,
+        &sql.insert_call,
+        &sql.delete_call,
+        &sql.due_calls,
+        &sql.next_due_in,
+        &sql.unregistered_calls,
+        &sql.begin_attempt,
+        &sql.note_call_error,
+        &sql.give_up,
+        &sql.note_final_phase,
+        &sql.owe_hook,
+        &sql.forget_given_up,
+        &sql.purge_orphaned_calls,
     ];
-    [&sql.ledger_tables, &sql.steps_tables, &sql.outbox_tables]
-        .into_iter()
-        .flat_map(|tables| tables.create.iter().chain(&tables.drop))
-        .chain(statements)
-        .chain(purge)
-        .chain(sql.bump_head.iter())
-        .filter(|statement| !statement.is_empty())
-        .map(|statement| with_ids(sql.backend, statement, 2))
-        .collect()
+    [
+        &sql.ledger_tables,
+        &sql.steps_tables,
+        &sql.calls_tables,
+        &sql.outbox_tables,
+    ]
+    .into_iter()
+    .flat_map(|tables| tables.create.iter().chain(&tables.drop))
+    .chain(statements)
+    .chain(purge)
+    .chain(sql.bump_head.iter())
+    .filter(|statement| !statement.is_empty())
+    .map(|statement| with_ids(sql.backend, statement, 2).replace("{limit}", "10"))
+    .collect()
 }
 
 #[test]
 fn every_name_in_a_template_is_spliced() {
-    for backend in BACKENDS {
-        for statement in every_statement(Sql::of(backend)) {
-            assert!(!statement.contains('{'), "{backend:?}: {statement}");
+    for sql in every_table() {
+        for statement in every_statement(&sql) {
+            assert!(!statement.contains('{'), "{:?}: {statement}", sql.backend);
         }
     }
 }
@@ -105,8 +129,8 @@ fn id_lists_are_numbered_after_the_leading_placeholders() {
 
 #[test]
 fn expiry_and_leases_are_measured_on_the_database_clock() {
-    for backend in BACKENDS {
-        let sql = Sql::of(backend);
+    for sql in &every_table() {
+        let backend = sql.backend;
         let purge = match &sql.purge {
             Purge::ByIndex(purge) => vec![purge],
             Purge::Sweep {
@@ -128,4 +152,14 @@ fn expiry_and_leases_are_measured_on_the_database_clock() {
             assert!(statement.contains(sql.now), "{backend:?}: {statement}");
         }
     }
+}
+
+#[test]
+fn the_mysql_8_family_uses_no_mariadb_only_syntax() {
+    let mysql8 = Sql::new(DbBackend::MySql, false);
+    for statement in every_statement(&mysql8) {
+        assert!(!statement.contains("RETURNING"), "{statement}");
+        assert!(!statement.contains("SET STATEMENT"), "{statement}");
+    }
+    assert!(!mysql8.claim_locks_row, "no row comes back to decide on");
 }

@@ -1,0 +1,78 @@
+//! Which server family speaks the MySQL protocol to this process: MariaDB 10.5+ (the claim
+//! reads the row back with `RETURNING` in the same statement, and `reject` waits 0 s with
+//! `SET STATEMENT`), or the MySQL 8 family (MySQL 8.0/8.4, Aurora MySQL, TiDB, Vitess,
+//! MariaDB before 10.5): an upsert, then a locked read; `reject` waits at most 1 s.
+//!
+//! The family is learnt from `SELECT VERSION()` the first time a MySQL-protocol
+//! transaction begins in the process, and holds for the process (one MySQL family per
+//! process). [`FORCE_MYSQL8_ENV`] set to `1` picks the MySQL 8 family whatever the server
+//! says: that is how the path is tested on MariaDB.
+
+use std::sync::{LazyLock, OnceLock};
+
+use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
+
+/// Set to `1` to use the MySQL 8 family's statements on any MySQL-protocol server.
+pub const FORCE_MYSQL8_ENV: &str = "IDEM_MYSQL_WITHOUT_RETURNING";
+
+static WITHOUT_RETURNING: OnceLock<bool> = OnceLock::new();
+
+static FORCED: LazyLock<bool> =
+    LazyLock::new(|| std::env::var(FORCE_MYSQL8_ENV).is_ok_and(|v| v == "1"));
+
+/// Whether the MySQL-protocol server lacks `RETURNING` (as far as this process knows yet).
+pub(crate) fn mysql_without_returning() -> bool {
+    WITHOUT_RETURNING.get().copied().unwrap_or(*FORCED)
+}
+
+/// Learns the family from the server's version, once per process.
+pub(crate) async fn detect(db: &DatabaseConnection) {
+    if WITHOUT_RETURNING.get().is_some() {
+        return;
+    }
+    let without = *FORCED || {
+        let version = db
+            .query_one_raw(Statement::from_string(
+                db.get_database_backend(),
+                "SELECT VERSION()",
+            ))
+            .await
+            .ok()
+            .flatten()
+            .and_then(|row| row.try_get_by_index::<String>(0).ok());
+        // Unknown (the query failed): MariaDB's statements, as before; a server without
+        // `RETURNING` then fails the claim visibly instead of silently taking another path.
+        version.is_some_and(|v| !has_returning(&v))
+    };
+    let _ = WITHOUT_RETURNING.set(without);
+}
+
+/// Whether a `VERSION()` string is MariaDB 10.5 or later (`10.11.19-MariaDB-0+deb12u1`).
+fn has_returning(version: &str) -> bool {
+    if !version.contains("MariaDB") {
+        return false;
+    }
+    // Some proxies still prefix the old replication marker.
+    let version = version.strip_prefix("5.5.5-").unwrap_or(version);
+    let mut parts = version
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (10, 5)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_returning;
+
+    #[test]
+    fn versions() {
+        assert!(has_returning("10.11.19-MariaDB-0+deb12u1"));
+        assert!(has_returning("11.4.2-MariaDB"));
+        assert!(has_returning("5.5.5-10.6.12-MariaDB"));
+        assert!(!has_returning("10.4.32-MariaDB"));
+        assert!(!has_returning("8.0.36"));
+        assert!(!has_returning("8.0.mysql_aurora.3.05.2"));
+        assert!(!has_returning("8.0.11-TiDB-v7.5.0"));
+    }
+}
