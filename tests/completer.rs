@@ -618,3 +618,58 @@ async fn a_call_whose_final_phase_committed_is_completed_never_given_up() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_attempt_does_not_hold_up_the_others() {
+    for backend in isolated().await {
+        let slow = Case::new(&backend, "slow");
+        let quick = Case {
+            run: unique("quick"),
+            ..slow.clone()
+        };
+        slow.abandoned().await;
+        let gate = Gate::default();
+        let (db, gateway, held) = (slow.db.clone(), slow.gateway.clone(), gate.clone());
+        let slow_run = slow.run.clone();
+        let completer = Completer::new(SeaOrmLeaseStore::new(slow.db.clone()))
+            .poll_interval(Duration::from_millis(50))
+            .resume(SCOPE, move |call: Resumed<(Pay,)>| {
+                let (db, gateway) = (db.clone(), gateway.clone());
+                let after = After {
+                    gate: (call.args.0.run == slow_run).then(|| held.clone()),
+                    fail: false,
+                };
+                async move { pay(&db, &gateway, &after, call.args.0).await }
+            });
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(completer.run(async {
+            let _ = stopped.await;
+        }));
+        gate.entered().await;
+        // While the slow call is held inside its attempt, another call is abandoned, becomes
+        // due a lease later, and is finished meanwhile.
+        quick.abandoned().await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        while effects(&quick.db, &quick.run).await == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{}: the quick call waited for the slow one",
+                quick.name
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(effects(&slow.db, &slow.run).await, 0, "{}", slow.name);
+        gate.release();
+        let _ = stop.send(());
+        running
+            .await
+            .expect("the completer stops after its attempts");
+        assert_eq!(effects(&slow.db, &slow.run).await, 1, "{}", slow.name);
+        assert_eq!(
+            slow.gateway.calls(),
+            2,
+            "{}: one charge per call",
+            slow.name
+        );
+    }
+}

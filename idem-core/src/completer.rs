@@ -36,7 +36,7 @@ use crate::store::BoxFuture;
 pub const MAX_STORED_ARGS: usize = 64 * 1024;
 
 /// How many attempts a completer makes at a call before giving it up, by default.
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
 
 /// How long a completer that took a give-up hook has before another completer runs it again.
 pub const HOOK_RETRY: Duration = Duration::from_secs(30);
@@ -304,6 +304,7 @@ pub struct Completer<S> {
     poll_interval: Duration,
     backoff: (Duration, Duration),
     batch: u32,
+    concurrency: usize,
 }
 
 impl<S> std::fmt::Debug for Completer<S> {
@@ -320,7 +321,9 @@ impl<S> std::fmt::Debug for Completer<S> {
 impl<S: ResumeStore> Completer<S> {
     /// A completer on `store`, with no resumers yet: up to [`DEFAULT_MAX_ATTEMPTS`] attempts
     /// per call, polling every second (and sooner when the store tells when the next lease
-    /// ends), backing off from 1 s to 1 min between attempts at one call.
+    /// ends), backing off from 1 s, doubling, to 5 min between attempts at one call: with
+    /// the defaults a call is given up about 8.5 min after its first completer attempt, so an
+    /// outage of a few minutes downstream does not give calls up.
     pub fn new(store: S) -> Self {
         Self {
             store: Arc::new(store),
@@ -328,8 +331,9 @@ impl<S: ResumeStore> Completer<S> {
             on_give_up: None,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             poll_interval: Duration::from_secs(1),
-            backoff: (Duration::from_secs(1), Duration::from_secs(60)),
+            backoff: (Duration::from_secs(1), Duration::from_secs(300)),
             batch: 32,
+            concurrency: 16,
         }
     }
 
@@ -387,6 +391,13 @@ impl<S: ResumeStore> Completer<S> {
         self
     }
 
+    /// How many attempts [`run`](Self::run) keeps going at once (at least 1; default 16).
+    #[must_use]
+    pub fn concurrency(mut self, attempts: usize) -> Self {
+        self.concurrency = attempts.max(1);
+        self
+    }
+
     /// Attempts at one call before it is given up (at least 1).
     #[must_use]
     pub fn max_attempts(mut self, attempts: u32) -> Self {
@@ -415,12 +426,14 @@ impl<S: ResumeStore> Completer<S> {
         doubled.min(max)
     }
 
-    /// Runs until `shutdown` resolves: looks for due calls, works on them, sleeps until the
-    /// next is due (at most the poll interval). Errors are logged and retried, never returned;
-    /// on shutdown the attempts under way finish first (a cancelled attempt would only leave
-    /// its lease to end).
+    /// Runs until `shutdown` resolves: looks for due calls and starts attempts at them
+    /// (at most [`concurrency`](Self::concurrency) at once; a slow attempt does not hold up
+    /// the others), sleeps until the next is due (at most the poll interval) or an attempt
+    /// ends. Errors are logged and retried, never returned; on shutdown the attempts under
+    /// way finish first (a cancelled attempt would only leave its lease to end).
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let mut shutdown = std::pin::pin!(shutdown);
+        let mut attempts = tokio::task::JoinSet::new();
         let mut failures = 0_u32;
         let mut rounds = 0_u64;
         loop {
@@ -429,11 +442,14 @@ impl<S: ResumeStore> Completer<S> {
                 self.report_unregistered().await;
             }
             rounds += 1;
-            let pause = match self.run_once().await {
+            while attempts.try_join_next().is_some() {}
+            let pause = match self.start_round(&mut attempts).await {
                 Ok(round) => {
                     failures = 0;
-                    if round.resumed + round.gave_up + round.hooks_run > 0 {
-                        // Work was found: look again at once for more.
+                    if round.gave_up + round.hooks_run > 0
+                        || (round.resumed > 0 && attempts.len() < self.concurrency)
+                    {
+                        // Work was found and there is room: look again at once for more.
                         Duration::ZERO
                     } else {
                         round.next_in.map_or(self.poll_interval, |next| {
@@ -448,23 +464,41 @@ impl<S: ResumeStore> Completer<S> {
                 }
             };
             tokio::select! {
-                () = &mut shutdown => return,
+                () = &mut shutdown => break,
                 () = tokio::time::sleep(pause) => {}
+                // An attempt that ends frees room (and may have left work behind).
+                Some(_) = attempts.join_next(), if !attempts.is_empty() => {}
             }
         }
+        while attempts.join_next().await.is_some() {}
     }
 
     /// One look at the store: works on every due call found (attempts run concurrently) and
     /// returns when they are done.
     pub async fn run_once(&self) -> Result<Round, Error> {
+        let mut attempts = tokio::task::JoinSet::new();
+        let mut round = self.start_round(&mut attempts).await?;
+        while let Some(finished) = attempts.join_next().await {
+            match finished {
+                Ok(true) => round.finished += 1,
+                _ => round.failed += 1,
+            }
+        }
+        Ok(round)
+    }
+
+    /// Finds due calls: runs owed hooks and give-ups, and starts attempts into `attempts`
+    /// while it has room. Counts what it started; `finished` and `failed` are the caller's.
+    async fn start_round(&self, attempts: &mut tokio::task::JoinSet<bool>) -> Result<Round, Error> {
         let scopes: Vec<&str> = self.resumers.keys().map(String::as_str).collect();
         let mut round = Round::default();
-        if scopes.is_empty() {
+        let room = self.concurrency.saturating_sub(attempts.len());
+        if scopes.is_empty() || room == 0 {
             return Ok(round);
         }
-        let due = self.store.due_calls(&scopes, self.batch).await?;
+        let limit = u32::try_from(room).unwrap_or(u32::MAX).min(self.batch);
+        let due = self.store.due_calls(&scopes, limit).await?;
         round.next_in = due.next_in;
-        let mut attempts = tokio::task::JoinSet::new();
         for call in due.calls {
             if call.gave_up {
                 round.hooks_run += u32::from(self.owed_hook(call).await?);
@@ -486,12 +520,6 @@ impl<S: ResumeStore> Completer<S> {
                 crate::metrics::completer(&call.scope, "resumed");
                 let (store, resumer) = (Arc::clone(&self.store), Arc::clone(resumer));
                 attempts.spawn(async move { attempt(&*store, &resumer, call).await });
-            }
-        }
-        while let Some(finished) = attempts.join_next().await {
-            match finished {
-                Ok(true) => round.finished += 1,
-                _ => round.failed += 1,
             }
         }
         Ok(round)
