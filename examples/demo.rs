@@ -2,11 +2,14 @@
 //!
 //! Run with `cargo run --example demo`.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
+use idem::completer::Resumed;
 use idem::nats::Delivery;
 use idem::outbox::{FnSink, Message, OutboxMessage, SinkError};
-use idem::sea_orm::{Outbox, Relay, Stateful};
+use idem::sea_orm::{Completer, Outbox, Relay, SeaOrmLeaseStore, Stateful};
 use idem::{FinalError, Outcome, TransitionOutcome, idempotent, transition, with_outcome};
 use sea_orm::entity::prelude::*;
 use sea_orm::{ActiveValue::Set, Database, DatabaseConnection, Statement};
@@ -18,7 +21,8 @@ mod model;
 use model::{OrderCommand, OrderStatus, cancel_order, order, payment, ship_order};
 
 /// What the client sends; `idempotency_key` comes from its `Idempotency-Key` header.
-#[derive(Debug, Clone, Serialize)]
+/// `Deserialize` too: the resumable pay of row 12 stores it with its claim.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct PayOrder {
     idempotency_key: String,
     order_id: String,
@@ -237,6 +241,196 @@ async fn effects_outside(
     Ok(lines)
 }
 
+/// Counts the calls the payment gateway of row 12 gets (a retried call with a key it has seen
+/// returns the charge it made then).
+static GATEWAY_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+/// The payment gateway of row 12: deduplicates on the idempotency key, as Stripe does, and
+/// keeps its charges in a table of its own (in the demo's file, to be counted).
+#[derive(Clone)]
+struct Gateway {
+    db: DatabaseConnection,
+    /// Set: the gateway makes the charge, signals it here, and never answers (the caller's
+    /// process dies while it waits).
+    holds_answer: Option<Arc<tokio::sync::Notify>>,
+}
+
+impl Gateway {
+    async fn charge(&self, idempotency_key: String, amount_cents: i64) -> Result<String, PayError> {
+        GATEWAY_CALLS.fetch_add(1, Ordering::SeqCst);
+        let gateway_error = |e| PayError::Idem(idem::Error::store("the gateway's charges", e));
+        let backend = self.db.get_database_backend();
+        self.db
+            .execute_raw(Statement::from_sql_and_values(
+                backend,
+                "INSERT OR IGNORE INTO demo_gateway_charges (idem_key, charge_id, amount_cents) \
+                 VALUES (?, 'ch-' || (SELECT COUNT(*) + 1 FROM demo_gateway_charges), ?)",
+                [idempotency_key.clone().into(), amount_cents.into()],
+            ))
+            .await
+            .map_err(gateway_error)?;
+        let charge_id = self
+            .db
+            .query_one_raw(Statement::from_sql_and_values(
+                backend,
+                "SELECT charge_id FROM demo_gateway_charges WHERE idem_key = ?",
+                [idempotency_key.into()],
+            ))
+            .await
+            .map_err(gateway_error)?
+            .and_then(|row| row.try_get_by_index::<String>(0).ok())
+            .unwrap_or_default();
+        if let Some(charged) = &self.holds_answer {
+            charged.notify_one();
+            std::future::pending::<()>().await;
+        }
+        Ok(charge_id)
+    }
+}
+
+/// The scope of [`pay_through_gateway`], which the completer of row 12 resumes.
+const REMOTE_PAY_SCOPE: &str = "demo.pay-through-gateway";
+
+/// Pays through a gateway that charges over the network, so in lease mode: the claim commits
+/// first, the charge is a recorded step and the final phase writes the payment. `resumable`
+/// stores `cmd` with the claim, so a completer can finish the call without its client. The
+/// lease is 300 ms so that the demo runs in a second; a service would give it 30 s.
+#[idempotent(
+    scope = "demo.pay-through-gateway",
+    key = cmd.idempotency_key,
+    lease = "300ms",
+    resumable,
+    skip(gateway)
+)]
+async fn pay_through_gateway(
+    db: &DatabaseConnection,
+    gateway: &Gateway,
+    cmd: PayOrder,
+) -> Result<Receipt, PayError> {
+    BODY_RUNS.fetch_add(1, Ordering::SeqCst);
+    let amount_cents = cmd.amount_cents;
+    let charge_id: String = idem::step("charge", |key| gateway.charge(key, amount_cents)).await?;
+    idem::sea_orm::final_step(db, "record-payment", move |tx| {
+        Box::pin(async move {
+            let moved = order::Entity::apply_transition(
+                tx,
+                cmd.order_id.clone(),
+                transition!(OrderStatus: Pending -> Paid),
+            )
+            .await?;
+            if moved != TransitionOutcome::Applied {
+                // Paid under another key, or cancelled: deterministic, so recorded.
+                return Err(PayError::Declined(format!(
+                    "order {} is not pending",
+                    cmd.order_id
+                )));
+            }
+            let payment_id = format!("pay-{}", PAYMENTS.fetch_add(1, Ordering::SeqCst) + 1);
+            payment::Entity::insert(payment::ActiveModel {
+                id: Set(payment_id.clone()),
+                order_id: Set(cmd.order_id.clone()),
+                amount_cents: Set(amount_cents),
+                charge_id: Set(charge_id),
+            })
+            .exec(tx)
+            .await
+            .map_err(|e| idem::Error::store("saving the payment", e))?;
+            Ok(Receipt {
+                payment_id,
+                order_id: cmd.order_id,
+                amount_cents,
+            })
+        })
+    })
+    .await
+}
+
+/// Row 12: the process dies while its pay waits for the gateway's answer (the charge made),
+/// and the client never comes back. The pay's task is dropped mid-charge, as a SIGKILL would
+/// stop it; a completer then takes the call over once its lease ends and finishes it. The
+/// figures are counted afterwards: gateway calls, charges in the gateway's table, payments of
+/// the order.
+async fn killed_mid_pay(db: &DatabaseConnection) -> Result<String, Box<dyn std::error::Error>> {
+    db.execute_unprepared(
+        "CREATE TABLE IF NOT EXISTS demo_gateway_charges (idem_key TEXT PRIMARY KEY, charge_id TEXT NOT NULL, amount_cents INTEGER NOT NULL)",
+    )
+    .await?;
+    let (order_id, call) = ("o-12", cmd("k-12", "o-12", 900, "4242"));
+    let (body_runs, gateway_calls) = (
+        BODY_RUNS.load(Ordering::SeqCst),
+        GATEWAY_CALLS.load(Ordering::SeqCst),
+    );
+    let charged = Arc::new(tokio::sync::Notify::new());
+    let holding = Gateway {
+        db: db.clone(),
+        holds_answer: Some(Arc::clone(&charged)),
+    };
+    let killed = {
+        let (db, call) = (db.clone(), call.clone());
+        tokio::spawn(async move { pay_through_gateway(&db, &holding, call).await })
+    };
+    // Bounded: a pay that fails before the gateway would otherwise leave the demo waiting.
+    if tokio::time::timeout(Duration::from_secs(10), charged.notified())
+        .await
+        .is_err()
+    {
+        return Err("row 12: the pay did not reach the gateway within 10 s".into());
+    }
+    killed.abort();
+    let _ = killed.await;
+    let kill = std::time::Instant::now();
+
+    // The restarted process's completer; no client retries meanwhile.
+    let gateway = Gateway {
+        db: db.clone(),
+        holds_answer: None,
+    };
+    let resumer_gateway = gateway.clone();
+    let resumer_db = db.clone();
+    let completer = Completer::new(SeaOrmLeaseStore::new(db.clone())).resume(
+        REMOTE_PAY_SCOPE,
+        move |resumed: Resumed<(PayOrder,)>| {
+            let (db, gateway) = (resumer_db.clone(), resumer_gateway.clone());
+            async move { pay_through_gateway(&db, &gateway, resumed.args.0).await }
+        },
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(completer.run(async {
+        let _ = stopped.await;
+    }));
+    let finished_after = loop {
+        let status = order::Entity::find_by_id(order_id).one(db).await?;
+        if status.is_some_and(|o| o.status == OrderStatus::Paid) {
+            break Some(kill.elapsed());
+        }
+        if kill.elapsed() > Duration::from_secs(10) {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let _ = stop.send(());
+    running.await?;
+    let finished = match finished_after {
+        Some(after) => format!(
+            "finished by the completer {} ms after the kill (lease 300 ms)",
+            after.as_millis()
+        ),
+        None => "NOT finished by the completer within 10 s".to_owned(),
+    };
+
+    let (late, outcome) = with_outcome(pay_through_gateway(db, &gateway, call)).await;
+    let charges = scalar(db, "SELECT COUNT(*) FROM demo_gateway_charges").await;
+    Ok(format!(
+        "{:<38} {:>9} {:>8} {:>8}  client never returns: {finished}, {} gateway calls with one key; the client's late retry: {}",
+        "12. process killed mid-pay",
+        BODY_RUNS.load(Ordering::SeqCst) - body_runs,
+        charges,
+        payments(db, order_id).await,
+        GATEWAY_CALLS.load(Ordering::SeqCst) - gateway_calls,
+        describe(&late, outcome),
+    ))
+}
+
 fn cmd(key: &str, order: &str, amount_cents: i64, card: &str) -> PayOrder {
     PayOrder {
         idempotency_key: key.into(),
@@ -331,7 +525,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let _ = std::fs::remove_file(&path);
     let db = Database::connect(format!("sqlite://{}?mode=rwc", path.display())).await?;
     model::create_tables(&db).await?;
-    for id in ["o-1", "o-3", "o-5", "o-6", "o-7", "o-8"] {
+    for id in ["o-1", "o-3", "o-5", "o-6", "o-7", "o-8", "o-12"] {
         model::insert_order(&db, id, "c-1", 1200).await?;
     }
 
@@ -450,6 +644,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for line in effects_outside(&db).await? {
         println!("{line}");
     }
+    println!("\nlease mode (the pay calls a payment gateway; resumable, a completer running):");
+    println!(
+        "{:<38} {:>9} {:>8} {:>8}  what happened",
+        "scenario", "body runs", "charges", "payments"
+    );
+    println!("{}", killed_mid_pay(&db).await?);
     let states: Vec<(String, OrderStatus)> = order::Entity::find()
         .all(&db)
         .await?
@@ -458,7 +658,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     println!("\nfinal order states: {states:?}");
     println!(
-        "\n'body runs': executions of the pay handler's body. 'payments': committed payment rows of the order."
+        "\n'body runs': executions of the pay handler's body. 'payments': committed payment rows of the order. 'charges': rows in the gateway's table."
     );
     println!(
         "\nthe order lifecycle as declared (Mermaid):\n\n{}",

@@ -6,9 +6,15 @@
 //! charge. It is itself built on `#[idempotent]` over its own database (`DATABASE_URL`,
 //! default an SQLite file in the temp directory); `--addr` sets the address (default
 //! 127.0.0.1:3100). The payments example calls it in lease mode with `GATEWAY_URL`.
+//!
+//! `GATEWAY_DELAY_MS` holds every answer that long after the charge is made, as a slow acquirer
+//! does: a client that dies while it waits has been charged without learning the charge id, and
+//! its retry (with the same key) gets the same charge back, held as long.
 
 #[path = "shop/service.rs"]
 mod service;
+
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -86,8 +92,15 @@ fn view(c: charge::Model) -> ChargeView {
     }
 }
 
+/// The gateway's state: its database, and how long it holds each answer.
+#[derive(Debug, Clone)]
+struct Gateway {
+    db: DatabaseConnection,
+    answer_delay: Duration,
+}
+
 async fn post_charge(
-    State(db): State<DatabaseConnection>,
+    State(Gateway { db, answer_delay }): State<Gateway>,
     key: IdempotencyKey,
     Json(new): Json<NewCharge>,
 ) -> Response {
@@ -97,12 +110,25 @@ async fn post_charge(
     }
     // Owned state, so the call can run to completion on its own task (see `respond`).
     respond(StatusCode::CREATED, async move {
-        create_charge(&db, key, new).await
+        let charged = create_charge(&db, key, new).await;
+        // Held after the charge committed: a client that gives up meanwhile was charged.
+        tokio::time::sleep(answer_delay).await;
+        charged
     })
     .await
 }
 
-async fn list_charges(State(db): State<DatabaseConnection>) -> Response {
+/// `GATEWAY_DELAY_MS`, if set: how long each answer is held.
+fn answer_delay() -> Result<Duration, BoxError> {
+    match std::env::var("GATEWAY_DELAY_MS") {
+        Err(_) => Ok(Duration::ZERO),
+        Ok(ms) => ms.trim().parse().map(Duration::from_millis).map_err(|e| {
+            format!("GATEWAY_DELAY_MS must be a number of milliseconds, not `{ms}`: {e}").into()
+        }),
+    }
+}
+
+async fn list_charges(State(Gateway { db, .. }): State<Gateway>) -> Response {
     // A read that shares the pool: finished on its own task too, so a client that hangs up
     // cannot cut its statement off mid-flight.
     run_to_completion(async move {
@@ -122,15 +148,16 @@ async fn list_charges(State(db): State<DatabaseConnection>) -> Response {
 async fn main() -> Result<(), BoxError> {
     service::init_tracing(FmtSpan::CLOSE);
     let addr = service::listen_addr("127.0.0.1:3100")?;
+    let answer_delay = answer_delay()?;
     let (db, database) = service::database("gateway").await?;
     service::create_tables(&db, charge::Entity).await?;
 
     let app = Router::new()
         .route("/charges", post(post_charge).get(list_charges))
         .route("/healthz", axum::routing::get(|| async { "ok" }))
-        .with_state(db);
+        .with_state(Gateway { db, answer_delay });
     let listener = tokio::net::TcpListener::bind(&addr).await?;
-    tracing::info!(%addr, %database, "gateway listening");
+    tracing::info!(%addr, %database, ?answer_delay, "gateway listening");
     axum::serve(listener, app).await?;
     Ok(())
 }

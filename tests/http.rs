@@ -1,6 +1,6 @@
 //! The HTTP contract of `cargo run --example payments` (IETF Idempotency-Key draft), on every
-//! backend of the run: each status code through `oneshot`, and 50 concurrent pays over a real
-//! socket.
+//! backend of the run: each status code through `oneshot`, 50 concurrent pays over a real
+//! socket, and pays abandoned mid-charge finished by the service's completer.
 
 mod common;
 mod shop;
@@ -568,5 +568,138 @@ async fn replays_can_answer_200_after_a_201() {
             .await
             .expect("count orders");
         assert_eq!(rows, 1, "{name}: one order, replayed");
+    }
+}
+
+/// The issue-20 scenario in-process: three pays whose process dies while the gateway holds
+/// their charges' answers, and whose clients never come back. The process's death is the
+/// pays' tasks aborted mid-charge (the charges made, their answers never read); the service's
+/// completer, started afterwards, finishes each one: one charge and one payment per order,
+/// with no client retry, and each client's late retry replays the recorded 200.
+#[tokio::test]
+async fn pays_abandoned_mid_charge_are_finished_by_the_completer_without_a_client_retry() {
+    use idem::axum::IdempotencyKey;
+    use sea_orm::{ConnectionTrait, Statement};
+
+    for b in common::isolated::isolated().await {
+        let (router, state) = service(&b).await;
+        let name = b.name;
+        let mut orders = Vec::new();
+        for _ in 0..3 {
+            orders.push((new_order(&router).await, unique("pay")));
+        }
+
+        // The pays, with a gateway that makes each charge and holds its answer for an hour.
+        let holding = state
+            .gateway
+            .answering_after(std::time::Duration::from_secs(3600));
+        let mut pays = tokio::task::JoinSet::new();
+        for (order, key) in &orders {
+            let key = IdempotencyKey::parse(key.as_bytes()).expect("a valid key");
+            let (db, holding, order) = (state.db.clone(), holding.clone(), order.clone());
+            let request = app::PayRequest { amount_cents: 1200 };
+            pays.spawn(async move { app::pay(&db, &holding, key, order, request).await });
+        }
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(15);
+        while state.gateway.charges() < 3 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{name}: the charges were not made"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        // The process dies: its pays stop mid-charge, their leases are left to end.
+        pays.shutdown().await;
+        for (order, _) in &orders {
+            assert_eq!(payment_rows(&b.db, order).await, 0, "{name}: not paid yet");
+        }
+
+        // The leases end 30 s after their claims; bring that forward rather than wait.
+        let backend = b.db.get_database_backend();
+        b.db.execute_raw(Statement::from_sql_and_values(
+            backend,
+            idem::sea_orm::placeholders(
+                backend,
+                "UPDATE idem_ledger SET expires_at_ms = expires_at_ms - 30000 \
+                 WHERE scope = ? AND state = 0",
+            ),
+            [app::PAY_SCOPE.into()],
+        ))
+        .await
+        .expect("end the leases");
+        let expired = idem::sea_orm::expired_leases(&b.db, 100)
+            .await
+            .expect("list expired leases");
+        assert_eq!(expired.len(), 3, "{name}: {expired:?}");
+        assert!(
+            expired.iter().all(|l| l.resumable && l.attempts == 0),
+            "{name}: a completer can finish them: {expired:?}"
+        );
+
+        // The restarted service's completer, as `main` runs it; no client comes back.
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let completer = tokio::spawn(app::completer(&state).run(async {
+            let _ = stopped.await;
+        }));
+        let started = tokio::time::Instant::now();
+        loop {
+            let mut paid = 0;
+            for (order, _) in &orders {
+                let shown = get(&router, &format!("/orders/{order}")).await;
+                paid += usize::from(shown.json["status"] == "paid");
+            }
+            if paid == orders.len() {
+                break;
+            }
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(15),
+                "{name}: {paid} of 3 orders paid by the completer"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let _ = stop.send(());
+        completer.await.expect("the completer stops");
+
+        assert_eq!(state.gateway.charges(), 3, "{name}: one charge per order");
+        for (order, key) in &orders {
+            let shown = get(&router, &format!("/orders/{order}")).await;
+            let payments = shown.json["payments"].as_array().expect("payments");
+            assert_eq!(payments.len(), 1, "{name}: one payment: {:?}", shown.json);
+            assert_eq!(payment_rows(&b.db, order).await, 1, "{name}");
+            // The client's late retry: the completer's answer, replayed.
+            let retry = post_json(
+                &router,
+                &format!("/orders/{order}/pay"),
+                key,
+                &json!({"amount_cents": 1200}),
+            )
+            .await;
+            assert_eq!(
+                (retry.status, retry.replayed),
+                (StatusCode::OK, true),
+                "{name}: {:?}",
+                retry.json
+            );
+            assert_eq!(retry.json["status"], "paid", "{name}");
+            assert_eq!(retry.json["payment_id"], payments[0]["id"], "{name}");
+        }
+        assert_eq!(
+            state.gateway.charges(),
+            3,
+            "{name}: the retries charged nothing"
+        );
+        let stored_calls =
+            b.db.query_one_raw(Statement::from_string(
+                backend,
+                "SELECT COUNT(*) FROM idem_calls",
+            ))
+            .await
+            .expect("count stored calls")
+            .and_then(|row| row.try_get_by_index::<i64>(0).ok());
+        assert_eq!(
+            stored_calls,
+            Some(0),
+            "{name}: finished calls are forgotten"
+        );
     }
 }

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -14,8 +15,9 @@ use idem::axum::{
     ETag, EntityTag, IdempotencyKey, IdempotencyLayer, IfMatch, Problem, Respond, respond,
     run_to_completion,
 };
+use idem::completer::{GaveUp, Resumed};
 use idem::outbox::Message;
-use idem::sea_orm::{ConditionalUpdate, Outbox, SeaOrmLeaseStore, Stateful};
+use idem::sea_orm::{Completer, ConditionalUpdate, Outbox, SeaOrmLeaseStore, Stateful};
 use idem::{TransitionOutcome, idempotent, transition};
 use sea_orm::entity::prelude::*;
 use sea_orm::{ActiveValue::Set, ConnectionTrait, DatabaseConnection, QueryOrder};
@@ -31,6 +33,8 @@ pub(crate) use super::service::ApiError;
 pub(crate) struct Gateway {
     simulated: Arc<Mutex<HashMap<String, String>>>,
     http: Option<(reqwest::Client, String)>,
+    /// How long each answer is held after the charge is made (zero: answered at once).
+    answer_delay: Duration,
 }
 
 /// What the gateway answers (the fields payments reads).
@@ -48,11 +52,37 @@ impl Gateway {
                 reqwest::Client::new(),
                 base_url.trim_end_matches('/').to_owned(),
             )),
+            answer_delay: Duration::ZERO,
+        }
+    }
+
+    /// This gateway (its charges shared), holding each answer `delay` after making the charge,
+    /// as a slow acquirer does: a caller that dies meanwhile was charged without learning it.
+    #[allow(dead_code)] // used by tests/http.rs, which includes this file
+    pub(crate) fn answering_after(&self, delay: Duration) -> Self {
+        Self {
+            answer_delay: delay,
+            ..self.clone()
         }
     }
 
     /// Charges `amount_cents` for `reference` once per `idempotency_key`.
     pub(crate) async fn charge(
+        &self,
+        idempotency_key: String,
+        reference: &str,
+        amount_cents: i64,
+    ) -> Result<String, ApiError> {
+        let charged = self
+            .charge_now(idempotency_key, reference, amount_cents)
+            .await;
+        if !self.answer_delay.is_zero() {
+            tokio::time::sleep(self.answer_delay).await;
+        }
+        charged
+    }
+
+    async fn charge_now(
         &self,
         idempotency_key: String,
         reference: &str,
@@ -277,14 +307,19 @@ async fn change_note(
 /// one transaction that also checks the lease. A retry after a crash resumes after the charge;
 /// a duplicate that arrives while the first call holds the lease waits for its answer (up to
 /// 10 s), so concurrent retries all get the same 200.
+///
+/// `resumable`: `key`, `order_id` and `request` are stored with the claim, so when the process
+/// dies mid-pay and the client never comes back, a [`completer`] finishes the call once the
+/// lease has ended (the gateway is not stored: the completer passes its own).
 #[idempotent(
     scope = "shop.orders.pay",
     key = key,
     lease = "30s",
     on_concurrent = wait("10s"),
+    resumable,
     skip(gateway)
 )]
-async fn pay(
+pub(crate) async fn pay(
     db: &DatabaseConnection,
     gateway: &Gateway,
     key: IdempotencyKey,
@@ -355,6 +390,61 @@ async fn pay(
         })
     })
     .await
+}
+
+/// The scope of [`pay`], which the completer resumes.
+pub(crate) const PAY_SCOPE: &str = "shop.orders.pay";
+
+/// The completer of this service: finishes pays whose process died (or whose call failed
+/// transiently) after their lease ended, with no client involved, by calling [`pay`] again
+/// with the stored arguments and this service's database and gateway. The charge step replays
+/// if it was recorded, and the gateway deduplicates it if it was not (the charge's key is
+/// derived from the order), so a resumed pay never charges twice. After 5 attempts it gives up.
+pub(crate) fn completer(state: &AppState) -> Completer {
+    let AppState { db, gateway } = state.clone();
+    Completer::new(SeaOrmLeaseStore::new(db.clone()))
+        .resume(
+            PAY_SCOPE,
+            move |call: Resumed<(IdempotencyKey, String, PayRequest)>| {
+                let (db, gateway) = (db.clone(), gateway.clone());
+                async move {
+                    let (key, order_id, request) = call.args;
+                    pay(&db, &gateway, key, order_id, request).await
+                }
+            },
+        )
+        .on_give_up(|gave_up: GaveUp| async move {
+            log_given_up_pay(&gave_up);
+            Ok::<_, idem::Error>(())
+        })
+}
+
+/// What a given-up pay owes: the charge, if it was made, for someone to refund. Refunding is
+/// the application's business (which gateway call, which policy, whether to tell the customer),
+/// not the example's: a real hook would send the refund with `gave_up.idempotency_key()`, so
+/// that the hook running twice (it runs at least once) refunds once. Here it is logged, and
+/// the order stays `Pending`: retries of the pay's key answer 500 `gave-up`.
+fn log_given_up_pay(gave_up: &GaveUp) {
+    let order_id = gave_up
+        .args::<(IdempotencyKey, String, PayRequest)>()
+        .map(|(_, order_id, _)| order_id)
+        .unwrap_or_else(|e| format!("unknown ({e})"));
+    let (attempts, reason) = (gave_up.attempts, gave_up.reason.as_str());
+    match gave_up.step::<String>("charge") {
+        Ok(Some(charge_id)) => tracing::error!(
+            %order_id, %charge_id, attempts, reason,
+            "pay given up after the gateway charged: refund the charge"
+        ),
+        Ok(None) => tracing::error!(
+            %order_id, attempts, reason,
+            "pay given up before any recorded charge: check the gateway for a charge of the order"
+        ),
+        // Not a reason to run the hook again: the record will not decode better next time.
+        Err(e) => tracing::error!(
+            %order_id, attempts, reason, error = %e,
+            "pay given up; its recorded charge does not decode: check the gateway"
+        ),
+    }
 }
 
 /// The payment an already-paid order has.

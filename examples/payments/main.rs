@@ -9,6 +9,12 @@
 //! in this process publishes it: to JetStream stream `SHOP` (subjects `shop.>`, created if
 //! missing) when `NATS_URL` is set, else to the log. `cargo run --example notifier` consumes it.
 //!
+//! A pay whose process dies mid-call (its client gone too) is finished without the client: a
+//! completer in this process takes over pays whose lease (30 s) ended unfinished, once they
+//! are due, and records their answer for the client's late retry to replay. Several processes
+//! may each run one (they share the work); `COMPLETER=off` runs none, leaving such pays to
+//! their clients' retries.
+//!
 //! `GET /metrics` answers idem's counters per scope and outcome and its latency histogram in
 //! the Prometheus text format (`curl localhost:3000/metrics`).
 
@@ -78,6 +84,13 @@ async fn main() -> Result<(), BoxError> {
         Err(_) => app::Gateway::default(),
     };
     let state = app::AppState { db, gateway };
+
+    // The completer: finishes pays abandoned mid-call (see `app::completer`).
+    if std::env::var("COMPLETER").is_ok_and(|v| v == "off") {
+        tracing::warn!("COMPLETER=off: pays abandoned mid-call wait for their clients' retries");
+    } else {
+        tokio::spawn(app::completer(&state).run(std::future::pending()));
+    }
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     tracing::info!(%addr, %database, "payments service listening");
     let routes = app::router(state).merge(app::metrics_routes(metrics));

@@ -113,6 +113,18 @@ impl From<DbErr> for ApiError {
     }
 }
 
+/// What a log line or a completer's record of a failed attempt says.
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Idem(e) => write!(f, "{e}"),
+            Self::NotFound(id) => write!(f, "no order `{id}`"),
+            Self::Database => f.write_str("the database is unavailable"),
+            Self::Gateway(detail) => write!(f, "the payment gateway did not answer: {detail}"),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         match self {
