@@ -310,7 +310,8 @@ async fn pay_through_gateway(
     BODY_RUNS.fetch_add(1, Ordering::SeqCst);
     let amount_cents = cmd.amount_cents;
     let charge_id: String = idem::step("charge", |key| gateway.charge(key, amount_cents)).await?;
-    idem::sea_orm::final_step(db, "record-payment", move |tx| {
+    // The last work: `finish` records the answer in this transaction too.
+    idem::sea_orm::finish(db, "record-payment", move |tx| {
         Box::pin(async move {
             let moved = order::Entity::apply_transition(
                 tx,

@@ -351,7 +351,8 @@ pub(crate) async fn pay(
     })
     .await?;
     let amount_cents = request.amount_cents;
-    idem::sea_orm::final_step(db, "record-payment", move |tx| {
+    // The last work: `finish` records the answer in this transaction too.
+    idem::sea_orm::finish(db, "record-payment", move |tx| {
         Box::pin(async move {
             let moved = order::Entity::apply_transition(
                 tx,

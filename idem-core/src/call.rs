@@ -359,9 +359,10 @@ tokio::task_local! {
     static AFTER_COMMIT: RefCell<Vec<fn()>>;
 }
 
-/// Asks the engine to call `hook` once the atomic-mode call running in this task has
-/// committed (the outbox wakes its relays this way after a body staged messages). Returns
-/// `false` when no such call is running in this task: then nobody will call it.
+/// Asks the engine to call `hook` once the idempotent call running in this task has ended:
+/// committed, in atomic mode; recorded (its final phase committed), in lease mode. The outbox
+/// wakes its relays this way after a body staged messages. Returns `false` when no such call
+/// is running in this task: then nobody will call it.
 pub fn after_commit(hook: fn()) -> bool {
     AFTER_COMMIT
         .try_with(|hooks| {

@@ -361,51 +361,72 @@ where
         });
         let renewal = renew_in_background(Arc::clone(&context), lease);
         let nested = outcome::Nested::enter();
-        let output = LEASE
+        // Hooks the body asks for (the outbox's wake after staging in a final phase) run once
+        // the call has ended, when its final phase has certainly committed.
+        let (output, hooks) = LEASE
             .scope(
                 Arc::clone(&context),
-                tracing::Instrument::instrument(body(), span),
+                crate::call::collecting_hooks(tracing::Instrument::instrument(body(), span)),
             )
             .await;
         drop(nested);
         drop(renewal);
-        let request = &context.request;
-        // A final phase kept open: the result is recorded in its transaction (waits for its
-        // fuse if that is committing it alone right now).
-        let open_phase = context.open_phase.lock().await.take();
-        let record = match request.record_of(output, finality) {
-            Ok(record) if !context.phase_failed.load(Ordering::SeqCst) => record,
-            Ok(_) => {
-                let _ = store.release_lease(&ticket).await;
-                return request.fail(context.phase_lost());
-            }
-            Err(answer) => {
-                // Nothing to record: keep the final phase's writes, and hand the key to the
-                // next attempt now, with the steps done so far.
-                if let Some(open) = open_phase {
-                    let _ = open.commit().await;
-                }
-                let _ = store.release_lease(&ticket).await;
-                return answer;
-            }
-        };
-        let completed = match open_phase {
-            Some(open) => {
-                open.complete(ticket, record.status, record.payload, request.ttl())
-                    .await
-            }
-            None => {
-                store
-                    .complete(&ticket, request, record.status, &record.payload)
-                    .await
-            }
-        };
-        match completed {
-            Ok(()) => request.executed(record.answer),
-            Err(e) if e.kind() == crate::ErrorKind::LeaseLost => request.fail(context.lost()),
-            Err(e) => request.fail(e),
-        }
+        let answer = settle::<R>(&*store, &context, ticket, output, finality).await;
+        hooks.iter().for_each(|hook| hook());
+        answer
     })
+}
+
+/// Ends a lease-mode call whose body returned `output`: records it (in a final phase kept
+/// open, or on its own) if the lease still holds, or releases the lease.
+async fn settle<R>(
+    store: &dyn LeaseStore,
+    context: &Context,
+    ticket: Ticket,
+    output: R,
+    finality: Option<Finality<R::Error>>,
+) -> R
+where
+    R: HandlerOutput,
+    R::Ok: Replayable,
+    R::Error: HandlerError,
+{
+    let request = &context.request;
+    // A final phase kept open: the result is recorded in its transaction (waits for its
+    // fuse if that is committing it alone right now).
+    let open_phase = context.open_phase.lock().await.take();
+    let record = match request.record_of(output, finality) {
+        Ok(record) if !context.phase_failed.load(Ordering::SeqCst) => record,
+        Ok(_) => {
+            let _ = store.release_lease(&ticket).await;
+            return request.fail(context.phase_lost());
+        }
+        Err(answer) => {
+            // Nothing to record: keep the final phase's writes, and hand the key to the
+            // next attempt now, with the steps done so far.
+            if let Some(open) = open_phase {
+                let _ = open.commit().await;
+            }
+            let _ = store.release_lease(&ticket).await;
+            return answer;
+        }
+    };
+    let completed = match open_phase {
+        Some(open) => {
+            open.complete(ticket, record.status, record.payload, request.ttl())
+                .await
+        }
+        None => {
+            store
+                .complete(&ticket, request, record.status, &record.payload)
+                .await
+        }
+    };
+    match completed {
+        Ok(()) => request.executed(record.answer),
+        Err(e) if e.kind() == crate::ErrorKind::LeaseLost => request.fail(context.lost()),
+        Err(e) => request.fail(e),
+    }
 }
 
 #[cfg(test)]

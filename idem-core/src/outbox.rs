@@ -451,7 +451,7 @@ pub fn wake_signal() -> tokio::sync::watch::Receiver<u64> {
 
 /// Notes that the running handler body staged a message (the store calls it), so the relays
 /// of this process are woken once the call's transaction commits. `false` when no
-/// atomic-mode `#[idempotent]` body is running in this task (nobody will wake the relays after
+/// `#[idempotent]` body is running in this task (nobody will wake the relays after
 /// a commit: call [`wake`] yourself).
 pub fn note_staged() -> bool {
     crate::call::after_commit(wake)
