@@ -271,6 +271,7 @@ pub mod sea_orm {
         Outbox, Relay, RelayCounters, RelayRound, STEPS_TABLE, SeaOrmLeaseStore, SeaOrmStore,
         Stateful, create_tables, database_now_ms, dead_messages, expired_leases, final_step,
         finish, ledger, outbox_health, placeholders, purge_expired, purge_published, retry_dead,
+        set_connection_wait,
     };
     #[cfg(feature = "migration")]
     #[cfg_attr(docsrs, doc(cfg(feature = "migration")))]

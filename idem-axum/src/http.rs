@@ -301,6 +301,10 @@ impl From<&Error> for Problem {
             ErrorKind::InvalidPrecondition => ("Invalid precondition", e.to_string()),
             ErrorKind::ArgumentsTooLarge => ("Request too large to resume", e.to_string()),
             ErrorKind::GaveUp => ("Request given up", e.to_string()),
+            ErrorKind::Unavailable => (
+                "Service unavailable",
+                "the idempotency store could not be reached in time; retry later".to_owned(),
+            ),
             ErrorKind::Store => (
                 "Service unavailable",
                 "the idempotency store is unavailable; retry later".to_owned(),
@@ -311,7 +315,7 @@ impl From<&Error> for Problem {
             ),
         };
         let mut problem = Self::new(e.http_status(), kind.as_str(), title, detail);
-        if let Error::InFlight { retry_after, .. } = e {
+        if let Error::InFlight { retry_after, .. } | Error::Unavailable { retry_after, .. } = e {
             problem.retry_after = Some(*retry_after);
         }
         problem

@@ -199,6 +199,16 @@ pub enum Error {
         /// The last attempt's error.
         reason: String,
     },
+    /// The database could not be reached in time: no pooled connection came within the
+    /// store's bound (the server is down, unreachable, or every connection is busy). Nothing
+    /// was done; retry after `retry_after`.
+    #[error("the idempotency store is unavailable: {message}; retry after {retry_after:?}")]
+    Unavailable {
+        /// What could not be done.
+        message: String,
+        /// A sensible time to wait before retrying.
+        retry_after: Duration,
+    },
     /// The store (database) failed. No partial effects were committed.
     #[error("idempotency store failed: {message}")]
     Store {
@@ -244,6 +254,8 @@ pub enum ErrorKind {
     ArgumentsTooLarge,
     /// See [`Error::GaveUp`].
     GaveUp,
+    /// See [`Error::Unavailable`].
+    Unavailable,
     /// See [`Error::Store`].
     Store,
 }
@@ -267,6 +279,7 @@ impl ErrorKind {
             Self::InvalidPrecondition => "invalid-precondition",
             Self::ArgumentsTooLarge => "arguments-too-large",
             Self::GaveUp => "gave-up",
+            Self::Unavailable => "unavailable",
             Self::Store => "store",
         }
     }
@@ -281,7 +294,7 @@ impl ErrorKind {
             Self::KeyReused => 422,
             Self::ArgumentsTooLarge => 413,
             Self::InFlight | Self::InvalidTransition | Self::LeaseLost => 409,
-            Self::Store => 503,
+            Self::Store | Self::Unavailable => 503,
             Self::Decode
             | Self::Encode
             | Self::Fingerprint
@@ -310,6 +323,7 @@ impl Error {
             Self::InvalidPrecondition { .. } => ErrorKind::InvalidPrecondition,
             Self::ArgumentsTooLarge { .. } => ErrorKind::ArgumentsTooLarge,
             Self::GaveUp { .. } => ErrorKind::GaveUp,
+            Self::Unavailable { .. } => ErrorKind::Unavailable,
             Self::Store { .. } => ErrorKind::Store,
         }
     }

@@ -10,6 +10,8 @@ use crate::LEDGER_TABLE;
 pub(crate) enum Failure {
     /// The ledger table does not exist.
     MissingTable,
+    /// No connection: the pool could not get one in time, or the server went away.
+    Unavailable,
     /// A lock wait gave up (PostgreSQL 55P03, MySQL 1205): another transaction holds the key.
     LockTimeout,
     /// A serialization failure, deadlock or busy database: retrying may succeed.
@@ -45,6 +47,9 @@ fn database_code(e: &DbErr) -> Option<(String, Option<u16>)> {
 }
 
 pub(crate) fn classify(e: &DbErr) -> Failure {
+    if matches!(e, DbErr::ConnectionAcquire(_) | DbErr::Conn(_)) {
+        return Failure::Unavailable;
+    }
     if let Some((code, number)) = database_code(e) {
         match (code.as_str(), number) {
             ("42P01", _) | (_, Some(1146)) => return Failure::MissingTable,
@@ -74,6 +79,12 @@ pub(crate) fn store_error(doing: &str, e: DbErr) -> Error {
                     `idem::sea_orm::Migration` to your sea-orm-migration Migrator"
                 ),
                 source: Some(Box::new(e)),
+            };
+        }
+        Failure::Unavailable => {
+            return Error::Unavailable {
+                message: format!("no database connection while {doing} ({e})"),
+                retry_after: std::time::Duration::from_secs(1),
             };
         }
         Failure::Transient => format!("transient database conflict while {doing}; retry"),

@@ -19,7 +19,9 @@ use serde::de::DeserializeOwned;
 
 use crate::error::store_error;
 use crate::sql::{Sql, millis};
-use crate::store::{begin, detached, ledger_row, list_rows, read_row, statement};
+use crate::store::{
+    begin, begin_within, connection_wait, detached, ledger_row, list_rows, read_row, statement,
+};
 
 /// The ledger in lease mode on a SeaORM connection; `#[idempotent(..., lease = "…")]` builds
 /// one from the handler's connection.
@@ -103,7 +105,9 @@ async fn claim(
     lease_ms: i64,
 ) -> Result<LeaseClaim, Error> {
     let doing = "claiming a lease";
-    let tx = begin(&db).await.map_err(|e| store_error(doing, e))?;
+    let tx = begin_within(&db, connection_wait(None))
+        .await
+        .map_err(|e| store_error(doing, e))?;
     // After `begin`, which learns which MySQL family the server is.
     let d = Sql::of(db.get_database_backend());
     let failed = |e: DbErr| store_error(doing, e);

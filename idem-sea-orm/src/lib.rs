@@ -55,7 +55,7 @@ pub use sql::{
     placeholders,
 };
 pub use state::{ConditionalUpdate, Stateful};
-pub use store::{ClaimedTx, SeaOrmStore};
+pub use store::{ClaimedTx, SeaOrmStore, set_connection_wait};
 
 pub use sea_orm;
 

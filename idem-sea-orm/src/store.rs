@@ -2,7 +2,9 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use idem_core::ids::random_token;
 use idem_core::{Claim, Concurrency, Error, Fingerprint, RecordStatus, Recorded, Request, Store};
@@ -77,6 +79,39 @@ pub(crate) fn ledger_row(req: &Request, owner: i64, lives: std::time::Duration) 
 pub struct ClaimedTx {
     tx: DatabaseTransaction,
     owner: i64,
+}
+
+/// The longest a claim waits for a pooled connection, in milliseconds ([`set_connection_wait`]).
+static CONNECTION_WAIT_MS: AtomicU64 = AtomicU64::new(2_000);
+
+/// Sets how long a claim waits for a pooled connection before the call fails with
+/// [`Error::Unavailable`](idem_core::Error::Unavailable) (HTTP 503 with `Retry-After`): a dead or
+/// unreachable database, or a pool whose connections are all busy, is an outage, told
+/// promptly, not a duplicate in flight. Default 2 s; process-wide. In atomic mode the wait is
+/// also kept under the call's wait bound (`on_concurrent = wait("…")`), so a missing connection
+/// is never mistaken for another call holding the key.
+pub fn set_connection_wait(wait: Duration) {
+    let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
+    CONNECTION_WAIT_MS.store(ms, Ordering::Relaxed);
+}
+
+/// The connection wait of a call whose own bound is `call_bound`.
+pub(crate) fn connection_wait(call_bound: Option<Duration>) -> Duration {
+    let wait = Duration::from_millis(CONNECTION_WAIT_MS.load(Ordering::Relaxed));
+    // Leave a fifth of the call's bound for the lock wait that follows.
+    call_bound.map_or(wait, |bound| wait.min(bound.mul_f64(0.8)))
+}
+
+/// Begins a claim's transaction, waiting at most `wait` for a connection.
+pub(crate) async fn begin_within(
+    db: &DatabaseConnection,
+    wait: Duration,
+) -> Result<DatabaseTransaction, DbErr> {
+    tokio::time::timeout(wait, begin(db))
+        .await
+        .unwrap_or(Err(DbErr::ConnectionAcquire(
+            sea_orm::ConnAcquireErr::Timeout,
+        )))
 }
 
 pub(crate) async fn begin(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
@@ -185,6 +220,8 @@ struct ClaimStep {
     ttl_ms: i64,
     reject: bool,
     savepoint: bool,
+    /// The longest wait for a connection.
+    connection_wait: Duration,
 }
 
 /// How often a claim that hit a deadlock, serialization failure or busy database is tried
@@ -213,7 +250,7 @@ async fn try_claim(
     db: &DatabaseConnection,
     step: &ClaimStep,
 ) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
-    let tx = begin(db)
+    let tx = begin_within(db, step.connection_wait)
         .await
         .map_err(|e| ("beginning the claim transaction", e))?;
     // After `begin`, which learns which MySQL family the server is.
@@ -422,6 +459,10 @@ impl Store for SeaOrmStore<'_> {
             ttl_ms: millis(req.ttl()),
             reject: req.concurrency() == Concurrency::Reject,
             savepoint: req.savepoint(),
+            connection_wait: connection_wait(match req.concurrency() {
+                Concurrency::Wait { bound } => Some(bound),
+                _ => None,
+            }),
         };
         detached(claim_step(self.db.clone(), step)).await
     }
