@@ -696,3 +696,29 @@ async fn a_replay_on_postgres_takes_no_row_lock() {
         assert_eq!(effects(&b.db, &run).await, 1, "body ran once");
     }
 }
+
+/// `create_tables` reads the catalogue and issues no DDL where the tables exist (on a
+/// cluster even `CREATE TABLE IF NOT EXISTS` aborts commits cluster-wide). PostgreSQL proves
+/// it: a read-only session refuses any DDL, existing table or not (SQLite and MariaDB let a
+/// no-op `IF NOT EXISTS` through, so they cannot tell).
+#[tokio::test]
+async fn create_tables_issues_no_ddl_where_the_tables_exist() {
+    for (name, url) in common::server_urls() {
+        if name != "postgres" {
+            continue;
+        }
+        let db = common::connect(&url, 1).await;
+        idem::sea_orm::create_tables(&db).await.expect("create");
+        db.execute_unprepared("SET default_transaction_read_only = on")
+            .await
+            .expect("read-only session");
+        idem::sea_orm::create_tables(&db)
+            .await
+            .expect("everything exists: nothing to create");
+        let e = db
+            .execute_unprepared("CREATE TABLE IF NOT EXISTS idem_ledger (id INTEGER)")
+            .await
+            .expect_err("the session really refuses DDL");
+        assert!(e.to_string().contains("read-only"), "{e}");
+    }
+}

@@ -18,7 +18,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::store_error;
-use crate::sql::{Sql, millis};
+use crate::sql::{Sql, millis, with_ids};
 use crate::store::{
     begin, begin_within, connection_wait, detached, ledger_row, list_rows, read_row, statement,
 };
@@ -227,12 +227,46 @@ async fn record_completion(
     if updated.rows_affected() != 1 {
         return Err(lost());
     }
-    for forget in [&sql.delete_steps, &sql.delete_call] {
-        tx.execute_raw(statement(sql, forget, vec![ticket.id.to_vec().into()]))
-            .await
-            .map_err(|e| store_error(doing, e))?;
-    }
+    forget_steps(&tx, sql, &ticket.id)
+        .await
+        .map_err(|e| store_error(doing, e))?;
+    tx.execute_raw(statement(
+        sql,
+        &sql.delete_call,
+        vec![ticket.id.to_vec().into()],
+    ))
+    .await
+    .map_err(|e| store_error(doing, e))?;
     tx.commit().await.map_err(|e| store_error(doing, e))
+}
+
+/// Deletes a finished call's steps: by primary key where a range delete would take gap locks
+/// (MySQL), after a plain read of their names.
+async fn forget_steps(tx: &DatabaseTransaction, sql: &Sql, id: &[u8]) -> Result<(), DbErr> {
+    let Some(by_key) = &sql.delete_steps_by_key else {
+        return tx
+            .execute_raw(statement(sql, &sql.delete_steps, vec![id.to_vec().into()]))
+            .await
+            .map(drop);
+    };
+    let names: Vec<String> = tx
+        .query_all_raw(statement(sql, &sql.select_steps, vec![id.to_vec().into()]))
+        .await?
+        .iter()
+        .map(|row| row.try_get_by_index(0))
+        .collect::<Result<_, _>>()?;
+    if names.is_empty() {
+        return Ok(());
+    }
+    let mut values: Vec<Value> = vec![id.to_vec().into()];
+    values.extend(names.iter().map(|name| name.as_str().into()));
+    tx.execute_raw(statement(
+        sql,
+        &with_ids(sql.backend, by_key, names.len()),
+        values,
+    ))
+    .await
+    .map(drop)
 }
 
 /// A final phase's transaction kept open for the call's result (P10).

@@ -67,25 +67,56 @@ use crate::sql::{Purge, Sql};
 use crate::store::statement;
 
 /// Creates the ledger, the steps and calls tables of lease mode, and the outbox tables (with
-/// their indexes) if they do not exist. Call it once at startup (or use the migrations,
+/// their indexes) where they do not exist. Call it once at startup (or use the migrations,
 /// feature `migration`).
+///
+/// It reads the catalogue first and runs DDL only for a family of tables that is missing: on
+/// a cluster (Galera) even `CREATE TABLE IF NOT EXISTS` is replicated as DDL and aborts the
+/// transactions committing on that table cluster-wide, so starting a service must not issue
+/// it against a live ledger. (On a cluster, prefer migrating once to creating at start.)
 ///
 /// ```
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let db = sea_orm::Database::connect("sqlite::memory:").await?;
 /// idem_sea_orm::create_tables(&db).await?;
+/// idem_sea_orm::create_tables(&db).await?; // finds everything there: no DDL
 /// # Ok(()) }
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(run()).unwrap();
 /// ```
 pub async fn create_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
     let sql = Sql::of(db.get_database_backend());
+    let existing: Vec<String> = db
+        .query_all_raw(Statement::from_string(sql.backend, sql.list_tables.clone()))
+        .await
+        .and_then(|rows| rows.iter().map(|r| r.try_get_by_index(0)).collect())
+        .map_err(|e| store_error("reading the catalogue", e))?;
+    let exists = |table: &str| existing.iter().any(|t| t.eq_ignore_ascii_case(table));
     let families = [
-        (&sql.ledger_tables, "creating the ledger table"),
-        (&sql.steps_tables, "creating the steps table"),
-        (&sql.calls_tables, "creating the calls table"),
-        (&sql.outbox_tables, "creating the outbox tables"),
+        (
+            &sql.ledger_tables,
+            &[LEDGER_TABLE][..],
+            "creating the ledger table",
+        ),
+        (
+            &sql.steps_tables,
+            &[STEPS_TABLE][..],
+            "creating the steps table",
+        ),
+        (
+            &sql.calls_tables,
+            &[CALLS_TABLE][..],
+            "creating the calls table",
+        ),
+        (
+            &sql.outbox_tables,
+            &[OUTBOX_TABLE, OUTBOX_HEADS_TABLE, DEAD_LETTERS_TABLE][..],
+            "creating the outbox tables",
+        ),
     ];
-    for (tables, doing) in families {
+    for (tables, names, doing) in families {
+        if names.iter().all(|&name| exists(name)) {
+            continue;
+        }
         for statement in &tables.create {
             db.execute_unprepared(statement)
                 .await
@@ -242,4 +273,22 @@ pub async fn database_now_ms<C: ConnectionTrait>(db: &C) -> Result<i64, Error> {
     })?
     .try_get_by_index::<i64>(0)
     .map_err(|e| store_error("reading the database clock", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use sea_orm::{ConnectionTrait, Database};
+
+    #[tokio::test]
+    async fn create_tables_makes_a_missing_family_and_leaves_the_others() {
+        let db = Database::connect("sqlite::memory:").await.expect("db");
+        super::create_tables(&db).await.expect("create");
+        db.execute_unprepared("DROP TABLE idem_calls")
+            .await
+            .expect("drop");
+        super::create_tables(&db).await.expect("create again");
+        db.execute_unprepared("SELECT COUNT(*) FROM idem_calls")
+            .await
+            .expect("made again");
+    }
 }

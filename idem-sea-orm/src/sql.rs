@@ -116,6 +116,9 @@ pub(crate) struct Sql {
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) now: &'static str,
 
+    /// Lists the tables of the current database or schema (one column: the name).
+    pub(crate) list_tables: String,
+
     // The ledger.
     pub(crate) ledger_tables: Tables,
     /// Binds id, scope, principal, key, owner, fingerprint, ttl_ms. Returns owner,
@@ -161,6 +164,11 @@ pub(crate) struct Sql {
     pub(crate) insert_step: String,
     /// Binds record_id.
     pub(crate) delete_steps: String,
+    /// MySQL: binds record_id, then `{ids}` is the list of step names: deletes by primary key,
+    /// so completion takes no gap lock (a range delete's next-key lock would meet another
+    /// call's step insert, on Galera another node's, and abort one of them). Elsewhere `None`:
+    /// `delete_steps` takes no gap locks.
+    pub(crate) delete_steps_by_key: Option<String>,
     /// Binds lease_ms, id, token.
     pub(crate) renew_lease: String,
     /// Binds state, response, ttl_ms, id, token.
@@ -319,6 +327,12 @@ impl Sql {
         Sql {
             backend,
             now: now(backend),
+            list_tables: match backend {
+                Postgres => "SELECT CAST(tablename AS TEXT) FROM pg_tables WHERE schemaname = current_schema()",
+                MySql => "SELECT CAST(table_name AS CHAR) FROM information_schema.tables WHERE table_schema = DATABASE()",
+                _ => "SELECT name FROM sqlite_master WHERE type = 'table'",
+            }
+            .to_owned(),
 
             ledger_tables: Tables {
                 create: match backend {
@@ -431,6 +445,8 @@ impl Sql {
                 &["token", "result"],
             )),
             delete_steps: r("DELETE FROM {steps} WHERE record_id = ?"),
+            delete_steps_by_key: (backend == MySql)
+                .then(|| r("DELETE FROM {steps} WHERE record_id = ? AND name IN ({ids})")),
             renew_lease: r("UPDATE {ledger} SET expires_at_ms = {now} + ? \
                 WHERE id = ? AND owner = ? AND state = 0"),
             complete_lease: r(

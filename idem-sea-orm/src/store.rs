@@ -82,14 +82,15 @@ pub struct ClaimedTx {
 }
 
 /// The longest a claim waits for a pooled connection, in milliseconds ([`set_connection_wait`]).
-static CONNECTION_WAIT_MS: AtomicU64 = AtomicU64::new(2_000);
+static CONNECTION_WAIT_MS: AtomicU64 = AtomicU64::new(5_000);
 
 /// Sets how long a claim waits for a pooled connection before the call fails with
 /// [`Error::Unavailable`](idem_core::Error::Unavailable) (HTTP 503 with `Retry-After`): a dead or
 /// unreachable database, or a pool whose connections are all busy, is an outage, told
-/// promptly, not a duplicate in flight. Default 2 s; process-wide. In atomic mode the wait is
+/// promptly, not a duplicate in flight. Default 5 s; process-wide. In atomic mode the wait is
 /// also kept under the call's wait bound (`on_concurrent = wait("…")`), so a missing connection
-/// is never mistaken for another call holding the key.
+/// is never mistaken for another call holding the key. PostgreSQL and MySQL only: an embedded
+/// SQLite database cannot go away, and its one pooled connection is queued for under load.
 pub fn set_connection_wait(wait: Duration) {
     let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
     CONNECTION_WAIT_MS.store(ms, Ordering::Relaxed);
@@ -107,6 +108,9 @@ pub(crate) async fn begin_within(
     db: &DatabaseConnection,
     wait: Duration,
 ) -> Result<DatabaseTransaction, DbErr> {
+    if db.get_database_backend() == DbBackend::Sqlite {
+        return begin(db).await;
+    }
     tokio::time::timeout(wait, begin(db))
         .await
         .unwrap_or(Err(DbErr::ConnectionAcquire(
