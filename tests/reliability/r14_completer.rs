@@ -199,16 +199,24 @@ fn completer(db: &DatabaseConnection, writer: &'static str) -> Completer {
                     vec![run.clone().into(), attempt.into(), writer.into()],
                 )
                 .await;
+                let began = Instant::now();
                 let paid = pay(&db, &Runner::resumed(writer), call.args.0).await;
+                let took_ms = began.elapsed().as_millis() as i64;
                 let outcome = match &paid {
                     Ok(_) => "ok".to_owned(),
                     Err(e) => format!("{}: {e}", e.kind().as_str()),
                 };
                 note_attempt(
                     &db,
-                    "UPDATE r14_attempts SET outcome = ? WHERE run_id = ? AND attempt = ? \
-                     AND writer = ?",
-                    vec![outcome.into(), run.into(), attempt.into(), writer.into()],
+                    "UPDATE r14_attempts SET outcome = ?, took_ms = ? WHERE run_id = ? \
+                     AND attempt = ? AND writer = ?",
+                    vec![
+                        outcome.into(),
+                        took_ms.into(),
+                        run.into(),
+                        attempt.into(),
+                        writer.into(),
+                    ],
                 )
                 .await;
                 paid
@@ -637,25 +645,40 @@ async fn attempts(db: &DatabaseConnection) -> BTreeMap<String, i64> {
         .collect()
 }
 
-/// Completer attempts by outcome: `ok`, the error kind of a failed one, or `cut off` (no
-/// outcome: its completer was killed during it); with one message of each failure kind.
-async fn attempt_outcomes(db: &DatabaseConnection) -> BTreeMap<String, (i64, String)> {
+/// What the completers' attempts came to, from the attempts table.
+#[derive(Debug, Default)]
+struct AttemptFigures {
+    /// By outcome: `ok`, the error kind of a failed one, or `cut off` (no outcome: its
+    /// completer was killed during it); with one message of each failure kind.
+    by_outcome: BTreeMap<String, (i64, String)>,
+    /// How long the attempts that got an outcome took (ms), sorted.
+    took_ms: Vec<i64>,
+}
+
+async fn attempt_figures(db: &DatabaseConnection) -> AttemptFigures {
     let rows = db
-        .query_all_raw(stmt(db, "SELECT outcome FROM r14_attempts", vec![]))
+        .query_all_raw(stmt(
+            db,
+            "SELECT outcome, took_ms FROM r14_attempts",
+            vec![],
+        ))
         .await
         .expect("attempt outcomes");
-    let mut tally: BTreeMap<String, (i64, String)> = BTreeMap::new();
+    let mut figures = AttemptFigures::default();
     for row in &rows {
         let outcome: Option<String> = row.try_get_by_index(0).expect("outcome");
+        let took: Option<i64> = row.try_get_by_index(1).expect("took");
+        figures.took_ms.extend(took);
         let outcome = outcome.unwrap_or_else(|| "cut off".to_owned());
         let (kind, message) = outcome.split_once(": ").unwrap_or((&outcome, ""));
-        let entry = tally.entry(kind.to_owned()).or_default();
+        let entry = figures.by_outcome.entry(kind.to_owned()).or_default();
         entry.0 += 1;
         if entry.1.is_empty() {
             entry.1 = message.chars().take(160).collect();
         }
     }
-    tally
+    figures.took_ms.sort_unstable();
+    figures
 }
 
 async fn count(db: &DatabaseConnection, sql: &str, values: Vec<Value>) -> i64 {
@@ -682,7 +705,7 @@ async fn create_tables(db: &DatabaseConnection) {
         ),
         format!(
             "CREATE TABLE r14_attempts (run_id {text} NOT NULL, attempt BIGINT NOT NULL, \
-             writer {key} NOT NULL, outcome {text} NULL)"
+             writer {key} NOT NULL, outcome {text} NULL, took_ms BIGINT NULL)"
         ),
         format!("CREATE TABLE r14_give_ups (idem_key {text} NOT NULL, refund_key {key} NOT NULL)"),
     ] {
@@ -745,7 +768,8 @@ async fn r14_killed_calls_are_finished_by_killed_completers_once() {
         let gateway = gateway_calls(&db).await;
         let payments = payments(&db).await;
         let attempts = attempts(&db).await;
-        let outcomes = attempt_outcomes(&db).await;
+        let attempt_figures = attempt_figures(&db).await;
+        let (outcomes, took) = (&attempt_figures.by_outcome, &attempt_figures.took_ms);
         let (still_claimed, still_stored) = not_ended(&db).await;
         let refunds = count(
             &db,
@@ -800,7 +824,7 @@ async fn r14_killed_calls_are_finished_by_killed_completers_once() {
             check(record.state == 1, "calls not finished");
             check(paid == 1, "payments lost or duplicated");
             check(charge_keys == 1, "calls without exactly one charge");
-            if paid != 1 || charge_keys != 1 {
+            if record.state != 1 || paid != 1 || charge_keys != 1 {
                 continue;
             }
             *writers.entry(writer.clone()).or_default() += 1;
@@ -867,7 +891,8 @@ async fn r14_killed_calls_are_finished_by_killed_completers_once() {
              started, {} killed at random, {} exited on their own; when the killing stopped \
              {claimed_left} calls claimed / {stored_left} stored; payments by {writers:?}; \
              {taken_over} calls taken over by completers, {retaken} more than once ({} \
-             attempts, at most {max_attempts} on a call, by outcome {outcomes:?}); {gave_up} \
+             attempts, at most {max_attempts} on a call, by outcome {outcomes:?}, taking p50 {} \
+             ms, max {} ms); {gave_up} \
              given up ({refunds} refunds; {MAX_ATTEMPTS} attempts allowed); {gateway_total} \
              gateway calls for {charges} charges, {double_charges} double charges, \
              {total_payments} payments; {} leases unfinished, {still_claimed} calls claimed / \
@@ -880,6 +905,10 @@ async fn r14_killed_calls_are_finished_by_killed_completers_once() {
             chaos.killed,
             chaos.exited,
             attempts.values().sum::<i64>(),
+            took.first()
+                .map(|_| percentile(took, 50))
+                .unwrap_or_default(),
+            took.last().copied().unwrap_or_default(),
             unfinished.len(),
             kill_to_completion.len(),
             LEASE.as_millis(),
@@ -887,6 +916,12 @@ async fn r14_killed_calls_are_finished_by_killed_completers_once() {
             (calls_done - started).as_secs_f64(),
             (finished_at - calls_done).as_secs_f64(),
             started.elapsed().as_secs_f64(),
+        );
+        assert!(
+            ended,
+            "{name}: calls did not all end within {bound:?} of the last completer's start: \
+             {still_claimed} still claimed, {still_stored} stored, expired leases e.g. {:?}",
+            &unfinished[..unfinished.len().min(3)]
         );
         assert_eq!(double_charges, 0, "{name}: double charges at the gateway");
         assert_eq!(
@@ -898,10 +933,6 @@ async fn r14_killed_calls_are_finished_by_killed_completers_once() {
             (still_claimed, still_stored),
             (0, 0),
             "{name}: calls left claimed / stored"
-        );
-        assert!(
-            ended,
-            "{name}: calls did not all end within {bound:?} of the last completer's start"
         );
         if let Some((claim, runs)) = wrong.iter().next() {
             panic!(
