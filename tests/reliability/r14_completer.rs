@@ -921,7 +921,11 @@ async fn r14_killed_calls_are_finished_by_killed_completers_once() {
             ended,
             "{name}: calls did not all end within {bound:?} of the last completer's start: \
              {still_claimed} still claimed, {still_stored} stored, expired leases e.g. {:?}",
-            &unfinished[..unfinished.len().min(3)]
+            unfinished
+                .iter()
+                .take(3)
+                .map(|lease| &lease.key)
+                .collect::<Vec<_>>()
         );
         assert_eq!(double_charges, 0, "{name}: double charges at the gateway");
         assert_eq!(
