@@ -5,8 +5,9 @@
 //! *before the charge*, *after the charge* (before its step is recorded), *in the final phase*
 //! (writes made, not committed), *after the final phase* (before the call is recorded), or by
 //! the parent at a random moment of its body. Completer processes (`Completer::run`, 100 ms
-//! poll) run meanwhile and are killed at random moments and restarted; at the end one
-//! completer in the parent runs until every call has ended. Then, counted in the database:
+//! poll) run meanwhile and are killed at random moments and restarted; two in three also
+//! crash at one of those points inside their first or second attempt. At the end one completer
+//! in the parent runs until every call has ended. Then, counted in the database:
 //! every claimed call finished, 0 double charges, one payment per charge, no lease left
 //! unfinished, and a late client retry of every key replays the recorded answer. The time from
 //! each kill to the call's completion is measured on the database clock.
@@ -14,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use idem::completer::{GaveUp, Resumed};
@@ -40,10 +41,12 @@ const TTL_MS: i64 = 3_600_000;
 /// How often a completer looks for calls whose lease ended, at most.
 const POLL: Duration = Duration::from_millis(100);
 /// Attempts a completer makes at one call before giving it up: twice the default (5). A
-/// completer killed during an attempt counts that attempt for every call it had in flight
-/// (a batch on one connection, on SQLite), and these completers die every 50–1000 ms, far
-/// more often than a deployment's; a loaded machine saw 5 attempts on one call. With 10, no
-/// give-up is the expected count (the gateway never fails); the most seen is printed.
+/// completer killed during a round counts an attempt for every call it had in flight, and
+/// those calls, cut off together, come due together and are batched together again. These
+/// completers die every 100–1500 ms and most of them crash inside an attempt, far more often
+/// than a deployment's; the most attempts seen on one call were 3 (with SQLite's rollback
+/// journal on a loaded machine, before the write-ahead log below: 6). With 10, no give-up is
+/// the expected count (the gateway never fails); the most attempts on a call are printed.
 const MAX_ATTEMPTS: u32 = 2 * idem::completer::DEFAULT_MAX_ATTEMPTS;
 /// Call children of a round start within this many milliseconds.
 const ROUND_SPREAD_MS: u64 = 1_500;
@@ -89,6 +92,14 @@ impl Runner {
             announce: false,
         }
     }
+}
+
+/// Where a completer process kills itself: at `point` of the `attempt`-th call it resumes
+/// (its other attempts in flight are cut off with it).
+#[derive(Debug, Clone)]
+struct Crash {
+    point: String,
+    attempt: u32,
 }
 
 fn kill_self() -> ! {
@@ -179,14 +190,20 @@ async fn note_attempt(db: &DatabaseConnection, sql: &str, values: Vec<Value>) {
 
 /// A completer for `pay` on `db`; `writer` names its payments. A give-up's hook writes a row
 /// (the compensation, keyed as the docs say), so give-ups are counted in the database too.
-fn completer(db: &DatabaseConnection, writer: &'static str) -> Completer {
+fn completer(db: &DatabaseConnection, writer: &'static str, crash: Option<Crash>) -> Completer {
     let (resume_db, hook_db) = (db.clone(), db.clone());
+    let started_attempts = Arc::new(AtomicU32::new(0));
     Completer::new(SeaOrmLeaseStore::new(db.clone()))
         .max_attempts(MAX_ATTEMPTS)
         .backoff(Duration::from_millis(100), Duration::from_secs(1))
         .poll_interval(POLL)
         .resume(SCOPE, move |call: Resumed<(Order,)>| {
             let db = resume_db.clone();
+            let nth = started_attempts.fetch_add(1, Ordering::SeqCst) + 1;
+            let mut runner = Runner::resumed(writer);
+            if let Some(crash) = crash.as_ref().filter(|crash| crash.attempt == nth) {
+                runner.kill_at = crash.point.clone();
+            }
             async move {
                 // Every attempt leaves a row first, and its outcome after: an attempt cut off
                 // by a kill is a row without an outcome. Figures only: a note that fails (a
@@ -200,7 +217,7 @@ fn completer(db: &DatabaseConnection, writer: &'static str) -> Completer {
                 )
                 .await;
                 let began = Instant::now();
-                let paid = pay(&db, &Runner::resumed(writer), call.args.0).await;
+                let paid = pay(&db, &runner, call.args.0).await;
                 let took_ms = began.elapsed().as_millis() as i64;
                 let outcome = match &paid {
                     Ok(_) => "ok".to_owned(),
@@ -269,7 +286,11 @@ async fn r14_child() {
                 let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
                 let _ = gone.send(());
             });
-            completer(&db, "completer")
+            let crash = std::env::var("IDEM_R14_CRASH_AT").ok().map(|point| Crash {
+                point,
+                attempt: var("IDEM_R14_CRASH_ATTEMPT").parse().expect("an attempt"),
+            });
+            completer(&db, "completer", crash)
                 .run(async {
                     let _ = parent_gone.await;
                 })
@@ -435,13 +456,19 @@ async fn died_at(db: &DatabaseConnection) -> i64 {
 #[derive(Debug, Default, Clone, Copy)]
 struct ChaosTally {
     started: usize,
+    /// Killed by the parent at a random moment.
     killed: usize,
-    /// Completers that exited on their own: they never should.
+    /// Killed by themselves at their crash point.
+    crashed: usize,
+    /// Completers that exited otherwise: they never should.
     exited: usize,
 }
 
-/// One slot of completer processes: starts one, lets it run for a random 50–1000 ms, kills
-/// it, waits 0–300 ms, starts the next, until `stop` says so.
+/// One slot of completer processes: starts one, lets it run for a random 100–1500 ms, kills
+/// it, waits 0–300 ms, starts the next, until `stop` says so. Two in three also crash at a
+/// point of their first or second attempt (before the charge, after it, in the final phase,
+/// after it; one the attempt reaches: a recorded step replays without running), which cuts
+/// off every attempt they have in flight.
 async fn completer_slot(url: String, seed: u64, mut stop: watch::Receiver<bool>) -> ChaosTally {
     let mut rng = Rng::from_seed(seed);
     let mut tally = ChaosTally::default();
@@ -449,20 +476,35 @@ async fn completer_slot(url: String, seed: u64, mut stop: watch::Receiver<bool>)
         let mut command = child("completer", &url);
         // Its standard input stays open while this parent lives.
         command.stdin(Stdio::piped());
+        let crashes = rng.below(3) < 2;
+        if crashes {
+            let point = POINTS[rng.below(4) as usize];
+            let attempt = 1 + rng.below(2);
+            command
+                .env("IDEM_R14_CRASH_AT", point)
+                .env("IDEM_R14_CRASH_ATTEMPT", attempt.to_string());
+        }
         let mut process = command.spawn().expect("spawn a completer");
+        // Held here: `wait` closes the child's standard input, which would stop it.
+        let _stdin = process.stdin.take();
         tally.started += 1;
-        let life = Duration::from_millis(50 + rng.below(950));
-        tokio::select! {
-            () = tokio::time::sleep(life) => {}
-            _ = stop.changed() => {}
+        let life = Duration::from_millis(100 + rng.below(1400));
+        let ended = tokio::select! {
+            status = process.wait() => Some(status.expect("wait for a completer")),
+            () = tokio::time::sleep(life) => None,
+            _ = stop.changed() => None,
+        };
+        match ended {
+            Some(status) if crashes && ChildEnd::of(status) == ChildEnd::Killed => {
+                tally.crashed += 1;
+            }
+            Some(_) => tally.exited += 1,
+            None => {
+                process.start_kill().expect("SIGKILL a completer");
+                let _ = process.wait().await;
+                tally.killed += 1;
+            }
         }
-        if process.try_wait().expect("poll a completer").is_some() {
-            tally.exited += 1;
-        } else {
-            process.start_kill().expect("SIGKILL a completer");
-            tally.killed += 1;
-        }
-        let _ = process.wait().await;
         let gap = Duration::from_millis(rng.below(300));
         tokio::select! {
             () = tokio::time::sleep(gap) => {}
@@ -501,6 +543,7 @@ impl Chaos {
             let tally = slot.await.expect("a completer slot");
             all.started += tally.started;
             all.killed += tally.killed;
+            all.crashed += tally.crashed;
             all.exited += tally.exited;
         }
         all
@@ -691,6 +734,14 @@ async fn count(db: &DatabaseConnection, sql: &str, values: Vec<Value>) -> i64 {
 }
 
 async fn create_tables(db: &DatabaseConnection) {
+    if db.get_database_backend() == DbBackend::Sqlite {
+        // A write-ahead log, as several processes on one SQLite file would use: kept in the
+        // file, so every child's connection uses it too. With the rollback journal a reader
+        // blocks the writers, and the crowd of processes queues on the file's lock.
+        db.execute_unprepared("PRAGMA journal_mode = WAL")
+            .await
+            .expect("write-ahead log");
+    }
     let (text, key) = match db.get_database_backend() {
         DbBackend::Sqlite => ("TEXT", "TEXT"),
         _ => ("VARCHAR(200)", "VARCHAR(100)"),
@@ -755,7 +806,7 @@ async fn r14_killed_calls_are_finished_by_killed_completers_once() {
         // One completer, never killed, until every call has ended.
         let bound = LEASE + Duration::from_secs(30);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let last = tokio::spawn(completer(&db, "final").run(async {
+        let last = tokio::spawn(completer(&db, "final", None).run(async {
             let _ = stopped.await;
         }));
         let ended = all_ended_within(&db, bound).await;
@@ -888,7 +939,7 @@ async fn r14_killed_calls_are_finished_by_killed_completers_once() {
         println!(
             "R14 {name}: {} calls ({claimed} claimed, {unclaimed} failed at their claim), \
              {kills} SIGKILLs ({random_kills} random), ends {ends:?}; completer processes: {} \
-             started, {} killed at random, {} exited on their own; when the killing stopped \
+             started, {} killed at random, {} crashed at a point, {} exited otherwise; when the killing stopped \
              {claimed_left} calls claimed / {stored_left} stored; payments by {writers:?}; \
              {taken_over} calls taken over by completers, {retaken} more than once ({} \
              attempts, at most {max_attempts} on a call, by outcome {outcomes:?}, taking p50 {} \
@@ -903,6 +954,7 @@ async fn r14_killed_calls_are_finished_by_killed_completers_once() {
             calls.len(),
             chaos.started,
             chaos.killed,
+            chaos.crashed,
             chaos.exited,
             attempts.values().sum::<i64>(),
             took.first()
@@ -971,10 +1023,13 @@ async fn r14_killed_calls_are_finished_by_killed_completers_once() {
             "{name}: only {kills} of {} calls were killed: {ends:?}",
             calls.len()
         );
+        let cut_off = outcomes.get("cut off").map_or(0, |(n, _)| *n);
         assert!(
-            chaos.killed >= 2,
-            "{name}: the completers were killed {} times",
-            chaos.killed
+            chaos.killed >= 2 && chaos.crashed >= 1 && cut_off >= 1,
+            "{name}: the completers were killed {} times, crashed {} times, and {cut_off} \
+             attempts were cut off",
+            chaos.killed,
+            chaos.crashed
         );
 
         // A late client retry of every claimed key replays the recorded answer, and pays
