@@ -44,7 +44,7 @@ const POLL: Duration = Duration::from_millis(100);
 /// completer killed during a round counts an attempt for every call it had in flight, and
 /// those calls, cut off together, come due together and are batched together again. These
 /// completers die every 100–1500 ms and most of them crash inside an attempt, far more often
-/// than a deployment's; the most attempts seen on one call were 4 (with SQLite's rollback
+/// than a deployment's; the most attempts seen on one call were 5 (with SQLite's rollback
 /// journal on a loaded machine, before the write-ahead log below: 6). With 10, no give-up is
 /// the expected count (the gateway never fails); the most attempts on a call are printed.
 const MAX_ATTEMPTS: u32 = 2 * idem::completer::DEFAULT_MAX_ATTEMPTS;
