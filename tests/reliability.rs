@@ -1,6 +1,6 @@
 //! The reliability suite (docs/RELIABILITY.md): storms, many processes, SIGKILL crashes,
-//! cancellation at every poll, broken connections, bad input, isolation, properties and
-//! HTTP clients that hang up (R13).
+//! cancellation at every poll, broken connections, bad input, isolation, properties, HTTP
+//! clients that hang up (R13) and completers finishing killed calls (R14).
 //!
 //! Every test counts effects in the database (`idem_rel_effects`, two rows per execution:
 //! a partial write shows as an odd count) and checks the ledger for rows left in state 0.
@@ -22,6 +22,8 @@ mod support;
 
 #[path = "reliability/r13_disconnects.rs"]
 mod r13_disconnects;
+#[path = "reliability/r14_completer.rs"]
+mod r14_completer;
 #[path = "reliability/r1_storm.rs"]
 mod r1_storm;
 #[path = "reliability/r2_processes.rs"]
