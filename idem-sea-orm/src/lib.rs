@@ -6,7 +6,9 @@
 //!   transaction as the handler's own writes;
 //! - [`purge_expired`] deletes expired records in bounded batches ([`ExpiredPurge`] to pace
 //!   it yourself);
-//! - [`ledger`] is the ledger's SeaORM entity, for inspection and admin tools.
+//! - [`ledger`] is the ledger's SeaORM entity, for inspection and admin tools;
+//! - [`inspect`] reads one record with its steps and stored call, and lists the tables a
+//!   database lacks (what the `idem` command-line tool shows).
 //!
 //! Every SQL statement the crate runs is in one module, `src/sql.rs`: one table of statements
 //! per backend, rendered once from templates that name the tables through [`LEDGER_TABLE`],
@@ -29,6 +31,7 @@
 
 mod completer;
 mod error;
+pub mod inspect;
 mod lease;
 mod outbox;
 mod sql;

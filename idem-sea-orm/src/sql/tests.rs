@@ -42,6 +42,10 @@ fn every_statement(sql: &Sql) -> Vec<String> {
         &sql.list_dead,
         &sql.retry_dead,
         &sql.record_dead_letter,
+        &sql.existing_tables,
+        &sql.inspect_record,
+        &sql.inspect_steps,
+        &sql.inspect_call,
     ];
     [&sql.ledger_tables, &sql.steps_tables, &sql.outbox_tables]
         .into_iter()
