@@ -25,8 +25,13 @@ struct Isolated {
     /// How the tool reaches it (only it).
     url: String,
     db: DatabaseConnection,
-    /// How to drop it at the end (servers only).
-    cleanup: Option<(DatabaseConnection, String)>,
+    /// How to drop it at the end: a server's statement, or SQLite's file.
+    cleanup: Cleanup,
+}
+
+enum Cleanup {
+    Server(DatabaseConnection, String),
+    File(std::path::PathBuf),
 }
 
 impl Isolated {
@@ -36,8 +41,14 @@ impl Isolated {
     }
 
     async fn drop_database(self) {
-        if let Some((admin, statement)) = self.cleanup {
-            let _ = admin.execute_unprepared(&statement).await;
+        let _ = self.db.close().await;
+        match self.cleanup {
+            Cleanup::Server(admin, statement) => {
+                let _ = admin.execute_unprepared(&statement).await;
+            }
+            Cleanup::File(path) => {
+                let _ = std::fs::remove_file(path);
+            }
         }
     }
 }
@@ -154,7 +165,7 @@ async fn isolated(with_tables: bool) -> Vec<Isolated> {
         backend: "sqlite",
         db: connect(&url).await,
         url,
-        cleanup: None,
+        cleanup: Cleanup::File(path),
     }];
     let servers = [
         ("postgres", "IDEM_TEST_POSTGRES_URL"),
@@ -191,7 +202,7 @@ async fn isolated(with_tables: bool) -> Vec<Isolated> {
             backend,
             db: connect(&url).await,
             url,
-            cleanup: Some((admin, drop)),
+            cleanup: Cleanup::Server(admin, drop),
         });
     }
     if with_tables {
