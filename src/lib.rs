@@ -265,6 +265,7 @@ pub mod sea_orm {
     #[cfg(feature = "migration")]
     #[cfg_attr(docsrs, doc(cfg(feature = "migration")))]
     pub use idem_sea_orm::Migration;
+    pub use idem_sea_orm::inspect;
     pub use idem_sea_orm::{
         CALLS_TABLE, ClaimedTx, Completer, ConditionalUpdate, DEAD_LETTERS_TABLE, DeadLetterTable,
         DeadMessage, ExpiredLease, ExpiredPurge, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE,

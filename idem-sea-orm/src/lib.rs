@@ -6,7 +6,9 @@
 //!   transaction as the handler's own writes;
 //! - [`purge_expired`] deletes expired records in bounded batches ([`ExpiredPurge`] to pace
 //!   it yourself);
-//! - [`ledger`] is the ledger's SeaORM entity, for inspection and admin tools.
+//! - [`ledger`] is the ledger's SeaORM entity, for inspection and admin tools;
+//! - [`inspect`] reads one record with its steps and stored call, and lists the tables a
+//!   database lacks (what the `idem` command-line tool shows).
 //!
 //! Every SQL statement the crate runs is in one module, `src/sql.rs`: one table of statements
 //! per backend, rendered once from templates that name the tables through [`LEDGER_TABLE`],
@@ -30,6 +32,7 @@
 mod completer;
 mod error;
 mod flavour;
+pub mod inspect;
 mod lease;
 mod outbox;
 mod sql;
@@ -85,12 +88,8 @@ use crate::store::statement;
 /// ```
 pub async fn create_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
     let sql = Sql::of(db.get_database_backend());
-    let existing: Vec<String> = db
-        .query_all_raw(Statement::from_string(sql.backend, sql.list_tables.clone()))
-        .await
-        .and_then(|rows| rows.iter().map(|r| r.try_get_by_index(0)).collect())
-        .map_err(|e| store_error("reading the catalogue", e))?;
-    let exists = |table: &str| existing.iter().any(|t| t.eq_ignore_ascii_case(table));
+    let missing = inspect::missing_tables(db).await?;
+    let exists = |table: &str| !missing.contains(&table);
     let families = [
         (
             &sql.ledger_tables,

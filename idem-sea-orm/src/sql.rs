@@ -4,7 +4,8 @@
 //! its field matches on the backend. Templates go through one function, [`render`], which
 //! splices in:
 //! - the table names (`{ledger}`, `{steps}`, `{outbox}`, `{heads}`, `{dead_letters}`) and
-//!   index names, each spelled once below;
+//!   index names, each spelled once below, and all of them as a list of string literals
+//!   (`{table_names}`, or `{table_rows}` for a `VALUES` list);
 //! - the shared fragments of [`FRAGMENTS`] (`{read_row}`, `{due}`, …);
 //! - the outbox's state codes (`{pending}`, `{published}`, `{dead}`);
 //! - the backend's column types and table options ([`COLUMN_TYPES`]), so each table's columns
@@ -30,6 +31,16 @@ pub const OUTBOX_TABLE: &str = "idem_outbox";
 pub const OUTBOX_HEADS_TABLE: &str = "idem_outbox_heads";
 /// Name of the table of messages a consumer gave up on.
 pub const DEAD_LETTERS_TABLE: &str = "idem_dead_letters";
+
+/// Every table idem creates, in the order `create_tables` creates them.
+pub(crate) const ALL_TABLES: [&str; 6] = [
+    LEDGER_TABLE,
+    STEPS_TABLE,
+    CALLS_TABLE,
+    OUTBOX_TABLE,
+    OUTBOX_HEADS_TABLE,
+    DEAD_LETTERS_TABLE,
+];
 
 /// The savepoint a claim takes before the handler's body runs.
 const CLAIM_SAVEPOINT: &str = "idem_claim";
@@ -115,9 +126,6 @@ pub(crate) struct Sql {
     /// statements; kept for tests that check every statement uses it).
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) now: &'static str,
-
-    /// Lists the tables of the current database or schema (one column: the name).
-    pub(crate) list_tables: String,
 
     // The ledger.
     pub(crate) ledger_tables: Tables,
@@ -209,6 +217,19 @@ pub(crate) struct Sql {
     pub(crate) forget_given_up: String,
     /// Deletes the stored calls of records that no longer exist (purged).
     pub(crate) purge_orphaned_calls: String,
+
+    // Inspection (read only): what an operator's tools show of one record.
+    /// Returns the names of those of idem's tables ([`ALL_TABLES`]) the connection sees, as
+    /// its own statements would resolve them.
+    pub(crate) existing_tables: String,
+    /// Binds id. Returns id, scope, principal, idem_key, owner, fingerprint, state,
+    /// response, created_at_ms, expires_at_ms, now_ms.
+    pub(crate) inspect_record: String,
+    /// Binds record_id. Returns name, token, result, created_at_ms, oldest first.
+    pub(crate) inspect_steps: String,
+    /// Binds record_id. Returns attempts, last_error, gave_up, next_attempt_at_ms, args,
+    /// created_at_ms.
+    pub(crate) inspect_call: String,
 
     // The outbox.
     pub(crate) outbox_tables: Tables,
@@ -327,12 +348,6 @@ impl Sql {
         Sql {
             backend,
             now: now(backend),
-            list_tables: match backend {
-                Postgres => "SELECT CAST(tablename AS TEXT) FROM pg_tables WHERE schemaname = current_schema()",
-                MySql => "SELECT CAST(table_name AS CHAR) FROM information_schema.tables WHERE table_schema = DATABASE()",
-                _ => "SELECT name FROM sqlite_master WHERE type = 'table'",
-            }
-            .to_owned(),
 
             ledger_tables: Tables {
                 create: match backend {
@@ -531,6 +546,32 @@ impl Sql {
             forget_given_up: r("DELETE FROM {calls} WHERE record_id = ? AND gave_up = 1"),
             purge_orphaned_calls: r(
                 "DELETE FROM {calls} WHERE record_id NOT IN (SELECT id FROM {ledger})",
+            ),
+
+            existing_tables: r(match backend {
+                // `to_regclass` resolves a name through the search path, as every statement
+                // of the crate does: a table in another schema does not count.
+                Postgres => {
+                    "SELECT name FROM (VALUES {table_rows}) AS idem_tables (name) \
+                    WHERE to_regclass(name) IS NOT NULL"
+                }
+                MySql => {
+                    "SELECT table_name FROM information_schema.tables \
+                    WHERE table_schema = DATABASE() AND table_name IN ({table_names})"
+                }
+                _ => {
+                    "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ({table_names})"
+                }
+            }),
+            inspect_record: r(
+                "SELECT id, scope, principal, idem_key, owner, fingerprint, state, response, \
+                created_at_ms, expires_at_ms, {now} AS now_ms FROM {ledger} WHERE id = ?",
+            ),
+            inspect_steps: r("SELECT name, token, result, created_at_ms FROM {steps} \
+                WHERE record_id = ? ORDER BY created_at_ms, name"),
+            inspect_call: r(
+                "SELECT attempts, last_error, gave_up, next_attempt_at_ms, args, created_at_ms \
+                FROM {calls} WHERE record_id = ?",
             ),
 
             outbox_tables: Tables {
@@ -771,6 +812,10 @@ fn render(backend: DbBackend, template: &str) -> String {
     for (name, fragment) in FRAGMENTS {
         sql = sql.replace(name, fragment);
     }
+    let quoted = ALL_TABLES.map(|table| format!("'{table}'"));
+    sql = sql
+        .replace("{table_names}", &quoted.join(", "))
+        .replace("{table_rows}", &quoted.map(|q| format!("({q})")).join(", "));
     sql = sql
         // Index names are their table's name and a suffix.
         .replace("{ledger_expires}", "{ledger}_expires")

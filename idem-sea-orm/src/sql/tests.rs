@@ -61,6 +61,10 @@ fn every_statement(sql: &Sql) -> Vec<String> {
         &sql.owe_hook,
         &sql.forget_given_up,
         &sql.purge_orphaned_calls,
+        &sql.existing_tables,
+        &sql.inspect_record,
+        &sql.inspect_steps,
+        &sql.inspect_call,
     ];
     [
         &sql.ledger_tables,

@@ -1,0 +1,534 @@
+//! The commands: each reads (or, when asked, writes) through `idem-sea-orm` and prints a
+//! table for people or, with `--json`, one JSON document for scripts.
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use idem_core::RecordStatus;
+use idem_sea_orm::inspect::RecordView;
+use idem_sea_orm::sea_orm::DatabaseConnection;
+use idem_sea_orm::{CALLS_TABLE, LEDGER_TABLE, OUTBOX_TABLE, STEPS_TABLE};
+use serde_json::{Value, json};
+
+use crate::database::require_tables;
+use crate::format::{
+    hex, indented_json, iso8601, json_payload, one_line, relative, span, table, when,
+};
+use crate::{Failure, Found, InspectArgs, print, print_json};
+
+/// What idem does not record, said where a reader would look for it.
+const REPLAYS_NOT_RECORDED: &str =
+    "not recorded (a replay reads the record and writes nothing, so idem keeps no count)";
+
+/// The words for a record's state.
+fn state_name(view: &RecordView) -> String {
+    match view.status() {
+        Some(RecordStatus::Pending) => "in progress".to_owned(),
+        Some(RecordStatus::Completed) => "completed".to_owned(),
+        Some(RecordStatus::Failed) => "failed (final error)".to_owned(),
+        Some(RecordStatus::GaveUp) => "gave up".to_owned(),
+        _ => format!("unknown state {}", view.state),
+    }
+}
+
+/// `idem inspect`: one record, its answer, lease, steps and stored call.
+pub(crate) async fn inspect(
+    db: &DatabaseConnection,
+    id: &[u8],
+    args: &InspectArgs,
+    json: bool,
+) -> Result<Found, Failure> {
+    require_tables(db, &[LEDGER_TABLE]).await?;
+    let Some(view) = idem_sea_orm::inspect::record(db, id).await? else {
+        let looked_for = match (&args.scope, &args.key) {
+            (Some(scope), Some(key)) => format!(
+                "scope `{scope}`, key `{key}`{}",
+                if args.principal.is_empty() {
+                    " (no principal: pass --principal if the handler keys by one)".to_owned()
+                } else {
+                    format!(", principal `{}`", args.principal)
+                }
+            ),
+            _ => format!("id {}", hex(id)),
+        };
+        if json {
+            print_json(&json!({ "found": false, "id": hex(id) }))?;
+        } else {
+            eprintln!(
+                "no record for {looked_for}: never claimed, or purged after it expired (record id {})",
+                hex(id)
+            );
+        }
+        return Ok(Found::No);
+    };
+    if json {
+        print_json(&inspect_json(&view))?;
+    } else {
+        print(&inspect_text(&view))?;
+    }
+    Ok(Found::Yes)
+}
+
+fn inspect_json(view: &RecordView) -> Value {
+    let in_progress = view.status() == Some(RecordStatus::Pending);
+    let lease = in_progress.then(|| {
+        json!({
+            "owner_token": view.owner,
+            "ends_at": iso8601(view.expires_at_ms),
+            "ends_at_ms": view.expires_at_ms,
+            "ended": view.expires_at_ms <= view.now_ms,
+        })
+    });
+    let steps: Vec<Value> = view
+        .steps
+        .iter()
+        .map(|step| {
+            json!({
+                "name": step.name,
+                "token": step.token,
+                "value": json_payload(&step.value),
+                "recorded_at": iso8601(step.created_at_ms),
+            })
+        })
+        .collect();
+    let call = view.call.as_ref().map(|call| {
+        json!({
+            "attempts": call.attempts,
+            "last_error": call.last_error,
+            "give_up_hook_owed": call.hook_owed,
+            "next_attempt_at": iso8601(call.next_attempt_at_ms),
+            "stored_at": iso8601(call.created_at_ms),
+            "args": json_payload(&call.args),
+        })
+    });
+    json!({
+        "found": true,
+        "id": hex(&view.id),
+        "scope": view.scope,
+        "principal": view.principal,
+        "key": view.key,
+        "state": state_name(view),
+        "state_code": view.state,
+        "fingerprint": hex(&view.fingerprint),
+        "owner_token": view.owner,
+        "created_at": iso8601(view.created_at_ms),
+        "created_at_ms": view.created_at_ms,
+        "expires_at": iso8601(view.expires_at_ms),
+        "expires_at_ms": view.expires_at_ms,
+        "expired": view.expires_at_ms <= view.now_ms,
+        "database_now": iso8601(view.now_ms),
+        "database_now_ms": view.now_ms,
+        "lease": lease,
+        "steps": steps,
+        "call": call,
+        "answer": view.response.as_deref().map(json_payload),
+        "replays": Value::Null,
+        "replays_note": REPLAYS_NOT_RECORDED,
+    })
+}
+
+fn inspect_text(view: &RecordView) -> String {
+    let now = view.now_ms;
+    let mut out = String::new();
+    let mut field = |name: &str, value: &str| {
+        let _ = writeln!(out, "{name:<12} {value}");
+    };
+    field("record", &hex(&view.id));
+    field("scope", &view.scope);
+    if !view.principal.is_empty() {
+        field("principal", &view.principal);
+    }
+    field("key", &view.key);
+    field("state", &format!("{} ({})", state_name(view), view.state));
+    field("fingerprint", &hex(&view.fingerprint));
+    field("created", &when(view.created_at_ms, now));
+    let status = view.status();
+    if status == Some(RecordStatus::Pending) {
+        let ended = view.expires_at_ms <= now;
+        field(
+            "lease",
+            &format!(
+                "token {}, {} {}",
+                view.owner,
+                if ended { "ended" } else { "ends" },
+                when(view.expires_at_ms, now)
+            ),
+        );
+        if ended {
+            field(
+                "",
+                if view.call.is_some() {
+                    "the holder is gone: a completer (resumable call) or a client retry takes it over"
+                } else {
+                    "the holder is gone: a client retry takes it over (not resumable)"
+                },
+            );
+        }
+    } else {
+        let expiry = if view.expires_at_ms <= now {
+            "expired"
+        } else {
+            "expires"
+        };
+        field(expiry, &when(view.expires_at_ms, now));
+    }
+    field("replays", REPLAYS_NOT_RECORDED);
+    if let Some(call) = &view.call {
+        let mut text = format!(
+            "resumable; {} completer attempt{}",
+            call.attempts,
+            if call.attempts == 1 { "" } else { "s" }
+        );
+        if call.hook_owed {
+            text.push_str("; give-up hook owed (not yet run to success)");
+        } else if status == Some(RecordStatus::Pending) {
+            // A completer takes the call once its lease has ended and its backoff passed.
+            let due_at = call.next_attempt_at_ms.max(view.expires_at_ms);
+            if due_at <= now {
+                text.push_str("; due now for a completer");
+            } else {
+                let _ = write!(text, "; next completer attempt {}", relative(due_at, now));
+            }
+        }
+        field("call", &text);
+        if let Some(error) = &call.last_error {
+            field("last error", &one_line(error));
+        }
+        out.push_str("arguments\n");
+        out.push_str(&indented_json(&json_payload(&call.args), 2));
+    }
+    if !view.steps.is_empty() {
+        let _ = writeln!(out, "steps ({})", view.steps.len());
+        for step in &view.steps {
+            let _ = writeln!(
+                out,
+                "  {}  token {}  recorded {}",
+                step.name,
+                step.token,
+                when(step.created_at_ms, now)
+            );
+            out.push_str(&indented_json(&json_payload(&step.value), 4));
+        }
+    }
+    match (status, &view.response) {
+        (Some(RecordStatus::GaveUp), Some(payload)) => {
+            let record = json_payload(payload);
+            let attempts = record["attempts"].as_u64().unwrap_or(0);
+            let _ = writeln!(
+                out,
+                "{:<12} after {attempts} completer attempt{}: {}",
+                "gave up",
+                if attempts == 1 { "" } else { "s" },
+                record["reason"]
+                    .as_str()
+                    .map_or_else(|| record["reason"].to_string(), one_line)
+            );
+        }
+        (Some(RecordStatus::Failed), Some(payload)) => {
+            let _ = writeln!(out, "answer (final error, replayed to every retry)");
+            out.push_str(&indented_json(&json_payload(payload), 2));
+        }
+        (_, Some(payload)) => {
+            let _ = writeln!(out, "answer");
+            out.push_str(&indented_json(&json_payload(payload), 2));
+        }
+        (_, None) => {
+            let _ = writeln!(out, "{:<12} none yet", "answer");
+        }
+    }
+    out
+}
+
+/// `idem leases`: leases that ended without their call finishing.
+pub(crate) async fn leases(
+    db: &DatabaseConnection,
+    limit: u32,
+    json: bool,
+) -> Result<Found, Failure> {
+    require_tables(db, &[LEDGER_TABLE, CALLS_TABLE]).await?;
+    let leases = idem_sea_orm::expired_leases(db, limit).await?;
+    let finisher = |resumable: bool| {
+        if resumable {
+            "completer or client retry"
+        } else {
+            "client retry only"
+        }
+    };
+    if json {
+        let leases: Vec<Value> = leases
+            .iter()
+            .map(|lease| {
+                json!({
+                    "id": hex(&lease.id),
+                    "scope": lease.scope,
+                    "key": lease.key,
+                    "token": lease.token,
+                    "ended_ms_ago": lease.ended_ms_ago,
+                    "resumable": lease.resumable,
+                    "attempts": lease.attempts,
+                    "finished_by": finisher(lease.resumable),
+                })
+            })
+            .collect();
+        print_json(&Value::Array(leases))?;
+        return Ok(Found::Yes);
+    }
+    if leases.is_empty() {
+        print("no leases ended without their call finishing\n")?;
+        return Ok(Found::Yes);
+    }
+    let rows: Vec<Vec<String>> = leases
+        .iter()
+        .map(|lease| {
+            vec![
+                format!("{} ago", span(lease.ended_ms_ago.unsigned_abs())),
+                lease.scope.clone(),
+                lease.key.clone(),
+                lease.token.to_string(),
+                if lease.resumable {
+                    format!("{} ({} attempts)", finisher(true), lease.attempts)
+                } else {
+                    finisher(false).to_owned()
+                },
+                hex(&lease.id),
+            ]
+        })
+        .collect();
+    let mut out = format!(
+        "{} lease{} ended without the call finishing (oldest first; a completer finishes a \
+        resumable call only where one runs with a resumer for its scope):\n",
+        leases.len(),
+        if leases.len() == 1 { "" } else { "s" }
+    );
+    out.push_str(&table(
+        &["ENDED", "SCOPE", "KEY", "TOKEN", "FINISHED BY", "RECORD"],
+        &rows,
+    ));
+    if leases.len() == limit as usize {
+        let _ = writeln!(out, "(the first {limit}; --limit shows more)");
+    }
+    print(&out)?;
+    Ok(Found::Yes)
+}
+
+/// `idem outbox`: pending, oldest pending, dead.
+pub(crate) async fn outbox_health(db: &DatabaseConnection, json: bool) -> Result<Found, Failure> {
+    require_tables(db, &[OUTBOX_TABLE]).await?;
+    let health = idem_sea_orm::outbox_health(db).await?;
+    if json {
+        print_json(&json!({
+            "pending": health.pending,
+            "oldest_pending_ms": health.oldest_pending_ms,
+            "dead": health.dead,
+        }))?;
+        return Ok(Found::Yes);
+    }
+    let oldest = health
+        .oldest_pending_ms
+        .map(|ms| format!(" (oldest staged {} ago)", span(ms)))
+        .unwrap_or_default();
+    let dead_hint = if health.dead > 0 {
+        " (`idem outbox dead` lists them; each blocks its aggregate)"
+    } else {
+        ""
+    };
+    print(&format!(
+        "pending  {}{oldest}\ndead     {}{dead_hint}\n",
+        health.pending, health.dead
+    ))?;
+    Ok(Found::Yes)
+}
+
+/// `idem outbox dead`: dead messages with their last error.
+pub(crate) async fn outbox_dead(
+    db: &DatabaseConnection,
+    limit: u32,
+    json: bool,
+) -> Result<Found, Failure> {
+    require_tables(db, &[OUTBOX_TABLE]).await?;
+    let dead = idem_sea_orm::dead_messages(db, limit).await?;
+    if json {
+        let dead: Vec<Value> = dead
+            .iter()
+            .map(|message| {
+                json!({
+                    "id": message.id,
+                    "topic": message.topic,
+                    "aggregate": message.aggregate,
+                    "aggregate_seq": message.aggregate_seq,
+                    "attempts": message.attempts,
+                    "last_error": message.last_error,
+                    "staged_at": iso8601(message.created_at_ms),
+                })
+            })
+            .collect();
+        print_json(&Value::Array(dead))?;
+        return Ok(Found::Yes);
+    }
+    if dead.is_empty() {
+        print("no dead messages\n")?;
+        return Ok(Found::Yes);
+    }
+    let now = idem_sea_orm::database_now_ms(db).await?;
+    let rows: Vec<Vec<String>> = dead
+        .iter()
+        .map(|message| {
+            vec![
+                message.id.clone(),
+                message.topic.clone(),
+                match (&message.aggregate, message.aggregate_seq) {
+                    (Some(aggregate), Some(seq)) => format!("{aggregate} #{seq}"),
+                    (Some(aggregate), None) => aggregate.clone(),
+                    _ => "-".to_owned(),
+                },
+                message.attempts.to_string(),
+                relative(message.created_at_ms, now),
+                message
+                    .last_error
+                    .as_deref()
+                    .map_or_else(|| "-".to_owned(), one_line),
+            ]
+        })
+        .collect();
+    let mut out = table(
+        &[
+            "ID",
+            "TOPIC",
+            "AGGREGATE",
+            "ATTEMPTS",
+            "STAGED",
+            "LAST ERROR",
+        ],
+        &rows,
+    );
+    if dead.len() == limit as usize {
+        let _ = writeln!(out, "(the first {limit}; --limit shows more)");
+    }
+    print(&out)?;
+    Ok(Found::Yes)
+}
+
+/// `idem outbox retry ID` / `--all-dead`: dead messages back in line.
+pub(crate) async fn outbox_retry(
+    db: &DatabaseConnection,
+    id: Option<&str>,
+    json: bool,
+) -> Result<Found, Failure> {
+    require_tables(db, &[OUTBOX_TABLE]).await?;
+    let Some(id) = id else {
+        let retried = retry_all_dead(db).await?;
+        if json {
+            print_json(&json!({ "retried": retried }))?;
+        } else {
+            print(&format!(
+                "{} dead message{} back in line with fresh attempts\n",
+                retried.len(),
+                if retried.len() == 1 { "" } else { "s" }
+            ))?;
+        }
+        return Ok(Found::Yes);
+    };
+    let retried = idem_sea_orm::retry_dead(db, id).await?;
+    if json {
+        print_json(&json!({ "retried": if retried { vec![id] } else { Vec::new() } }))?;
+    } else if retried {
+        print(&format!(
+            "{id} is back in line with fresh attempts; a relay publishes it next\n"
+        ))?;
+    } else {
+        eprintln!("no dead message has id {id} (`idem outbox dead` lists them)");
+    }
+    Ok(if retried { Found::Yes } else { Found::No })
+}
+
+/// Retries every dead message, a page at a time, and returns their ids. A message seen twice
+/// died again while this ran: it is not retried again, so the loop ends.
+async fn retry_all_dead(db: &DatabaseConnection) -> Result<Vec<String>, Failure> {
+    const PAGE: u32 = 500;
+    let mut retried: Vec<String> = Vec::new();
+    loop {
+        let page = idem_sea_orm::dead_messages(db, PAGE).await?;
+        let fresh: Vec<_> = page
+            .into_iter()
+            .filter(|message| !retried.contains(&message.id))
+            .collect();
+        if fresh.is_empty() {
+            return Ok(retried);
+        }
+        for message in fresh {
+            if idem_sea_orm::retry_dead(db, &message.id).await? {
+                retried.push(message.id);
+            }
+        }
+    }
+}
+
+/// `idem outbox purge --older-than D`: published messages past their retention.
+pub(crate) async fn outbox_purge(
+    db: &DatabaseConnection,
+    older_than: Duration,
+    batch: u32,
+    json: bool,
+) -> Result<Found, Failure> {
+    require_tables(db, &[OUTBOX_TABLE]).await?;
+    let deleted = idem_sea_orm::purge_published(db, older_than, batch).await?;
+    if json {
+        print_json(&json!({ "deleted": deleted }))?;
+    } else {
+        print(&format!(
+            "deleted {deleted} message{} published more than {} ago\n",
+            if deleted == 1 { "" } else { "s" },
+            span(u64::try_from(older_than.as_millis()).unwrap_or(u64::MAX))
+        ))?;
+    }
+    Ok(Found::Yes)
+}
+
+/// How often `idem purge` reports its progress.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+/// `idem purge`: expired records, one bounded statement at a time, with progress on stderr.
+pub(crate) async fn purge(
+    db: &DatabaseConnection,
+    batch: u32,
+    json: bool,
+) -> Result<Found, Failure> {
+    require_tables(db, &[LEDGER_TABLE, STEPS_TABLE, CALLS_TABLE]).await?;
+    let started = Instant::now();
+    let mut purge = idem_sea_orm::ExpiredPurge::new();
+    let mut statements = 0u64;
+    let mut reported = Instant::now();
+    while !purge.is_finished() {
+        let statement_started = Instant::now();
+        purge.step(db, batch).await?;
+        statements += 1;
+        if !json && reported.elapsed() >= PROGRESS_EVERY {
+            eprintln!(
+                "purged {} expired records so far ({statements} statements)",
+                purge.deleted()
+            );
+            reported = Instant::now();
+        }
+        // As `purge_expired` does: pause as long as the statement took, so the purge holds
+        // at most half of the database's write time and claims queue behind one batch at most.
+        if !purge.is_finished() {
+            tokio::time::sleep(statement_started.elapsed()).await;
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    if json {
+        print_json(&json!({
+            "deleted": purge.deleted(),
+            "statements": statements,
+            "seconds": (seconds * 1000.0).round() / 1000.0,
+        }))?;
+    } else {
+        print(&format!(
+            "purged {} expired record{} in {statements} statement{} ({seconds:.1}s)\n",
+            purge.deleted(),
+            if purge.deleted() == 1 { "" } else { "s" },
+            if statements == 1 { "" } else { "s" },
+        ))?;
+    }
+    Ok(Found::Yes)
+}

@@ -1,0 +1,234 @@
+//! `idem`: the operator's command for a service that uses idem. It answers "was this payment
+//! run twice?" from the ledger (`idem inspect`), lists leases that ended without their call
+//! finishing (`idem leases`), shows the outbox (`idem outbox`), and, only when asked, retries
+//! dead messages and purges. SQLite, PostgreSQL and MariaDB, through `idem-sea-orm`.
+
+mod commands;
+mod database;
+mod format;
+
+use std::io::Write as _;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Exit codes, as `--help` documents them.
+const EXIT_OK: u8 = 0;
+const EXIT_NOT_FOUND: u8 = 1;
+const EXIT_ERROR: u8 = 2;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "idem",
+    version,
+    about = "Inspect and operate the idem ledger, leases and outbox of a service",
+    long_about = "Inspect and operate the idem ledger, leases and outbox of a service.\n\n\
+        Read-only unless asked: only `outbox retry`, `outbox purge` and `purge` write. \
+        Times are the database's clock, shown in UTC and relative to the database's now.",
+    after_help = "Exit codes:\n  \
+        0  ok\n  \
+        1  not found (`inspect` of an unknown record, `outbox retry` of an id that is not dead)\n  \
+        2  error (bad arguments or URL, unreachable database, missing idem tables)\n\n\
+        Database: --url or DATABASE_URL, e.g. postgres://user@host/db, \
+        mysql://user@host/db (MariaDB), sqlite://path/to/file.db"
+)]
+struct Cli {
+    /// The service's database (postgres://…, mysql://… for MariaDB, sqlite://…)
+    #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true)]
+    url: Option<String>,
+
+    /// Print JSON for scripts instead of tables
+    #[arg(long, global = true)]
+    json: bool,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Show one record: its state, answer, lease, recorded steps and stored call
+    Inspect(InspectArgs),
+    /// List leases that ended without their call finishing, and who can finish each
+    Leases {
+        /// Show at most this many, oldest first
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Show the outbox's health (pending, oldest pending, dead), or act on it
+    Outbox {
+        #[command(subcommand)]
+        action: Option<OutboxAction>,
+    },
+    /// Delete expired records (and the steps and calls of purged leases), batch by batch
+    Purge {
+        /// Records per statement; each statement is a short transaction of its own
+        #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
+        batch: u32,
+    },
+}
+
+#[derive(Debug, Args)]
+struct InspectArgs {
+    /// The handler's scope, e.g. shop.orders.pay
+    #[arg(long, required_unless_present = "id", requires = "key")]
+    scope: Option<String>,
+    /// The idempotency key
+    #[arg(long, required_unless_present = "id", requires = "scope")]
+    key: Option<String>,
+    /// The principal the key belongs to, if the handler declares one
+    #[arg(long, default_value = "", requires = "scope")]
+    principal: String,
+    /// The record id instead: 64 hex digits, as `idem leases` prints them
+    #[arg(long, value_parser = format::parse_record_id, conflicts_with_all = ["scope", "key"])]
+    id: Option<[u8; 32]>,
+}
+
+#[derive(Debug, Subcommand)]
+enum OutboxAction {
+    /// List dead messages (they block their aggregate) with their last error
+    Dead {
+        /// Show at most this many, oldest first
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Put a dead message (or every one) back in line with fresh attempts
+    Retry {
+        /// The message id (`idem outbox dead` lists them)
+        #[arg(required_unless_present = "all_dead", conflicts_with = "all_dead")]
+        id: Option<String>,
+        /// Retry every dead message
+        #[arg(long)]
+        all_dead: bool,
+    },
+    /// Delete messages published longer ago than a retention
+    Purge {
+        /// The retention: a number and a unit (ms, s, m, h, d), e.g. 7d
+        #[arg(long, value_parser = format::parse_duration)]
+        older_than: std::time::Duration,
+        /// Messages per statement
+        #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
+        batch: u32,
+    },
+}
+
+/// How a command that ran ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Found {
+    Yes,
+    No,
+}
+
+/// Why a command could not run: printed as one line, exit code 2.
+#[derive(Debug)]
+struct Failure(String);
+
+impl Failure {
+    /// `what` went wrong, with the chain of errors behind it on the same line.
+    fn caused(what: &str, error: &(dyn std::error::Error + 'static)) -> Self {
+        Self(format!("{what}: {}", describe(error)))
+    }
+}
+
+impl From<idem_core::Error> for Failure {
+    fn from(error: idem_core::Error) -> Self {
+        match &error {
+            // The store's message already says what it was doing; "idempotency store
+            // failed" is how a handler's caller hears of it, not an operator.
+            idem_core::Error::Store { message, source } => Self(match source {
+                Some(source) => format!("{message}: {}", describe(source.as_ref())),
+                None => message.clone(),
+            }),
+            _ => Self(describe(&error)),
+        }
+    }
+}
+
+/// An error and its sources on one line, each source once (drivers often repeat their
+/// source's text in their own).
+fn describe(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = format::one_line(&error.to_string());
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = format::one_line(&cause.to_string());
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// Writes `text` to stdout. A reader that went away (`idem leases | head`) is not an error.
+fn print(text: &str) -> Result<(), Failure> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(Failure::caused("writing the output", &e))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A JSON document on stdout, one line, for scripts.
+fn print_json(value: &serde_json::Value) -> Result<(), Failure> {
+    print(&format!("{value}\n"))
+}
+
+async fn run(cli: Cli) -> Result<Found, Failure> {
+    let url = cli.url.as_deref().ok_or_else(|| {
+        Failure("no database: set DATABASE_URL or pass --url (see `idem --help`)".to_owned())
+    })?;
+    let db = database::connect(url).await?;
+    let json = cli.json;
+    let found = match cli.command {
+        Command::Inspect(args) => {
+            let id = match (&args.id, &args.scope, &args.key) {
+                (Some(id), _, _) => *id,
+                (None, Some(scope), Some(key)) => {
+                    idem_core::ids::record_id(scope, &args.principal, key)
+                }
+                // clap requires either --id or both --scope and --key.
+                _ => return Err(Failure("give --scope and --key, or --id".to_owned())),
+            };
+            commands::inspect(&db, &id, &args, json).await?
+        }
+        Command::Leases { limit } => commands::leases(&db, limit, json).await?,
+        Command::Outbox { action } => match action {
+            None => commands::outbox_health(&db, json).await?,
+            Some(OutboxAction::Dead { limit }) => commands::outbox_dead(&db, limit, json).await?,
+            Some(OutboxAction::Retry { id, .. }) => {
+                commands::outbox_retry(&db, id.as_deref(), json).await?
+            }
+            Some(OutboxAction::Purge { older_than, batch }) => {
+                commands::outbox_purge(&db, older_than, batch, json).await?
+            }
+        },
+        Command::Purge { batch } => commands::purge(&db, batch, json).await?,
+    };
+    let _ = db.close().await;
+    Ok(found)
+}
+
+fn main() -> ExitCode {
+    // Usage errors exit with 2 and `--help` with 0, from clap itself.
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: {}", Failure::caused("starting the runtime", &e).0);
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(Found::Yes) => ExitCode::from(EXIT_OK),
+        Ok(Found::No) => ExitCode::from(EXIT_NOT_FOUND),
+        Err(Failure(message)) => {
+            eprintln!("error: {message}");
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}

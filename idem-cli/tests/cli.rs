@@ -1,0 +1,617 @@
+//! The `idem` binary run as an operator runs it, against databases a service wrote through
+//! the library: SQLite always (a temp file), PostgreSQL and MariaDB when
+//! `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_MYSQL_URL` are set (a set but unreachable server
+//! fails the test). Each test works in a database of its own: a fresh SQLite file, a
+//! PostgreSQL schema, a MariaDB database. Output content and exit codes are checked: 0 ok,
+//! 1 not found, 2 error on one line.
+
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use idem::completer::{GaveUp, Resumed};
+use idem::outbox::{FnSink, Message, OutboxMessage, SinkError};
+use idem::sea_orm::{Completer, Outbox, Relay, SeaOrmLeaseStore};
+use idem::{FinalError, idempotent};
+use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::Notify;
+
+/// A database of one test's own, on one backend.
+struct Isolated {
+    backend: &'static str,
+    /// How the tool reaches it (only it).
+    url: String,
+    db: DatabaseConnection,
+    /// How to drop it at the end: a server's statement, or SQLite's file.
+    cleanup: Cleanup,
+}
+
+enum Cleanup {
+    Server(DatabaseConnection, String),
+    File(std::path::PathBuf),
+}
+
+impl Isolated {
+    /// Runs `idem --url <this database> args…`.
+    fn idem(&self, args: &[&str]) -> Run {
+        run_idem(&[&["--url", &self.url], args].concat(), self.backend)
+    }
+
+    async fn drop_database(self) {
+        let _ = self.db.close().await;
+        match self.cleanup {
+            Cleanup::Server(admin, statement) => {
+                let _ = admin.execute_unprepared(&statement).await;
+            }
+            Cleanup::File(path) => {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+}
+
+/// What one run of the binary printed, and its exit code.
+struct Run {
+    what: String,
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    #[track_caller]
+    fn exits(&self, code: i32) -> &Self {
+        assert_eq!(
+            self.code,
+            Some(code),
+            "{}: exit code\nstdout:\n{}\nstderr:\n{}",
+            self.what,
+            self.stdout,
+            self.stderr
+        );
+        self
+    }
+
+    #[track_caller]
+    fn prints(&self, text: &str) -> &Self {
+        assert!(
+            self.stdout.contains(text),
+            "{}: stdout lacks {text:?}:\n{}",
+            self.what,
+            self.stdout
+        );
+        self
+    }
+
+    /// The one line of an error, which must contain `text`.
+    #[track_caller]
+    fn fails_on_one_line(&self, text: &str) -> &Self {
+        self.exits(2);
+        assert_eq!(
+            self.stderr.lines().count(),
+            1,
+            "{}: one line:\n{}",
+            self.what,
+            self.stderr
+        );
+        assert!(
+            self.stderr.starts_with("error: ") && self.stderr.contains(text),
+            "{}: stderr lacks {text:?}:\n{}",
+            self.what,
+            self.stderr
+        );
+        assert!(!self.stderr.contains("panicked"), "{}", self.stderr);
+        self
+    }
+
+    #[track_caller]
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("{}: stdout is not JSON ({e}):\n{}", self.what, self.stdout))
+    }
+}
+
+fn run_idem(args: &[&str], backend: &str) -> Run {
+    let output: Output = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .output()
+        .expect("run idem");
+    let shown: Vec<&str> = args
+        .iter()
+        .copied()
+        .filter(|a| !a.contains("://"))
+        .collect();
+    Run {
+        what: format!("{backend}: idem {}", shown.join(" ")),
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// A name unique to this process and call.
+fn unique(prefix: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!(
+        "{prefix}_{}_{nanos:x}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+async fn connect(url: &str) -> DatabaseConnection {
+    let mut options = ConnectOptions::new(url.to_owned());
+    options.sqlx_logging(false);
+    match Database::connect(options).await {
+        Ok(db) => db,
+        Err(e) => panic!("cannot connect to {url} (set by the environment, so this fails): {e}"),
+    }
+}
+
+/// A database of this test's own on every backend of the run, with idem's tables when
+/// `with_tables`.
+async fn isolated(with_tables: bool) -> Vec<Isolated> {
+    let path = std::env::temp_dir().join(format!("{}.db", unique("idem-cli")));
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    let mut all = vec![Isolated {
+        backend: "sqlite",
+        db: connect(&url).await,
+        url,
+        cleanup: Cleanup::File(path),
+    }];
+    let servers = [
+        ("postgres", "IDEM_TEST_POSTGRES_URL"),
+        ("mysql", "IDEM_TEST_MYSQL_URL"),
+    ];
+    for (backend, var) in servers {
+        let Ok(server) = std::env::var(var) else {
+            continue;
+        };
+        let admin = connect(&server).await;
+        let namespace = unique("cli");
+        let (url, drop) = if backend == "postgres" {
+            admin
+                .execute_unprepared(&format!("CREATE SCHEMA {namespace}"))
+                .await
+                .expect("create schema");
+            let separator = if server.contains('?') { '&' } else { '?' };
+            (
+                format!("{server}{separator}options=-c%20search_path%3D{namespace}"),
+                format!("DROP SCHEMA {namespace} CASCADE"),
+            )
+        } else {
+            admin
+                .execute_unprepared(&format!("CREATE DATABASE {namespace}"))
+                .await
+                .expect("create database");
+            let base = server.rsplit_once('/').map_or(server.as_str(), |(b, _)| b);
+            (
+                format!("{base}/{namespace}"),
+                format!("DROP DATABASE {namespace}"),
+            )
+        };
+        all.push(Isolated {
+            backend,
+            db: connect(&url).await,
+            url,
+            cleanup: Cleanup::Server(admin, drop),
+        });
+    }
+    if with_tables {
+        for database in &all {
+            idem::sea_orm::create_tables(&database.db)
+                .await
+                .expect("create tables");
+        }
+    }
+    all
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Receipt {
+    order: String,
+    amount_cents: i64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum PayError {
+    /// idem's own errors are never recorded (only `Debug` reads it, in a failed `expect`).
+    #[serde(skip)]
+    #[allow(dead_code)]
+    Idem(idem::Error),
+    Declined {
+        reason: String,
+    },
+}
+
+impl From<idem::Error> for PayError {
+    fn from(e: idem::Error) -> Self {
+        Self::Idem(e)
+    }
+}
+
+impl FinalError for PayError {
+    fn is_final(&self) -> bool {
+        matches!(self, Self::Declined { .. })
+    }
+}
+
+/// A payment as a service records it: a receipt, a message staged for the relay; a negative
+/// amount is a final error (recorded, replayed).
+#[idempotent(scope = "shop.orders.pay", key = key)]
+async fn pay(
+    db: &DatabaseConnection,
+    key: String,
+    order: String,
+    amount_cents: i64,
+) -> Result<Receipt, PayError> {
+    if amount_cents < 0 {
+        return Err(PayError::Declined {
+            reason: "card declined".to_owned(),
+        });
+    }
+    let paid = serde_json::json!({ "order": order, "amount_cents": amount_cents });
+    db.stage(Message::json("shop.orders.paid", &paid)?.aggregate(order.clone()))
+        .await?;
+    Ok(Receipt {
+        order,
+        amount_cents,
+    })
+}
+
+/// A resumable lease-mode call that records its `label` step, then hangs until dropped.
+#[idempotent(scope = "shop.orders.ship", key = key, lease = "1s", resumable, skip(entered))]
+async fn ship(
+    db: &DatabaseConnection,
+    entered: &Arc<Notify>,
+    key: String,
+    order: String,
+) -> Result<String, PayError> {
+    let _ = db;
+    let label: String = idem::step("label", |_| async move {
+        Ok::<_, PayError>(format!("label-{order}"))
+    })
+    .await?;
+    entered.notify_one();
+    std::future::pending::<()>().await;
+    Ok(label)
+}
+
+/// The same without `resumable`: only a client retry can finish it.
+#[idempotent(scope = "shop.orders.refund", key = key, lease = "1s", skip(entered))]
+async fn refund(
+    db: &DatabaseConnection,
+    entered: &Arc<Notify>,
+    key: String,
+) -> Result<String, PayError> {
+    let _ = (db, key);
+    entered.notify_one();
+    std::future::pending::<()>().await;
+    Ok("refunded".to_owned())
+}
+
+/// A resumable call whose stored arguments a later deploy no longer reads: a completer gives
+/// it up.
+#[idempotent(scope = "shop.orders.notify", key = key, lease = "1s", resumable, skip(entered))]
+async fn notify(
+    db: &DatabaseConnection,
+    entered: &Arc<Notify>,
+    key: String,
+) -> Result<String, PayError> {
+    let _ = (db, key);
+    entered.notify_one();
+    std::future::pending::<()>().await;
+    Ok("notified".to_owned())
+}
+
+/// Starts `call`, waits until its body is in, and drops it: a holder that crashed.
+async fn abandon(entered: Arc<Notify>, call: impl Future<Output = ()> + Send + 'static) {
+    let held = tokio::spawn(call);
+    entered.notified().await;
+    held.abort();
+    let _ = held.await;
+}
+
+/// What the service did on one database before the operator looks.
+async fn record_calls(db: &DatabaseConnection) {
+    let receipt = pay(db, "K-paid".into(), "o-1".into(), 1250)
+        .await
+        .expect("pay");
+    assert_eq!(receipt.amount_cents, 1250);
+    let declined = pay(db, "K-declined".into(), "o-2".into(), -1).await;
+    assert!(matches!(declined, Err(PayError::Declined { .. })));
+    // A message the broker refuses, and a relay that makes it dead at its first attempt.
+    db.stage(
+        Message::json(
+            "shop.orders.refused",
+            &serde_json::json!({ "order": "o-3" }),
+        )
+        .expect("message"),
+    )
+    .await
+    .expect("stage");
+    let sink = FnSink::new(|message: OutboxMessage| async move {
+        if message.topic == "shop.orders.refused" {
+            Err(SinkError::permanent(
+                "the broker refused it: no such stream",
+            ))
+        } else {
+            Ok(())
+        }
+    });
+    let round = Relay::new(db.clone(), sink)
+        .max_attempts(1)
+        .run_once()
+        .await
+        .expect("relay round");
+    assert_eq!((round.published, round.dead), (1, 1), "{round:?}");
+    // Two holders that crash: one resumable, one not.
+    let entered = Arc::new(Notify::new());
+    let (db1, e1) = (db.clone(), entered.clone());
+    abandon(entered.clone(), async move {
+        let _ = ship(&db1, &e1, "K-ship".into(), "o-4".into()).await;
+    })
+    .await;
+    let (db2, e2) = (db.clone(), entered.clone());
+    abandon(entered.clone(), async move {
+        let _ = refund(&db2, &e2, "K-refund".into()).await;
+    })
+    .await;
+    let (db3, e3) = (db.clone(), entered.clone());
+    abandon(entered, async move {
+        let _ = notify(&db3, &e3, "K-notify".into()).await;
+    })
+    .await;
+    // The 1 s leases end (renewals stopped with the holders).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // A completer for the third scope expects other arguments: it gives the call up after
+    // one attempt, and its give-up hook fails, so the hook stays owed.
+    let completer = Completer::new(SeaOrmLeaseStore::new(db.clone()))
+        .backoff(Duration::ZERO, Duration::ZERO)
+        .max_attempts(1)
+        .resume(
+            "shop.orders.notify",
+            |call: Resumed<(u64, u64)>| async move {
+                let _ = call.args;
+                Ok::<(), String>(())
+            },
+        )
+        .on_give_up(|_: GaveUp| async { Err::<(), _>("the mail service is down") });
+    let mut rounds = 0;
+    while completer.run_once().await.expect("completer round").gave_up == 0 {
+        rounds += 1;
+        assert!(rounds < 20, "the completer did not give the call up");
+    }
+}
+
+#[tokio::test]
+async fn an_operator_inspects_records_leases_and_the_outbox_and_purges() {
+    for database in isolated(true).await {
+        let name = database.backend;
+        record_calls(&database.db).await;
+
+        // Was the payment run? Completed, with its answer.
+        let found = database.idem(&["inspect", "--scope", "shop.orders.pay", "--key", "K-paid"]);
+        found
+            .exits(0)
+            .prints("state        completed (1)")
+            .prints("\"amount_cents\": 1250")
+            .prints("replays      not recorded")
+            .prints("expires      ");
+        let json = database
+            .idem(&[
+                "--json",
+                "inspect",
+                "--scope",
+                "shop.orders.pay",
+                "--key",
+                "K-paid",
+            ])
+            .exits(0)
+            .json();
+        assert_eq!(json["state_code"], 1, "{name}");
+        assert_eq!(json["answer"]["order"], "o-1", "{name}");
+        assert_eq!(json["replays"], Value::Null, "{name}");
+        assert_eq!(
+            json["fingerprint"].as_str().map(str::len),
+            Some(64),
+            "{name}"
+        );
+
+        // A final error is shown as the answer every retry gets.
+        database
+            .idem(&[
+                "inspect",
+                "--scope",
+                "shop.orders.pay",
+                "--key",
+                "K-declined",
+            ])
+            .exits(0)
+            .prints("failed (final error) (2)")
+            .prints("answer (final error")
+            .prints("card declined");
+
+        // An unknown key: exit 1, in both forms.
+        // A give-up: the attempts and the reason, and the hook still owed.
+        database
+            .idem(&[
+                "inspect",
+                "--scope",
+                "shop.orders.notify",
+                "--key",
+                "K-notify",
+            ])
+            .exits(0)
+            .prints("gave up (3)")
+            .prints("gave up      after 1 completer attempt: ")
+            .prints("give-up hook owed");
+        let json = database
+            .idem(&[
+                "inspect",
+                "--json",
+                "--scope",
+                "shop.orders.notify",
+                "--key",
+                "K-notify",
+            ])
+            .exits(0)
+            .json();
+        assert_eq!(json["answer"]["attempts"], 1, "{name}: {json}");
+        assert_eq!(json["call"]["give_up_hook_owed"], true, "{name}: {json}");
+
+        let missing = database.idem(&["inspect", "--scope", "shop.orders.pay", "--key", "nope"]);
+        missing.exits(1);
+        assert!(
+            missing.stderr.contains("no record for scope"),
+            "{name}: {}",
+            missing.stderr
+        );
+        let missing = database.idem(&["--json", "inspect", "--scope", "x", "--key", "nope"]);
+        assert_eq!(missing.exits(1).json()["found"], false, "{name}");
+
+        // The leases that ended: the resumable one a completer can finish, the other only a
+        // client retry.
+        database
+            .idem(&["leases"])
+            .exits(0)
+            .prints("2 leases ended")
+            .prints("completer or client retry (0 attempts)")
+            .prints("client retry only");
+        let leases = database.idem(&["leases", "--json"]).exits(0).json();
+        let leases = leases.as_array().expect("an array");
+        assert_eq!(leases.len(), 2, "{name}: {leases:?}");
+        let shipped = leases
+            .iter()
+            .find(|lease| lease["key"] == "K-ship")
+            .expect("the resumable lease");
+        assert_eq!(shipped["resumable"], true, "{name}");
+        assert!(shipped["ended_ms_ago"].as_i64() >= Some(0), "{name}");
+        let refunded = leases
+            .iter()
+            .find(|lease| lease["key"] == "K-refund")
+            .expect("the other lease");
+        assert_eq!(refunded["resumable"], false, "{name}");
+
+        // The abandoned call by its id: in progress, its lease ended, its step and stored call.
+        let id = shipped["id"].as_str().expect("id");
+        database
+            .idem(&["inspect", "--id", id])
+            .exits(0)
+            .prints("in progress (0)")
+            .prints("ended ")
+            .prints("a completer (resumable call) or a client retry takes it over")
+            .prints("resumable; 0 completer attempts; due now for a completer")
+            .prints("steps (1)")
+            .prints("\"label-o-4\"")
+            .prints("answer       none yet");
+        let json = database
+            .idem(&["inspect", "--id", id, "--json"])
+            .exits(0)
+            .json();
+        assert_eq!(json["lease"]["ended"], true, "{name}");
+        assert_eq!(json["steps"][0]["name"], "label", "{name}");
+        assert_eq!(json["call"]["args"][0], "K-ship", "{name}: {json}");
+
+        // The outbox: one dead message, with its error; retried, it is pending again.
+        database
+            .idem(&["outbox"])
+            .exits(0)
+            .prints("pending  0")
+            .prints("dead     1");
+        let dead = database.idem(&["outbox", "dead"]);
+        dead.exits(0)
+            .prints("shop.orders.refused")
+            .prints("the broker refused it: no such stream");
+        let dead = database.idem(&["outbox", "dead", "--json"]).exits(0).json();
+        let message_id = dead[0]["id"].as_str().expect("a dead message").to_owned();
+        database
+            .idem(&["outbox", "retry", &message_id])
+            .exits(0)
+            .prints("back in line");
+        database.idem(&["outbox", "retry", &message_id]).exits(1);
+        let health = database.idem(&["outbox", "--json"]).exits(0).json();
+        assert_eq!(
+            (health["pending"].as_u64(), health["dead"].as_u64()),
+            (Some(1), Some(0)),
+            "{name}"
+        );
+        database
+            .idem(&["outbox", "retry", "--all-dead"])
+            .exits(0)
+            .prints("0 dead messages back in line");
+        database
+            .idem(&["outbox", "purge", "--older-than", "0s"])
+            .exits(0)
+            .prints("deleted 1 message published more than 0ms ago");
+
+        // The purge deletes the two expired leases, batch by batch, and their steps and calls.
+        let purged = database
+            .idem(&["purge", "--batch", "1", "--json"])
+            .exits(0)
+            .json();
+        assert_eq!(purged["deleted"], 2, "{name}: {purged}");
+        assert!(purged["statements"].as_u64() >= Some(2), "{name}: {purged}");
+        database
+            .idem(&["leases"])
+            .exits(0)
+            .prints("no leases ended without their call finishing");
+        database.idem(&["inspect", "--id", id]).exits(1);
+        database
+            .idem(&["purge"])
+            .exits(0)
+            .prints("purged 0 expired records in 1 statement");
+        database.drop_database().await;
+    }
+}
+
+#[tokio::test]
+async fn errors_are_one_line_with_exit_code_2() {
+    // A database without idem's tables names them and the fix, on every backend.
+    for database in isolated(false).await {
+        database
+            .idem(&["inspect", "--scope", "shop.orders.pay", "--key", "K"])
+            .fails_on_one_line("no `idem_ledger` table")
+            .fails_on_one_line("idem::sea_orm::create_tables");
+        database
+            .idem(&["leases"])
+            .fails_on_one_line("no `idem_ledger`, `idem_calls` tables");
+        database
+            .idem(&["outbox"])
+            .fails_on_one_line("no `idem_outbox` table");
+        database.drop_database().await;
+    }
+    run_idem(&["--url", "nonsense://somewhere", "leases"], "any")
+        .fails_on_one_line("must start with postgres://");
+    run_idem(
+        &["--url", "sqlite:///nonexistent/dir/idem.db", "leases"],
+        "sqlite",
+    )
+    .fails_on_one_line("cannot connect to the sqlite database");
+    run_idem(
+        &["--url", "postgres://idem:secret@127.0.0.1:1/shop", "leases"],
+        "postgres",
+    )
+    .fails_on_one_line("cannot connect to the postgres database within 10s");
+    run_idem(&["leases"], "any").fails_on_one_line("set DATABASE_URL or pass --url");
+    // Bad arguments are clap's (several lines of usage), still exit 2.
+    run_idem(&["inspect", "--id", "not-hex"], "any").exits(2);
+}
+
+#[test]
+fn help_documents_the_exit_codes_and_the_database_url() {
+    let help = run_idem(&["--help"], "any");
+    help.exits(0)
+        .prints("0  ok")
+        .prints("1  not found")
+        .prints("2  error")
+        .prints("DATABASE_URL");
+}

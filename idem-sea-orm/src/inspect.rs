@@ -1,0 +1,221 @@
+//! Read-only views of the ledger for operators and admin tools (the `idem` command-line tool
+//! is built on them): one record with its recorded steps and stored call, and which of idem's
+//! tables a database lacks. Nothing here writes.
+
+use idem_core::{Error, RecordStatus};
+use sea_orm::{
+    AccessMode, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
+    IsolationLevel, QueryResult, TransactionTrait,
+};
+
+use crate::error::store_error;
+use crate::sql::{ALL_TABLES, CALLS_TABLE, STEPS_TABLE, Sql};
+use crate::store::statement;
+
+/// One ledger record as it stands, read in one snapshot: the row, the steps of a call in
+/// progress, and its stored call if it is resumable.
+///
+/// idem does not count replays: a replay reads the record and writes nothing, so how often a
+/// key was answered from the ledger is not stored anywhere.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecordView {
+    /// The record id: SHA-256 over scope, principal and key (`idem::store::record_id`).
+    pub id: Vec<u8>,
+    /// The handler's scope.
+    pub scope: String,
+    /// The principal the key belongs to (empty when none).
+    pub principal: String,
+    /// The idempotency key.
+    pub key: String,
+    /// The token of the attempt that holds or wrote the record (the lease's fencing token
+    /// while in progress in lease mode).
+    pub owner: i64,
+    /// SHA-256 fingerprint of the call's arguments.
+    pub fingerprint: Vec<u8>,
+    /// The `state` column as stored; [`status`](Self::status) reads it.
+    pub state: i16,
+    /// The recorded answer: the value (completed), the final error (failed) or
+    /// `{"attempts": n, "reason": "…"}` (given up), as JSON bytes; `None` in progress.
+    pub response: Option<Vec<u8>>,
+    /// When the record was claimed (epoch milliseconds, database clock).
+    pub created_at_ms: i64,
+    /// When the record expires; while in progress in lease mode, when the lease ends (epoch
+    /// milliseconds, database clock).
+    pub expires_at_ms: i64,
+    /// The database clock when the record was read (epoch milliseconds).
+    pub now_ms: i64,
+    /// Steps the call recorded, oldest first (only calls in progress, or given up with their
+    /// hook owed, keep them).
+    pub steps: Vec<StepView>,
+    /// The stored call of a resumable call in progress (or given up with its hook owed).
+    pub call: Option<CallView>,
+}
+
+impl RecordView {
+    /// The state, or `None` for a code this version does not know.
+    pub fn status(&self) -> Option<RecordStatus> {
+        RecordStatus::from_code(self.state)
+    }
+}
+
+/// A step a lease-mode call recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StepView {
+    /// The step's name.
+    pub name: String,
+    /// The fencing token of the holder that recorded it.
+    pub token: i64,
+    /// Its value, as JSON bytes.
+    pub value: Vec<u8>,
+    /// When it was recorded (epoch milliseconds, database clock).
+    pub created_at_ms: i64,
+}
+
+/// A resumable call's stored call: what a [`Completer`](crate::Completer) works from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CallView {
+    /// Attempts completers have started.
+    pub attempts: u32,
+    /// The last attempt's error.
+    pub last_error: Option<String>,
+    /// Whether the call was given up and its give-up hook has not yet reported success.
+    pub hook_owed: bool,
+    /// When a completer may next work on it (epoch milliseconds, database clock).
+    pub next_attempt_at_ms: i64,
+    /// The stored arguments (a JSON array).
+    pub args: Vec<u8>,
+    /// When it was stored (epoch milliseconds, database clock).
+    pub created_at_ms: i64,
+}
+
+/// Those of idem's tables (the ledger, steps, calls and outbox tables) that `db` does not
+/// have, as idem's own statements would look them up (on PostgreSQL, through the search
+/// path). Empty when [`create_tables`](crate::create_tables) or the migrations have run.
+pub async fn missing_tables<C: ConnectionTrait>(db: &C) -> Result<Vec<&'static str>, Error> {
+    let existing = existing_tables(db)
+        .await
+        .map_err(|e| store_error("listing idem's tables", e))?;
+    Ok(ALL_TABLES
+        .into_iter()
+        .filter(|table| !existing.iter().any(|name| name == table))
+        .collect())
+}
+
+async fn existing_tables<C: ConnectionTrait>(db: &C) -> Result<Vec<String>, DbErr> {
+    let sql = Sql::of(db.get_database_backend());
+    db.query_all_raw(statement(sql, &sql.existing_tables, Vec::new()))
+        .await?
+        .iter()
+        .map(|row| row.try_get_by_index(0))
+        .collect()
+}
+
+/// The record `id` (see `idem::store::record_id`), with its steps and stored call, read in
+/// one read-only snapshot; `None` if there is none (never claimed, or purged). Databases
+/// made before lease mode or the completer, without the steps or calls table, show none.
+pub async fn record(db: &DatabaseConnection, id: &[u8]) -> Result<Option<RecordView>, Error> {
+    let doing = "reading a ledger record";
+    let tx = match db.get_database_backend() {
+        // SQLite reads one snapshot from a transaction's first read, and has no access modes.
+        DbBackend::Sqlite => db.begin().await,
+        _ => {
+            db.begin_with_config(
+                Some(IsolationLevel::RepeatableRead),
+                Some(AccessMode::ReadOnly),
+            )
+            .await
+        }
+    }
+    .map_err(|e| store_error(doing, e))?;
+    let read = read_record(&tx, id).await;
+    // Nothing was written: ending the snapshot either way is the same.
+    let _ = tx.rollback().await;
+    read.map_err(|e| store_error(doing, e))
+}
+
+async fn read_record(tx: &DatabaseTransaction, id: &[u8]) -> Result<Option<RecordView>, DbErr> {
+    let sql = Sql::of(tx.get_database_backend());
+    let by_id = || vec![id.to_vec().into()];
+    let Some(row) = tx
+        .query_one_raw(statement(sql, &sql.inspect_record, by_id()))
+        .await?
+    else {
+        return Ok(None);
+    };
+    let mut record = read_record_row(&row)?;
+    let existing = existing_tables(tx).await?;
+    let exists = |table: &str| existing.iter().any(|name| name == table);
+    if exists(STEPS_TABLE) {
+        record.steps = tx
+            .query_all_raw(statement(sql, &sql.inspect_steps, by_id()))
+            .await?
+            .iter()
+            .map(|row| {
+                let (name, token, value, created_at_ms) = row.try_get_many_by_index()?;
+                Ok(StepView {
+                    name,
+                    token,
+                    value,
+                    created_at_ms,
+                })
+            })
+            .collect::<Result<_, DbErr>>()?;
+    }
+    if exists(CALLS_TABLE)
+        && let Some(row) = tx
+            .query_one_raw(statement(sql, &sql.inspect_call, by_id()))
+            .await?
+    {
+        let (attempts, last_error, gave_up, next_attempt_at_ms, args, created_at_ms) =
+            row.try_get_many_by_index::<(i32, _, i16, _, _, _)>()?;
+        record.call = Some(CallView {
+            attempts: u32::try_from(attempts).unwrap_or(0),
+            last_error,
+            hook_owed: gave_up != 0,
+            next_attempt_at_ms,
+            args,
+            created_at_ms,
+        });
+    }
+    Ok(Some(record))
+}
+
+fn read_record_row(row: &QueryResult) -> Result<RecordView, DbErr> {
+    Ok(RecordView {
+        id: row.try_get_by_index(0)?,
+        scope: row.try_get_by_index(1)?,
+        principal: row.try_get_by_index(2)?,
+        key: row.try_get_by_index(3)?,
+        owner: row.try_get_by_index(4)?,
+        fingerprint: row.try_get_by_index(5)?,
+        state: row.try_get_by_index(6)?,
+        response: row.try_get_by_index(7)?,
+        created_at_ms: row.try_get_by_index(8)?,
+        expires_at_ms: row.try_get_by_index(9)?,
+        now_ms: row.try_get_by_index(10)?,
+        steps: Vec::new(),
+        call: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use sea_orm::Database;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_fresh_database_lacks_every_table_until_create_tables() {
+        let db = Database::connect("sqlite::memory:").await.expect("db");
+        assert_eq!(
+            missing_tables(&db).await.expect("list"),
+            ALL_TABLES.to_vec()
+        );
+        crate::create_tables(&db).await.expect("tables");
+        assert_eq!(missing_tables(&db).await.expect("list"), Vec::<&str>::new());
+        assert_eq!(record(&db, &[7; 32]).await.expect("read"), None);
+    }
+}
