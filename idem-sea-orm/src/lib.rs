@@ -73,10 +73,11 @@ use crate::store::statement;
 /// their indexes) where they do not exist. Call it once at startup (or use the migrations,
 /// feature `migration`).
 ///
-/// It reads the catalogue first and runs DDL only for a family of tables that is missing: on
-/// a cluster (Galera) even `CREATE TABLE IF NOT EXISTS` is replicated as DDL and aborts the
-/// transactions committing on that table cluster-wide, so starting a service must not issue
-/// it against a live ledger. (On a cluster, prefer migrating once to creating at start.)
+/// On PostgreSQL and MySQL it reads the catalogue first and runs DDL only for a family of
+/// tables that is missing: on a cluster (Galera) even `CREATE TABLE IF NOT EXISTS` is
+/// replicated as DDL and aborts the transactions committing on that table cluster-wide, so
+/// starting a service must not issue it against a live ledger. (On a cluster, prefer migrating
+/// once to creating at start.)
 ///
 /// ```
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -88,7 +89,12 @@ use crate::store::statement;
 /// ```
 pub async fn create_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
     let sql = Sql::of(db.get_database_backend());
-    let missing = inspect::missing_tables(db).await?;
+    // SQLite runs its (idempotent) DDL every time: it is embedded, so no other node aborts,
+    // and it drops the expiry index that ledgers of earlier versions have.
+    let missing = match sql.backend {
+        sea_orm::DbBackend::Sqlite => sql::ALL_TABLES.to_vec(),
+        _ => inspect::missing_tables(db).await?,
+    };
     let exists = |table: &str| !missing.contains(&table);
     let families = [
         (
