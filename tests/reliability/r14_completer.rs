@@ -40,14 +40,14 @@ const LEASE: Duration = Duration::from_secs(1);
 const TTL_MS: i64 = 3_600_000;
 /// How often a completer looks for calls whose lease ended, at most.
 const POLL: Duration = Duration::from_millis(100);
-/// Attempts a completer makes at one call before giving it up: twice the default (5). A
+/// Attempts a completer makes at one call before giving it up: the default (10). A
 /// completer killed during a round counts an attempt for every call it had in flight, and
 /// those calls, cut off together, come due together and are batched together again. These
 /// completers die every 100–1500 ms and most of them crash inside an attempt, far more often
 /// than a deployment's; the most attempts seen on one call were 5 (with SQLite's rollback
 /// journal on a loaded machine, before the write-ahead log below: 6). With 10, no give-up is
 /// the expected count (the gateway never fails); the most attempts on a call are printed.
-const MAX_ATTEMPTS: u32 = 2 * idem::completer::DEFAULT_MAX_ATTEMPTS;
+const MAX_ATTEMPTS: u32 = idem::completer::DEFAULT_MAX_ATTEMPTS;
 /// Call children of a round start within this many milliseconds.
 const ROUND_SPREAD_MS: u64 = 1_500;
 /// Completer processes alive at once while the calls are killed.
