@@ -200,13 +200,15 @@ async fn claim(
 }
 
 /// Records a lease-mode call's outcome in `tx` if `ticket` still holds the lease (kept for
-/// `ttl` from now), forgets its steps and stored call, and commits.
+/// `ttl` from now), forgets its steps and, for a `resumable` call, its stored call, and
+/// commits.
 async fn record_completion(
     tx: DatabaseTransaction,
     ticket: Ticket,
     status: RecordStatus,
     payload: Vec<u8>,
     ttl: Duration,
+    resumable: bool,
 ) -> Result<(), Error> {
     let doing = "recording the result";
     let sql = Sql::of(tx.get_database_backend());
@@ -230,13 +232,16 @@ async fn record_completion(
     forget_steps(&tx, sql, &ticket.id)
         .await
         .map_err(|e| store_error(doing, e))?;
-    tx.execute_raw(statement(
-        sql,
-        &sql.delete_call,
-        vec![ticket.id.to_vec().into()],
-    ))
-    .await
-    .map_err(|e| store_error(doing, e))?;
+    // Only a resumable call has a stored call: the others save the round trip.
+    if resumable {
+        tx.execute_raw(statement(
+            sql,
+            &sql.delete_call,
+            vec![ticket.id.to_vec().into()],
+        ))
+        .await
+        .map_err(|e| store_error(doing, e))?;
+    }
     tx.commit().await.map_err(|e| store_error(doing, e))
 }
 
@@ -269,8 +274,9 @@ async fn forget_steps(tx: &DatabaseTransaction, sql: &Sql, id: &[u8]) -> Result<
     .map(drop)
 }
 
-/// A final phase's transaction kept open for the call's result (P10).
-struct OpenFinalPhase(DatabaseTransaction);
+/// A final phase's transaction kept open for the call's result (P10), and whether the call
+/// is resumable.
+struct OpenFinalPhase(DatabaseTransaction, bool);
 
 impl OpenPhase for OpenFinalPhase {
     fn complete(
@@ -281,7 +287,7 @@ impl OpenPhase for OpenFinalPhase {
         ttl: Duration,
     ) -> BoxFuture<'static, Result<(), Error>> {
         Box::pin(detached(record_completion(
-            self.0, ticket, status, payload, ttl,
+            self.0, ticket, status, payload, ttl, self.1,
         )))
     }
 
@@ -418,11 +424,12 @@ impl LeaseStore for SeaOrmLeaseStore {
         payload: &'a [u8],
     ) -> BoxFuture<'a, Result<(), Error>> {
         let (db, ticket, payload, ttl) = (self.db.clone(), *ticket, payload.to_vec(), req.ttl());
+        let resumable = req.stored_args().is_some();
         Box::pin(detached(async move {
             let tx = begin(&db)
                 .await
                 .map_err(|e| store_error("recording the result", e))?;
-            record_completion(tx, ticket, status, payload, ttl).await
+            record_completion(tx, ticket, status, payload, ttl, resumable).await
         }))
     }
 
@@ -547,7 +554,7 @@ where
     if keep_open {
         // The engine records the call's result in this transaction when the handler
         // returns, or commits it alone if the handler does more first.
-        lease.keep_open(Box::new(OpenFinalPhase(tx)));
+        lease.keep_open(Box::new(OpenFinalPhase(tx, lease.is_resumable())));
     } else {
         tx.commit()
             .await

@@ -32,7 +32,7 @@ pub struct Model {
     pub owner: i64,
     /// SHA-256 fingerprint of the arguments.
     pub fingerprint: Vec<u8>,
-    /// 0 pending, 1 completed, 2 failed (final error); see `idem::RecordStatus`.
+    /// 0 pending, 1 completed, 2 failed (final error), 3 given up; see `idem::RecordStatus`.
     pub state: i16,
     /// The recorded value or error, as JSON bytes.
     pub response: Option<Vec<u8>>,
