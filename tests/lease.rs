@@ -8,6 +8,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::crash::{CHILD_CALL_FAILED, ChildEnd, kill_self};
 use common::{Backend, Gate, backends, effects, insert_effect, unique};
 use idem::{ErrorKind, Outcome, idempotent, with_outcome};
 use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
@@ -562,13 +563,6 @@ async fn an_abandoned_lease_is_listed_then_purged_with_its_steps() {
 // then the parent retries every key. The gateway here is a table written outside the
 // handler's transactions (as an external service would be): every call is a row.
 
-fn kill_self() -> ! {
-    let _ = std::process::Command::new("kill")
-        .args(["-9", &std::process::id().to_string()])
-        .status();
-    std::process::abort()
-}
-
 fn kill_at(point: &str, here: &str) {
     if point == here {
         kill_self();
@@ -649,35 +643,6 @@ async fn lease_child() {
     // says so by its exit code: the parent tells it from a kill and from a call that finished.
     if paid.is_err() {
         std::process::exit(CHILD_CALL_FAILED);
-    }
-}
-
-/// The exit code of a lease crash child whose call returned an error.
-const CHILD_CALL_FAILED: i32 = 3;
-
-/// How a lease crash child ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum ChildEnd {
-    /// Killed: at its kill point, or by the parent at a random moment.
-    Killed,
-    /// Its call returned an error before any kill point.
-    CallFailed,
-    /// Its call returned an answer (a random kill that came too late).
-    Finished,
-    /// Any other exit: the child itself broke (a panic exits with 101).
-    Broke(i32),
-}
-
-impl ChildEnd {
-    fn of(status: std::process::ExitStatus) -> Self {
-        use std::os::unix::process::ExitStatusExt;
-        match (status.signal(), status.code()) {
-            // SIGKILL, or SIGABRT after a `kill -9` that did not land.
-            (Some(_), _) => Self::Killed,
-            (_, Some(0)) => Self::Finished,
-            (_, Some(CHILD_CALL_FAILED)) => Self::CallFailed,
-            (_, code) => Self::Broke(code.unwrap_or(-1)),
-        }
     }
 }
 

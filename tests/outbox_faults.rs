@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::crash::kill_self;
 use common::isolated::{Isolated, connect, isolated};
 use common::{insert_effect, unique};
 use idem::idempotent;
@@ -267,13 +268,6 @@ fn assert_exactly_once(what: &str, ids: &[String], seen: &[(String, String, i64)
 // ---------------------------------------------------------------------------------------
 // The child process: this test binary re-executed as a relay or a consumer that kills itself
 // at a chosen point.
-
-fn kill_self() -> ! {
-    let _ = Command::new("kill")
-        .args(["-9", &std::process::id().to_string()])
-        .status();
-    std::process::abort()
-}
 
 /// A sink that kills its process at a chosen point: `before` the k-th publish, `after` it
 /// (published, not yet marked), or `mid` (after the k-th publish completed while others of

@@ -12,6 +12,7 @@
 
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
+pub mod crash;
 pub mod http;
 pub mod isolated;
 

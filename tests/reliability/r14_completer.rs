@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::common::crash::{CHILD_CALL_FAILED, ChildEnd, kill_self};
 use idem::completer::{GaveUp, Resumed};
 use idem::sea_orm::{CALLS_TABLE, Completer, SeaOrmLeaseStore, database_now_ms};
 use idem::{Outcome, idempotent, with_outcome};
@@ -54,8 +55,6 @@ const ROUND_SPREAD_MS: u64 = 1_500;
 const COMPLETERS: usize = 2;
 /// The environment variable that makes `r14_child` a child: its role (`call`, `completer`).
 const CHILD: &str = "IDEM_R14_CHILD";
-/// The exit code of a call child whose call returned an error.
-const CALL_FAILED: i32 = 3;
 /// Where call children are killed; "random" is the parent's kill at a random moment of the
 /// body (after the claim: the child announces its body).
 const POINTS: [&str; 5] = [
@@ -100,13 +99,6 @@ impl Runner {
 struct Crash {
     point: String,
     attempt: u32,
-}
-
-fn kill_self() -> ! {
-    let _ = std::process::Command::new("kill")
-        .args(["-9", &std::process::id().to_string()])
-        .status();
-    std::process::abort()
 }
 
 fn kill_at(runner: &Runner, here: &str) {
@@ -276,7 +268,7 @@ async fn r14_child() {
             // A call that failed before its kill point (a busy database) says so by its exit
             // code; no client retries it, so only a completer can finish it.
             if pay(&db, &runner, order).await.is_err() {
-                std::process::exit(CALL_FAILED);
+                std::process::exit(CHILD_CALL_FAILED);
             }
         }
         "completer" => {
@@ -319,34 +311,6 @@ fn child(role: &str, url: &str) -> Command {
         // A parent that panics takes its children with it.
         .kill_on_drop(true);
     command
-}
-
-/// How a call child ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum ChildEnd {
-    /// Killed: at its kill point, or by the parent.
-    Killed,
-    /// Its call returned an error before any kill point.
-    CallFailed,
-    /// Its call returned an answer (a random kill that came too late).
-    Finished,
-    /// Any other exit: the child itself broke (a panic exits with 101).
-    Broke(i32),
-    /// Still running after a minute: killed as hung.
-    Hung,
-}
-
-impl ChildEnd {
-    fn of(status: std::process::ExitStatus) -> Self {
-        use std::os::unix::process::ExitStatusExt;
-        match (status.signal(), status.code()) {
-            // SIGKILL, or SIGABRT after a `kill -9` that did not land.
-            (Some(_), _) => Self::Killed,
-            (_, Some(0)) => Self::Finished,
-            (_, Some(CALL_FAILED)) => Self::CallFailed,
-            (_, code) => Self::Broke(code.unwrap_or(-1)),
-        }
-    }
 }
 
 /// One call child, as the parent saw it.
