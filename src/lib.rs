@@ -87,6 +87,12 @@ pub use idem_core::{
     Store, Transition, TransitionOutcome, with_outcome,
 };
 
+/// Transient database conflicts, retried inside the call: how many tries, and what one costs.
+pub mod conflict {
+    pub use idem_core::conflict::{MAX_CONFLICT_ATTEMPTS, RETRY_AFTER, set_max_attempts};
+    pub use idem_core::{CallReport, with_report};
+}
+
 /// Building blocks for custom stores and wrappers: the store contracts, the call's request,
 /// and the conversions `#[idempotent]` uses to reach a store from its connection.
 pub mod store {
@@ -287,7 +293,10 @@ pub mod __private {
     pub use idem_core::atomic::run;
     pub use idem_core::call::{Call, Site};
     pub use idem_core::declared;
-    pub use idem_core::handler::{FinalProbe, HandlerOutput, ViaFinal, ViaPlain};
+    pub use idem_core::handler::{
+        FinalProbe, HandlerOutput, Rerun, RerunProbe, ViaClone, ViaFinal, ViaMove, ViaPlain,
+        not_rerunnable,
+    };
     pub use idem_core::lease::run_lease;
 
     use crate::store::{IntoLeaseStore, IntoStore};
@@ -301,6 +310,17 @@ pub mod __private {
     /// The store behind a connection expression.
     pub fn store<C: IntoStore + ?Sized>(connection: &C) -> C::Store<'_> {
         connection.store()
+    }
+
+    /// Hands `body` back, with its signature given: it borrows a transaction of the store
+    /// behind `connection` (atomic mode builds the body inside a factory, where no other
+    /// expected signature reaches it).
+    pub fn body_for<'c, C, R, B>(_connection: &'c C, body: B) -> B
+    where
+        C: IntoStore + ?Sized,
+        B: AsyncFnOnce(&<C::Store<'c> as idem_core::Store>::Tx) -> R,
+    {
+        body
     }
 
     /// The lease store behind a connection expression.

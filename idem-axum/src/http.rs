@@ -305,6 +305,10 @@ impl From<&Error> for Problem {
                 "Service unavailable",
                 "the idempotency store could not be reached in time; retry later".to_owned(),
             ),
+            ErrorKind::Conflict => (
+                "Conflict with a concurrent request",
+                "the database kept aborting this request for conflicts with concurrent ones; nothing was done: retry later".to_owned(),
+            ),
             ErrorKind::Store => (
                 "Service unavailable",
                 "the idempotency store is unavailable; retry later".to_owned(),
@@ -315,7 +319,10 @@ impl From<&Error> for Problem {
             ),
         };
         let mut problem = Self::new(e.http_status(), kind.as_str(), title, detail);
-        if let Error::InFlight { retry_after, .. } | Error::Unavailable { retry_after, .. } = e {
+        if let Error::InFlight { retry_after, .. }
+        | Error::Unavailable { retry_after, .. }
+        | Error::Conflict { retry_after, .. } = e
+        {
             problem.retry_after = Some(*retry_after);
         }
         problem
@@ -721,12 +728,12 @@ mod tests {
     {
         let call = Call::new(&SITE, Key::new(key));
         let finality = (&FinalProbe::<Refused>::new()).finality();
-        run(
-            store.clone(),
-            call,
-            finality,
-            async move |_tx: &MemoryTx| result,
-        )
+        // The memory store never conflicts: the body is made once.
+        let mut result = Some(result);
+        run(store.clone(), call, finality, move || {
+            let result = result.take().expect("one try");
+            Ok(async move |_tx: &MemoryTx| result)
+        })
     }
 
     #[tokio::test]

@@ -1,192 +1,195 @@
 //! Atomic mode, what `#[idempotent]` expands to by default: claim the key in a transaction,
 //! run the body in that transaction, then record the result and commit, or release (roll
-//! back). A replay or an idem error answers without running the body.
-
-use std::marker::PhantomData;
+//! back). A replay or an idem error answers without running the body. A try that the database
+//! aborts for a conflict is run again whole ([`conflict`](crate::conflict)).
 
 use crate::call::{Call, RETRY_AFTER, Request, collecting_hooks};
+use crate::conflict::Tries;
+use crate::error::Error;
 use crate::flight;
 use crate::handler::{Finality, HandlerError, HandlerOutput, Replayable};
 use crate::metrics::{self, Label};
 use crate::outcome;
 use crate::store::{Claim, Concurrency, Recorded, Store};
 
-/// Claims the key of `call` on `store`. `Ok` hands out the guard whose transaction the body
-/// runs in; `Err` carries the call's final answer (a replay, or an error) and the body must
-/// not run.
-pub async fn claim<S, R>(
-    store: S,
-    call: Call,
-    finality: Option<Finality<R::Error>>,
-) -> Result<Guard<S, R>, R>
-where
-    S: Store,
-    R: HandlerOutput,
-    R::Ok: Replayable,
-    R::Error: HandlerError,
-{
-    let request = call.prepare::<R>(finality.is_some())?;
-    let bound = match request.concurrency() {
-        Concurrency::Wait { bound } => bound,
-        _ => Concurrency::DEFAULT_BOUND,
-    };
-    let deadline = tokio::time::Instant::now() + bound;
-    // Single flight: a duplicate of a call running in this process waits for it in memory
-    // and replays its answer; only the first call (or, if it recorded nothing, each
-    // duplicate in turn) goes to the store, where the database decides across processes.
-    let mut leader = None;
-    if let Some(ledger) = store.ledger_identity() {
-        match flight::join(ledger, *request.id()) {
-            flight::Role::Leader(l) => leader = Some(l),
-            flight::Role::Follower(_) if request.concurrency() == Concurrency::Reject => {
-                return Err(request.fail(request.in_flight(RETRY_AFTER)));
-            }
-            flight::Role::Follower(flight) => {
-                match tokio::time::timeout_at(deadline, flight::landing(flight)).await {
-                    Ok(Some(recorded)) => return Err(request.replay(&recorded, finality)),
-                    Ok(None) => {} // the first call recorded nothing: claim in the store
-                    Err(_elapsed) => return Err(request.fail(request.in_flight(RETRY_AFTER))),
-                }
-            }
-        }
-    }
-    let claimed = match tokio::time::timeout_at(deadline, store.claim(&request)).await {
-        Ok(claimed) => claimed,
-        Err(_elapsed) => Ok(Claim::InFlight),
-    };
-    match claimed {
-        Ok(Claim::Execute(claimed)) => Ok(Guard {
-            store,
-            claimed,
-            request,
-            finality,
-            nested: outcome::Nested::enter(),
-            leader,
-            _output: PhantomData,
-        }),
-        Ok(Claim::Recorded(recorded)) => {
-            let answer = request.replay(&recorded, finality);
-            if let Some(leader) = leader {
-                leader.land(Some(recorded));
-            }
-            Err(answer)
-        }
-        Ok(Claim::InFlight) => Err(request.fail(request.in_flight(RETRY_AFTER))),
-        Err(e) => Err(request.fail(e)),
-    }
-}
-
-/// A claimed key: the body runs in [`Guard::tx`], then [`Guard::finish`] records or releases.
-/// Dropping a guard without finishing rolls everything back (the store's transaction is
-/// dropped), so a cancelled call leaves nothing behind.
-#[derive(Debug)]
-pub struct Guard<S: Store, R: HandlerOutput> {
-    store: S,
-    claimed: S::Claimed,
-    request: Request,
-    finality: Option<Finality<R::Error>>,
-    /// Keeps nested calls from reporting while the body runs; dropped by `finish`, or with
-    /// the guard when the call is cancelled.
-    nested: outcome::Nested,
-    /// This call's single flight, if it leads one: landed with the recorded answer, or empty
-    /// when dropped.
-    leader: Option<flight::Leader>,
-    _output: PhantomData<fn() -> R>,
-}
-
-impl<S: Store, R: HandlerOutput> Guard<S, R>
-where
-    R::Ok: Replayable,
-    R::Error: HandlerError,
-{
-    /// The transaction the body runs in.
-    pub fn tx(&self) -> &S::Tx {
-        S::tx(&self.claimed)
-    }
-
-    /// Runs the body inside the call's tracing span, so the handler's own logs carry the
-    /// scope and key hash.
-    pub fn in_span<F: Future>(&self, body: F) -> tracing::instrument::Instrumented<F> {
-        tracing::Instrument::instrument(body, self.request.span().clone())
-    }
-
-    /// Records the body's result and commits, or releases the key, and returns what the
-    /// caller gets.
-    pub async fn finish(self, output: R) -> R {
-        let Self {
-            store,
-            claimed,
-            request,
-            finality,
-            nested,
-            leader,
-            ..
-        } = self;
-        drop(nested);
-        let record = match request.record_of(output, finality) {
-            Ok(record) => record,
-            Err(answer) => {
-                // Nothing to record: roll back so a retry executes again. A failed rollback
-                // changes nothing for the caller: the dropped transaction rolls back anyway.
-                let _ = store.release(claimed).await;
-                return answer;
-            }
-        };
-        match store
-            .record(claimed, &request, record.status, &record.payload)
-            .await
-        {
-            Ok(()) => {
-                if let Some(leader) = leader {
-                    // Committed: duplicates waiting in this process replay it from memory.
-                    let recorded = leader.has_followers().then(|| Recorded {
-                        fingerprint: request.fingerprint(),
-                        status: record.status,
-                        payload: record.payload,
-                    });
-                    leader.land(recorded);
-                }
-                request.executed(record.answer)
-            }
-            Err(e) => {
-                tracing::warn!(parent: request.span(), error = %e, "recording failed; rolled back");
-                metrics::settle(request.span(), Label::Error);
-                R::from_result(Err(e.into()))
-            }
-        }
-    }
-}
-
 /// What `#[idempotent]` expands to: claims the key on `store`, runs the body in the claim's
 /// transaction (inside the call's tracing span), then records or releases. A replay or an idem
 /// error returns without running the body. Every bound on the handler's return type is here,
 /// on one call, so an unsuitable type is one compile error.
-pub fn run<S, R, F>(
+///
+/// A try the database aborts for a transient conflict (at the claim, in the body, at the
+/// record or its `COMMIT`) left nothing behind, so it is run again, claim, body and record,
+/// after a jittered backoff. So `bodies` makes the body afresh for each try that executes
+/// (the macro hands each one its own copy of the arguments), or says why the body cannot run
+/// again ([`not_rerunnable`](crate::handler::not_rerunnable)), which the caller is answered. Usually the
+/// second try finds the record a concurrent duplicate committed and replays it.
+pub fn run<S, R, F, B>(
     store: S,
     call: Call,
     finality: Option<Finality<R::Error>>,
-    body: F,
+    mut bodies: F,
 ) -> impl Future<Output = R>
 where
     S: Store,
     R: HandlerOutput,
     R::Ok: Replayable,
     R::Error: HandlerError,
-    F: AsyncFnOnce(&S::Tx) -> R,
+    F: FnMut() -> Result<B, Error>,
+    B: AsyncFnOnce(&S::Tx) -> R,
 {
     // Counted once, when the answer is known (feature `metrics`; without it, `observe` hands
     // the call back as it is: no extra future around it).
     let scope = call.site().scope();
     metrics::observe(scope, async move {
-        let guard = match claim::<S, R>(store, call, finality).await {
-            Ok(guard) => guard,
+        let request = match call.prepare::<R>(finality.is_some()) {
+            Ok(request) => request,
             Err(answer) => return answer,
         };
-        let (output, hooks) = collecting_hooks(guard.in_span(body(guard.tx()))).await;
-        let answer = guard.finish(output).await;
-        // The call's transaction has ended (committed, or rolled back and the hooks find
-        // nothing to do).
-        hooks.iter().for_each(|hook| hook());
-        answer
+        let bound = match request.concurrency() {
+            Concurrency::Wait { bound } => bound,
+            _ => Concurrency::DEFAULT_BOUND,
+        };
+        let deadline = tokio::time::Instant::now() + bound;
+        // Single flight: a duplicate of a call running in this process waits for it in memory
+        // and replays its answer; only the first call (or, if it recorded nothing, each
+        // duplicate in turn) goes to the store, where the database decides across processes.
+        let mut leader = None;
+        if let Some(ledger) = store.ledger_identity() {
+            match flight::join(ledger, *request.id()) {
+                flight::Role::Leader(l) => leader = Some(l),
+                flight::Role::Follower(_) if request.concurrency() == Concurrency::Reject => {
+                    return request.fail(request.in_flight(RETRY_AFTER));
+                }
+                flight::Role::Follower(flight) => {
+                    match tokio::time::timeout_at(deadline, flight::landing(flight)).await {
+                        Ok(Some(recorded)) => return request.replay(&recorded, finality),
+                        Ok(None) => {} // the first call recorded nothing: claim in the store
+                        Err(_elapsed) => return request.fail(request.in_flight(RETRY_AFTER)),
+                    }
+                }
+            }
+        }
+        let mut tries = Tries::new();
+        loop {
+            let conflict = match attempt(
+                &store,
+                &request,
+                finality,
+                &mut leader,
+                &mut bodies,
+                deadline,
+            )
+            .await
+            {
+                Try::Answered(answer) => return answer,
+                Try::Conflict(conflict) => conflict,
+            };
+            if let Err(e) = tries.again(request.scope(), conflict).await {
+                // Dropping the leader tells this process's duplicates to claim for themselves.
+                return request.fail(e);
+            }
+        }
     })
+}
+
+/// How one try of a call ended.
+enum Try<R> {
+    /// With the caller's answer.
+    Answered(R),
+    /// Aborted by the database for a conflict; nothing of it was committed.
+    Conflict(Error),
+}
+
+/// One try: claim, body, record. Lands this process's single flight when it answers from a
+/// record it read or wrote.
+async fn attempt<S, R, F, B>(
+    store: &S,
+    request: &Request,
+    finality: Option<Finality<R::Error>>,
+    leader: &mut Option<flight::Leader>,
+    bodies: &mut F,
+    deadline: tokio::time::Instant,
+) -> Try<R>
+where
+    S: Store,
+    R: HandlerOutput,
+    R::Ok: Replayable,
+    R::Error: HandlerError,
+    F: FnMut() -> Result<B, Error>,
+    B: AsyncFnOnce(&S::Tx) -> R,
+{
+    let claimed = match tokio::time::timeout_at(deadline, store.claim(request)).await {
+        Ok(claimed) => claimed,
+        Err(_elapsed) => Ok(Claim::InFlight),
+    };
+    let claimed = match claimed {
+        Ok(Claim::Execute(claimed)) => claimed,
+        Ok(Claim::Recorded(recorded)) => {
+            let answer = request.replay(&recorded, finality);
+            if let Some(leader) = leader.take() {
+                leader.land(Some(recorded));
+            }
+            return Try::Answered(answer);
+        }
+        Ok(Claim::InFlight) => return Try::Answered(request.fail(request.in_flight(RETRY_AFTER))),
+        Err(e) if e.is_conflict() => return Try::Conflict(e),
+        Err(e) => return Try::Answered(request.fail(e)),
+    };
+    let body = match bodies() {
+        Ok(body) => body,
+        Err(e) => {
+            let _ = store.release(claimed).await;
+            return Try::Answered(request.fail(e));
+        }
+    };
+    let nested = outcome::Nested::enter();
+    let running = tracing::Instrument::instrument(body(S::tx(&claimed)), request.span().clone());
+    let (output, hooks) = collecting_hooks(running).await;
+    drop(nested);
+    let output = output.into_result();
+    if let Err(error) = &output
+        && !finality.is_some_and(|f| (f.is_final)(error))
+        && store.aborted(&claimed, request).await
+    {
+        // The body's error reports the conflict that aborted its transaction.
+        let _ = store.release(claimed).await;
+        return Try::Conflict(Error::conflict(
+            "running the handler's body (its transaction was aborted)",
+        ));
+    }
+    let record = match request.record_of(R::from_result(output), finality) {
+        Ok(record) => record,
+        Err(answer) => {
+            // Nothing to record: roll back so a retry executes again. A failed rollback
+            // changes nothing for the caller: the dropped transaction rolls back anyway.
+            let _ = store.release(claimed).await;
+            hooks.iter().for_each(|hook| hook());
+            return Try::Answered(answer);
+        }
+    };
+    match store
+        .record(claimed, request, record.status, &record.payload)
+        .await
+    {
+        Ok(()) => {
+            if let Some(leader) = leader.take() {
+                // Committed: duplicates waiting in this process replay it from memory.
+                let recorded = leader.has_followers().then(|| Recorded {
+                    fingerprint: request.fingerprint(),
+                    status: record.status,
+                    payload: record.payload,
+                });
+                leader.land(recorded);
+            }
+            // The call's transaction has committed: the hooks find what the body staged.
+            hooks.iter().for_each(|hook| hook());
+            Try::Answered(request.executed(record.answer))
+        }
+        Err(e) if e.is_conflict() => Try::Conflict(e),
+        Err(e) => {
+            tracing::warn!(parent: request.span(), error = %e, "recording failed; rolled back");
+            metrics::settle(request.span(), Label::Error);
+            Try::Answered(R::from_result(Err(e.into())))
+        }
+    }
 }

@@ -209,6 +209,25 @@ pub enum Error {
         /// A sensible time to wait before retrying.
         retry_after: Duration,
     },
+    /// The database aborted the call's transaction for a conflict with a concurrent one (a
+    /// deadlock, a serialization failure, a Galera certification failure or brute-force abort)
+    /// on every one of `attempts` tries. The engine runs a conflicting call again by itself
+    /// ([`MAX_CONFLICT_ATTEMPTS`](crate::conflict::MAX_CONFLICT_ATTEMPTS) tries, with jittered
+    /// backoff), so this reaches a caller only under sustained contention. Nothing of the
+    /// failed tries was committed; retry after `retry_after`.
+    #[error(
+        "the database aborted a call in scope `{scope}` for a conflict with a concurrent transaction, {attempts} times in a row ({message}); nothing was committed: retry after {retry_after:?}"
+    )]
+    Conflict {
+        /// Scope of the call (empty when the store reports it, before the engine knows).
+        scope: String,
+        /// What the database was doing, without SQL text.
+        message: String,
+        /// How many times the call was tried.
+        attempts: u32,
+        /// A sensible time to wait before retrying.
+        retry_after: Duration,
+    },
     /// The store (database) failed. No partial effects were committed.
     #[error("idempotency store failed: {message}")]
     Store {
@@ -256,6 +275,8 @@ pub enum ErrorKind {
     GaveUp,
     /// See [`Error::Unavailable`].
     Unavailable,
+    /// See [`Error::Conflict`].
+    Conflict,
     /// See [`Error::Store`].
     Store,
 }
@@ -280,6 +301,7 @@ impl ErrorKind {
             Self::ArgumentsTooLarge => "arguments-too-large",
             Self::GaveUp => "gave-up",
             Self::Unavailable => "unavailable",
+            Self::Conflict => "conflict",
             Self::Store => "store",
         }
     }
@@ -294,7 +316,7 @@ impl ErrorKind {
             Self::KeyReused => 422,
             Self::ArgumentsTooLarge => 413,
             Self::InFlight | Self::InvalidTransition | Self::LeaseLost => 409,
-            Self::Store | Self::Unavailable => 503,
+            Self::Store | Self::Unavailable | Self::Conflict => 503,
             Self::Decode
             | Self::Encode
             | Self::Fingerprint
@@ -324,6 +346,7 @@ impl Error {
             Self::ArgumentsTooLarge { .. } => ErrorKind::ArgumentsTooLarge,
             Self::GaveUp { .. } => ErrorKind::GaveUp,
             Self::Unavailable { .. } => ErrorKind::Unavailable,
+            Self::Conflict { .. } => ErrorKind::Conflict,
             Self::Store { .. } => ErrorKind::Store,
         }
     }
@@ -331,6 +354,22 @@ impl Error {
     /// Shorthand for `self.kind().http_status()`.
     pub fn http_status(&self) -> u16 {
         self.kind().http_status()
+    }
+
+    /// A transient conflict a store met while `doing` something: one try of a call, which the
+    /// engine runs again ([`Error::Conflict`]; it fills in the scope and the count).
+    pub fn conflict(doing: impl Into<String>) -> Self {
+        Self::Conflict {
+            scope: String::new(),
+            message: doing.into(),
+            attempts: 1,
+            retry_after: crate::conflict::RETRY_AFTER,
+        }
+    }
+
+    /// Whether the engine runs the call again for this error ([`Error::Conflict`]).
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Self::Conflict { .. })
     }
 
     /// A store error with a message and the driver error behind it.

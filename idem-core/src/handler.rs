@@ -146,6 +146,75 @@ impl<E> ViaPlain<E> for FinalProbe<E> {
     }
 }
 
+/// An argument of an atomic-mode handler, kept so that every try of its body gets one: a try
+/// the database aborts for a conflict is run again ([`conflict`](crate::conflict)). The
+/// generated code takes it out with `(&&RerunProbe(&arg)).next_try()` for each try that
+/// executes (a replay takes nothing): a `Clone` argument (references are) is cloned; any other
+/// is moved into the first try, and a second try is refused with [`not_rerunnable`].
+pub struct Rerun<T>(std::sync::Mutex<Option<T>>);
+
+impl<T> std::fmt::Debug for Rerun<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Rerun")
+    }
+}
+
+impl<T> Rerun<T> {
+    /// Keeps `value` for the tries of a call.
+    pub const fn new(value: T) -> Self {
+        Self(std::sync::Mutex::new(Some(value)))
+    }
+}
+
+impl<T> Rerun<T> {
+    /// The argument's slot (a lock, never contended: the tries of a call run one after
+    /// another; it makes the holder `Sync`, so the handler's future stays `Send`).
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<T>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Chooses how a [`Rerun`] hands out its argument (autoref specialisation).
+#[derive(Debug)]
+pub struct RerunProbe<'a, T>(pub &'a Rerun<T>);
+
+/// Chosen when the argument is `Clone`: every try gets a clone.
+pub trait ViaClone<T> {
+    /// The argument for the next try.
+    fn next_try(&self) -> Option<T>;
+}
+impl<T: Clone> ViaClone<T> for &RerunProbe<'_, T> {
+    fn next_try(&self) -> Option<T> {
+        self.0.slot().clone()
+    }
+}
+
+/// Chosen for every other argument: the first try gets it, later tries get `None`.
+pub trait ViaMove<T> {
+    /// The argument for the next try, if there is one.
+    fn next_try(&self) -> Option<T>;
+}
+impl<T> ViaMove<T> for RerunProbe<'_, T> {
+    fn next_try(&self) -> Option<T> {
+        self.0.slot().take()
+    }
+}
+
+/// Why a try cannot run: the database aborted the first for a conflict, and argument `arg`
+/// (not `Clone`) was moved into it.
+pub fn not_rerunnable(scope: &str, arg: &str) -> Error {
+    Error::Conflict {
+        scope: scope.to_owned(),
+        message: format!(
+            "the call cannot run again in this process: its argument `{arg}` is not `Clone` (derive `Clone` for it so a conflicting call is run again instead of answered with this error)"
+        ),
+        attempts: 1,
+        retry_after: crate::conflict::RETRY_AFTER,
+    }
+}
+
 /// What a call records: `payload` (the value, or a final error) with `status`; once it is
 /// recorded the caller gets `answer`.
 pub(crate) struct Record<T, E> {

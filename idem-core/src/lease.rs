@@ -17,6 +17,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::call::{Call, Request};
+use crate::conflict::{Tries, retried};
 use crate::error::Error;
 use crate::handler::{Finality, HandlerError, HandlerOutput, Replayable};
 use crate::metrics;
@@ -139,11 +140,12 @@ where
     let key = context.request.derived_key(name);
     let value = run(key).await?;
     let payload = encode_step(&context, &value)?;
-    if let Err(e) = context
-        .store
-        .record_step(&context.ticket, name, &payload)
-        .await
-    {
+    // A conflict runs the record again, never the step: its effect has happened.
+    let recorded = retried(context.request.scope(), || {
+        context.store.record_step(&context.ticket, name, &payload)
+    })
+    .await;
+    if let Err(e) = recorded {
         if e.kind() == crate::ErrorKind::LeaseLost {
             context.lost.store(true, Ordering::SeqCst);
             return Err(context.lost().into());
@@ -327,18 +329,24 @@ where
             _ => None,
         };
         let mut pause = Duration::from_millis(10);
+        let mut conflicts = Tries::new();
         let claimed = loop {
             let claimed = store.claim_lease(&request, lease).await;
-            match (&claimed, deadline) {
+            match (claimed, deadline) {
                 (Ok(LeaseClaim::InFlight { retry_after }), Some(deadline))
                     if tokio::time::Instant::now() < deadline =>
                 {
-                    let wake =
-                        (tokio::time::Instant::now() + pause.min(*retry_after)).min(deadline);
+                    let wake = (tokio::time::Instant::now() + pause.min(retry_after)).min(deadline);
                     tokio::time::sleep_until(wake).await;
                     pause = (pause * 2).min(Duration::from_millis(250));
                 }
-                _ => break claimed,
+                // The claim's transaction was aborted: nothing of it was committed.
+                (Err(e), _) if e.is_conflict() => {
+                    if let Err(e) = conflicts.again(request.scope(), e).await {
+                        break Err(e);
+                    }
+                }
+                (claimed, _) => break claimed,
             }
         };
         let (ticket, steps) = match claimed {
@@ -392,40 +400,72 @@ where
     R::Error: HandlerError,
 {
     let request = &context.request;
+    let scope = request.scope();
     // A final phase kept open: the result is recorded in its transaction (waits for its
     // fuse if that is committing it alone right now).
     let open_phase = context.open_phase.lock().await.take();
     let record = match request.record_of(output, finality) {
         Ok(record) if !context.phase_failed.load(Ordering::SeqCst) => record,
         Ok(_) => {
-            let _ = store.release_lease(&ticket).await;
+            release_now(store, scope, &ticket).await;
             return request.fail(context.phase_lost());
         }
         Err(answer) => {
-            // Nothing to record: keep the final phase's writes, and hand the key to the
-            // next attempt now, with the steps done so far.
+            // Nothing to record: keep the final phase's writes, and release.
             if let Some(open) = open_phase {
                 let _ = open.commit().await;
             }
-            let _ = store.release_lease(&ticket).await;
+            release_now(store, scope, &ticket).await;
             return answer;
         }
     };
     let completed = match open_phase {
+        // A conflict rolled the phase's writes back with the result: the phase must run
+        // again, which only a new attempt can do (below).
         Some(open) => {
             open.complete(ticket, record.status, record.payload, request.ttl())
                 .await
         }
         None => {
-            store
-                .complete(&ticket, request, record.status, &record.payload)
-                .await
+            retried(scope, || {
+                store.complete(&ticket, request, record.status, &record.payload)
+            })
+            .await
         }
     };
     match completed {
         Ok(()) => request.executed(record.answer),
         Err(e) if e.kind() == crate::ErrorKind::LeaseLost => request.fail(context.lost()),
-        Err(e) => request.fail(e),
+        Err(e) => {
+            // Not recorded: end the lease at once, so the next retry (or a completer) takes
+            // over from the recorded steps instead of waiting the lease out.
+            release_now(store, scope, &ticket).await;
+            request.fail(named_conflict(scope, e))
+        }
+    }
+}
+
+/// Ends the lease now, keeping its recorded steps: the next attempt takes over at once. A
+/// failed release changes nothing for the caller: the lease then ends on its own.
+async fn release_now(store: &dyn LeaseStore, scope: &str, ticket: &Ticket) {
+    let _ = retried(scope, || store.release_lease(ticket)).await;
+}
+
+/// A conflict the store reported (one try) as the caller gets it: with the scope.
+fn named_conflict(scope: &str, e: Error) -> Error {
+    match e {
+        Error::Conflict {
+            message,
+            attempts,
+            retry_after,
+            ..
+        } => Error::Conflict {
+            scope: scope.to_owned(),
+            message,
+            attempts,
+            retry_after,
+        },
+        other => other,
     }
 }
 

@@ -13,6 +13,7 @@
 pub mod atomic;
 pub mod call;
 pub mod completer;
+pub mod conflict;
 mod error;
 mod fingerprint;
 mod flight;
@@ -35,7 +36,7 @@ pub use fingerprint::{
 };
 pub use key::{Key, KeySource, MAX_KEY_LEN};
 pub use memory::{MemoryStore, MemoryTx};
-pub use outcome::{Outcome, with_outcome};
+pub use outcome::{CallReport, Outcome, with_outcome, with_report};
 pub use precondition::{EntityTag, IfMatch};
 pub use state::{StateMachine, Transition, TransitionOutcome, declared};
 pub use store::{

@@ -9,6 +9,7 @@
 //! | `idem_calls_total` | counter | `scope`, `outcome` | calls answered, by outcome |
 //! | `idem_call_duration_seconds` | histogram | `scope`, `outcome` | time from the call to its answer, in seconds |
 //! | `idem_completer_total` | counter | `scope`, `outcome` | what [completers](crate::completer) did: `resumed`, `finished`, `failed`, `gave_up`, `unregistered` |
+//! | `idem_conflict_retries_total` | counter | `scope` | tries run again after a transient database conflict ([`conflict`](crate::conflict)) |
 //!
 //! `outcome` is one of:
 //!
@@ -20,7 +21,7 @@
 //! | `in_flight` | another call held the key ([`Error::InFlight`](crate::Error::InFlight), 409) |
 //! | `released` | the handler returned a transient error; nothing was recorded, the key is free |
 //! | `invalid_key` | the key (or principal) was missing or malformed; nothing was done (400) |
-//! | `error` | idem could not answer: the store failed, a record no longer decodes, a lease was lost |
+//! | `error` | idem could not answer: the store failed or kept conflicting, a record no longer decodes, a lease was lost |
 //!
 //! A call whose future is dropped before its answer (a client that went away) is not
 //! counted. Without the feature nothing here is compiled: no clock reads, no task-local.
@@ -31,6 +32,9 @@
 /// given up), `unregistered` (calls whose lease ended have no resumer in this process; counted
 /// once a minute per scope).
 pub const COMPLETER_TOTAL: &str = "idem_completer_total";
+/// Counter of tries run again after a transient database conflict (a deadlock, a
+/// serialization or certification failure), labelled `scope`.
+pub const CONFLICT_RETRIES_TOTAL: &str = "idem_conflict_retries_total";
 /// Counter of answered calls, labelled `scope` and `outcome`.
 pub const CALLS_TOTAL: &str = "idem_calls_total";
 /// Histogram of call latency in seconds, labelled `scope` and `outcome`.
@@ -104,6 +108,12 @@ mod enabled {
             .increment(1);
     }
 
+    /// Counts a try run again after a conflict, for `scope`.
+    pub(crate) fn conflict_retry(scope: &str) {
+        ::metrics::counter!(super::CONFLICT_RETRIES_TOTAL, "scope" => scope.to_owned())
+            .increment(1);
+    }
+
     /// Runs one call of `scope` and counts it with its latency: the one place the engine
     /// emits metrics.
     pub(crate) fn observe<F: Future>(
@@ -149,6 +159,10 @@ pub fn describe() {
         COMPLETER_TOTAL,
         "What completers did with abandoned lease-mode calls, by scope and outcome"
     );
+    ::metrics::describe_counter!(
+        CONFLICT_RETRIES_TOTAL,
+        "Tries run again after a transient database conflict, by scope"
+    );
 }
 
 #[cfg(not(feature = "metrics"))]
@@ -163,6 +177,9 @@ mod enabled {
     #[inline(always)]
     pub(crate) fn completer(_scope: &str, _outcome: &'static str) {}
 
+    #[inline(always)]
+    pub(crate) fn conflict_retry(_scope: &str) {}
+
     /// Without the feature the call is returned as it is: nothing wraps it.
     #[inline(always)]
     pub(crate) fn observe<F: Future>(_scope: &'static str, call: F) -> F {
@@ -170,4 +187,4 @@ mod enabled {
     }
 }
 
-pub(crate) use enabled::{completer, note, observe};
+pub(crate) use enabled::{completer, conflict_retry, note, observe};

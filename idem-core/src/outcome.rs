@@ -24,6 +24,18 @@ impl Outcome {
 struct Tracker {
     depth: Cell<u32>,
     outcome: Cell<Option<Outcome>>,
+    conflict_retries: Cell<u32>,
+}
+
+/// What [`with_report`] found out about the idempotent calls inside its future.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CallReport {
+    /// How the first (outermost) call was answered, as [`with_outcome`] reports it.
+    pub outcome: Option<Outcome>,
+    /// How many tries were run again after a transient database conflict
+    /// ([`conflict`](crate::conflict)), over every call inside the future.
+    pub conflict_retries: u32,
 }
 
 tokio::task_local! {
@@ -41,13 +53,28 @@ tokio::task_local! {
 /// # }
 /// ```
 pub async fn with_outcome<F: Future>(future: F) -> (F::Output, Option<Outcome>) {
+    let (value, report) = with_report(future).await;
+    (value, report.outcome)
+}
+
+/// Runs `future` and reports, beside its outcome, how many tries its idempotent calls ran
+/// again after transient database conflicts: what contention cost them.
+pub async fn with_report<F: Future>(future: F) -> (F::Output, CallReport) {
     TRACKER
         .scope(Tracker::default(), async move {
             let value = future.await;
-            let outcome = TRACKER.with(|t| t.outcome.get());
-            (value, outcome)
+            let report = TRACKER.with(|t| CallReport {
+                outcome: t.outcome.get(),
+                conflict_retries: t.conflict_retries.get(),
+            });
+            (value, report)
         })
         .await
+}
+
+/// Counts a try run again after a conflict.
+pub(crate) fn note_conflict_retry() {
+    let _ = TRACKER.try_with(|t| t.conflict_retries.set(t.conflict_retries.get() + 1));
 }
 
 /// Records `outcome` if no outer call is running in this task.

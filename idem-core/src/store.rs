@@ -135,6 +135,16 @@ pub trait Store: Sync {
     /// Rolls the claim back entirely: the key is free again.
     fn release(&self, claimed: Self::Claimed) -> impl Future<Output = Result<(), Error>> + Send;
 
+    /// Asked after the body returned an error that records nothing: whether the database had
+    /// already aborted the claim's transaction for a conflict (a deadlock victim, a Galera
+    /// brute-force abort by another node's write), which the body's error then only reports.
+    /// If so the engine runs the call again, as for any [`Error::Conflict`]. The default,
+    /// `false`, answers with the body's error.
+    fn aborted(&self, claimed: &Self::Claimed, req: &Request) -> impl Future<Output = bool> + Send {
+        let _ = (claimed, req);
+        async { false }
+    }
+
     /// Which ledger this store writes to, as a number that two stores of this process share
     /// exactly when they reach the same ledger. With it, concurrent duplicates in this
     /// process wait for the first call in memory (single flight) instead of queueing on the

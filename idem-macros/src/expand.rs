@@ -20,6 +20,9 @@ struct Plan {
     conn_expr: TokenStream,
     conn_binding: Ident,
     fingerprinted: Vec<Fingerprinted>,
+    /// Atomic mode: every parameter binding but the connection's, with whether it is `mut`,
+    /// handed afresh to each try of the body.
+    rerun: Vec<(Ident, bool)>,
     output: Type,
 }
 
@@ -29,6 +32,20 @@ fn bindings(pat: &Pat) -> Vec<Ident> {
     impl<'ast> Visit<'ast> for Bindings {
         fn visit_pat_ident(&mut self, p: &'ast syn::PatIdent) {
             self.0.push(p.ident.clone());
+            syn::visit::visit_pat_ident(self, p);
+        }
+    }
+    let mut bindings = Bindings(Vec::new());
+    bindings.visit_pat(pat);
+    bindings.0
+}
+
+/// The identifiers a pattern binds, each with whether it is bound `mut`.
+fn binding_modes(pat: &Pat) -> Vec<(Ident, bool)> {
+    struct Bindings(Vec<(Ident, bool)>);
+    impl<'ast> Visit<'ast> for Bindings {
+        fn visit_pat_ident(&mut self, p: &'ast syn::PatIdent) {
+            self.0.push((p.ident.clone(), p.mutability.is_some()));
             syn::visit::visit_pat_ident(self, p);
         }
     }
@@ -117,6 +134,14 @@ fn plan(args: &Args, sig: &Signature, errors: &mut Vec<syn::Error>) -> Option<Pl
     let conn_param = (!matches!(args.conn, Some(Conn::Expr { .. }))).then_some(&conn_binding);
     let mut fingerprinted = Vec::new();
     let resumable = args.resumable.is_some() && args.lease_ms.is_some();
+    let rerun = match args.lease_ms {
+        Some(_) => Vec::new(),
+        None => params
+            .iter()
+            .flat_map(|(pat, _)| binding_modes(pat))
+            .filter(|(name, _)| Some(name) != conn_param)
+            .collect(),
+    };
     for (pat, ty) in params {
         // A borrowed argument cannot be rebuilt by a completer: say so at the type (serde's
         // own error names lifetimes, not the fix).
@@ -143,6 +168,7 @@ fn plan(args: &Args, sig: &Signature, errors: &mut Vec<syn::Error>) -> Option<Pl
         conn_expr,
         conn_binding,
         fingerprinted,
+        rerun,
         output: (**output).clone(),
     })
 }
@@ -287,6 +313,7 @@ pub(crate) fn expand(
         conn_expr,
         conn_binding,
         fingerprinted,
+        rerun,
         output,
     } = plan(args, &item.sig, errors).filter(|_| errors.is_empty())?;
 
@@ -349,6 +376,49 @@ pub(crate) fn expand(
         &quote!((&&#p::FinalProbe::<#error_type>::new()).finality()),
         at,
     );
+    // Atomic mode: a try the database aborts for a conflict is run again, so the body is
+    // handed its arguments afresh each time (a clone, or the value itself for the one try
+    // a non-`Clone` argument allows).
+    let holder = |name: &Ident| {
+        Ident::new(
+            &format!("__idem_arg_{}", syn::ext::IdentExt::unraw(name)),
+            Span::call_site(),
+        )
+    };
+    let holders = rerun.iter().map(|(name, _)| {
+        let underscored = name.to_string().starts_with('_');
+        let allow = underscored.then(|| quote!(#[allow(clippy::used_underscore_binding)]));
+        let holder = holder(name);
+        quote!(#allow let #holder = #p::Rerun::new(#name);)
+    });
+    let takes = rerun.iter().map(|(name, mutable)| {
+        let holder = holder(name);
+        let mutability = mutable.then(|| quote!(mut));
+        let written = syn::ext::IdentExt::unraw(name).to_string();
+        quote! {
+            #[allow(unused_variables, unused_mut)]
+            let #mutability #name = match (&&#p::RerunProbe(&#holder)).next_try() {
+                ::core::option::Option::Some(value) => value,
+                ::core::option::Option::None => {
+                    return ::core::result::Result::Err(#p::not_rerunnable(#scope, #written));
+                }
+            };
+        }
+    });
+    let holders: Vec<TokenStream> = holders.collect();
+    let takes: Vec<TokenStream> = takes.collect();
+    if args.lease_ms.is_none() {
+        // The parameter itself is only moved into its holder now.
+        for input in &mut item.sig.inputs {
+            if let FnArg::Typed(typed) = input
+                && binding_modes(&typed.pat)
+                    .iter()
+                    .any(|(_, mutable)| *mutable)
+            {
+                typed.attrs.push(syn::parse_quote!(#[allow(unused_mut)]));
+            }
+        }
+    }
     let body = &item.block;
     // The mode decides the engine entry, its leading arguments, the closure's parameter and
     // anything bound before the call; the rest of the expansion is shared.
@@ -371,7 +441,7 @@ pub(crate) fn expand(
             let closure_param = quote!(#[allow(unused_variables)] #conn_binding);
             let leading = quote!(#store_call, __idem_call,);
             (
-                quote!(run::<_, #output, _>),
+                quote!(run::<_, #output, _, _>),
                 leading,
                 closure_param,
                 quote!(),
@@ -379,16 +449,31 @@ pub(crate) fn expand(
         }
     };
     let entry = respan(&quote!(#p::#entry), at);
-    let run_args = quote! {
-        #leading
-        #finality,
-        // The `let` gives the body its expected type, so a type mismatch is reported
-        // inside the body.
+    // The `let` gives the body its expected type, so a type mismatch is reported inside it.
+    let closure = quote! {
         async move |#closure_param| -> #output {
             let __idem_out: #output = #body;
             #[allow(unreachable_code)] // after a body that ends in `return`
             __idem_out
-        },
+        }
+    };
+    // Atomic mode: a factory that makes the body for each try, with its own arguments.
+    let closure = match args.lease_ms {
+        Some(_) => closure,
+        None => {
+            let body_for = respan(&quote!(#p::body_for), conn.span());
+            quote! {
+                move || {
+                    #(#takes)*
+                    ::core::result::Result::Ok(#body_for(#conn, #closure))
+                }
+            }
+        }
+    };
+    let run_args = quote! {
+        #leading
+        #finality,
+        #closure,
     };
     let mut run_args = Group::new(Delimiter::Parenthesis, run_args);
     run_args.set_span(Span::call_site().located_at(at));
@@ -396,7 +481,7 @@ pub(crate) fn expand(
 
     let new_body = quote! {{
         #[allow(unused_imports)]
-        use #p::{ViaFinal as _, ViaPlain as _};
+        use #p::{ViaClone as _, ViaFinal as _, ViaMove as _, ViaPlain as _};
         static __IDEM_SITE: #p::Site = #p::Site::new(
             #scope,
             #p::Duration::from_millis(#ttl_ms),
@@ -407,6 +492,7 @@ pub(crate) fn expand(
         let mut __idem_call = #p::Call::new(&__IDEM_SITE, #key_call);
         #principal
         #(#fingerprint_args)*
+        #(#holders)*
         #rebind
         #entry #run_args #dot_await
     }};

@@ -50,11 +50,29 @@ pub(crate) fn classify(e: &DbErr) -> Failure {
     if matches!(e, DbErr::ConnectionAcquire(_) | DbErr::Conn(_)) {
         return Failure::Unavailable;
     }
+    if let DbErr::Exec(sea_orm::RuntimeErr::SqlxError(err))
+    | DbErr::Query(sea_orm::RuntimeErr::SqlxError(err)) = e
+        && matches!(
+            &**err,
+            sea_orm::sqlx::Error::Io(_)
+                | sea_orm::sqlx::Error::PoolTimedOut
+                | sea_orm::sqlx::Error::PoolClosed
+                | sea_orm::sqlx::Error::WorkerCrashed
+        )
+    {
+        // The connection went away under a statement: the server died or was cut off.
+        return Failure::Unavailable;
+    }
     if let Some((code, number)) = database_code(e) {
         match (code.as_str(), number) {
             ("42P01", _) | (_, Some(1146)) => return Failure::MissingTable,
             ("55P03", _) | (_, Some(1205)) => return Failure::LockTimeout,
+            // A deadlock victim, a serialization failure, and on Galera a certification
+            // failure at COMMIT or a brute-force abort by another node's write (all 1213).
             ("40001" | "40P01", _) | (_, Some(1213)) => return Failure::Transient,
+            // Galera: the node is not part of the primary component (being restarted,
+            // partitioned away, or still joining): no service on this node for now.
+            (_, Some(1047)) => return Failure::Unavailable,
             // SQLite: SQLITE_BUSY and SQLITE_LOCKED, with their extended codes.
             ("5" | "6" | "261" | "262" | "517", None) => return Failure::Transient,
             _ => {}
@@ -87,7 +105,7 @@ pub(crate) fn store_error(doing: &str, e: DbErr) -> Error {
                 retry_after: std::time::Duration::from_secs(1),
             };
         }
-        Failure::Transient => format!("transient database conflict while {doing}; retry"),
+        Failure::Transient => return Error::conflict(doing),
         Failure::LockTimeout => format!("lock wait timed out while {doing}"),
         Failure::Other => format!("database error while {doing}"),
     };

@@ -7,6 +7,12 @@
 //! transaction begins in the process, and holds for the process (one MySQL family per
 //! process). [`FORCE_MYSQL8_ENV`] set to `1` picks the MySQL 8 family whatever the server
 //! says: that is how the path is tested on MariaDB.
+//!
+//! A MariaDB node of a Galera cluster (`@@wsrep_on`, asked at the same time) replicates
+//! asynchronously to readers: a node may not yet have applied what another node committed.
+//! The statements that decide a claim then wait for the node to catch up first
+//! (`SET STATEMENT wsrep_sync_wait = 7 FOR …`), so a duplicate sent to another node sees the
+//! record, or the lease, that the first call committed.
 
 use std::sync::{LazyLock, OnceLock};
 
@@ -16,6 +22,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
 pub const FORCE_MYSQL8_ENV: &str = "IDEM_MYSQL_WITHOUT_RETURNING";
 
 static WITHOUT_RETURNING: OnceLock<bool> = OnceLock::new();
+static GALERA: OnceLock<bool> = OnceLock::new();
 
 static FORCED: LazyLock<bool> =
     LazyLock::new(|| std::env::var(FORCE_MYSQL8_ENV).is_ok_and(|v| v == "1"));
@@ -25,11 +32,29 @@ pub(crate) fn mysql_without_returning() -> bool {
     WITHOUT_RETURNING.get().copied().unwrap_or(*FORCED)
 }
 
+/// Whether the MySQL-protocol server is a node of a Galera cluster (as far as this process
+/// knows yet).
+pub(crate) fn galera() -> bool {
+    GALERA.get().copied().unwrap_or(false)
+}
+
 /// Learns the family from the server's version, once per process.
 pub(crate) async fn detect(db: &DatabaseConnection) {
     if WITHOUT_RETURNING.get().is_some() {
         return;
     }
+    // Only MariaDB knows the variable; elsewhere the query fails, which says "no".
+    let galera = db
+        .query_one_raw(Statement::from_string(
+            db.get_database_backend(),
+            "SELECT @@wsrep_on",
+        ))
+        .await
+        .ok()
+        .flatten()
+        .and_then(|row| row.try_get_by_index::<i64>(0).ok())
+        .is_some_and(|on| on == 1);
+    let _ = GALERA.set(galera);
     let without = *FORCED || {
         let version = db
             .query_one_raw(Statement::from_string(

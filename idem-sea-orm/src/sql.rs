@@ -300,13 +300,31 @@ impl Sql {
         static POSTGRES: LazyLock<Sql> = LazyLock::new(|| Sql::new(DbBackend::Postgres, true));
         static MARIADB: LazyLock<Sql> = LazyLock::new(|| Sql::new(DbBackend::MySql, true));
         static MYSQL: LazyLock<Sql> = LazyLock::new(|| Sql::new(DbBackend::MySql, false));
+        static GALERA: LazyLock<Sql> = LazyLock::new(|| Sql::new(DbBackend::MySql, true).galera());
         static SQLITE: LazyLock<Sql> = LazyLock::new(|| Sql::new(DbBackend::Sqlite, true));
         match backend {
             DbBackend::Postgres => &POSTGRES,
             DbBackend::MySql if crate::flavour::mysql_without_returning() => &MYSQL,
+            DbBackend::MySql if crate::flavour::galera() => &GALERA,
             DbBackend::MySql => &MARIADB,
             _ => &SQLITE,
         }
+    }
+
+    /// MariaDB's statements for a node of a Galera cluster: those that decide a claim (what
+    /// it inserts or reads locked) first wait until the node has applied every write the
+    /// cluster committed before them (`wsrep_sync_wait` 7: reads, updates and inserts), so a
+    /// duplicate sent to another node finds the first call's record or lease.
+    fn galera(mut self) -> Sql {
+        const WAIT: &str = "wsrep_sync_wait = 7";
+        self.claim = format!("SET STATEMENT {WAIT} FOR {}", self.claim);
+        self.claim_nowait = self.claim_nowait.replacen(
+            "SET STATEMENT innodb_lock_wait_timeout = 0 FOR",
+            &format!("SET STATEMENT innodb_lock_wait_timeout = 0, {WAIT} FOR"),
+            1,
+        );
+        self.read_locked = format!("SET STATEMENT {WAIT} FOR {}", self.read_locked);
+        self
     }
 
     /// The statements of `backend`; `mariadb` picks MariaDB's on the MySQL protocol

@@ -228,25 +228,12 @@ struct ClaimStep {
     connection_wait: Duration,
 }
 
-/// How often a claim that hit a deadlock, serialization failure or busy database is tried
-/// before the error is returned. Retrying is safe: nothing but the claim ran in its
-/// transaction, and that transaction rolled back.
-const CLAIM_ATTEMPTS: usize = 4;
-
 async fn claim_step(db: DatabaseConnection, step: ClaimStep) -> Result<Claim<ClaimedTx>, Error> {
-    let mut attempt = 1;
-    loop {
-        match try_claim(&db, &step).await {
-            Ok(claim) => return Ok(claim),
-            // InnoDB can deadlock two waiters for a key whose holder rolled back; PostgreSQL
-            // and SQLite have their own transient conflicts.
-            Err((_, e)) if classify(&e) == Failure::Transient && attempt < CLAIM_ATTEMPTS => {
-                attempt += 1;
-                tokio::time::sleep(std::time::Duration::from_millis(2 * attempt as u64)).await;
-            }
-            Err((doing, e)) => return Err(store_error(doing, e)),
-        }
-    }
+    // A conflict (InnoDB can deadlock two waiters for a key whose holder rolled back; Galera
+    // certifies at COMMIT) is returned as such: the engine runs the call again.
+    try_claim(&db, &step)
+        .await
+        .map_err(|(doing, e)| store_error(doing, e))
 }
 
 /// One claim attempt; an error says what it was doing.
@@ -516,6 +503,27 @@ impl Store for SeaOrmStore<'_> {
             }
             #[allow(unreachable_patterns)]
             _ => None,
+        }
+    }
+
+    async fn aborted(&self, claimed: &ClaimedTx, req: &Request) -> bool {
+        // MySQL and MariaDB roll a deadlock victim's (or a Galera brute-force abort's) whole
+        // transaction back, and other statement errors only the statement: the claim's own
+        // uncommitted row is gone exactly when the transaction is. PostgreSQL aborts the
+        // transaction on any error and SQLite's writers never conflict: no question there.
+        let backend = claimed.tx.get_database_backend();
+        if backend != DbBackend::MySql {
+            return false;
+        }
+        let d = Sql::of(backend);
+        let read = claimed
+            .tx
+            .query_one_raw(statement(d, &d.read_locked, vec![req.id().to_vec().into()]))
+            .await;
+        match read {
+            Ok(Some(row)) => read_row(&row).map_or(true, |row| row.owner != claimed.owner),
+            Ok(None) => true,
+            Err(e) => classify(&e) == Failure::Transient,
         }
     }
 

@@ -321,24 +321,18 @@ async fn short_wait(
     let mut call = idem_core::call::Call::new(&SHORT_WAIT, idem::Key::new(c.key.as_str()));
     call.arg(c);
     let store = idem::sea_orm::SeaOrmStore::new(db);
-    let guard =
-        match idem_core::atomic::claim::<_, Result<Answer, idem::Error>>(store, call, None).await {
-            Ok(guard) => guard,
-            Err(answer) => return answer,
-        };
-    let execution = unique("exec");
-    let output = async {
-        effect(guard.tx(), &c.run, &c.key, "debit", &execution).await?;
+    let body = async |tx: &sea_orm::DatabaseTransaction| {
+        let execution = unique("exec");
+        effect(tx, &c.run, &c.key, "debit", &execution).await?;
         tokio::time::sleep(hold).await;
-        effect(guard.tx(), &c.run, &c.key, "credit", &execution).await?;
+        effect(tx, &c.run, &c.key, "credit", &execution).await?;
         Ok(Answer {
             key: c.key.clone(),
             amount: c.amount,
             execution: execution.clone(),
         })
-    }
-    .await;
-    guard.finish(output).await
+    };
+    idem_core::atomic::run(store, call, None, move || Ok(body)).await
 }
 
 /// The engine itself drops a duplicate's claim when its wait bound passes (the duplicate

@@ -155,13 +155,9 @@ async fn ttl_zero(db: &DatabaseConnection, cmd: BadCmd) -> Result<Answer, idem::
     let mut call = idem_core::call::Call::new(&TTL_ZERO, idem::Key::new(cmd.key.as_str()));
     call.arg(&cmd);
     let store = idem::sea_orm::SeaOrmStore::new(db);
-    let guard =
-        match idem_core::atomic::claim::<_, Result<Answer, idem::Error>>(store, call, None).await {
-            Ok(guard) => guard,
-            Err(answer) => return answer,
-        };
-    let output = bad_effect(guard.tx(), &cmd).await;
-    guard.finish(output).await
+    let cmd = &cmd;
+    let body = async |tx: &sea_orm::DatabaseTransaction| bad_effect(tx, cmd).await;
+    idem_core::atomic::run(store, call, None, move || Ok(body)).await
 }
 
 /// What a row of the table expects.

@@ -33,6 +33,26 @@ pub async fn pay(store: &idem::MemoryStore, cmd: Pay) -> Result<Receipt, idem::E
     Ok(Receipt { amount: cmd.amount })
 }
 
+/// A note that is not `Clone`: the call runs at most once per process (a conflict then
+/// answers with an error instead of running it again).
+#[derive(Debug, Serialize)]
+pub struct Note(pub String);
+
+/// Takes its arguments `mut`, by pattern, and one that is not `Clone`: each try of the body
+/// gets its own, and nothing warns.
+#[idempotent(scope = "lint.note", key = key)]
+pub async fn note(
+    store: &idem::MemoryStore,
+    mut key: String,
+    (first, _second): (u8, u8),
+    note: Note,
+    _unused: u8,
+) -> Result<String, idem::Error> {
+    let _ = store;
+    key.push_str(&note.0);
+    Ok(format!("{key}{first}"))
+}
+
 /// A service holding its store.
 #[derive(Debug)]
 pub struct Service {
@@ -60,6 +80,8 @@ async fn main() {
     )
     .await;
     assert_eq!(receipt.map(|r| r.amount).ok(), Some(5));
+    let noted = note(&store, "k".to_owned(), (1, 2), Note("n".to_owned()), 0).await;
+    assert_eq!(noted.ok().as_deref(), Some("kn1"));
     let service = Service { store };
     assert_eq!(service.refund(1, "dup").await.ok(), Some(1));
 }

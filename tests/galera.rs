@@ -1,0 +1,538 @@
+//! A MariaDB Galera cluster, across its nodes: duplicates sent to different nodes end as one
+//! execution and its replays (never a 503, never a 409 while the first call already
+//! finished), in atomic and lease mode; a node killed mid-storm loses and doubles nothing,
+//! and the surviving nodes keep answering.
+//!
+//! Runs when `IDEM_TEST_GALERA_URLS` names the nodes (comma-separated, e.g. what
+//! `scripts/galera urls` prints after `scripts/galera start`); a named node that cannot be
+//! reached FAILS the test. Unset, every test here returns at once. The node-kill test drives
+//! the cluster with `scripts/galera` and restarts the node it killed.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem::idempotent;
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Statement, Value};
+use serde::{Deserialize, Serialize};
+
+use common::{connect, unique};
+
+const URLS: &str = "IDEM_TEST_GALERA_URLS";
+/// Keys per storm, and concurrent duplicates of each.
+const KEYS: usize = 50;
+const DUPLICATES: usize = 10;
+/// Keys whose duplicates run at once (a wave), so pools and nodes stay within limits.
+const WAVE: usize = 10;
+
+/// The cluster's nodes, one pool each (a service per node), or `None` when no cluster is
+/// named.
+async fn nodes() -> Option<Vec<DatabaseConnection>> {
+    let urls = std::env::var(URLS).ok()?;
+    let mut nodes = Vec::new();
+    for url in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+        nodes.push(connect(url, 24).await);
+    }
+    assert!(
+        nodes.len() >= 2,
+        "{URLS} names {} node(s); at least 2 are needed",
+        nodes.len()
+    );
+    prepare(&nodes[0]).await;
+    Some(nodes)
+}
+
+/// The tables, made through one node (and only those missing: DDL on a live table aborts
+/// every transaction writing to it, cluster-wide).
+async fn prepare(db: &DatabaseConnection) {
+    common::prepare_with(
+        db,
+        &[
+            "CREATE TABLE IF NOT EXISTS galera_orders (run_id VARCHAR(100) NOT NULL, \
+             k VARCHAR(100) NOT NULL, state VARCHAR(16) NOT NULL, execution VARCHAR(120) NULL, \
+             PRIMARY KEY (run_id, k))",
+            "CREATE TABLE IF NOT EXISTS galera_effects (id BIGINT AUTO_INCREMENT PRIMARY KEY, \
+             run_id VARCHAR(100) NOT NULL, k VARCHAR(100) NOT NULL, what VARCHAR(16) NOT NULL, \
+             execution VARCHAR(120) NOT NULL, INDEX (run_id))",
+        ],
+    )
+    .await;
+}
+
+#[derive(Debug)]
+enum TestError {
+    Idem(idem::Error),
+    Db(DbErr),
+}
+
+impl std::fmt::Display for TestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Idem(e) => e.fmt(f),
+            Self::Db(e) => write!(f, "database: {e}"),
+        }
+    }
+}
+
+impl From<idem::Error> for TestError {
+    fn from(e: idem::Error) -> Self {
+        Self::Idem(e)
+    }
+}
+
+impl From<DbErr> for TestError {
+    fn from(e: DbErr) -> Self {
+        Self::Db(e)
+    }
+}
+
+/// What a call answered: the execution that produced it (a replay carries the first's).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Paid {
+    key: String,
+    execution: String,
+}
+
+async fn exec<C: ConnectionTrait>(db: &C, sql: &str, values: Vec<Value>) -> Result<u64, DbErr> {
+    let statement = Statement::from_sql_and_values(db.get_database_backend(), sql, values);
+    Ok(db.execute_raw(statement).await?.rows_affected())
+}
+
+async fn count(db: &DatabaseConnection, sql: &str, values: Vec<Value>) -> i64 {
+    let statement = Statement::from_sql_and_values(db.get_database_backend(), sql, values);
+    let row = db
+        .query_one_raw(statement)
+        .await
+        .expect("count")
+        .expect("a row");
+    row.try_get_by_index::<i64>(0).expect("a count")
+}
+
+/// Atomic mode: the order goes Pending -> Paid and a payment row is written, in the claim's
+/// transaction.
+#[idempotent(scope = "galera.orders.pay", key = key)]
+async fn pay_atomic(db: &DatabaseConnection, key: String, run: String) -> Result<Paid, TestError> {
+    let execution = unique("exec");
+    let paid = exec(
+        db,
+        "UPDATE galera_orders SET state = 'paid', execution = ? \
+         WHERE run_id = ? AND k = ? AND state = 'pending'",
+        vec![
+            execution.clone().into(),
+            run.clone().into(),
+            key.clone().into(),
+        ],
+    )
+    .await?;
+    assert_eq!(paid, 1, "an execution always finds its order pending");
+    exec(
+        db,
+        "INSERT INTO galera_effects (run_id, k, what, execution) VALUES (?, ?, 'payment', ?)",
+        vec![run.into(), key.clone().into(), execution.clone().into()],
+    )
+    .await?;
+    Ok(Paid { key, execution })
+}
+
+/// The "gateway" of lease mode: every charge it is asked for is a row, so a doubled charge
+/// shows.
+#[derive(Debug, Clone)]
+struct Gateway {
+    db: DatabaseConnection,
+    run: String,
+}
+
+impl Gateway {
+    async fn charge(&self, key: &str, charge_key: String) -> Result<String, TestError> {
+        exec(
+            &self.db,
+            "INSERT INTO galera_effects (run_id, k, what, execution) VALUES (?, ?, 'charge', ?)",
+            vec![
+                self.run.clone().into(),
+                key.into(),
+                charge_key.clone().into(),
+            ],
+        )
+        .await?;
+        Ok(charge_key)
+    }
+}
+
+/// Lease mode: a charge at the gateway (a step), then the order's transition and the payment
+/// row in the final phase, recorded with the result.
+#[idempotent(scope = "galera.orders.charge", key = key, lease = "3s", skip(gateway))]
+async fn pay_lease(
+    db: &DatabaseConnection,
+    gateway: &Gateway,
+    key: String,
+    run: String,
+) -> Result<Paid, TestError> {
+    let charged = idem::step("charge", |charge_key| gateway.charge(&key, charge_key)).await?;
+    idem::sea_orm::finish(db, "record-payment", move |tx| {
+        Box::pin(async move {
+            let paid = exec(
+                tx,
+                "UPDATE galera_orders SET state = 'paid', execution = ? \
+                 WHERE run_id = ? AND k = ? AND state = 'pending'",
+                vec![charged.clone().into(), run.clone().into(), key.clone().into()],
+            )
+            .await?;
+            assert_eq!(paid, 1, "the final phase runs once");
+            exec(
+                tx,
+                "INSERT INTO galera_effects (run_id, k, what, execution) VALUES (?, ?, 'payment', ?)",
+                vec![run.into(), key.clone().into(), charged.clone().into()],
+            )
+            .await?;
+            Ok(Paid {
+                key,
+                execution: charged,
+            })
+        })
+    })
+    .await
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Atomic,
+    Lease,
+}
+
+/// One request's answer, as a client sees it.
+#[derive(Debug)]
+struct Answer {
+    key: String,
+    node: usize,
+    result: Result<Paid, String>,
+    /// HTTP status the answer maps to (200 for a value).
+    status: u16,
+    conflict_retries: u32,
+    latency: Duration,
+}
+
+async fn call(
+    mode: Mode,
+    db: &DatabaseConnection,
+    gateway: &Gateway,
+    key: &str,
+    run: &str,
+) -> Answer {
+    let started = Instant::now();
+    let (result, report) = idem::conflict::with_report(async {
+        match mode {
+            Mode::Atomic => pay_atomic(db, key.to_owned(), run.to_owned()).await,
+            Mode::Lease => pay_lease(db, gateway, key.to_owned(), run.to_owned()).await,
+        }
+    })
+    .await;
+    let status = match &result {
+        Ok(_) => 200,
+        Err(TestError::Idem(e)) => e.http_status(),
+        Err(TestError::Db(_)) => 500,
+    };
+    Answer {
+        key: key.to_owned(),
+        node: 0,
+        result: result.map_err(|e| e.to_string()),
+        status,
+        conflict_retries: report.conflict_retries,
+        latency: started.elapsed(),
+    }
+}
+
+/// Sends `DUPLICATES` concurrent requests for each of `KEYS` keys, spread over the nodes,
+/// a wave of keys at a time.
+async fn storm(
+    mode: Mode,
+    nodes: &[DatabaseConnection],
+    run: &str,
+    keys: &[String],
+) -> Vec<Answer> {
+    let gateways: Vec<Gateway> = nodes
+        .iter()
+        .map(|db| Gateway {
+            db: db.clone(),
+            run: run.to_owned(),
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for wave in keys.chunks(WAVE) {
+        let mut set = tokio::task::JoinSet::new();
+        for key in wave {
+            for duplicate in 0..DUPLICATES {
+                let node = duplicate % nodes.len();
+                let (db, gateway) = (nodes[node].clone(), gateways[node].clone());
+                let (key, run) = (key.clone(), run.to_owned());
+                set.spawn(async move {
+                    let mut answer = call(mode, &db, &gateway, &key, &run).await;
+                    answer.node = node;
+                    answer
+                });
+            }
+        }
+        while let Some(answer) = set.join_next().await {
+            answers.push(answer.expect("a request task"));
+        }
+    }
+    answers
+}
+
+async fn seed_orders(db: &DatabaseConnection, run: &str, keys: &[String]) {
+    for key in keys {
+        exec(
+            db,
+            "INSERT INTO galera_orders (run_id, k, state) VALUES (?, ?, 'pending')",
+            vec![run.into(), key.clone().into()],
+        )
+        .await
+        .expect("seed an order");
+    }
+}
+
+/// What the database holds for a run, read through `db`: effects of `what` per key (with
+/// `distinct`, counted once per execution id: a gateway deduplicates by the charge's key).
+async fn effects_per_key(
+    db: &DatabaseConnection,
+    run: &str,
+    what: &str,
+    distinct: bool,
+) -> BTreeMap<String, i64> {
+    let counted = if distinct { "DISTINCT execution" } else { "*" };
+    let statement = Statement::from_sql_and_values(
+        db.get_database_backend(),
+        format!(
+            "SELECT k, COUNT({counted}) FROM galera_effects WHERE run_id = ? AND what = ? GROUP BY k"
+        ),
+        vec![run.into(), what.into()],
+    );
+    db.query_all_raw(statement)
+        .await
+        .expect("effects")
+        .iter()
+        .map(|row| {
+            (
+                row.try_get_by_index::<String>(0).expect("k"),
+                row.try_get_by_index::<i64>(1).expect("n"),
+            )
+        })
+        .collect()
+}
+
+fn percentile<T: Copy + Ord>(values: &mut [T], p: f64) -> T {
+    values.sort_unstable();
+    let at = ((values.len() as f64 - 1.0) * p).round() as usize;
+    values[at]
+}
+
+/// Prints what the storm cost: statuses, conflict retries per request, latency.
+fn report(label: &str, answers: &[Answer]) {
+    let mut statuses = BTreeMap::new();
+    for a in answers {
+        *statuses.entry(a.status).or_insert(0) += 1;
+    }
+    let mut retries: Vec<u32> = answers.iter().map(|a| a.conflict_retries).collect();
+    let retried = retries.iter().filter(|&&r| r > 0).count();
+    let mut latency: Vec<Duration> = answers.iter().map(|a| a.latency).collect();
+    let mut retried_latency: Vec<Duration> = answers
+        .iter()
+        .filter(|a| a.conflict_retries > 0)
+        .map(|a| a.latency)
+        .collect();
+    println!(
+        "{label}: {} requests, statuses {statuses:?}; conflict retries per request p50 {} p99 {} max {} ({retried} requests retried); latency p50 {:?} p99 {:?}; retried requests p50 {:?}",
+        answers.len(),
+        percentile(&mut retries, 0.5),
+        percentile(&mut retries, 0.99),
+        retries.iter().max().copied().unwrap_or(0),
+        percentile(&mut latency, 0.5),
+        percentile(&mut latency, 0.99),
+        if retried_latency.is_empty() {
+            Duration::ZERO
+        } else {
+            percentile(&mut retried_latency, 0.5)
+        },
+    );
+}
+
+/// Every answer is the key's one execution (its first result or a replay), and the database
+/// holds exactly one of each effect per key. With `gateway_dedupes`, charges count once per
+/// charge key (a takeover after a crash between a charge and its record charges again under
+/// the same key, which the gateway deduplicates).
+async fn assert_exactly_once(
+    mode: Mode,
+    db: &DatabaseConnection,
+    run: &str,
+    keys: &[String],
+    answers: &[Answer],
+    gateway_dedupes: bool,
+) {
+    let refused: Vec<&Answer> = answers.iter().filter(|a| a.result.is_err()).collect();
+    assert!(
+        refused.is_empty(),
+        "{mode:?}: {} of {} requests were not answered with the result: {:#?}",
+        refused.len(),
+        answers.len(),
+        refused.iter().take(5).collect::<Vec<_>>()
+    );
+    let mut per_key: BTreeMap<&str, HashSet<&str>> = BTreeMap::new();
+    for a in answers {
+        let paid = a.result.as_ref().expect("checked above");
+        assert_eq!(paid.key, a.key);
+        per_key.entry(&a.key).or_default().insert(&paid.execution);
+    }
+    for (key, executions) in &per_key {
+        assert_eq!(
+            executions.len(),
+            1,
+            "{mode:?}: key {key} answered with {executions:?}"
+        );
+    }
+    let whats: &[&str] = match mode {
+        Mode::Atomic => &["payment"],
+        Mode::Lease => &["payment", "charge"],
+    };
+    for what in whats {
+        let effects = effects_per_key(db, run, what, gateway_dedupes && *what == "charge").await;
+        let wrong: Vec<_> = keys
+            .iter()
+            .filter(|k| effects.get(*k).copied() != Some(1))
+            .map(|k| (k, effects.get(k).copied().unwrap_or(0)))
+            .collect();
+        assert!(
+            wrong.is_empty(),
+            "{mode:?}: keys without exactly one {what}: {wrong:?}"
+        );
+    }
+    let paid = count(
+        db,
+        "SELECT COUNT(*) FROM galera_orders WHERE run_id = ? AND state = 'paid'",
+        vec![run.into()],
+    )
+    .await;
+    assert_eq!(paid, keys.len() as i64, "{mode:?}: every order paid once");
+}
+
+async fn duplicates_through_two_nodes(mode: Mode) {
+    let Some(nodes) = nodes().await else {
+        eprintln!("{URLS} is not set: no cluster to test");
+        return;
+    };
+    let two = &nodes[..2];
+    let run = unique("galera");
+    let keys: Vec<String> = (0..KEYS).map(|i| format!("{run}-k{i}")).collect();
+    seed_orders(&two[0], &run, &keys).await;
+    let answers = storm(mode, two, &run, &keys).await;
+    report(&format!("{mode:?} mode, 2 nodes"), &answers);
+    assert_exactly_once(mode, &two[1], &run, &keys, &answers, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn atomic_duplicates_through_two_nodes_end_as_one_execution_and_replays() {
+    duplicates_through_two_nodes(Mode::Atomic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lease_duplicates_through_two_nodes_end_as_one_execution_and_replays() {
+    duplicates_through_two_nodes(Mode::Lease).await;
+}
+
+/// Runs `scripts/galera` with `args`.
+fn cluster(args: &[&str]) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/galera");
+    let status = std::process::Command::new(script)
+        .args(args)
+        .status()
+        .expect("run scripts/galera");
+    assert!(status.success(), "scripts/galera {args:?} failed: {status}");
+}
+
+/// A node SIGKILLed in the middle of a storm through all three: the surviving nodes keep
+/// answering (a request on the dead node is told `503` promptly, and its client retries on
+/// another node, as behind a load balancer; a `409` is retried after a pause); nothing is
+/// lost or doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_killed_mid_storm_loses_and_doubles_nothing() {
+    let Some(nodes) = nodes().await else {
+        eprintln!("{URLS} is not set: no cluster to test");
+        return;
+    };
+    assert!(nodes.len() >= 3, "the node-kill test needs three nodes");
+    let nodes = Arc::new(nodes);
+    let victim = nodes.len(); // scripts/galera numbers nodes from 1
+    for mode in [Mode::Atomic, Mode::Lease] {
+        let run = unique("galera-kill");
+        let keys: Vec<String> = (0..KEYS).map(|i| format!("{run}-k{i}")).collect();
+        seed_orders(&nodes[0], &run, &keys).await;
+        // The gateway is outside the cluster: it does not die with a node.
+        let gateway = Gateway {
+            db: nodes[0].clone(),
+            run: run.clone(),
+        };
+        let started = Instant::now();
+        let mut set = tokio::task::JoinSet::new();
+        for (i, key) in keys.iter().enumerate() {
+            for duplicate in 0..DUPLICATES {
+                let (nodes, gateway) = (Arc::clone(&nodes), gateway.clone());
+                let (key, run) = (key.clone(), run.clone());
+                // Spread over a second, so the kill lands mid-storm.
+                let start_after = Duration::from_millis((i * 1000 / KEYS) as u64);
+                set.spawn(async move {
+                    tokio::time::sleep(start_after).await;
+                    let mut node = (i + duplicate) % nodes.len();
+                    let mut answers: Vec<Answer> = Vec::new();
+                    // A client: a 503 goes to the next node at once, a 409 after a pause.
+                    for _ in 0..60 {
+                        let mut answer = call(mode, &nodes[node], &gateway, &key, &run).await;
+                        answer.node = node;
+                        let status = answer.status;
+                        answers.push(answer);
+                        match status {
+                            503 => node = (node + 1) % nodes.len(),
+                            409 => tokio::time::sleep(Duration::from_millis(500)).await,
+                            _ => break,
+                        }
+                    }
+                    answers
+                });
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        cluster(&["kill", &victim.to_string()]);
+        let killed_at = started.elapsed();
+        let mut answers = Vec::new();
+        let mut last = Vec::new();
+        while let Some(client) = set.join_next().await {
+            let mut client = client.expect("a client");
+            last.extend(client.pop());
+            answers.extend(client);
+        }
+        let outages: Vec<Duration> = answers
+            .iter()
+            .chain(&last)
+            .filter(|a| a.node == victim - 1 && a.status == 503)
+            .map(|a| a.latency)
+            .collect();
+        let slowest_outage = outages.iter().max().copied().unwrap_or_default();
+        let mut statuses = BTreeMap::new();
+        for a in answers.iter().chain(&last) {
+            *statuses.entry(a.status).or_insert(0) += 1;
+        }
+        println!(
+            "{mode:?} mode, 3 nodes, node {victim} killed at {killed_at:?}: {} requests from {} clients, statuses {statuses:?}; {} answers from the dead node were 503, the slowest after {slowest_outage:?}",
+            answers.len() + last.len(),
+            last.len(),
+            outages.len()
+        );
+        report(&format!("{mode:?} mode, each client's last answer"), &last);
+        assert_exactly_once(mode, &nodes[0], &run, &keys, &last, true).await;
+        // A dead node is an outage, told within the connection wait (5 s) and a margin.
+        assert!(
+            slowest_outage < Duration::from_secs(8),
+            "{mode:?}: the dead node took {slowest_outage:?} to answer 503"
+        );
+        cluster(&["start-node", &victim.to_string()]);
+    }
+}
