@@ -154,7 +154,7 @@ where
         // The body's error reports the conflict that aborted its transaction.
         let _ = store.release(claimed).await;
         return Try::Conflict(Error::conflict(
-            "running the handler's body (its transaction was aborted)",
+            "running the handler's body, whose transaction was aborted",
         ));
     }
     let record = match request.record_of(R::from_result(output), finality) {

@@ -216,7 +216,7 @@ pub enum Error {
     /// backoff), so this reaches a caller only under sustained contention. Nothing of the
     /// failed tries was committed; retry after `retry_after`.
     #[error(
-        "the database aborted a call in scope `{scope}` for a conflict with a concurrent transaction, {attempts} times in a row ({message}); nothing was committed: retry after {retry_after:?}"
+        "the database aborted a call in scope `{scope}` for a conflict with a concurrent transaction on each of its {attempts} tries (last while {message}); nothing was committed: retry after {retry_after:?}"
     )]
     Conflict {
         /// Scope of the call (empty when the store reports it, before the engine knows).

@@ -20,7 +20,8 @@ use serde::de::DeserializeOwned;
 use crate::error::store_error;
 use crate::sql::{Sql, millis, with_ids};
 use crate::store::{
-    begin, begin_within, connection_wait, detached, ledger_row, list_rows, read_row, statement,
+    begin_within, connection_wait, detached, ledger_row, list_rows, read_row, statement,
+    within_connection_wait,
 };
 
 /// The ledger in lease mode on a SeaORM connection; `#[idempotent(..., lease = "…")]` builds
@@ -331,14 +332,15 @@ async fn fenced_update(
     values: Vec<Value>,
     doing: &'static str,
 ) -> Result<bool, Error> {
-    db.execute_raw(Statement::from_sql_and_values(
+    let update = db.execute_raw(Statement::from_sql_and_values(
         db.get_database_backend(),
         sql,
         values,
-    ))
-    .await
-    .map(|r| r.rows_affected() == 1)
-    .map_err(|e| store_error(doing, e))
+    ));
+    within_connection_wait(db, update)
+        .await
+        .map(|r| r.rows_affected() == 1)
+        .map_err(|e| store_error(doing, e))
 }
 
 fn lost() -> Error {
@@ -405,7 +407,7 @@ impl LeaseStore for SeaOrmLeaseStore {
         let (db, ticket, name, payload) =
             (self.db.clone(), *ticket, name.to_owned(), payload.to_vec());
         Box::pin(detached(async move {
-            let tx = begin(&db)
+            let tx = begin_within(&db, connection_wait(None))
                 .await
                 .map_err(|e| store_error("recording a step", e))?;
             fence(&tx, &ticket, "").await?;
@@ -426,7 +428,7 @@ impl LeaseStore for SeaOrmLeaseStore {
         let (db, ticket, payload, ttl) = (self.db.clone(), *ticket, payload.to_vec(), req.ttl());
         let resumable = req.stored_args().is_some();
         Box::pin(detached(async move {
-            let tx = begin(&db)
+            let tx = begin_within(&db, connection_wait(None))
                 .await
                 .map_err(|e| store_error("recording the result", e))?;
             record_completion(tx, ticket, status, payload, ttl, resumable).await
@@ -519,7 +521,7 @@ where
         return Err(lease.lose().into());
     }
     let ticket = lease.ticket();
-    let tx = begin(db)
+    let tx = begin_within(db, connection_wait(None))
         .await
         .map_err(|e| store_error("beginning the final phase", e))?;
     if let Err(e) = fence(&tx, &ticket, "").await {

@@ -118,6 +118,24 @@ pub(crate) async fn begin_within(
         )))
 }
 
+/// Runs `work` (auto-committed statements on the pool), giving up after the connection wait:
+/// a server that died makes sqlx retry its connection until the pool's own acquire timeout
+/// (30 s by default), and a lease's holder must hear of the outage as promptly as a claim.
+/// SQLite is not bounded (its one connection is queued for under load).
+pub(crate) async fn within_connection_wait<T>(
+    db: &DatabaseConnection,
+    work: impl Future<Output = Result<T, DbErr>>,
+) -> Result<T, DbErr> {
+    if db.get_database_backend() == DbBackend::Sqlite {
+        return work.await;
+    }
+    tokio::time::timeout(connection_wait(None), work)
+        .await
+        .unwrap_or(Err(DbErr::ConnectionAcquire(
+            sea_orm::ConnAcquireErr::Timeout,
+        )))
+}
+
 pub(crate) async fn begin(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
     match db.get_database_backend() {
         DbBackend::MySql => {
