@@ -549,3 +549,156 @@ async fn a_node_killed_mid_storm_loses_and_doubles_nothing() {
         cluster(&["start-node", &victim.to_string()]);
     }
 }
+
+/// One staged event: staged by an atomic-mode call, one per key.
+#[idempotent(scope = "galera.events.stage", key = key)]
+async fn stage_event(
+    db: &DatabaseConnection,
+    key: String,
+    aggregate: String,
+) -> Result<String, TestError> {
+    use idem::sea_orm::Outbox;
+    let message = idem::outbox::Message::new("galera.events", key.clone().into_bytes());
+    Ok(db.stage(message.aggregate(aggregate)).await?)
+}
+
+/// Relays on every node: each staged message reaches the sink at least once; deduplicated
+/// by its id (what JetStream does with `Nats-Msg-Id`) each arrives once; and the messages
+/// of every aggregate first arrive in commit order, whichever relay sent them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn relays_on_every_node_deliver_everything_in_order_per_aggregate() {
+    const AGGREGATES: usize = 24;
+    const PER_AGGREGATE: usize = 20;
+    let Ok(urls) = std::env::var(URLS) else {
+        eprintln!("{URLS} is not set: no cluster to test");
+        return;
+    };
+    // An outbox of the test's own: a relay claims every message of its table.
+    let urls: Vec<&str> = urls.split(',').map(str::trim).collect();
+    let database = unique("galera_relay").replace('-', "_");
+    connect(urls[0], 2)
+        .await
+        .execute_unprepared(&format!("CREATE DATABASE {database}"))
+        .await
+        .expect("create the test's database");
+    let mut nodes = Vec::new();
+    for url in &urls {
+        let base = url.rsplit_once('/').map_or(*url, |(base, _)| base);
+        nodes.push(connect(&format!("{base}/{database}"), 16).await);
+    }
+    idem::sea_orm::create_tables(&nodes[0])
+        .await
+        .expect("tables");
+
+    let delivered = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = {
+        let delivered = Arc::clone(&delivered);
+        idem::outbox::FnSink::new(move |message: idem::outbox::OutboxMessage| {
+            let delivered = Arc::clone(&delivered);
+            async move {
+                delivered.lock().expect("sink").push(message);
+                Ok(())
+            }
+        })
+    };
+    let sink = Arc::new(sink);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let relays: Vec<_> = nodes
+        .iter()
+        .map(|db| {
+            let relay = idem::sea_orm::Relay::new(db.clone(), Arc::clone(&sink))
+                .batch_size(8)
+                .lease(Duration::from_secs(5))
+                .poll_interval(Duration::from_millis(20));
+            let mut stopped = stopped.clone();
+            tokio::spawn(async move {
+                relay
+                    .run(async move {
+                        let _ = stopped.wait_for(|stop| *stop).await;
+                    })
+                    .await
+                    .map(|()| relay.counters().published)
+            })
+        })
+        .collect();
+
+    // Stage while the relays run: the calls of one aggregate one after another (their order
+    // is the aggregate's), through alternating nodes; aggregates at once.
+    let mut staging = tokio::task::JoinSet::new();
+    for a in 0..AGGREGATES {
+        let nodes = nodes.clone();
+        let aggregate = format!("agg-{a}");
+        staging.spawn(async move {
+            let mut ids = Vec::new();
+            for m in 0..PER_AGGREGATE {
+                let db = &nodes[(a + m) % 2];
+                let key = format!("{aggregate}-m{m}");
+                let id = stage_event(db, key, aggregate.clone())
+                    .await
+                    .expect("a staging call is answered");
+                ids.push(id);
+            }
+            (aggregate, ids)
+        });
+    }
+    let mut staged = BTreeMap::new();
+    while let Some(done) = staging.join_next().await {
+        let (aggregate, ids) = done.expect("a staging task");
+        staged.insert(aggregate, ids);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let health = idem::sea_orm::outbox_health(&nodes[0])
+            .await
+            .expect("health");
+        if health.pending == 0 {
+            assert_eq!(health.dead, 0, "no message died");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} messages still pending",
+            health.pending
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.send(true).expect("relays listening");
+    let mut published_by_relay = Vec::new();
+    for relay in relays {
+        published_by_relay.push(
+            relay
+                .await
+                .expect("a relay task")
+                .expect("a relay ends cleanly"),
+        );
+    }
+
+    let delivered = delivered.lock().expect("sink").clone();
+    let total = AGGREGATES * PER_AGGREGATE;
+    let mut first_seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut seen = HashSet::new();
+    for message in &delivered {
+        if seen.insert(message.id.clone()) {
+            let aggregate = message.aggregate.clone().expect("an aggregate");
+            first_seen
+                .entry(aggregate)
+                .or_default()
+                .push(message.id.clone());
+        }
+    }
+    println!(
+        "relays on {} nodes: {total} messages staged, {} deliveries, {} duplicates (removed by id); published per relay {published_by_relay:?}",
+        nodes.len(),
+        delivered.len(),
+        delivered.len() - seen.len()
+    );
+    assert_eq!(seen.len(), total, "every staged message was delivered");
+    assert_eq!(
+        first_seen, staged,
+        "each aggregate's messages first arrived in commit order"
+    );
+    nodes[0]
+        .execute_unprepared(&format!("DROP DATABASE {database}"))
+        .await
+        .expect("drop the test's database");
+}
