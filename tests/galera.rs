@@ -702,3 +702,39 @@ async fn relays_on_every_node_deliver_everything_in_order_per_aggregate() {
         .await
         .expect("drop the test's database");
 }
+
+/// What a claim costs on a node: 200 first calls one after another, then their replays, each
+/// answered once (`IDEM_GALERA_SYNC_WAIT=0` measures it without the causal wait).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequential_calls_on_one_node_answer_once_each() {
+    const CALLS: usize = 200;
+    let Some(nodes) = nodes().await else {
+        eprintln!("{URLS} is not set: no cluster to test");
+        return;
+    };
+    let run = unique("galera-seq");
+    let keys: Vec<String> = (0..CALLS).map(|i| format!("{run}-k{i}")).collect();
+    seed_orders(&nodes[0], &run, &keys).await;
+    let gateway = Gateway {
+        db: nodes[0].clone(),
+        run: run.clone(),
+    };
+    let mut first = Vec::new();
+    let mut replay = Vec::new();
+    for (latencies, pass) in [(&mut first, "first"), (&mut replay, "replay")] {
+        for key in &keys {
+            let answer = call(Mode::Atomic, &nodes[0], &gateway, key, &run).await;
+            assert_eq!(answer.status, 200, "{pass}: {:?}", answer.result);
+            latencies.push(answer.latency);
+        }
+    }
+    println!(
+        "one node, {CALLS} sequential calls (sync wait {}): first p50 {:?} p99 {:?}; replay p50 {:?} p99 {:?}",
+        std::env::var("IDEM_GALERA_SYNC_WAIT").unwrap_or_else(|_| "on".to_owned()),
+        percentile(&mut first, 0.5),
+        percentile(&mut first, 0.99),
+        percentile(&mut replay, 0.5),
+        percentile(&mut replay, 0.99),
+    );
+    assert_exactly_once(Mode::Atomic, &nodes[1], &run, &keys, &[], false).await;
+}

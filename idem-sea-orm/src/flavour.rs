@@ -12,7 +12,8 @@
 //! asynchronously to readers: a node may not yet have applied what another node committed.
 //! The statements that decide a claim then wait for the node to catch up first
 //! (`SET STATEMENT wsrep_sync_wait = 7 FOR …`), so a duplicate sent to another node sees the
-//! record, or the lease, that the first call committed.
+//! record, or the lease, that the first call committed ([`GALERA_SYNC_WAIT_ENV`] set to `0`
+//! turns the wait off).
 
 use std::sync::{LazyLock, OnceLock};
 
@@ -20,6 +21,10 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
 
 /// Set to `1` to use the MySQL 8 family's statements on any MySQL-protocol server.
 pub const FORCE_MYSQL8_ENV: &str = "IDEM_MYSQL_WITHOUT_RETURNING";
+
+/// Set to `0` to claim on a Galera node without waiting for it to catch up: for deployments
+/// that send every request of a key to the same node (and to measure what the wait costs).
+pub const GALERA_SYNC_WAIT_ENV: &str = "IDEM_GALERA_SYNC_WAIT";
 
 static WITHOUT_RETURNING: OnceLock<bool> = OnceLock::new();
 static GALERA: OnceLock<bool> = OnceLock::new();
@@ -53,7 +58,8 @@ pub(crate) async fn detect(db: &DatabaseConnection) {
         .ok()
         .flatten()
         .and_then(|row| row.try_get_by_index::<i64>(0).ok())
-        .is_some_and(|on| on == 1);
+        .is_some_and(|on| on == 1)
+        && std::env::var(GALERA_SYNC_WAIT_ENV).map_or(true, |v| v != "0");
     let _ = GALERA.set(galera);
     let without = *FORCED || {
         let version = db

@@ -44,7 +44,7 @@ pub mod ledger;
 mod migration;
 
 pub use completer::Completer;
-pub use flavour::FORCE_MYSQL8_ENV;
+pub use flavour::{FORCE_MYSQL8_ENV, GALERA_SYNC_WAIT_ENV};
 pub use lease::{ExpiredLease, SeaOrmLeaseStore, expired_leases, final_step, finish};
 #[cfg(feature = "migration")]
 #[cfg_attr(docsrs, doc(cfg(feature = "migration")))]

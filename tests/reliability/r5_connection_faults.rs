@@ -229,10 +229,11 @@ async fn r5_a_broken_connection_is_a_store_error_and_the_retry_succeeds_once() {
                     "SELECT COUNT(*) FROM pg_stat_activity WHERE pid = ?",
                 )
             } else {
+                // `%` first: on Galera the claim starts `SET STATEMENT wsrep_sync_wait = …`.
                 (
                     "SELECT CAST(CONNECTION_ID() AS SIGNED)",
                     "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ? \
-                     AND INFO LIKE 'INSERT INTO idem_ledger%'",
+                     AND INFO LIKE '%INSERT INTO idem_ledger%'",
                     "KILL CONNECTION ?",
                     "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?",
                 )
