@@ -12,8 +12,9 @@
 //! - `p12-<backend>.png`: claim and replay p50/p99 against the ledger's size (P12), one chart
 //!   per backend, the sizes of every run given merged.
 //!
-//! A later file's run replaces an earlier one's figures for the same backend (P11) or the
-//! same backend and size (P12). Text is drawn with DejaVu Sans compiled in (no system fonts).
+//! For P11 each backend's largest measurement is drawn (`--p11` and full-mode runs over quick
+//! ones; the later of equals); for P12 a later run replaces an earlier one's figures at the same
+//! backend and size. Text is drawn with DejaVu Sans compiled in (no system fonts).
 
 use std::collections::BTreeMap;
 use std::error::Error;
@@ -145,16 +146,31 @@ fn backend_of(run: &Value) -> String {
         .to_owned()
 }
 
-/// One backend's P11 figures: per route, first p50, replay p50 and requests/s.
+/// Per backend, per route: first p50, replay p50 and requests/s.
 #[derive(Debug, Default)]
 struct P11 {
     backends: BTreeMap<String, BTreeMap<&'static str, [Option<f64>; 3]>>,
 }
 
+/// How much a run's P11 measured (keys per round times seconds of concurrent clients): the
+/// chart takes each backend's largest.
+fn p11_size(run: &Value) -> f64 {
+    number(run, &["p11", "keys_per_round"]).unwrap_or(0.0)
+        * number(run, &["p11", "seconds"]).unwrap_or(0.0)
+}
+
 impl P11 {
     fn collect(runs: &[Value]) -> Self {
         let mut out = Self::default();
+        let mut sizes: BTreeMap<String, f64> = BTreeMap::new();
         for run in runs {
+            let size = p11_size(run);
+            if sizes
+                .get(&backend_of(run))
+                .is_some_and(|&taken| taken > size)
+            {
+                continue;
+            }
             let Some(routes) = run.get("p11").and_then(|p| p.get("routes")) else {
                 continue;
             };
@@ -173,6 +189,7 @@ impl P11 {
                 );
             }
             if !figures.is_empty() {
+                sizes.insert(backend_of(run), size);
                 out.backends.insert(backend_of(run), figures);
             }
         }
