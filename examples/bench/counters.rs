@@ -128,12 +128,44 @@ pub(crate) fn loadavg() -> String {
         .unwrap_or_default()
 }
 
-/// Today's UTC date (civil-from-days, no dependency).
-pub(crate) fn utc_date() -> String {
-    let days = SystemTime::now()
+/// The CPU flags that decide how fast SHA-256 runs (`sha_ni`: SHA extensions, `avx2`,
+/// `ssse3`), those of them `/proc/cpuinfo` lists.
+pub(crate) fn hashing_cpu_flags() -> Vec<&'static str> {
+    let flags = read_proc("/proc/cpuinfo", "flags").unwrap_or_default();
+    let present: Vec<&str> = flags.split_whitespace().collect();
+    ["sha_ni", "avx2", "ssse3"]
+        .into_iter()
+        .filter(|f| present.contains(f))
+        .collect()
+}
+
+fn unix_seconds() -> i64 {
+    SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() / 86_400)
-        .unwrap_or_default() as i64;
+        .map(|d| d.as_secs())
+        .unwrap_or_default() as i64
+}
+
+/// The UTC date and time, `2026-11-24T11:05:00Z`.
+pub(crate) fn utc_now() -> String {
+    let secs = unix_seconds();
+    let of_day = secs.rem_euclid(86_400);
+    format!(
+        "{}T{:02}:{:02}:{:02}Z",
+        civil_date(secs.div_euclid(86_400)),
+        of_day / 3_600,
+        of_day % 3_600 / 60,
+        of_day % 60
+    )
+}
+
+/// Today's UTC date.
+pub(crate) fn utc_date() -> String {
+    civil_date(unix_seconds().div_euclid(86_400))
+}
+
+/// The date of a day since 1970-01-01 (civil-from-days, no dependency).
+fn civil_date(days: i64) -> String {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z - era * 146_097;

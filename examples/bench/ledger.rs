@@ -32,13 +32,13 @@ pub(crate) const PACED_BUDGET: Duration = Duration::from_millis(2);
 
 /// The ledger path alone (claim, record, commit) for P7.
 #[idempotent(scope = "bench.claim", key = key)]
-async fn claim_only(db: &DatabaseConnection, key: String) -> Result<u8, idem::Error> {
+pub(crate) async fn claim_only(db: &DatabaseConnection, key: String) -> Result<u8, idem::Error> {
     let _ = db;
     Ok(1)
 }
 
 /// Bytes the ledger occupies on disk.
-async fn ledger_bytes(db: &DatabaseConnection) -> Res<i64> {
+pub(crate) async fn ledger_bytes(db: &DatabaseConnection) -> Res<i64> {
     let v = match db.get_database_backend() {
         DbBackend::Postgres => {
             scalar(db, "SELECT pg_total_relation_size('idem_ledger')::BIGINT").await?
@@ -63,12 +63,44 @@ async fn ledger_bytes(db: &DatabaseConnection) -> Res<i64> {
     Ok(v.parse()?)
 }
 
-/// Inserts records `from..=to` that look like real ones (36-character keys, a recorded receipt)
-/// but expired a minute ago, in bulk SQL.
-async fn insert_expired(b: &Bench, from: u64, to: u64, response: &[u8]) -> Res<()> {
+/// Synthetic ledger records: completed ones, shaped like real ones (36-character keys, a
+/// recorded receipt), inserted in bulk SQL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Synthetic {
+    /// Expired a minute ago (P7 purges them, the ledger's size is measured over them).
+    Expired,
+    /// Live for a day (P12 measures claims and replays among them).
+    Live,
+}
+
+impl Synthetic {
+    /// Hashed with the record's number into its id, so the two kinds never collide.
+    fn id_prefix(self) -> &'static str {
+        match self {
+            Self::Expired => "bench-expired-",
+            Self::Live => "bench-live-",
+        }
+    }
+}
+
+/// Inserts synthetic records `from..=to` of `kind`, in bulk SQL.
+pub(crate) async fn insert_synthetic(
+    b: &Bench,
+    kind: Synthetic,
+    from: u64,
+    to: u64,
+    response: &[u8],
+) -> Res<()> {
     let db = &b.db;
     let backend = db.get_database_backend();
-    let base = idem::sea_orm::database_now_ms(db).await? - 60_000;
+    let now = idem::sea_orm::database_now_ms(db).await?;
+    // Record n expires at `base - n` and was created a day before: expired ones a minute ago
+    // and earlier, live ones within the next day (n ms before now + 1 day).
+    let base = match kind {
+        Synthetic::Expired => now - 60_000,
+        Synthetic::Live => now + 86_400_000,
+    };
+    let prefix = kind.id_prefix();
     let cols = "id, scope, principal, idem_key, owner, fingerprint, state, response, created_at_ms, expires_at_ms";
     let mut lo = from;
     while lo <= to {
@@ -78,7 +110,7 @@ async fn insert_expired(b: &Bench, from: u64, to: u64, response: &[u8]) -> Res<(
             DbBackend::Postgres => Statement::from_sql_and_values(
                 backend,
                 format!(
-                    "INSERT INTO idem_ledger ({cols}) SELECT sha256(('bench-expired-' || n)::bytea), \
+                    "INSERT INTO idem_ledger ({cols}) SELECT sha256(('{prefix}' || n)::bytea), \
                      'bench.pay', '', 'k-' || lpad(n::text, 34, '0'), n, sha256(('fp-' || n)::bytea), 1, \
                      $3::bytea, $4::bigint - 86400000 - n, $4::bigint - n \
                      FROM generate_series($1::bigint, $2::bigint) AS n"
@@ -97,7 +129,7 @@ async fn insert_expired(b: &Bench, from: u64, to: u64, response: &[u8]) -> Res<(
                 Statement::from_sql_and_values(
                     backend,
                     format!(
-                        "INSERT INTO idem_ledger ({cols}) SELECT UNHEX(SHA2(CONCAT('bench-expired-', n), 256)), \
+                        "INSERT INTO idem_ledger ({cols}) SELECT UNHEX(SHA2(CONCAT('{prefix}', n), 256)), \
                          'bench.pay', '', CONCAT('k-', LPAD(n, 34, '0')), n, UNHEX(SHA2(CONCAT('fp-', n), 256)), 1, \
                          ?, ? - 86400000 - n, ? - n FROM (SELECT ? + a.d + 10 * b.d + 100 * c.d + 1000 * e.d \
                          + 10000 * f.d AS n FROM {digits} a, {digits} b, {digits} c, {digits} e, {digits} f) \
@@ -151,7 +183,7 @@ impl LedgerSize {
 async fn insert_and_measure(b: &Bench, rows: u64, response: &[u8]) -> Res<LedgerSize> {
     let bytes_before = ledger_bytes(&b.db).await?;
     let start = Instant::now();
-    insert_expired(b, 1, rows, response).await?;
+    insert_synthetic(b, Synthetic::Expired, 1, rows, response).await?;
     let insert_s = start.elapsed().as_secs_f64();
     if b.db.get_database_backend() == DbBackend::Postgres {
         b.db.execute_unprepared("ANALYZE idem_ledger").await?;

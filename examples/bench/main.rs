@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! cargo run --release --example bench -- [--backend sqlite|postgres|mysql] [--quick] [--json] [--url URL]
+//!     [--p7-records N] [--p11] [--ledger-records N[,N…]]
 //! ```
 //!
 //! One process runs every workload, alternating the variants round by round (ABCD, DCBA, …)
@@ -14,14 +15,16 @@
 //!
 //! | figure | module |
 //! |---|---|
-//! | P1, P2, P4 single-client latency | [`latency`] |
+//! | P1, P2, P4 single-client latency; F1, F2 the same against one round trip | [`latency`] |
 //! | P3 throughput, 16 clients | [`throughput`] |
-//! | P5 fingerprint | [`fingerprint`] |
+//! | P5 fingerprint, and against SHA-256 of its bytes | [`fingerprint`] |
 //! | P6 concurrent duplicates | [`storm`] |
 //! | where the time goes | [`profile`] |
 //! | ledger size, P7 purge | [`ledger`] |
 //! | P8 relay throughput, P9 commit-to-publish | [`outbox`] (needs NATS JetStream at `NATS_URL`) |
 //! | P10 lease mode against atomic mode | [`lease`] |
+//! | P11 the HTTP layer against the peer crate axum-idempotent (Redis at `REDIS_URL`) | [`http_layer`] (client: [`http_client`]) |
+//! | P12 claims and replays as the ledger grows (`--ledger-records`) | [`growth`] |
 //!
 //! The bench owns its tables: `bench_*` business tables and a ledger, lease steps and outbox of
 //! its own (a SQLite file in the temp directory; schema `bench_idem` on PostgreSQL; database
@@ -31,7 +34,10 @@
 
 mod counters;
 mod fingerprint;
+mod growth;
 mod harness;
+mod http_client;
+mod http_layer;
 mod latency;
 mod lease;
 mod ledger;
@@ -60,11 +66,17 @@ async fn main() -> Res<()> {
     } else {
         Plan::full()
     };
-    let plan = match args.p7_records {
+    let mode = match args.p7_records {
         Some(rows) => mode.with_p7_records(rows),
         None => mode,
     };
+    let plan = if args.p11_full {
+        mode.with_full_p11()
+    } else {
+        mode
+    };
     let started = Instant::now();
+    let started_at = counters::utc_now();
     let load_start = counters::loadavg();
     let (bench, target, facts) = setup::prepare(&args, started).await?;
     let b = &bench;
@@ -82,6 +94,10 @@ async fn main() -> Res<()> {
     let checked = setup::check(b).await?;
     let outbox = outbox::measure(b, &plan).await?;
     let lease = lease::measure(b, &plan).await?;
+    let http = http_layer::measure(b, &plan).await?;
+    b.progress("p11 done");
+    // Last: its records stay in the ledger until the end.
+    let growth = growth::measure(b, &plan, &args.ledger_records).await?;
     setup::finish(b, &target).await?;
 
     let results = Results {
@@ -94,8 +110,10 @@ async fn main() -> Res<()> {
         checked,
         outbox,
         lease,
+        http,
+        growth,
     };
-    let run = Run::ended(&args, &plan, facts, started, load_start);
+    let run = Run::ended(&args, &plan, facts, started, started_at, load_start);
     print!("{}", report::table(&run, &results));
     if args.json {
         println!("{}", report::json(&run, &results));

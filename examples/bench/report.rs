@@ -4,9 +4,12 @@ use std::time::Instant;
 
 use serde_json::{Map, Value, json};
 
-use crate::counters::{loadavg, peak_rss_bytes, read_proc, utc_date};
-use crate::harness::{Pair, fmt_opt, median, percentile, r3, rounded};
-use crate::latency::{Latencies, Latency, PAIR};
+use crate::counters::{hashing_cpu_flags, loadavg, peak_rss_bytes, read_proc, utc_date};
+use crate::fingerprint::FingerprintCost;
+use crate::growth::{GOAL_LARGE, GOAL_SMALL, Growth};
+use crate::harness::{fmt_opt, median, percentile, r3, rounded};
+use crate::http_layer::{HttpFigures, Route, SAME_KEY_REQUESTS};
+use crate::latency::{Latency, PAIR, Phase};
 use crate::lease::LeaseCost;
 use crate::ledger::{Ledger, PACED_BUDGET, PurgeHow};
 use crate::outbox::OutboxFigures;
@@ -14,13 +17,13 @@ use crate::profile::Profile;
 use crate::setup::{Args, Backend, Checked, Facts, Plan};
 use crate::storm::Storm;
 use crate::throughput::{Rate, Throughput};
-use crate::variants::{PerVariant, Variant};
+use crate::variants::Variant;
 
 /// Everything the figures measured.
 #[derive(Debug)]
 pub(crate) struct Results {
-    /// The whole fingerprint, measured against its encoding alone.
-    pub(crate) fingerprint: Pair,
+    /// The whole fingerprint, its encoding alone, SHA-256 of its bytes.
+    pub(crate) fingerprint: FingerprintCost,
     pub(crate) latency: Latency,
     pub(crate) throughput: Throughput,
     pub(crate) storm: Storm,
@@ -29,6 +32,8 @@ pub(crate) struct Results {
     pub(crate) checked: Checked,
     pub(crate) outbox: OutboxFigures,
     pub(crate) lease: LeaseCost,
+    pub(crate) http: HttpFigures,
+    pub(crate) growth: Growth,
 }
 
 /// How the run went, besides the figures.
@@ -37,6 +42,8 @@ pub(crate) struct Run<'a> {
     pub(crate) args: &'a Args,
     pub(crate) plan: &'a Plan,
     pub(crate) facts: Facts,
+    /// When the run started (UTC, to the second).
+    pub(crate) started_at: String,
     pub(crate) load_start: String,
     pub(crate) elapsed_s: f64,
     pub(crate) load_end: String,
@@ -51,12 +58,14 @@ impl<'a> Run<'a> {
         plan: &'a Plan,
         facts: Facts,
         started: Instant,
+        started_at: String,
         load_start: String,
     ) -> Self {
         Self {
             args,
             plan,
             facts,
+            started_at,
             load_start,
             elapsed_s: started.elapsed().as_secs_f64(),
             load_end: loadavg(),
@@ -114,20 +123,41 @@ impl Figure {
     }
 }
 
-/// Every figure: its id, its key in the JSON, its goal, and what it measures.
+/// Every figure: its id, its key in the JSON, its goal, and what it measures. Some goals hold
+/// on some backends only: [`figures`] drops them elsewhere.
 #[rustfmt::skip] // a table: one figure a line
-const FIGURES: [(&str, &str, Goal, &str); 10] = [
+const FIGURES: [(&str, &str, Goal, &str); 19] = [
     ("P1", "p1_first_vs_bare", Max(1.10), "idem first / bare latency (PostgreSQL, durable)"),
+    ("F1", "f1_first_beyond_floor", Max(1.25), "(idem first - bare) / (2 x round trip)"),
     ("P2", "p2_replay_vs_first", Max(0.33), "idem replay / idem first latency"),
+    ("F2", "f2_replay_vs_floor", Max(1.25), "idem replay / (bare's frame + 1 round trip)"),
     ("P3", "p3_vs_three_commit", Min(2.0), "idem first / three-commit throughput, 16 clients"),
     ("P4", "p4_sqlite_first_vs_bare", Max(1.20), "idem first / bare latency (SQLite file, WAL)"),
     ("P5", "p5_fingerprint_us", Max(2.0), "fingerprint of the 1 KiB request, µs"),
+    ("P5h", "p5_fingerprint_vs_sha256", Max(1.3), "fingerprint / SHA-256 of its canonical bytes"),
     ("P6", "p6_storm_vs_single", Max(3.0), "64 duplicates answered / one execution"),
     ("P7", "p7_purge_p99_ratio", Max(2.0), "claim p99 during a purge / without"),
     ("P8", "p8_ratio", Min(3.0), "idem relay / hand-written polling relay, msg/s"),
     ("P9", "p9_wake_p99_ms", Max(10.0), "commit-to-publish p99 (relay woken by commit), ms"),
     ("P10", "p10_ratio", Unset, "lease / atomic mode latency, same handler"),
+    ("P11r", "p11_replay_p50_vs_peer", Max(1.0), "HTTP layer replay p50, idem / axum-idempotent"),
+    ("P11f", "p11_first_p50_vs_peer", Max(2.0), "HTTP layer first p50, idem / peer (goal: SQLite)"),
+    ("P11t", "p11_rps_vs_peer", Min(0.33), "HTTP layer req/s at 16 clients, idem / peer"),
+    ("P12", "p12_claim_p99_growth", Max(1.5), "claim p99, large / small ledger (goal: PG 10M/100k)"),
+    ("P12r", "p12_replay_p99_growth", Max(1.5), "replay p99, large / small ledger (goal: PG 10M/100k)"),
+    ("P12s", "p12_bytes_per_record", Max(250.0), "ledger bytes per record (142-byte answer)"),
 ];
+
+/// Whether a figure's goal holds for this run: P11f's on SQLite, P11t's on SQLite and
+/// PostgreSQL, P12's growth goals on PostgreSQL between 100,000 and 10,000,000 records.
+fn goal_applies(id: &str, backend: Backend, growth: &Growth) -> bool {
+    match id {
+        "P11f" => backend == Backend::Sqlite,
+        "P11t" => backend != Backend::Mysql,
+        "P12" | "P12r" => backend == Backend::Postgres && growth.compares_goal_sizes(),
+        _ => true,
+    }
+}
 
 fn figures(run: &Run<'_>, r: &Results) -> Vec<Figure> {
     let backend = run.args.backend;
@@ -135,29 +165,50 @@ fn figures(run: &Run<'_>, r: &Results) -> Vec<Figure> {
     let outbox = r.outbox.as_ref().ok();
     let values = [
         (backend == Backend::Postgres).then_some(first_vs_bare),
+        Some(r.latency.first_beyond_floor()),
         Some(r.latency.replay_vs_first()),
+        Some(r.latency.replay_vs_floor()),
         Some(r.throughput.idem_vs_three_commit()),
         (backend == Backend::Sqlite).then_some(first_vs_bare),
-        Some(median(&r.fingerprint.measured)),
+        Some(r.fingerprint.whole_us()),
+        Some(r.fingerprint.vs_sha256()),
         Some(r.storm.storm_vs_single()),
         r.ledger.p7_ratio(),
         outbox.map(|(p8, _)| p8.ratio()),
         outbox.map(|(_, p9)| p9.wake_p99_ms),
         Some(r.lease.ratio()),
+        r.http.replay_p50_vs_peer(),
+        r.http.first_p50_vs_peer(),
+        r.http.rps_vs_peer(),
+        r.growth.claim_p99_growth(),
+        r.growth.replay_p99_growth(),
+        // Without P12, the ledger size figure's expired records (the same shape) give it.
+        r.growth
+            .bytes_per_record()
+            .or(Some(r.ledger.size.per_million() / 1e6)),
     ];
-    let figure = |(&(id, key, goal, what), value)| Figure {
-        id,
-        key,
-        what,
-        value,
-        goal,
-        // P8 and P9 say why NATS could not be reached.
-        not_measured: r
-            .outbox
-            .as_ref()
-            .err()
-            .filter(|_| id == "P8" || id == "P9")
-            .cloned(),
+    let figure = |(&(id, key, goal, what), value): (
+        &(&'static str, &'static str, Goal, &'static str),
+        Option<f64>,
+    )| {
+        // P8 and P9 say why NATS could not be reached, P11 why the peer's Redis could not.
+        let not_measured = match id {
+            "P8" | "P9" => r.outbox.as_ref().err().cloned(),
+            "P11r" | "P11f" | "P11t" => r.http.peer.as_ref().err().cloned(),
+            _ => None,
+        };
+        Figure {
+            id,
+            key,
+            what,
+            value,
+            goal: if goal_applies(id, backend, &r.growth) {
+                goal
+            } else {
+                Unset
+            },
+            not_measured,
+        }
     };
     FIGURES.iter().zip(values).map(figure).collect()
 }
@@ -175,6 +226,9 @@ pub(crate) fn table(run: &Run<'_>, r: &Results) -> String {
     ledger_lines(&mut out, &r.ledger);
     outbox_lines(&mut out, &r.outbox);
     lease_lines(&mut out, &r.lease);
+    out.push(String::new());
+    http_lines(&mut out, &r.http);
+    growth_lines(&mut out, &r.growth);
     out.push(String::new());
     figure_table(&mut out, &figures(run, r));
     out.push(String::new());
@@ -209,28 +263,42 @@ fn header(out: &mut Vec<String>, run: &Run<'_>, r: &Results) {
     let mem = read_proc("/proc/meminfo", "MemTotal").unwrap_or_default();
     let cpu = read_proc("/proc/cpuinfo", "model name").unwrap_or_default();
     let facts = &run.facts;
-    let p5 = median(&r.fingerprint.measured);
-    let p5_encode = median(&r.fingerprint.against);
+    let fp = &r.fingerprint;
     out.push(format!(
-        "idem bench {}: backend {}, {} mode, {:.0} s",
+        "idem bench {} (started {}): backend {}, {} mode, {:.0} s",
         run.date,
+        run.started_at,
         run.args.backend.name(),
         run.mode(),
         run.elapsed_s
     ));
     out.push(format!(
-        "machine: {cores} cores ({cpu}), {mem} RAM; load {} at start, {} at end",
-        run.load_start, run.load_end
+        "machine: {cores} cores ({cpu}), {mem} RAM; load {} at start, {} at end; CPU flags for \
+         hashing: {}",
+        run.load_start,
+        run.load_end,
+        flags_text(&hashing_cpu_flags())
     ));
     out.push(format!("server: {}", facts.server));
     out.push(format!("durability: {}", facts.durability));
     out.push(format!(
-        "request: {} bytes of JSON ({} canonical bytes fingerprinted); \
-         fingerprint {p5:.2} µs = encoding {p5_encode:.2} µs + SHA-256 {:.2} µs",
+        "request: {} bytes of JSON ({} canonical bytes fingerprinted); fingerprint {:.2} µs = \
+         encoding {:.2} µs + hash; SHA-256 of the same bytes alone {:.2} µs (ratio {:.2})",
         facts.request_json_bytes,
         facts.request_canonical_bytes,
-        p5 - p5_encode
+        fp.whole_us(),
+        fp.encoding_us(),
+        fp.sha256_us(),
+        fp.vs_sha256()
     ));
+}
+
+fn flags_text(flags: &[&str]) -> String {
+    if flags.is_empty() {
+        "none of sha_ni, avx2, ssse3".to_owned()
+    } else {
+        flags.join(", ")
+    }
 }
 
 fn latency_lines(out: &mut Vec<String>, plan: &Plan, latency: &Latency) {
@@ -243,7 +311,7 @@ fn latency_lines(out: &mut Vec<String>, plan: &Plan, latency: &Latency) {
         "  {:<14} {:>10} {:>10} {:>10} {:>9}",
         "variant", "median µs", "p90 µs", "p99 µs", "vs bare"
     ));
-    let line = |out: &mut Vec<String>, v: Variant, phase: &PerVariant<Latencies>| {
+    let line = |out: &mut Vec<String>, v: Variant, phase: &Phase| {
         let l = &phase[v];
         out.push(format!(
             "  {:<14} {:>10.0} {:>10.0} {:>10.0} {:>9.2}",
@@ -257,11 +325,25 @@ fn latency_lines(out: &mut Vec<String>, plan: &Plan, latency: &Latency) {
     for v in Variant::ALL {
         line(out, v, &latency.all);
     }
+    floor_lines(out, &latency.all, true);
     out.push(format!(
         "bare and idem first alone, {} rounds x {} calls each, alternating AB/BA",
         plan.latency_rounds, plan.latency_calls
     ));
     let pinned = latency.pinned.as_ref();
+    if let Some(pinned) = pinned
+        && pinned[Variant::Bare].median() > 2.0 * latency.pair[Variant::Bare].median()
+    {
+        // Pinned to CPU 0, the bench waits for whatever else runs there: every hand-off to
+        // the driver's thread then costs a scheduler slice, and the pinned figures measure the
+        // other work, not idem.
+        out.push(
+            "  warning: bare pinned is over twice bare not pinned: CPU 0 was busy with other \
+             work (see the load), so P1/P4/F1, which come from the pinned pair, are not \
+             meaningful in this run; the pair not pinned is printed below"
+                .to_owned(),
+        );
+    }
     for (pair, how) in [
         (pinned, "pinned to one CPU (P1, P4)"),
         (Some(&latency.pair), "not pinned"),
@@ -274,6 +356,43 @@ fn latency_lines(out: &mut Vec<String>, plan: &Plan, latency: &Latency) {
         for v in PAIR {
             line(out, v, pair);
         }
+        floor_lines(out, pair, false);
+    }
+}
+
+/// The floor timed in turn with a phase's calls, and the calls against it (F1, F2).
+fn floor_lines(out: &mut Vec<String>, phase: &Phase, with_replays: bool) {
+    let rt = &phase.round_trip;
+    out.push(format!(
+        "  {:<14} {:>10.0} {:>10.0} {:>10.0}   (SELECT 1 in an open transaction, in turn with \
+         the calls)",
+        "round trip",
+        rt.median(),
+        rt.p90(),
+        rt.p99()
+    ));
+    if with_replays {
+        let tx = &phase.read_only_transaction;
+        out.push(format!(
+            "  {:<14} {:>10.0} {:>10.0} {:>10.0}   (acquire, BEGIN, SELECT 1, ROLLBACK)",
+            "read-only tx",
+            tx.median(),
+            tx.p90(),
+            tx.p99()
+        ));
+        out.push(format!(
+            "  against the floor: (idem first - bare) / (2 x round trip) {:.2}; idem replay / \
+             (bare's frame {:.0} µs + 1 round trip) {:.2}; idem replay / read-only tx {:.2}",
+            phase.first_beyond_floor(),
+            phase.bare_frame(),
+            phase.replay_vs_floor(),
+            phase.replay_vs_read_only_transaction()
+        ));
+    } else {
+        out.push(format!(
+            "  against the floor: (idem first - bare) / (2 x round trip) {:.2}",
+            phase.first_beyond_floor()
+        ));
     }
 }
 
@@ -417,14 +536,141 @@ fn lease_lines(out: &mut Vec<String>, lease: &LeaseCost) {
     ));
 }
 
+fn http_lines(out: &mut Vec<String>, http: &HttpFigures) {
+    out.push(format!(
+        "HTTP layer (P11), one axum server: {} new keys per route and round, each sent twice \
+         on one keep-alive connection, then {} connections sending new keys for {:.0} s; {}-byte \
+         JSON requests; median of {} rounds, routes alternating",
+        http.keys_per_round, http.clients, http.seconds, http.request_bytes, http.rounds
+    ));
+    match &http.peer {
+        Ok(setup) => out.push(format!("  peer: {setup}")),
+        Err(reason) => out.push(format!("  peer: not measured: {reason}")),
+    }
+    out.push(format!(
+        "  {:<6} {:>12} {:>12} {:>13} {:>13} {:>10}   replays marked",
+        "route", "first p50 µs", "first p99 µs", "replay p50 µs", "replay p99 µs", "req/s"
+    ));
+    for route in Route::ALL {
+        let Some(f) = http.route(route) else {
+            continue;
+        };
+        out.push(format!(
+            "  {:<6} {:>12.0} {:>12.0} {:>13.0} {:>13.0} {:>10.0}   {} of {}",
+            route.key(),
+            f.first_p50(),
+            f.first_p99(),
+            f.replay_p50(),
+            f.replay_p99(),
+            f.rps(),
+            f.replays - f.replays_not_marked,
+            f.replays
+        ));
+    }
+    if let (Some(first), Some(replay), Some(rps)) = (
+        http.first_p50_vs_peer(),
+        http.replay_p50_vs_peer(),
+        http.rps_vs_peer(),
+    ) {
+        out.push(format!(
+            "  idem / peer: first p50 {first:.2}, replay p50 {replay:.2}, req/s {rps:.2}"
+        ));
+    }
+    let g = &http.guarantees;
+    for (route, probe) in &g.same_key_at_once {
+        out.push(format!(
+            "  {SAME_KEY_REQUESTS} requests with one key at once, {}: the route ran {} times; \
+             answers {}",
+            route.key(),
+            probe.executions,
+            probe.statuses_text()
+        ));
+    }
+    for (route, probe) in &g.key_reused_with_other_body {
+        out.push(format!(
+            "  a key sent again with another body, {}: the route ran {} times; answers {}",
+            route.key(),
+            probe.executions,
+            probe.statuses_text()
+        ));
+    }
+    if let Some(probe) = &g.peer_without_session {
+        out.push(format!(
+            "  peer, one key sent twice without a session cookie: the route ran {} times",
+            probe.executions
+        ));
+    }
+    if let Some(ttl) = g.peer_entry_ttl_s {
+        out.push(format!(
+            "  peer, TTL of a session holding an entry: {ttl} s{}",
+            if ttl == -1 {
+                " (-1: never expires)"
+            } else {
+                ""
+            }
+        ));
+    }
+}
+
+fn growth_lines(out: &mut Vec<String>, growth: &Growth) {
+    if growth.sizes.is_empty() {
+        out.push(
+            "ledger growth (P12): not measured (--ledger-records N[,N...] measures it)".to_owned(),
+        );
+        return;
+    }
+    out.push(format!(
+        "ledger growth (P12): claims (new key, empty body) and replays (recent keys) taking \
+         turns, {} each per size; live synthetic records with a {}-byte answer",
+        growth.sizes.first().map_or(0, |s| s.claim_us.len()),
+        growth.response_bytes
+    ));
+    out.push(format!(
+        "  {:>12} {:>12} {:>12} {:>13} {:>13} {:>10} {:>8}",
+        "records",
+        "claim p50 µs",
+        "claim p99 µs",
+        "replay p50 µs",
+        "replay p99 µs",
+        "bytes/rec",
+        "fill s"
+    ));
+    for s in &growth.sizes {
+        out.push(format!(
+            "  {:>12} {:>12.0} {:>12.0} {:>13.0} {:>13.0} {:>10.0} {:>8.1}",
+            s.records,
+            s.claim_p50(),
+            s.claim_p99(),
+            s.replay_p50(),
+            s.replay_p99(),
+            s.bytes_per_record,
+            s.fill_s
+        ));
+    }
+    if let Some((large, small)) = growth.compared() {
+        out.push(format!(
+            "  p99 at {} records / at {}: claim {:.2}, replay {:.2}{}",
+            large.records,
+            small.records,
+            large.claim_p99() / small.claim_p99(),
+            large.replay_p99() / small.replay_p99(),
+            if growth.compares_goal_sizes() {
+                String::new()
+            } else {
+                format!(" (the goal compares {GOAL_LARGE} with {GOAL_SMALL} on PostgreSQL)")
+            }
+        ));
+    }
+}
+
 fn figure_table(out: &mut Vec<String>, figures: &[Figure]) {
     out.push(format!(
-        "  {:<3} {:<50} {:>8} {:>9} {:>5}",
+        "  {:<4} {:<50} {:>8} {:>9} {:>5}",
         "", "figure", "value", "goal", "met"
     ));
     for f in figures {
         out.push(format!(
-            "  {:<3} {:<50} {:>8} {:>9} {:>5}",
+            "  {:<4} {:<50} {:>8} {:>9} {:>5}",
             f.id,
             f.what,
             fmt_opt(f.value, 2),
@@ -497,7 +743,7 @@ fn profile_lines(out: &mut Vec<String>, profile: &Profile) {
 /// run: `docs/BENCHMARKS.md` and CI read them.
 pub(crate) fn json(run: &Run<'_>, r: &Results) -> Value {
     let figures = figures(run, r);
-    let latencies = |variants: &[Variant], phase: &PerVariant<Latencies>| {
+    let latencies = |variants: &[Variant], phase: &Phase| {
         let latency = |&v: &Variant| {
             let l = &phase[v];
             let percentiles =
@@ -574,7 +820,7 @@ pub(crate) fn json(run: &Run<'_>, r: &Results) -> Value {
         "ledger_bytes_per_million": r.ledger.size.per_million().round(),
         "request_json_bytes": run.facts.request_json_bytes,
         "request_canonical_bytes": run.facts.request_canonical_bytes,
-        "fingerprint_encode_us": r3(median(&r.fingerprint.against)),
+        "fingerprint_encode_us": r3(r.fingerprint.encoding_us()),
         "server": run.facts.server,
         "durability": run.facts.durability,
         "cores": std::thread::available_parallelism().map_or(0, usize::from),
@@ -600,12 +846,118 @@ pub(crate) fn json(run: &Run<'_>, r: &Results) -> Value {
         "p10_atomic_commits_per_call": lease.atomic_commits_per_call.map(r3),
         "p10_lease_commits_per_call": lease.lease_commits_per_call.map(r3),
     });
+    // Round 3's keys (one `json!` holds only so many).
+    let round_3 = json!({
+        "started_at": run.started_at,
+        "cpu_flags": hashing_cpu_flags(),
+        "fingerprint_sha256_us": r3(r.fingerprint.sha256_us()),
+        "floor": floor_json(&r.latency),
+        "p11": http_json(&r.http),
+        "p12": growth_json(&r.growth),
+    });
     let mut report: Map<String, Value> = figures
         .iter()
         .map(|f| (f.key.to_owned(), f.value.map_or(Value::Null, r3)))
         .collect();
-    if let Value::Object(details) = details {
-        report.extend(details);
+    for part in [details, round_3] {
+        if let Value::Object(part) = part {
+            report.extend(part);
+        }
     }
     Value::Object(report)
+}
+
+/// The floor and the calls against it, per latency phase: `floor` in the JSON.
+fn floor_json(latency: &Latency) -> Value {
+    let phase = |p: &Phase| {
+        json!({
+            "round_trip_us": r3(p.round_trip.median()),
+            "round_trip_p99_us": r3(p.round_trip.p99()),
+            "first_beyond_floor": r3(p.first_beyond_floor()),
+        })
+    };
+    let all = &latency.all;
+    json!({
+        "pinned": latency.pinned.as_ref().map(phase),
+        "pair": phase(&latency.pair),
+        "all": {
+            "round_trip_us": r3(all.round_trip.median()),
+            "round_trip_p99_us": r3(all.round_trip.p99()),
+            "read_only_transaction_us": r3(all.read_only_transaction.median()),
+            "bare_frame_us": r3(all.bare_frame()),
+            "first_beyond_floor": r3(all.first_beyond_floor()),
+            "replay_vs_floor": r3(all.replay_vs_floor()),
+            "replay_vs_read_only_transaction": r3(all.replay_vs_read_only_transaction()),
+        },
+    })
+}
+
+/// P11's details: `p11` in the JSON (its ratios are in the figure list).
+fn http_json(http: &HttpFigures) -> Value {
+    let routes: Map<String, Value> = Route::ALL
+        .into_iter()
+        .map(|route| {
+            let figures = http.route(route).map(|f| {
+                json!({
+                    "first_p50_us": r3(f.first_p50()), "first_p99_us": r3(f.first_p99()),
+                    "replay_p50_us": r3(f.replay_p50()), "replay_p99_us": r3(f.replay_p99()),
+                    "requests_per_s": r3(f.rps()),
+                    "replays": f.replays, "replays_not_marked": f.replays_not_marked,
+                })
+            });
+            (route.key().to_owned(), figures.unwrap_or(Value::Null))
+        })
+        .collect();
+    let probes = |probes: &[(Route, crate::http_layer::Probe)]| {
+        probes
+            .iter()
+            .map(|(route, p)| {
+                let statuses: Map<String, Value> = p
+                    .statuses
+                    .iter()
+                    .map(|(code, n)| (code.to_string(), json!(n)))
+                    .collect();
+                (
+                    route.key().to_owned(),
+                    json!({"executions": p.executions, "statuses": statuses}),
+                )
+            })
+            .collect::<Map<String, Value>>()
+    };
+    let g = &http.guarantees;
+    json!({
+        "keys_per_round": http.keys_per_round,
+        "rounds": http.rounds,
+        "clients": http.clients,
+        "seconds": http.seconds,
+        "request_bytes": http.request_bytes,
+        "peer_setup": http.peer.as_ref().ok(),
+        "peer_not_measured": http.peer.as_ref().err(),
+        "routes": routes,
+        "same_key_requests": SAME_KEY_REQUESTS,
+        "same_key_at_once": probes(&g.same_key_at_once),
+        "key_reused_with_other_body": probes(&g.key_reused_with_other_body),
+        "peer_without_session_executions": g.peer_without_session.as_ref().map(|p| p.executions),
+        "peer_entry_ttl_s": g.peer_entry_ttl_s,
+    })
+}
+
+/// P12's details: `p12` in the JSON, one entry per ledger size (empty without
+/// `--ledger-records`).
+fn growth_json(growth: &Growth) -> Value {
+    let sizes: Vec<Value> = growth
+        .sizes
+        .iter()
+        .map(|s| {
+            json!({
+                "records": s.records,
+                "claim_p50_us": r3(s.claim_p50()), "claim_p99_us": r3(s.claim_p99()),
+                "replay_p50_us": r3(s.replay_p50()), "replay_p99_us": r3(s.replay_p99()),
+                "bytes_per_record": r3(s.bytes_per_record),
+                "calls": s.claim_us.len(),
+                "fill_s": r3(s.fill_s),
+            })
+        })
+        .collect();
+    json!({"response_bytes": growth.response_bytes, "sizes": sizes})
 }

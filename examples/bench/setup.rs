@@ -17,10 +17,15 @@ use crate::variants::{Variant, call_variant};
 use crate::workload::{PayOrder, Receipt, Sql, now_ms, template};
 
 const USAGE: &str = "usage: cargo run --release --example bench -- \
-[--backend sqlite|postgres|mysql] [--quick] [--json] [--url URL] [--p7-records N]
+[--backend sqlite|postgres|mysql] [--quick] [--json] [--url URL] [--p7-records N] [--p11]
+[--ledger-records N[,N...]]
 
---p7-records N  measures P7 over N expired records, one cycle as the README purges and one
-                paced (full mode: three and one over 1,000,000; quick mode: no P7)";
+--p7-records N        measures P7 over N expired records, one cycle as the README purges and
+                      one paced (full mode: three and one over 1,000,000; quick mode: no P7)
+--p11                 P11 (the HTTP layer against axum-idempotent) at full size in quick mode:
+                      2,000 keys per route and round, 16 clients for 5 s
+--ledger-records N,…  P12: claim and replay latency with N live records in the ledger, for
+                      each N (e.g. 100000,1000000), and the ledger's bytes per record";
 
 /// The schema (PostgreSQL) or database (MySQL) holding the bench's ledger and tables.
 pub(crate) const BENCH_NAMESPACE: &str = "bench_idem";
@@ -74,6 +79,32 @@ pub(crate) struct Args {
     pub(crate) url: Option<String>,
     /// Expired records P7 purges, instead of the mode's.
     pub(crate) p7_records: Option<u64>,
+    /// P11 at full size whatever the mode.
+    pub(crate) p11_full: bool,
+    /// P12's ledger sizes (live records); empty: no P12.
+    pub(crate) ledger_records: Vec<u64>,
+}
+
+/// A count from the command line: digits, with `_` or `,` between thousands allowed.
+fn count(flag: &str, value: &str) -> Res<u64> {
+    value
+        .replace(['_', ','], "")
+        .parse()
+        .map_err(|_| format!("{flag} takes a number, not `{value}`").into())
+}
+
+/// A comma-separated list of counts (`100000,1000000` or `100_000,1_000_000`): the comma
+/// separates counts here, only `_` groups digits.
+fn counts(flag: &str, value: &str) -> Res<Vec<u64>> {
+    let counts: Vec<u64> = value
+        .split(',')
+        .filter(|v| !v.trim().is_empty())
+        .map(|v| count(flag, v.trim()))
+        .collect::<Res<_>>()?;
+    if counts.contains(&0) {
+        return Err(format!("{flag} takes counts above 0, not `{value}`").into());
+    }
+    Ok(counts)
 }
 
 pub(crate) fn parse_args() -> Res<Args> {
@@ -83,6 +114,8 @@ pub(crate) fn parse_args() -> Res<Args> {
         json: false,
         url: None,
         p7_records: None,
+        p11_full: false,
+        ledger_records: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -93,12 +126,15 @@ pub(crate) fn parse_args() -> Res<Args> {
             "--url" => args.url = Some(it.next().ok_or("--url needs a value")?),
             "--p7-records" => {
                 let n = it.next().ok_or("--p7-records needs a number")?;
-                args.p7_records = Some(
-                    n.replace(['_', ','], "")
-                        .parse()
-                        .map_err(|_| format!("--p7-records takes a number, not `{n}`"))?,
-                );
+                args.p7_records = Some(count("--p7-records", &n)?);
             }
+            "--ledger-records" => {
+                let n = it
+                    .next()
+                    .ok_or("--ledger-records needs a number or a list")?;
+                args.ledger_records = counts("--ledger-records", &n)?;
+            }
+            "--p11" => args.p11_full = true,
             "--quick" => args.quick = true,
             "--json" => args.json = true,
             "-h" | "--help" => {
@@ -108,6 +144,8 @@ pub(crate) fn parse_args() -> Res<Args> {
             other => {
                 if let Some(v) = other.strip_prefix("--backend=") {
                     args.backend = Backend::parse(v)?;
+                } else if let Some(v) = other.strip_prefix("--ledger-records=") {
+                    args.ledger_records = counts("--ledger-records", v)?;
                 } else if let Some(v) = other.strip_prefix("--url=") {
                     args.url = Some(v.to_owned());
                 } else {
@@ -141,6 +179,14 @@ pub(crate) struct Plan {
     pub(crate) publish_latency_messages: usize,
     /// P10: timed first executions per mode.
     pub(crate) lease_calls: usize,
+    /// P11: new keys per route and round, each sent twice (first request, replay).
+    pub(crate) http_keys: usize,
+    /// P11: rounds, the routes alternating.
+    pub(crate) http_rounds: usize,
+    /// P11: how long the concurrent clients send, per route and round.
+    pub(crate) http_round: Duration,
+    /// P12: timed claims (and as many replays) at each ledger size.
+    pub(crate) growth_calls: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -182,6 +228,10 @@ impl Plan {
             relay_messages: 2_000,
             publish_latency_messages: 200,
             lease_calls: 300,
+            http_keys: 500,
+            http_rounds: 3,
+            http_round: Duration::from_secs(1),
+            growth_calls: 2_000,
         }
     }
 
@@ -199,7 +249,17 @@ impl Plan {
             relay_messages: 10_000,
             publish_latency_messages: 1_000,
             lease_calls: 2_000,
-            ..Self::quick()
+            growth_calls: 5_000,
+            ..Self::quick().with_full_p11()
+        }
+    }
+
+    /// P11 as the issue states it: 2,000 keys per route and round, 16 clients for 5 s.
+    pub(crate) fn with_full_p11(self) -> Self {
+        Self {
+            http_keys: 2_000,
+            http_round: Duration::from_secs(5),
+            ..self
         }
     }
 
