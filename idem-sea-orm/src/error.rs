@@ -46,21 +46,32 @@ fn database_code(e: &DbErr) -> Option<(String, Option<u16>)> {
     Some((code, None))
 }
 
+#[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
+fn connection_lost(_: &DbErr) -> bool {
+    false
+}
+
+/// Whether the connection went away under a statement: the server died or was cut off.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+fn connection_lost(e: &DbErr) -> bool {
+    use sea_orm::RuntimeErr;
+    use sea_orm::sqlx::Error as Sqlx;
+
+    let (DbErr::Exec(RuntimeErr::SqlxError(err)) | DbErr::Query(RuntimeErr::SqlxError(err))) = e
+    else {
+        return false;
+    };
+    matches!(
+        &**err,
+        Sqlx::Io(_) | Sqlx::PoolTimedOut | Sqlx::PoolClosed | Sqlx::WorkerCrashed
+    )
+}
+
 pub(crate) fn classify(e: &DbErr) -> Failure {
     if matches!(e, DbErr::ConnectionAcquire(_) | DbErr::Conn(_)) {
         return Failure::Unavailable;
     }
-    if let DbErr::Exec(sea_orm::RuntimeErr::SqlxError(err))
-    | DbErr::Query(sea_orm::RuntimeErr::SqlxError(err)) = e
-        && matches!(
-            &**err,
-            sea_orm::sqlx::Error::Io(_)
-                | sea_orm::sqlx::Error::PoolTimedOut
-                | sea_orm::sqlx::Error::PoolClosed
-                | sea_orm::sqlx::Error::WorkerCrashed
-        )
-    {
-        // The connection went away under a statement: the server died or was cut off.
+    if connection_lost(e) {
         return Failure::Unavailable;
     }
     if let Some((code, number)) = database_code(e) {
