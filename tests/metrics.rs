@@ -153,7 +153,10 @@ where
     assert_eq!(call(cmd(&key, 100)).await.ok(), Some(100));
     assert_eq!(call(cmd(&key, 100)).await.ok(), Some(100));
     let reused = call(cmd(&key, 200)).await;
-    assert!(matches!(reused, Err(PayError::Idem(ref e)) if e.kind() == idem::ErrorKind::KeyReused));
+    assert!(
+        matches!(reused, Err(PayError::Idem(ref e)) if e.kind() == idem::ErrorKind::KeyReused),
+        "{run}: {reused:?}"
+    );
     let released = call(cmd(&unique("k"), -1)).await;
     assert!(matches!(released, Err(PayError::Flaky)));
     let invalid = call(cmd("", 100)).await;
@@ -170,7 +173,7 @@ async fn calls_are_counted_per_scope_and_outcome_and_timed() {
         for scope in ["metrics.atomic", "metrics.lease"] {
             let counts = samples("idem_calls_total", scope);
             let timings = samples("idem_call_duration_seconds_count", scope);
-            let run = unique("metrics");
+            let run = unique(&format!("metrics-{}-{scope}", b.name));
             let db = &b.db;
             if scope == "metrics.atomic" {
                 script(|cmd| pay(db, cmd, None), &run).await;

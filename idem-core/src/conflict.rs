@@ -26,7 +26,7 @@ static MAX_ATTEMPTS: AtomicU32 = AtomicU32::new(MAX_CONFLICT_ATTEMPTS);
 
 /// Sets how many times a try that meets a transient conflict is run in all (process-wide; at
 /// least 1, which turns retrying off). Default [`MAX_CONFLICT_ATTEMPTS`]; with jittered backoff
-/// of at most 4, 8, 16 … 200 ms between tries, the default spends at most about 0.7 s waiting.
+/// of at most 4, 8, 16 … 200 ms between tries, the default waits at most 0.45 s in all.
 pub fn set_max_attempts(attempts: u32) {
     MAX_ATTEMPTS.store(attempts.max(1), Ordering::Relaxed);
 }

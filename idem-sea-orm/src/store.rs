@@ -358,7 +358,7 @@ async fn settle(
     if row.owner != step.owner {
         if row.expires_at_ms > row.now_ms {
             // A live record: nothing was written.
-            end_unwritten(tx);
+            end_locked(tx, step).await;
             return live_record(row);
         }
         // An expired record is a new execution: take it over in this transaction.
@@ -376,6 +376,19 @@ async fn settle(
         .map_err(|e| ("taking over an expired key", e))?;
     }
     savepoint(tx, step).await
+}
+
+/// Ends a claim transaction that wrote nothing but holds the key's row lock (MySQL's claim
+/// locks the row it runs into). Under `reject` it rolls back before answering: a client's
+/// next call for the key, on another pooled connection, must not meet this call's lock and be
+/// told "in flight" (a lock wait of 0 s). Otherwise it is dropped ([`end_unwritten`]); a
+/// waiting claim waits the moment it takes.
+async fn end_locked(tx: DatabaseTransaction, step: &ClaimStep) {
+    if step.reject && tx.get_database_backend() == DbBackend::MySql {
+        let _ = tx.rollback().await;
+    } else {
+        end_unwritten(tx);
+    }
 }
 
 /// Ends a claim transaction that wrote nothing, without waiting for it. Dropping it queues the
