@@ -114,27 +114,43 @@ async fn count(db: &DatabaseConnection, sql: &str, values: Vec<Value>) -> i64 {
     row.try_get_by_index::<i64>(0).expect("a count")
 }
 
+/// The order goes Pending -> Paid (`why` it must be pending) and a payment row is written, on
+/// `db`: both modes' database effects.
+async fn record_payment<C: ConnectionTrait>(
+    db: &C,
+    run: &str,
+    key: &str,
+    execution: &str,
+    why: &str,
+) -> Result<(), TestError> {
+    let paid = exec(
+        db,
+        "UPDATE galera_orders SET state = 'paid', execution = ? \
+         WHERE run_id = ? AND k = ? AND state = 'pending'",
+        vec![execution.into(), run.into(), key.into()],
+    )
+    .await?;
+    assert_eq!(paid, 1, "{why}");
+    exec(
+        db,
+        "INSERT INTO galera_effects (run_id, k, what, execution) VALUES (?, ?, 'payment', ?)",
+        vec![run.into(), key.into(), execution.into()],
+    )
+    .await?;
+    Ok(())
+}
+
 /// Atomic mode: the order goes Pending -> Paid and a payment row is written, in the claim's
 /// transaction.
 #[idempotent(scope = "galera.orders.pay", key = key)]
 async fn pay_atomic(db: &DatabaseConnection, key: String, run: String) -> Result<Paid, TestError> {
     let execution = unique("exec");
-    let paid = exec(
+    record_payment(
         db,
-        "UPDATE galera_orders SET state = 'paid', execution = ? \
-         WHERE run_id = ? AND k = ? AND state = 'pending'",
-        vec![
-            execution.clone().into(),
-            run.clone().into(),
-            key.clone().into(),
-        ],
-    )
-    .await?;
-    assert_eq!(paid, 1, "an execution always finds its order pending");
-    exec(
-        db,
-        "INSERT INTO galera_effects (run_id, k, what, execution) VALUES (?, ?, 'payment', ?)",
-        vec![run.into(), key.clone().into(), execution.clone().into()],
+        &run,
+        &key,
+        &execution,
+        "an execution always finds its order pending",
     )
     .await?;
     Ok(Paid { key, execution })
@@ -176,20 +192,7 @@ async fn pay_lease(
     let charged = idem::step("charge", |charge_key| gateway.charge(&key, charge_key)).await?;
     idem::sea_orm::finish(db, "record-payment", move |tx| {
         Box::pin(async move {
-            let paid = exec(
-                tx,
-                "UPDATE galera_orders SET state = 'paid', execution = ? \
-                 WHERE run_id = ? AND k = ? AND state = 'pending'",
-                vec![charged.clone().into(), run.clone().into(), key.clone().into()],
-            )
-            .await?;
-            assert_eq!(paid, 1, "the final phase runs once");
-            exec(
-                tx,
-                "INSERT INTO galera_effects (run_id, k, what, execution) VALUES (?, ?, 'payment', ?)",
-                vec![run.into(), key.clone().into(), charged.clone().into()],
-            )
-            .await?;
+            record_payment(tx, &run, &key, &charged, "the final phase runs once").await?;
             Ok(Paid {
                 key,
                 execution: charged,

@@ -53,21 +53,11 @@ impl Tries {
     /// a conflict with tries left, or the error to give up with (a conflict carries the scope
     /// and the number of tries).
     pub(crate) async fn again(&mut self, scope: &str, error: Error) -> Result<(), Error> {
-        let Error::Conflict {
-            message,
-            retry_after,
-            ..
-        } = error
-        else {
+        let Error::Conflict { message, .. } = &error else {
             return Err(error);
         };
         if self.attempts >= MAX_ATTEMPTS.load(Ordering::Relaxed) {
-            return Err(Error::Conflict {
-                scope: scope.to_owned(),
-                message,
-                attempts: self.attempts,
-                retry_after,
-            });
+            return Err(named(scope, error, self.attempts));
         }
         tracing::debug!(
             scope,
@@ -80,6 +70,26 @@ impl Tries {
         tokio::time::sleep(backoff(self.attempts)).await;
         self.attempts += 1;
         Ok(())
+    }
+}
+
+/// A conflict as the caller gets it: with the call's scope and the tries it took, at least
+/// `attempts` (a store reports one try, before it knows the scope; a conflict named already
+/// keeps its larger count). Other errors are handed back as they are.
+pub(crate) fn named(scope: &str, error: Error, attempts: u32) -> Error {
+    match error {
+        Error::Conflict {
+            message,
+            retry_after,
+            attempts: counted,
+            ..
+        } => Error::Conflict {
+            scope: scope.to_owned(),
+            message,
+            attempts: attempts.max(counted),
+            retry_after,
+        },
+        other => other,
     }
 }
 

@@ -164,9 +164,7 @@ impl<T> Rerun<T> {
     pub const fn new(value: T) -> Self {
         Self(std::sync::Mutex::new(Some(value)))
     }
-}
 
-impl<T> Rerun<T> {
     /// The argument's slot (a lock, never contended: the tries of a call run one after
     /// another; it makes the holder `Sync`, so the handler's future stays `Send`).
     fn slot(&self) -> std::sync::MutexGuard<'_, Option<T>> {

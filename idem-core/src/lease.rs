@@ -440,7 +440,7 @@ where
             // Not recorded: end the lease at once, so the next retry (or a completer) takes
             // over from the recorded steps instead of waiting the lease out.
             release_now(store, scope, &ticket).await;
-            request.fail(named_conflict(scope, e))
+            request.fail(crate::conflict::named(scope, e, 1))
         }
     }
 }
@@ -449,24 +449,6 @@ where
 /// failed release changes nothing for the caller: the lease then ends on its own.
 async fn release_now(store: &dyn LeaseStore, scope: &str, ticket: &Ticket) {
     let _ = retried(scope, || store.release_lease(ticket)).await;
-}
-
-/// A conflict the store reported (one try) as the caller gets it: with the scope.
-fn named_conflict(scope: &str, e: Error) -> Error {
-    match e {
-        Error::Conflict {
-            message,
-            attempts,
-            retry_after,
-            ..
-        } => Error::Conflict {
-            scope: scope.to_owned(),
-            message,
-            attempts,
-            retry_after,
-        },
-        other => other,
-    }
 }
 
 #[cfg(test)]

@@ -68,10 +68,7 @@ fn connection_lost(e: &DbErr) -> bool {
 }
 
 pub(crate) fn classify(e: &DbErr) -> Failure {
-    if matches!(e, DbErr::ConnectionAcquire(_) | DbErr::Conn(_)) {
-        return Failure::Unavailable;
-    }
-    if connection_lost(e) {
+    if matches!(e, DbErr::ConnectionAcquire(_) | DbErr::Conn(_)) || connection_lost(e) {
         return Failure::Unavailable;
     }
     if let Some((code, number)) = database_code(e) {

@@ -49,33 +49,28 @@ pub(crate) async fn detect(db: &DatabaseConnection) {
         return;
     }
     // Only MariaDB knows the variable; elsewhere the query fails, which says "no".
-    let galera = db
-        .query_one_raw(Statement::from_string(
-            db.get_database_backend(),
-            "SELECT @@wsrep_on",
-        ))
+    let galera = scalar::<i64>(db, "SELECT @@wsrep_on")
         .await
-        .ok()
-        .flatten()
-        .and_then(|row| row.try_get_by_index::<i64>(0).ok())
         .is_some_and(|on| on == 1)
         && std::env::var(GALERA_SYNC_WAIT_ENV).map_or(true, |v| v != "0");
     let _ = GALERA.set(galera);
     let without = *FORCED || {
-        let version = db
-            .query_one_raw(Statement::from_string(
-                db.get_database_backend(),
-                "SELECT VERSION()",
-            ))
-            .await
-            .ok()
-            .flatten()
-            .and_then(|row| row.try_get_by_index::<String>(0).ok());
         // Unknown (the query failed): MariaDB's statements, as before; a server without
         // `RETURNING` then fails the claim visibly instead of silently taking another path.
-        version.is_some_and(|v| !has_returning(&v))
+        scalar::<String>(db, "SELECT VERSION()")
+            .await
+            .is_some_and(|v| !has_returning(&v))
     };
     let _ = WITHOUT_RETURNING.set(without);
+}
+
+/// The one value `sql` selects, or `None` when the query fails or returns nothing.
+async fn scalar<T: sea_orm::TryGetable>(db: &DatabaseConnection, sql: &str) -> Option<T> {
+    db.query_one_raw(Statement::from_string(db.get_database_backend(), sql))
+        .await
+        .ok()
+        .flatten()
+        .and_then(|row| row.try_get_by_index::<T>(0).ok())
 }
 
 /// Whether a `VERSION()` string is MariaDB 10.5 or later (`10.11.19-MariaDB-0+deb12u1`).

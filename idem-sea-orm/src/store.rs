@@ -108,28 +108,30 @@ pub(crate) async fn begin_within(
     db: &DatabaseConnection,
     wait: Duration,
 ) -> Result<DatabaseTransaction, DbErr> {
-    if db.get_database_backend() == DbBackend::Sqlite {
-        return begin(db).await;
-    }
-    tokio::time::timeout(wait, begin(db))
-        .await
-        .unwrap_or(Err(DbErr::ConnectionAcquire(
-            sea_orm::ConnAcquireErr::Timeout,
-        )))
+    bounded(db, wait, begin(db)).await
 }
 
 /// Runs `work` (auto-committed statements on the pool), giving up after the connection wait:
 /// a server that died makes sqlx retry its connection until the pool's own acquire timeout
 /// (30 s by default), and a lease's holder must hear of the outage as promptly as a claim.
-/// SQLite is not bounded (its one connection is queued for under load).
 pub(crate) async fn within_connection_wait<T>(
     db: &DatabaseConnection,
+    work: impl Future<Output = Result<T, DbErr>>,
+) -> Result<T, DbErr> {
+    bounded(db, connection_wait(None), work).await
+}
+
+/// `work`, failing as a connection timeout after `wait`. SQLite is not bounded: an embedded
+/// database cannot go away, and its one connection is queued for under load.
+async fn bounded<T>(
+    db: &DatabaseConnection,
+    wait: Duration,
     work: impl Future<Output = Result<T, DbErr>>,
 ) -> Result<T, DbErr> {
     if db.get_database_backend() == DbBackend::Sqlite {
         return work.await;
     }
-    tokio::time::timeout(connection_wait(None), work)
+    tokio::time::timeout(wait, work)
         .await
         .unwrap_or(Err(DbErr::ConnectionAcquire(
             sea_orm::ConnAcquireErr::Timeout,
