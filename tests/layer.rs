@@ -397,3 +397,44 @@ async fn a_waiting_duplicate_replays_the_first_response() {
         t.assert_ran(1, "ran once").await;
     }
 }
+
+/// A response this layer recorded is replayed from memory: with the ledger's pool closed, a
+/// retry still gets it (a layer that remembers nothing answers 503), and a retry with another
+/// body is still 422. The route ran once.
+#[tokio::test]
+async fn a_retry_this_process_recorded_is_replayed_from_memory() {
+    for b in backends().await {
+        let name = b.name;
+        for remembered in [IdempotencyLayer::DEFAULT_REMEMBERED, 0] {
+            // A pool of its own, closed once the first response is recorded.
+            let ledger = common::connect(&b.url, 2).await;
+            let layer =
+                IdempotencyLayer::new(SeaOrmLeaseStore::new(ledger.clone()), "layer.memory")
+                    .remember_answers(remembered);
+            let app = App::new(&b.db);
+            let router = Router::new()
+                .route("/effects", post(create).route_layer(layer))
+                .with_state(app);
+            let (run, key) = (unique("layer-memory"), unique("k"));
+            let body = json!({"run": run, "amount": 3});
+            let first = post_json(&router, "/effects", &key, &body).await;
+            assert_eq!(first.status, 201, "{name}");
+            ledger.close().await.expect("close the ledger's pool");
+            let retry = post_json(&router, "/effects", &key, &body).await;
+            let reused =
+                post_json(&router, "/effects", &key, &json!({"run": run, "amount": 4})).await;
+            if remembered > 0 {
+                assert_eq!(retry.status, 201, "{name}: replayed from memory");
+                assert_eq!(retry.header("idempotent-replayed"), Some("true"), "{name}");
+                assert_eq!(retry.json, first.json, "{name}: the recorded body");
+                assert_eq!(reused.status, 422, "{name}: another body is still a reuse");
+            } else {
+                assert_eq!(
+                    retry.status, 503,
+                    "{name}: without memory the ledger is asked"
+                );
+            }
+            b.assert_effects(&run, 1, "the route ran once").await;
+        }
+    }
+}

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use idem_core::call::{Call, Site};
 use idem_core::lease::run_lease;
-use idem_core::{Concurrency, Error, Key, LeaseStore};
+use idem_core::{Concurrency, Error, Key, LeaseStore, RecentAnswers};
 
 use crate::http::{IDEMPOTENT_REPLAYED, IdempotencyKey, Problem, spawn_and_wait};
 
@@ -50,7 +50,7 @@ use crate::http::{IDEMPOTENT_REPLAYED, IdempotencyKey, Problem, spawn_and_wait};
 /// | same key, another method, path, query or body | 422 problem+json |
 /// | same key, another principal | its own key: the two never meet |
 /// | same key while the first request runs | 409 problem+json + `Retry-After` (or wait: [`on_concurrent`](Self::on_concurrent)) |
-/// | same key after a recorded response | the recorded status, [recorded headers](Self::record_header) and body + `Idempotent-Replayed: true` |
+/// | same key after a recorded response | the recorded status, [recorded headers](Self::record_header) and body + `Idempotent-Replayed: true` (from memory when this process recorded it: [`remember_answers`](Self::remember_answers)) |
 /// | the route answers 5xx | the answer passes through; nothing is recorded and the key is free at once, so a retry runs the route again |
 /// | the route's body fails mid-stream | 502 problem+json; the key is free at once, as for a 5xx |
 /// | the route panics | 500 problem+json; the lease is left to expire, then a retry runs the route again |
@@ -78,6 +78,8 @@ struct Config {
     max_response_body: usize,
     headers: Vec<HeaderName>,
     principal: Option<Principal>,
+    /// Responses this layer recorded, replayed from memory while they live.
+    answers: Option<Arc<RecentAnswers>>,
 }
 
 type Principal = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
@@ -94,6 +96,10 @@ impl fmt::Debug for IdempotencyLayer {
             .field("max_response_body", &c.max_response_body)
             .field("headers", &c.headers)
             .field("principal", &c.principal.is_some())
+            .field(
+                "remember_answers",
+                &c.answers.as_ref().map_or(0, |a| a.budget()),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -102,13 +108,18 @@ impl IdempotencyLayer {
     /// The default limit of a recorded response body and of a fingerprinted request body: 1 MiB.
     pub const DEFAULT_MAX_BODY: usize = 1 << 20;
 
+    /// The default memory for responses replayed without reading the ledger: 8 MiB.
+    pub const DEFAULT_REMEMBERED: usize = 8 << 20;
+
     /// A layer recording responses under `scope` (a name for the route's operation, stable
     /// across refactors, e.g. `"shop.refunds"`) in `store`, the ledger's lease store (with
     /// SeaORM: `idem::sea_orm::SeaOrmLeaseStore::new(db)`).
     ///
     /// Defaults: responses kept 24 h, leases of 30 s, a duplicate in flight answered 409 at
     /// once, bodies up to [`DEFAULT_MAX_BODY`](Self::DEFAULT_MAX_BODY), headers
-    /// `content-type`, `content-language`, `location`, `etag` and `last-modified` recorded.
+    /// `content-type`, `content-language`, `location`, `etag` and `last-modified` recorded,
+    /// [`DEFAULT_REMEMBERED`](Self::DEFAULT_REMEMBERED) of recent responses replayed from
+    /// memory.
     pub fn new(store: impl LeaseStore, scope: &'static str) -> Self {
         let ttl = Duration::from_secs(24 * 60 * 60);
         Self {
@@ -129,6 +140,7 @@ impl IdempotencyLayer {
                     LAST_MODIFIED,
                 ],
                 principal: None,
+                answers: Some(Arc::new(RecentAnswers::new(Self::DEFAULT_REMEMBERED))),
             }),
         }
     }
@@ -179,6 +191,16 @@ impl IdempotencyLayer {
                 c.headers.push(name);
             }
         })
+    }
+
+    /// How much memory (in bytes: bodies and headers, plus about 128 per response) keeps the
+    /// responses this layer recorded, so that a retry reaching this process is replayed
+    /// without reading the ledger; `0` turns it off. A recorded response never changes
+    /// until it expires, and each copy is dropped before its record expires, so the answer
+    /// is the one the ledger would give. The oldest copies go first; a response over an
+    /// eighth of the budget is not kept. Retries reaching another process read the ledger.
+    pub fn remember_answers(self, bytes: usize) -> Self {
+        self.with(|c| c.answers = (bytes > 0).then(|| Arc::new(RecentAnswers::new(bytes))))
     }
 
     /// Who the key belongs to (tenant, user, API client), read from the request: keys of two
@@ -432,6 +454,9 @@ where
         call.arg(parts.method.as_str());
         call.arg(parts.uri.path_and_query().map_or("/", |p| p.as_str()));
         call.arg(&BodyBytes(&bytes));
+        if let Some(answers) = &config.answers {
+            call.remember_answers(answers);
+        }
     }
     let task = spawn_and_wait(Box::pin(run_lease(
         Arc::clone(&config.store),

@@ -4,8 +4,10 @@
 //! shape from then on: claims, records, leases and steps read it by reference.
 
 use std::cell::RefCell;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use crate::answers::RecentAnswers;
 use crate::error::{BoxError, Error};
 use crate::fingerprint::{Fingerprint, FingerprintError, Fingerprinter};
 use crate::handler::{
@@ -67,6 +69,7 @@ pub struct Call {
     fingerprint_error: Option<FingerprintError>,
     /// A resumable call's arguments, as a JSON array being written (`None` for others).
     stored: Option<Result<Vec<u8>, String>>,
+    answers: Option<Arc<RecentAnswers>>,
 }
 
 impl Call {
@@ -79,7 +82,15 @@ impl Call {
             fingerprint: Fingerprinter::new(site.scope),
             fingerprint_error: None,
             stored: None,
+            answers: None,
         }
+    }
+
+    /// Replays from `answers` when it holds this call's record, and keeps the answer there
+    /// when this call records one (lease mode), so a retry this process receives needs no
+    /// round trip to the store.
+    pub fn remember_answers(&mut self, answers: &Arc<RecentAnswers>) {
+        self.answers = Some(Arc::clone(answers));
     }
 
     /// Adds an argument to those stored with a resumable call's claim (a JSON array, in the
@@ -161,6 +172,7 @@ impl Call {
             savepoint,
             span,
             stored_args,
+            answers: self.answers,
         })
     }
 }
@@ -196,6 +208,7 @@ pub struct Request {
     savepoint: bool,
     span: tracing::Span,
     stored_args: Option<Vec<u8>>,
+    answers: Option<Arc<RecentAnswers>>,
 }
 
 impl Request {
@@ -254,6 +267,29 @@ impl Request {
     /// The call's tracing span (`idem`, with scope, key hash, principal and outcome).
     pub fn span(&self) -> &tracing::Span {
         &self.span
+    }
+
+    /// This call's answer, if this process recorded it recently ([`Call::remember_answers`]).
+    pub(crate) fn recent_answer(&self) -> Option<Arc<Recorded>> {
+        self.answers.as_ref()?.get(&self.id)
+    }
+
+    /// Whether answers recorded for this call are remembered in memory.
+    pub(crate) fn remembers_answers(&self) -> bool {
+        self.answers.is_some()
+    }
+
+    /// Remembers the answer just recorded for this call, for its TTL from `since` (taken
+    /// before the store started the record's TTL).
+    pub(crate) fn remember(&self, status: RecordStatus, payload: Vec<u8>, since: Instant) {
+        if let Some(answers) = &self.answers {
+            let recorded = Recorded {
+                fingerprint: self.fingerprint,
+                status,
+                payload,
+            };
+            answers.keep(self.id, recorded, since, self.ttl());
+        }
     }
 
     /// Ends the call with an idem error, logged in its span.

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -52,6 +52,9 @@ struct Context {
     ticket: Ticket,
     store: Arc<dyn LeaseStore>,
     steps: Mutex<HashMap<String, Vec<u8>>>,
+    /// Whether steps may be recorded under the call's key: handed over by an earlier holder,
+    /// or one of this holder's was about to be recorded. The completion forgets them then.
+    may_have_steps: AtomicBool,
     lost: AtomicBool,
     /// A final phase waiting for the call's result; locked while it commits.
     open_phase: tokio::sync::Mutex<Option<Box<dyn OpenPhase>>>,
@@ -140,6 +143,7 @@ where
     let key = context.request.derived_key(name);
     let value = run(key).await?;
     let payload = encode_step(&context, &value)?;
+    context.may_have_steps.store(true, Ordering::SeqCst);
     // A conflict runs the record again, never the step: its effect has happened.
     let recorded = retried(context.request.scope(), || {
         context.store.record_step(&context.ticket, name, &payload)
@@ -223,6 +227,12 @@ impl LeaseHandle {
     /// Serialises a step's value.
     pub fn encode<T: Serialize>(&self, value: &T) -> Result<Vec<u8>, Error> {
         encode_step(&self.0, value)
+    }
+
+    /// Notes that the store is about to record a step itself, so that the completion
+    /// forgets it (call it before the step's write, whether or not that commits).
+    pub fn recording_step(&self) {
+        self.0.may_have_steps.store(true, Ordering::SeqCst);
     }
 
     /// Notes a step the store recorded itself (after its transaction committed).
@@ -323,6 +333,9 @@ where
             Ok(request) => request,
             Err(answer) => return answer,
         };
+        if let Some(recorded) = request.recent_answer() {
+            return request.replay(&recorded, finality);
+        }
         // `wait("…")` polls for the holder's result until its bound; `reject` answers at once.
         let deadline = match request.concurrency() {
             crate::Concurrency::Wait { bound } => Some(tokio::time::Instant::now() + bound),
@@ -362,6 +375,7 @@ where
             request,
             ticket,
             store: Arc::clone(&store),
+            may_have_steps: AtomicBool::new(!steps.is_empty()),
             steps: Mutex::new(steps.into_iter().collect()),
             lost: AtomicBool::new(false),
             open_phase: tokio::sync::Mutex::new(None),
@@ -419,6 +433,9 @@ where
             return answer;
         }
     };
+    // Taken before the store starts the record's TTL, so a remembered copy expires first.
+    let since = Instant::now();
+    let remembered = request.remembers_answers().then(|| record.payload.clone());
     let completed = match open_phase {
         // A conflict rolled the phase's writes back with the result: the phase must run
         // again, which only a new attempt can do (below).
@@ -427,14 +444,26 @@ where
                 .await
         }
         None => {
+            let forget_steps = context.may_have_steps.load(Ordering::SeqCst);
             retried(scope, || {
-                store.complete(&ticket, request, record.status, &record.payload)
+                store.complete(
+                    &ticket,
+                    request,
+                    record.status,
+                    &record.payload,
+                    forget_steps,
+                )
             })
             .await
         }
     };
     match completed {
-        Ok(()) => request.executed(record.answer),
+        Ok(()) => {
+            if let Some(payload) = remembered {
+                request.remember(record.status, payload, since);
+            }
+            request.executed(record.answer)
+        }
         Err(e) if e.kind() == crate::ErrorKind::LeaseLost => request.fail(context.lost()),
         Err(e) => {
             // Not recorded: end the lease at once, so the next retry (or a completer) takes

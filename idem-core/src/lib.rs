@@ -10,6 +10,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod answers;
 pub mod atomic;
 pub mod call;
 pub mod completer;
@@ -43,6 +44,7 @@ pub use store::{
     BoxFuture, Claim, Concurrency, LeaseClaim, LeaseStore, RecordStatus, Recorded, Store, Ticket,
 };
 
+pub use answers::RecentAnswers;
 pub use call::Request;
 pub use completer::{Completer, GaveUp, ResumeStore, Resumed};
 pub use handler::FinalError;

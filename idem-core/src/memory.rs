@@ -267,7 +267,9 @@ impl LeaseStore for MemoryStore {
         req: &'a Request,
         status: RecordStatus,
         payload: &'a [u8],
+        _forget_steps: bool,
     ) -> BoxFuture<'a, Result<(), Error>> {
+        // The steps go with the lease, whatever `forget_steps` says.
         Box::pin(async move {
             self.holding(ticket, |_| ())?;
             self.leases().remove(&ticket.id);

@@ -229,13 +229,16 @@ pub trait LeaseStore: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<(), Error>>;
 
     /// Records the call's outcome (kept for the request's TTL from now), if `ticket` still
-    /// holds the lease, and forgets its steps.
+    /// holds the lease, and forgets its steps. `forget_steps` is `false` when no step was
+    /// ever recorded, or about to be, under the call's key (none was handed over at the
+    /// claim and the holder recorded none): the store may then skip looking for them.
     fn complete<'a>(
         &'a self,
         ticket: &'a Ticket,
         req: &'a Request,
         status: RecordStatus,
         payload: &'a [u8],
+        forget_steps: bool,
     ) -> BoxFuture<'a, Result<(), Error>>;
 
     /// Ends the lease now, keeping the steps: a retry takes over at once and resumes.

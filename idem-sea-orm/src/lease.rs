@@ -13,14 +13,16 @@ use idem_core::lease::{LeaseHandle, OpenPhase};
 use idem_core::{
     BoxFuture, Error, LeaseClaim, LeaseStore, RecordStatus, Recorded, Request, Ticket,
 };
-use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr, Statement, Value};
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, Statement, Value,
+};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::store_error;
 use crate::sql::{Sql, millis, with_ids};
 use crate::store::{
-    begin_within, connection_wait, detached, ledger_row, list_rows, read_row, statement,
+    Row, begin_within, connection_wait, detached, ledger_row, list_rows, read_row, statement,
     within_connection_wait,
 };
 
@@ -96,6 +98,77 @@ async fn insert_step(
 /// args, ttl_ms.
 type StoredCallRow = Vec<Value>;
 
+/// The answer a ledger row gives another caller whatever commits next, if it has one: the
+/// key reused with other arguments, a live lease, a live record. `None` for a record or
+/// lease that ended: taking it over needs the row locked.
+fn settled(row: &Row, fingerprint: idem_core::Fingerprint) -> Option<LeaseClaim> {
+    let live = row.expires_at_ms > row.now_ms;
+    match row.status {
+        _ if row.fingerprint != fingerprint
+            && (live || row.status == Some(RecordStatus::Pending)) =>
+        {
+            // Another payload under this key: the engine answers KeyReused.
+            Some(LeaseClaim::Recorded(Recorded {
+                fingerprint: row.fingerprint,
+                status: row.status.unwrap_or(RecordStatus::Pending),
+                payload: Vec::new(),
+            }))
+        }
+        Some(RecordStatus::Pending) if live => Some(LeaseClaim::InFlight {
+            retry_after: Duration::from_millis(
+                u64::try_from(row.expires_at_ms - row.now_ms).unwrap_or(0),
+            ),
+        }),
+        Some(RecordStatus::Completed | RecordStatus::Failed | RecordStatus::GaveUp) if live => {
+            Some(LeaseClaim::Recorded(Recorded {
+                fingerprint: row.fingerprint,
+                status: row.status.unwrap_or(RecordStatus::Completed),
+                payload: row.response.clone().unwrap_or_default(),
+            }))
+        }
+        _ => None,
+    }
+}
+
+/// A lease claim as one statement outside a transaction (one round trip, one commit): the
+/// insert of a new key, or the committed row it ran into when that row settles the answer
+/// ([`settled`]). `None` when it does not (an ended lease or record to take over, a row
+/// purged in between): then [`claim`] decides under the row's lock.
+async fn claim_at_once(
+    db: &DatabaseConnection,
+    d: &Sql,
+    values: Vec<Value>,
+    id: [u8; 32],
+    owner: i64,
+    fingerprint: idem_core::Fingerprint,
+    lease_ms: i64,
+) -> Result<Option<LeaseClaim>, Error> {
+    let failed = |e: DbErr| store_error("claiming a lease", e);
+    let inserted = within_connection_wait(db, db.query_one_raw(statement(d, &d.claim, values)))
+        .await
+        .map_err(failed)?;
+    let row = match inserted {
+        Some(row) => row,
+        // SQLite's `DO NOTHING` returns no row; nor does PostgreSQL's for a row committed
+        // while its insert waited. Read it, committed.
+        None => {
+            let read = db.query_one_raw(statement(d, &d.read_row, vec![id.to_vec().into()]));
+            match within_connection_wait(db, read).await.map_err(failed)? {
+                Some(row) => row,
+                None => return Ok(None),
+            }
+        }
+    };
+    let row = read_row(&row).map_err(failed)?;
+    if row.owner == owner {
+        return Ok(Some(LeaseClaim::Execute {
+            ticket: Ticket::new(id, owner, row.now_ms + lease_ms),
+            steps: Vec::new(),
+        }));
+    }
+    Ok(settled(&row, fingerprint))
+}
+
 async fn claim(
     db: DatabaseConnection,
     values: Vec<Value>,
@@ -106,11 +179,21 @@ async fn claim(
     lease_ms: i64,
 ) -> Result<LeaseClaim, Error> {
     let doing = "claiming a lease";
+    if db.get_database_backend() == DbBackend::MySql {
+        crate::flavour::detect(&db).await;
+    }
+    let d = Sql::of(db.get_database_backend());
+    // A resumable call stores its arguments in its claim's transaction: never at once.
+    if stored_call.is_none()
+        && d.claim_returns_row
+        && let Some(answer) =
+            claim_at_once(&db, d, values.clone(), id, owner, fingerprint, lease_ms).await?
+    {
+        return Ok(answer);
+    }
     let tx = begin_within(&db, connection_wait(None))
         .await
         .map_err(|e| store_error(doing, e))?;
-    // After `begin`, which learns which MySQL family the server is.
-    let d = Sql::of(db.get_database_backend());
     let failed = |e: DbErr| store_error(doing, e);
     // Inserted only if absent; then read the row back, locked, with the database's clock.
     tx.execute_raw(statement(d, &d.claim, values))
@@ -141,30 +224,8 @@ async fn claim(
             steps: Vec::new(),
         });
     }
-    let live = row.expires_at_ms > row.now_ms;
     let answer = match row.status {
-        _ if row.fingerprint != fingerprint
-            && (live || row.status == Some(RecordStatus::Pending)) =>
-        {
-            // Another payload under this key: the engine answers KeyReused.
-            LeaseClaim::Recorded(Recorded {
-                fingerprint: row.fingerprint,
-                status: row.status.unwrap_or(RecordStatus::Pending),
-                payload: Vec::new(),
-            })
-        }
-        Some(RecordStatus::Pending) if live => LeaseClaim::InFlight {
-            retry_after: Duration::from_millis(
-                u64::try_from(row.expires_at_ms - row.now_ms).unwrap_or(0),
-            ),
-        },
-        Some(RecordStatus::Completed | RecordStatus::Failed | RecordStatus::GaveUp) if live => {
-            LeaseClaim::Recorded(Recorded {
-                fingerprint: row.fingerprint,
-                status: row.status.unwrap_or(RecordStatus::Completed),
-                payload: row.response.unwrap_or_default(),
-            })
-        }
+        _ if let Some(answer) = settled(&row, fingerprint) => answer,
         Some(RecordStatus::Pending) => {
             // The holder's lease ended: take over with the next token, resume after its steps.
             let token = row.owner.wrapping_add(1);
@@ -200,6 +261,22 @@ async fn claim(
     Ok(answer)
 }
 
+/// Binds the values of `complete_lease`.
+fn completion_values(
+    ticket: &Ticket,
+    status: RecordStatus,
+    payload: Vec<u8>,
+    ttl: Duration,
+) -> Vec<Value> {
+    vec![
+        status.code().into(),
+        payload.into(),
+        millis(ttl).into(),
+        ticket.id.to_vec().into(),
+        ticket.token.into(),
+    ]
+}
+
 /// Records a lease-mode call's outcome in `tx` if `ticket` still holds the lease (kept for
 /// `ttl` from now), forgets its steps and, for a `resumable` call, its stored call, and
 /// commits.
@@ -217,13 +294,7 @@ async fn record_completion(
         .execute_raw(statement(
             sql,
             &sql.complete_lease,
-            vec![
-                status.code().into(),
-                payload.into(),
-                millis(ttl).into(),
-                ticket.id.to_vec().into(),
-                ticket.token.into(),
-            ],
+            completion_values(&ticket, status, payload, ttl),
         ))
         .await
         .map_err(|e| store_error(doing, e))?;
@@ -424,10 +495,21 @@ impl LeaseStore for SeaOrmLeaseStore {
         req: &'a Request,
         status: RecordStatus,
         payload: &'a [u8],
+        forget_steps: bool,
     ) -> BoxFuture<'a, Result<(), Error>> {
         let (db, ticket, payload, ttl) = (self.db.clone(), *ticket, payload.to_vec(), req.ttl());
         let resumable = req.stored_args().is_some();
         Box::pin(detached(async move {
+            if !forget_steps && !resumable {
+                // Nothing else to delete: the fenced update alone, outside a transaction.
+                let sql = &Sql::of(db.get_database_backend()).complete_lease;
+                let values = completion_values(&ticket, status, payload, ttl);
+                return if fenced_update(&db, sql, values, "recording the result").await? {
+                    Ok(())
+                } else {
+                    Err(lost())
+                };
+            }
             let tx = begin_within(&db, connection_wait(None))
                 .await
                 .map_err(|e| store_error("recording the result", e))?;
@@ -541,6 +623,7 @@ where
         }
     };
     let payload = lease.encode(&value)?;
+    lease.recording_step();
     insert_step(&tx, &ticket, name, &payload).await?;
     if lease.is_resumable() {
         // A completer must complete this call, never give it up: its effects are done.

@@ -148,8 +148,14 @@ pub(crate) struct Sql {
     pub(crate) after_nowait: Option<&'static str>,
     /// Run before `claim_nowait` where the backend needs a separate statement.
     pub(crate) before_nowait: Option<&'static str>,
+    /// Whether `claim` returns a row (all but the MySQL 8 family's upsert): then a lease
+    /// claim is first tried as that one statement, outside a transaction.
+    pub(crate) claim_returns_row: bool,
     /// Binds id; returns owner, fingerprint, state, response, expires_at_ms, now_ms.
     pub(crate) read_locked: String,
+    /// `read_locked` without the lock: a committed row, for answers a later commit cannot
+    /// change (a completed record, a live lease).
+    pub(crate) read_row: String,
     /// Binds owner, fingerprint, ttl_ms, id.
     pub(crate) take_over: String,
     /// Binds state, response, id, owner (with `claim_by_read`: see there).
@@ -324,6 +330,7 @@ impl Sql {
             1,
         );
         self.read_locked = format!("SET STATEMENT {WAIT} FOR {}", self.read_locked);
+        self.read_row = format!("SET STATEMENT {WAIT} FOR {}", self.read_row);
         self
     }
 
@@ -409,10 +416,12 @@ impl Sql {
                 _ => None,
             },
             after_nowait: mysql8.then_some("SET SESSION innodb_lock_wait_timeout = DEFAULT"),
+            claim_returns_row: !mysql8,
             read_locked: match backend {
                 Sqlite => r("{read_row}"),
                 _ => r("{read_row} FOR UPDATE"),
             },
+            read_row: r("{read_row}"),
             take_over: r(
                 "UPDATE {ledger} SET owner = ?, fingerprint = ?, state = 0, response = NULL, \
                 created_at_ms = {now}, expires_at_ms = {now} + ? WHERE id = ?",
