@@ -55,25 +55,13 @@ impl std::fmt::Display for Fingerprint {
 /// ```
 #[derive(Debug, Clone)]
 pub struct Fingerprinter {
-    encoded: Vec<u8>,
+    encoded: Buffer,
 }
-
-thread_local! {
-    /// The encoding buffer of this thread's last finished fingerprint, reused by the next:
-    /// a typical request encodes to a few KiB, and growing a fresh buffer to that size costs
-    /// as much as encoding it.
-    static SPARE_BUFFER: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
-}
-
-/// Buffers larger than this are freed rather than kept for the next fingerprint.
-const SPARE_BUFFER_LIMIT: usize = 64 * 1024;
 
 impl Fingerprinter {
     /// Starts a fingerprint for `scope`.
     pub fn new(scope: &str) -> Self {
-        let mut encoded = SPARE_BUFFER.take();
-        encoded.clear();
-        encoded.reserve(2048);
+        let mut encoded = Buffer::new();
         put_str(&mut encoded, FINGERPRINT_VERSION);
         put_str(&mut encoded, scope);
         Self { encoded }
@@ -88,16 +76,12 @@ impl Fingerprinter {
 
     /// The canonical bytes so far (what [`finish`](Self::finish) hashes).
     pub fn encoded(&self) -> &[u8] {
-        &self.encoded
+        &self.encoded.0
     }
 
     /// Hashes everything added.
     pub fn finish(self) -> Fingerprint {
-        let fingerprint = Fingerprint(Sha256::digest(&self.encoded).into());
-        if self.encoded.capacity() <= SPARE_BUFFER_LIMIT {
-            SPARE_BUFFER.set(self.encoded);
-        }
-        fingerprint
+        Fingerprint(self.encoded.finish())
     }
 }
 
@@ -106,6 +90,81 @@ pub fn canonical_bytes<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, Fing
     let mut out = Vec::new();
     value.serialize(&mut Canonical { out: &mut out })?;
     Ok(out)
+}
+
+/// Where the canonical encoding is written: a fingerprint's buffer, or a map's scratch
+/// buffer (whose entries are sorted before they are copied to the fingerprint's).
+trait Sink {
+    fn put(&mut self, bytes: &[u8]);
+    fn put_byte(&mut self, byte: u8);
+}
+
+impl Sink for Vec<u8> {
+    #[inline]
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+    #[inline]
+    fn put_byte(&mut self, byte: u8) {
+        self.push(byte);
+    }
+}
+
+thread_local! {
+    /// The encoding buffer of this thread's last finished fingerprint, reused by the next:
+    /// a typical request encodes to a few KiB, and growing a fresh buffer to that size costs
+    /// as much as encoding it.
+    static SPARE_BUFFER: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Buffers larger than this are freed rather than kept for the next fingerprint.
+const SPARE_BUFFER_LIMIT: usize = 64 * 1024;
+
+/// A fingerprint's canonical bytes, in a buffer taken from this thread's spare.
+///
+/// The whole encoding is hashed in one pass when the fingerprint is finished. Hashing it as
+/// it is written, a block or a few KiB at a time, was measured slower here (P5, issue 23):
+/// every write then checks for a flush, and the encoder's cost is its number of writes.
+/// (A type of its own rather than a bare `Vec`: the encoder monomorphised for it measured
+/// faster than the same code on the `Vec` that map scratch buffers use.)
+#[derive(Clone)]
+struct Buffer(Vec<u8>);
+
+impl Buffer {
+    fn new() -> Self {
+        // While the thread is torn down there is no spare: a new buffer is grown instead.
+        let mut bytes = SPARE_BUFFER
+            .try_with(std::cell::Cell::take)
+            .unwrap_or_default();
+        bytes.clear();
+        bytes.reserve(2048);
+        Self(bytes)
+    }
+
+    fn finish(self) -> [u8; 32] {
+        let digest = Sha256::digest(&self.0).into();
+        if self.0.capacity() <= SPARE_BUFFER_LIMIT {
+            let _ = SPARE_BUFFER.try_with(|spare| spare.set(self.0));
+        }
+        digest
+    }
+}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} bytes", self.0.len())
+    }
+}
+
+impl Sink for Buffer {
+    #[inline]
+    fn put(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
+    #[inline]
+    fn put_byte(&mut self, byte: u8) {
+        self.0.push(byte);
+    }
 }
 
 /// The `Serialize` impl of an argument failed.
@@ -161,29 +220,35 @@ mod tag {
 // Each token is written with one copy of a stack array: the encoder's cost is its number of
 // writes, not its bytes.
 /// A tag and a length, as one write.
-fn put_header(out: &mut Vec<u8>, tag: u8, len: usize) {
+#[inline]
+fn put_header(out: &mut impl Sink, tag: u8, len: usize) {
     let mut header = [tag; 9];
     header[1..].copy_from_slice(&(len as u64).to_be_bytes());
-    out.extend_from_slice(&header);
+    out.put(&header);
 }
 
-fn put_str(out: &mut Vec<u8>, s: &str) {
+#[inline]
+fn put_str(out: &mut impl Sink, s: &str) {
     put_header(out, tag::STR, s.len());
-    out.extend_from_slice(s.as_bytes());
+    out.put(s.as_bytes());
 }
 
-fn put_int(out: &mut Vec<u8>, negative: bool, magnitude: u128) {
+fn put_int(out: &mut impl Sink, negative: bool, magnitude: u128) {
     let mut token = [tag::INT; 18];
     token[1] = u8::from(negative && magnitude != 0);
     token[2..].copy_from_slice(&magnitude.to_be_bytes());
-    out.extend_from_slice(&token);
+    out.put(&token);
 }
 
-fn put_signed(out: &mut Vec<u8>, v: i128) {
+fn put_signed(out: &mut impl Sink, v: i128) {
     put_int(out, v < 0, v.unsigned_abs());
 }
 
-fn put_float(out: &mut Vec<u8>, v: f64) {
+fn put_unsigned(out: &mut impl Sink, v: u128) {
+    put_int(out, false, v);
+}
+
+fn put_float(out: &mut impl Sink, v: f64) {
     let canonical = if v.is_nan() {
         f64::NAN.to_bits()
     } else if v == 0.0 {
@@ -191,21 +256,69 @@ fn put_float(out: &mut Vec<u8>, v: f64) {
     } else {
         v.to_bits()
     };
-    out.push(tag::FLOAT);
-    out.extend_from_slice(&canonical.to_be_bytes());
+    let mut token = [tag::FLOAT; 9];
+    token[1..].copy_from_slice(&canonical.to_be_bytes());
+    out.put(&token);
 }
 
-struct Canonical<'a> {
-    out: &'a mut Vec<u8>,
+/// The canonical serializer, writing to `out`.
+struct Canonical<'a, S> {
+    out: &'a mut S,
 }
 
-/// Writes map entries in place, then reorders them by encoded key when the map ends.
-struct MapEncoder<'a> {
-    out: &'a mut Vec<u8>,
-    /// Where the first entry starts in `out`.
-    start: usize,
-    /// Each entry as offsets in `out`: key start, key end (its value's start), value end.
+/// Writes a map's entries to a scratch buffer of its own as they come, then to `out` in the
+/// canonical order (by encoded key) when the map ends.
+struct MapEncoder<'a, S> {
+    out: &'a mut S,
+    scratch: MapScratch,
+}
+
+/// A map's entries before they are sorted.
+#[derive(Default)]
+struct MapScratch {
+    bytes: Vec<u8>,
+    /// Each entry as offsets in `bytes`: key start, key end (its value's start), value end.
     entries: Vec<(usize, usize, usize)>,
+}
+
+thread_local! {
+    /// Scratch buffers of finished maps, reused by the next: growing fresh ones for every
+    /// map would cost as much as encoding it. One per level of nesting.
+    static MAP_SCRATCH: std::cell::RefCell<Vec<MapScratch>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Scratch buffers larger than this are freed rather than kept for the next map.
+const MAP_SCRATCH_LIMIT: usize = 64 * 1024;
+/// Levels of map nesting whose scratch buffers are kept.
+const MAP_SCRATCH_DEPTH: usize = 8;
+
+impl MapScratch {
+    /// An empty scratch buffer, reused if this thread has one.
+    fn take() -> Self {
+        MAP_SCRATCH
+            .try_with(|pool| pool.try_borrow_mut().ok()?.pop())
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    }
+
+    /// Keeps this buffer for the next map on this thread, unless it is too large to keep.
+    fn give_back(mut self) {
+        if self.bytes.capacity() > MAP_SCRATCH_LIMIT {
+            return;
+        }
+        self.bytes.clear();
+        self.entries.clear();
+        // During the thread's teardown the pool is gone: the buffer is simply freed.
+        let _ = MAP_SCRATCH.try_with(|pool| {
+            if let Ok(mut pool) = pool.try_borrow_mut()
+                && pool.len() < MAP_SCRATCH_DEPTH
+            {
+                pool.push(self);
+            }
+        });
+    }
 }
 
 /// Serializer methods that put a number with `$put`, widened to its largest type.
@@ -218,33 +331,29 @@ macro_rules! numbers {
     )+)+};
 }
 
-fn put_unsigned(out: &mut Vec<u8>, v: u128) {
-    put_int(out, false, v);
-}
-
-impl Canonical<'_> {
+impl<S: Sink> Canonical<'_, S> {
     /// Opens an enum variant's value: its name, then `value_tag` (unit, sequence or struct).
     fn variant(&mut self, variant: &str, value_tag: u8) -> &mut Self {
-        self.out.push(tag::VARIANT);
+        self.out.put_byte(tag::VARIANT);
         put_str(self.out, variant);
-        self.out.push(value_tag);
+        self.out.put_byte(value_tag);
         self
     }
 }
 
-impl<'a> ser::Serializer for &'a mut Canonical<'_> {
+impl<'a, S: Sink> ser::Serializer for &'a mut Canonical<'_, S> {
     type Ok = ();
     type Error = FingerprintError;
     type SerializeSeq = Self;
     type SerializeTuple = Self;
     type SerializeTupleStruct = Self;
     type SerializeTupleVariant = Self;
-    type SerializeMap = MapEncoder<'a>;
+    type SerializeMap = MapEncoder<'a, S>;
     type SerializeStruct = Self;
     type SerializeStructVariant = Self;
 
     fn serialize_bool(self, v: bool) -> Result<(), FingerprintError> {
-        self.out.push(if v { tag::TRUE } else { tag::FALSE });
+        self.out.put_byte(if v { tag::TRUE } else { tag::FALSE });
         Ok(())
     }
     // Every integer widens to one encoding and every float to another: the width a caller
@@ -266,19 +375,19 @@ impl<'a> ser::Serializer for &'a mut Canonical<'_> {
     }
     fn serialize_bytes(self, v: &[u8]) -> Result<(), FingerprintError> {
         put_header(self.out, tag::BYTES, v.len());
-        self.out.extend_from_slice(v);
+        self.out.put(v);
         Ok(())
     }
     fn serialize_none(self) -> Result<(), FingerprintError> {
-        self.out.push(tag::UNIT);
+        self.out.put_byte(tag::UNIT);
         Ok(())
     }
     fn serialize_some<T: Serialize + ?Sized>(self, value: &T) -> Result<(), FingerprintError> {
-        self.out.push(tag::SOME);
+        self.out.put_byte(tag::SOME);
         value.serialize(self)
     }
     fn serialize_unit(self) -> Result<(), FingerprintError> {
-        self.out.push(tag::UNIT);
+        self.out.put_byte(tag::UNIT);
         Ok(())
     }
     fn serialize_unit_struct(self, _name: &'static str) -> Result<(), FingerprintError> {
@@ -307,16 +416,16 @@ impl<'a> ser::Serializer for &'a mut Canonical<'_> {
         variant: &'static str,
         value: &T,
     ) -> Result<(), FingerprintError> {
-        self.out.push(tag::VARIANT);
+        self.out.put_byte(tag::VARIANT);
         put_str(self.out, variant);
         value.serialize(self)
     }
     fn serialize_seq(self, _len: Option<usize>) -> Result<Self, FingerprintError> {
-        self.out.push(tag::SEQ);
+        self.out.put_byte(tag::SEQ);
         Ok(self)
     }
     fn serialize_tuple(self, _len: usize) -> Result<Self, FingerprintError> {
-        self.out.push(tag::SEQ);
+        self.out.put_byte(tag::SEQ);
         Ok(self)
     }
     fn serialize_tuple_struct(
@@ -324,7 +433,7 @@ impl<'a> ser::Serializer for &'a mut Canonical<'_> {
         _name: &'static str,
         _len: usize,
     ) -> Result<Self, FingerprintError> {
-        self.out.push(tag::SEQ);
+        self.out.put_byte(tag::SEQ);
         Ok(self)
     }
     fn serialize_tuple_variant(
@@ -336,16 +445,15 @@ impl<'a> ser::Serializer for &'a mut Canonical<'_> {
     ) -> Result<Self, FingerprintError> {
         Ok(self.variant(variant, tag::SEQ))
     }
-    fn serialize_map(self, len: Option<usize>) -> Result<MapEncoder<'a>, FingerprintError> {
-        self.out.push(tag::MAP);
+    fn serialize_map(self, _len: Option<usize>) -> Result<MapEncoder<'a, S>, FingerprintError> {
+        self.out.put_byte(tag::MAP);
         Ok(MapEncoder {
-            start: self.out.len(),
             out: self.out,
-            entries: Vec::with_capacity(len.unwrap_or(0)),
+            scratch: MapScratch::take(),
         })
     }
     fn serialize_struct(self, _name: &'static str, _len: usize) -> Result<Self, FingerprintError> {
-        self.out.push(tag::STRUCT);
+        self.out.put_byte(tag::STRUCT);
         Ok(self)
     }
     fn serialize_struct_variant(
@@ -359,7 +467,7 @@ impl<'a> ser::Serializer for &'a mut Canonical<'_> {
     }
 }
 
-impl Canonical<'_> {
+impl<S: Sink> Canonical<'_, S> {
     fn element<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), FingerprintError> {
         value.serialize(&mut *self)
     }
@@ -372,14 +480,14 @@ impl Canonical<'_> {
         value.serialize(&mut *self)
     }
     fn end(&mut self) -> Result<(), FingerprintError> {
-        self.out.push(tag::END);
+        self.out.put_byte(tag::END);
         Ok(())
     }
 }
 
 macro_rules! sequence_like {
     ($($trait:ident :: $method:ident),*) => {$(
-        impl ser::$trait for &mut Canonical<'_> {
+        impl<S: Sink> ser::$trait for &mut Canonical<'_, S> {
             type Ok = ();
             type Error = FingerprintError;
             fn $method<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), FingerprintError> {
@@ -400,7 +508,7 @@ sequence_like!(
 
 macro_rules! struct_like {
     ($($trait:ident),*) => {$(
-        impl ser::$trait for &mut Canonical<'_> {
+        impl<S: Sink> ser::$trait for &mut Canonical<'_, S> {
             type Ok = ();
             type Error = FingerprintError;
             fn serialize_field<T: Serialize + ?Sized>(
@@ -418,45 +526,48 @@ macro_rules! struct_like {
 }
 struct_like!(SerializeStruct, SerializeStructVariant);
 
-impl ser::SerializeMap for MapEncoder<'_> {
+impl<S: Sink> ser::SerializeMap for MapEncoder<'_, S> {
     type Ok = ();
     type Error = FingerprintError;
     fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> Result<(), FingerprintError> {
-        let key_start = self.out.len();
-        key.serialize(&mut Canonical { out: self.out })?;
-        let key_end = self.out.len();
-        self.entries.push((key_start, key_end, key_end));
+        let bytes = &mut self.scratch.bytes;
+        let key_start = bytes.len();
+        key.serialize(&mut Canonical { out: &mut *bytes })?;
+        let key_end = bytes.len();
+        self.scratch.entries.push((key_start, key_end, key_end));
         Ok(())
     }
     fn serialize_value<T: Serialize + ?Sized>(
         &mut self,
         value: &T,
     ) -> Result<(), FingerprintError> {
-        if self.entries.is_empty() {
+        if self.scratch.entries.is_empty() {
             return Err(FingerprintError(
                 "map value serialized before its key".to_owned(),
             ));
         }
-        value.serialize(&mut Canonical { out: self.out })?;
-        let value_end = self.out.len();
-        if let Some(entry) = self.entries.last_mut() {
+        let bytes = &mut self.scratch.bytes;
+        value.serialize(&mut Canonical { out: &mut *bytes })?;
+        let value_end = bytes.len();
+        if let Some(entry) = self.scratch.entries.last_mut() {
             entry.2 = value_end;
         }
         Ok(())
     }
     fn end(mut self) -> Result<(), FingerprintError> {
-        // Entries are written as they come; the canonical order is by encoded key.
-        if self.entries.len() > 1 {
-            let written = self.out.split_off(self.start);
-            let at = |offset: usize| offset - self.start;
-            self.entries
-                .sort_unstable_by(|a, b| written[at(a.0)..at(a.1)].cmp(&written[at(b.0)..at(b.1)]));
-            for &(key_start, _, value_end) in &self.entries {
-                self.out
-                    .extend_from_slice(&written[at(key_start)..at(value_end)]);
-            }
+        // Entries are written as they come; the canonical order is by encoded key. (Already
+        // sorted, as a `BTreeMap`'s are, the sort only checks.)
+        let MapScratch { bytes, entries } = &mut self.scratch;
+        let key = |&(key_start, key_end, _): &(usize, usize, usize)| {
+            bytes.get(key_start..key_end).unwrap_or_default()
+        };
+        entries.sort_unstable_by(|a, b| key(a).cmp(key(b)));
+        for &(key_start, _, value_end) in entries.iter() {
+            self.out
+                .put(bytes.get(key_start..value_end).unwrap_or_default());
         }
-        self.out.push(tag::END);
+        self.out.put_byte(tag::END);
+        self.scratch.give_back();
         Ok(())
     }
 }
@@ -590,7 +701,7 @@ mod tests {
 #[cfg(test)]
 mod golden {
     use super::*;
-    use std::collections::BTreeMap;
+    use std::collections::{BTreeMap, HashMap};
 
     #[derive(serde::Serialize)]
     enum Kind {
@@ -658,6 +769,66 @@ mod golden {
         assert_eq!(
             f.finish().to_string(),
             "f35bfc7c3d152143f387f618f48adbb71138af072625b5405a49c9aa79c35ece"
+        );
+    }
+
+    #[derive(serde::Serialize)]
+    enum Shape {
+        Unit,
+        Newtype(Option<u8>),
+        Tuple(i8, String),
+        Fields {
+            long: String,
+            nested: HashMap<String, Vec<Option<Shape>>>,
+        },
+    }
+
+    /// Values that exercise every path of the encoder (maps nested in maps and sequences,
+    /// unsorted `HashMap`s, every kind of enum variant, options, strings far longer than any
+    /// buffer, byte strings) keep the fingerprint `idem/fingerprint/v1` gave them.
+    #[test]
+    fn rich_values_keep_their_v1_fingerprint() {
+        let long = "0123456789abcdef".repeat(700);
+        let mut inner = HashMap::new();
+        for i in 0..40_u8 {
+            let shapes = (0..i % 4)
+                .map(|j| match j {
+                    0 => Some(Shape::Unit),
+                    1 => Some(Shape::Newtype(Some(i))),
+                    2 => Some(Shape::Tuple(
+                        -(i as i8),
+                        format!("t{i}").repeat(usize::from(i)),
+                    )),
+                    _ => None,
+                })
+                .collect();
+            inner.insert(
+                format!("key {i:03} {}", "x".repeat(usize::from(i) * 3)),
+                shapes,
+            );
+        }
+        let mut outer: HashMap<String, HashMap<String, Vec<Option<Shape>>>> = HashMap::new();
+        outer.insert("b".to_owned(), HashMap::new());
+        outer.insert("a".to_owned(), inner);
+        let value = (
+            Shape::Fields {
+                long: long.clone(),
+                nested: HashMap::new(),
+            },
+            outer,
+            vec![Some(1.5_f32), None],
+            serde_bytes_like::Bytes(&[7; 300]),
+            long,
+        );
+        let mut f = Fingerprinter::new("rich");
+        f.arg(&value).unwrap();
+        f.arg(&Shape::Unit).unwrap();
+        let from_bytes = Fingerprint(Sha256::digest(f.encoded()).into());
+        let fingerprint = f.finish();
+        assert_eq!(fingerprint, from_bytes);
+        assert_eq!(
+            fingerprint.to_string(),
+            "2618e7d052080e3924544b96388b40da7ef47a85bf452bf411f343f2db8e91a2"
         );
     }
 }
