@@ -438,3 +438,57 @@ async fn a_retry_this_process_recorded_is_replayed_from_memory() {
         }
     }
 }
+
+/// Many keys at once, each sent four times, through a layer that remembers nothing (so the
+/// claims, completions and replays all reach the ledger; on SQLite concurrent writes commit
+/// in groups): every key runs its route once, every duplicate gets 409 or the first
+/// response, and a later retry of each key replays it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_of_keys_and_duplicates_runs_each_key_once() {
+    const KEYS: usize = 24;
+    const COPIES: usize = 4;
+    for b in backends().await {
+        let name = b.name;
+        let layer = IdempotencyLayer::new(SeaOrmLeaseStore::new(b.db.clone()), "layer.storm")
+            .remember_answers(0);
+        let router = Router::new()
+            .route("/effects", post(create).route_layer(layer))
+            .with_state(App::new(&b.db));
+        let keys: Vec<(String, Value, String)> = (0..KEYS)
+            .map(|_| {
+                let run = unique("layer-storm");
+                (unique("k"), json!({"run": run, "amount": 1}), run)
+            })
+            .collect();
+        let mut calls = Vec::new();
+        for _ in 0..COPIES {
+            for (key, body, _) in &keys {
+                calls.push(Call::post("/effects").key(key).json(body).spawn(&router));
+            }
+        }
+        let mut answers = Vec::new();
+        for call in calls {
+            answers.push(call.await.expect("client task"));
+        }
+        for (i, (key, body, run)) in keys.iter().enumerate() {
+            b.assert_effects(run, 1, "each key ran once").await;
+            let copies: Vec<&Answer> = answers.iter().skip(i).step_by(KEYS).collect();
+            let first = copies
+                .iter()
+                .find(|a| a.status == 201)
+                .unwrap_or_else(|| panic!("{name}: no copy of key {i} got 201"));
+            for copy in &copies {
+                assert!(
+                    copy.status == 409 || (copy.status == 201 && copy.json == first.json),
+                    "{name}: key {i}: {} {}",
+                    copy.status,
+                    copy.text
+                );
+            }
+            let retry = post_json(&router, "/effects", key, body).await;
+            assert_eq!(retry.status, 201, "{name}: key {i} replayed");
+            assert!(retry.replayed, "{name}: key {i} marked replayed");
+            assert_eq!(retry.json, first.json, "{name}: key {i}: the recorded body");
+        }
+    }
+}

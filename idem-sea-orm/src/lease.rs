@@ -20,6 +20,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::store_error;
+use crate::group_commit::{self, Write, Written};
 use crate::sql::{Sql, millis, with_ids};
 use crate::store::{
     Row, begin_within, connection_wait, detached, ledger_row, list_rows, read_row, statement,
@@ -144,20 +145,17 @@ async fn claim_at_once(
     lease_ms: i64,
 ) -> Result<Option<LeaseClaim>, Error> {
     let failed = |e: DbErr| store_error("claiming a lease", e);
-    let inserted = within_connection_wait(db, db.query_one_raw(statement(d, &d.claim, values)))
+    // SQLite's `DO NOTHING` returns no row; nor does PostgreSQL's for a row committed while
+    // its insert waited: then `read` reads it, committed.
+    let claim = Write::Claim {
+        claim: statement(d, &d.claim, values),
+        read: statement(d, &d.read_row, vec![id.to_vec().into()]),
+    };
+    let written = within_connection_wait(db, group_commit::write(db, claim))
         .await
         .map_err(failed)?;
-    let row = match inserted {
-        Some(row) => row,
-        // SQLite's `DO NOTHING` returns no row; nor does PostgreSQL's for a row committed
-        // while its insert waited. Read it, committed.
-        None => {
-            let read = db.query_one_raw(statement(d, &d.read_row, vec![id.to_vec().into()]));
-            match within_connection_wait(db, read).await.map_err(failed)? {
-                Some(row) => row,
-                None => return Ok(None),
-            }
-        }
+    let Written::Row(Some(row)) = written else {
+        return Ok(None);
     };
     let row = read_row(&row).map_err(failed)?;
     if row.owner == owner {
@@ -403,14 +401,14 @@ async fn fenced_update(
     values: Vec<Value>,
     doing: &'static str,
 ) -> Result<bool, Error> {
-    let update = db.execute_raw(Statement::from_sql_and_values(
+    let update = Write::Update(Statement::from_sql_and_values(
         db.get_database_backend(),
         sql,
         values,
     ));
-    within_connection_wait(db, update)
+    within_connection_wait(db, group_commit::write(db, update))
         .await
-        .map(|r| r.rows_affected() == 1)
+        .map(|written| matches!(written, Written::Changed(1)))
         .map_err(|e| store_error(doing, e))
 }
 

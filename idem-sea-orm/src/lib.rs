@@ -32,6 +32,7 @@
 mod completer;
 mod error;
 mod flavour;
+mod group_commit;
 pub mod inspect;
 mod lease;
 mod outbox;
