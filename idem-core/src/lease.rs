@@ -465,6 +465,14 @@ where
             request.executed(record.answer)
         }
         Err(e) if e.kind() == crate::ErrorKind::LeaseLost => request.fail(context.lost()),
+        Err(e) if e.kind() == crate::ErrorKind::Unavailable => {
+            // The store is unreachable: the release would most likely wait out the same
+            // connection bound again before failing, so the caller is answered now and the
+            // release is tried behind it.
+            let store = Arc::clone(&context.store);
+            tokio::spawn(async move { release_now(&*store, scope, &ticket).await });
+            request.fail(e)
+        }
         Err(e) => {
             // Not recorded: end the lease at once, so the next retry (or a completer) takes
             // over from the recorded steps instead of waiting the lease out.

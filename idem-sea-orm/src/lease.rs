@@ -183,7 +183,7 @@ async fn claim(
     let d = Sql::of(db.get_database_backend());
     // A resumable call stores its arguments in its claim's transaction: never at once.
     if stored_call.is_none()
-        && d.claim_returns_row
+        && d.claim_at_once
         && let Some(answer) =
             claim_at_once(&db, d, values.clone(), id, owner, fingerprint, lease_ms).await?
     {

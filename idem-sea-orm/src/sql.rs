@@ -148,9 +148,11 @@ pub(crate) struct Sql {
     pub(crate) after_nowait: Option<&'static str>,
     /// Run before `claim_nowait` where the backend needs a separate statement.
     pub(crate) before_nowait: Option<&'static str>,
-    /// Whether `claim` returns a row (all but the MySQL 8 family's upsert): then a lease
-    /// claim is first tried as that one statement, outside a transaction.
-    pub(crate) claim_returns_row: bool,
+    /// Whether a lease claim is first tried as `claim` alone, outside a transaction. Not on
+    /// the MySQL 8 family (its upsert returns no row), nor on a Galera node: a node re-runs
+    /// an autocommit statement that failed certification after it returned its rows, so
+    /// the caller could read a row it did not end up inserting (seen in `tests/galera.rs`).
+    pub(crate) claim_at_once: bool,
     /// Binds id; returns owner, fingerprint, state, response, expires_at_ms, now_ms.
     pub(crate) read_locked: String,
     /// `read_locked` without the lock: a committed row, for answers a later commit cannot
@@ -331,6 +333,7 @@ impl Sql {
         );
         self.read_locked = format!("SET STATEMENT {WAIT} FOR {}", self.read_locked);
         self.read_row = format!("SET STATEMENT {WAIT} FOR {}", self.read_row);
+        self.claim_at_once = false;
         self
     }
 
@@ -416,7 +419,7 @@ impl Sql {
                 _ => None,
             },
             after_nowait: mysql8.then_some("SET SESSION innodb_lock_wait_timeout = DEFAULT"),
-            claim_returns_row: !mysql8,
+            claim_at_once: !mysql8,
             read_locked: match backend {
                 Sqlite => r("{read_row}"),
                 _ => r("{read_row} FOR UPDATE"),
