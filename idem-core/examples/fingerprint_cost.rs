@@ -3,6 +3,8 @@
 //! types, same values), timed three ways, taking turns round by round (ABC, CBA, …):
 //! the whole fingerprint, the canonical encoding alone, and `sha2`'s SHA-256 of the same
 //! canonical bytes. Prints the medians and the ratio whole / SHA-256 (goal ≤ 1.3).
+//! (The fingerprint hashes its bytes a block at a time as they are encoded, so "encoding
+//! alone" — `new` and `arg` without `finish` — includes hashing all but the last blocks.)
 //!
 //! ```sh
 //! cargo run --release -p idem-core --example fingerprint_cost [rounds] [iterations]
