@@ -1,5 +1,6 @@
 //! P5: the fingerprint of the 1 KiB request, as `#[idempotent]` computes it, against the
-//! canonical encoding alone and against SHA-256 of the same canonical bytes.
+//! canonical encoding (which hashes most of its blocks as it goes) and against SHA-256 of the
+//! same canonical bytes.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -17,7 +18,8 @@ use crate::workload::PayOrder;
 pub(crate) struct FingerprintCost {
     /// The whole fingerprint (encoding and hash): P5 in µs is its median.
     pub(crate) whole: Vec<f64>,
-    /// The canonical encoding alone.
+    /// The canonical encoding without the final hash: since the hash runs while encoding,
+    /// this includes every block hashed on the way but the last ones.
     pub(crate) encoding: Vec<f64>,
     /// SHA-256 of a copy of the canonical bytes, with the `sha2` crate the fingerprint uses:
     /// the floor P5's ratio is measured against.
@@ -54,8 +56,8 @@ enum Part {
 }
 
 /// The fingerprint of the 1 KiB request, as `#[idempotent]` computes it, in µs per call of
-/// every round: the whole fingerprint, the canonical encoding alone, and SHA-256 of the same
-/// canonical bytes, taking turns round by round (ABC, CBA, …).
+/// every round: the whole fingerprint, the canonical encoding (blocks hashed on the way), and
+/// SHA-256 of the same canonical bytes, taking turns round by round (ABC, CBA, …).
 pub(crate) fn measure(cmd: &PayOrder, plan: &Plan) -> Res<FingerprintCost> {
     let mut canonical = Fingerprinter::new("bench.pay");
     canonical.arg(cmd)?;

@@ -221,7 +221,8 @@ mod tests {
             answers.keep([42; 32], answer(RecordStatus::Completed, 100), now, ttl);
         }
         assert!(answers.get(&[42; 32]).is_some());
-        assert!(answers.lock().order.len() <= 2 * answers.len() + 65);
-        assert!(answers.lock().bytes <= budget);
+        let inner = answers.lock();
+        assert!(inner.order.len() <= 2 * inner.copies.len() + 65);
+        assert!(inner.bytes <= budget);
     }
 }
