@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 
 use crate::database::require_tables;
 use crate::format::{
-    hex, indented_json, iso8601, json_payload, one_line, relative, span, table, when,
+    hex, http_answer, indented_json, iso8601, json_payload, one_line, relative, span, table,
+    unquoted_key, when,
 };
 use crate::{Failure, Found, InspectArgs, print, print_json};
 
@@ -31,33 +32,97 @@ fn state_name(view: &RecordView) -> String {
     }
 }
 
-/// `idem inspect`: one record, its answer, lease, steps and stored call.
+/// What leaves no record, said when a lookup finds none: a reader who saw a key answered
+/// (a 409, a 503) looks for it here.
+const NO_RECORD_CASES: &str = "idem keeps no record of a call that was never claimed, that was \
+    refused before its claim (invalid key, key in flight), or whose body returned an error that \
+    is not final (a transient error, `invalid-transition`, a conflict: rolled back, the key is \
+    free), nor of one purged after it ended and expired";
+
+/// How many records an ambiguous id prefix names.
+const AMBIGUOUS_SHOWN: u32 = 5;
+
+/// `idem inspect`: one record, its answer, lease, steps and stored call; found by scope and
+/// key (bare, or quoted as the client's header carried it) or by its id or the start of it.
 pub(crate) async fn inspect(
     db: &DatabaseConnection,
-    id: &[u8],
     args: &InspectArgs,
     json: bool,
 ) -> Result<Found, Failure> {
     require_tables(db, &[LEDGER_TABLE]).await?;
-    let Some(view) = idem_sea_orm::inspect::record(db, id).await? else {
-        let looked_for = match (&args.scope, &args.key) {
-            (Some(scope), Some(key)) => format!(
+    let (id, looked_for) = match (&args.id, &args.scope, &args.key) {
+        (Some(prefix), _, _) => match prefix.whole() {
+            Some(id) => (id.to_vec(), format!("id {}", hex(&id))),
+            None => {
+                let limit = AMBIGUOUS_SHOWN + 1;
+                let ids = idem_sea_orm::inspect::ids_with_prefix(db, prefix, limit).await?;
+                match ids.as_slice() {
+                    [] => (Vec::new(), format!("an id starting with {prefix}")),
+                    [id] => (id.clone(), format!("id {}", hex(id))),
+                    several => {
+                        let shown: Vec<String> = several
+                            .iter()
+                            .take(AMBIGUOUS_SHOWN as usize)
+                            .map(|id| hex(id))
+                            .collect();
+                        let more = if several.len() > AMBIGUOUS_SHOWN as usize {
+                            ", …"
+                        } else {
+                            ""
+                        };
+                        return Err(Failure(format!(
+                            "{} records start with {prefix}: {}{more}; give more digits",
+                            if more.is_empty() {
+                                several.len().to_string()
+                            } else {
+                                format!("{AMBIGUOUS_SHOWN}+")
+                            },
+                            shown.join(", ")
+                        )));
+                    }
+                }
+            }
+        },
+        (None, Some(scope), Some(key)) => {
+            let principal = &args.principal;
+            let id = idem_core::ids::record_id(scope, principal, key);
+            let looked_for = format!(
                 "scope `{scope}`, key `{key}`{}",
-                if args.principal.is_empty() {
+                if principal.is_empty() {
                     " (no principal: pass --principal if the handler keys by one)".to_owned()
                 } else {
-                    format!(", principal `{}`", args.principal)
+                    format!(", principal `{principal}`")
                 }
-            ),
-            _ => format!("id {}", hex(id)),
-        };
-        if json {
-            print_json(&json!({ "found": false, "id": hex(id) }))?;
-        } else {
-            eprintln!(
-                "no record for {looked_for}: never claimed, or purged after it expired (record id {})",
-                hex(id)
             );
+            match unquoted_key(key) {
+                // A key pasted with its header's quotes: the record is under the key inside
+                // them, unless a handler took the quotes as part of its key.
+                Some(bare) if idem_sea_orm::inspect::record(db, &id).await?.is_none() => (
+                    idem_core::ids::record_id(scope, principal, &bare).to_vec(),
+                    looked_for,
+                ),
+                _ => (id.to_vec(), looked_for),
+            }
+        }
+        // clap requires either --id or both --scope and --key.
+        _ => return Err(Failure("give --scope and --key, or --id".to_owned())),
+    };
+    let view = match id.is_empty() {
+        true => None,
+        false => idem_sea_orm::inspect::record(db, &id).await?,
+    };
+    let Some(view) = view else {
+        if json {
+            print_json(
+                &json!({ "found": false, "id": hex(&id), "no_record_cases": NO_RECORD_CASES }),
+            )?;
+        } else {
+            let id = if id.is_empty() {
+                String::new()
+            } else {
+                format!(" (record id {})", hex(&id))
+            };
+            eprintln!("no record for {looked_for}{id}: {NO_RECORD_CASES}");
         }
         return Ok(Found::No);
     };
@@ -121,7 +186,7 @@ fn inspect_json(view: &RecordView) -> Value {
         "lease": lease,
         "steps": steps,
         "call": call,
-        "answer": view.response.as_deref().map(json_payload),
+        "answer": view.response.as_deref().map(answer_payload),
         "replays": Value::Null,
         "replays_note": REPLAYS_NOT_RECORDED,
     })
@@ -228,15 +293,129 @@ fn inspect_text(view: &RecordView) -> String {
             let _ = writeln!(out, "answer (final error, replayed to every retry)");
             out.push_str(&indented_json(&json_payload(payload), 2));
         }
-        (_, Some(payload)) => {
-            let _ = writeln!(out, "answer");
-            out.push_str(&indented_json(&json_payload(payload), 2));
-        }
+        (_, Some(payload)) => match http_answer(&json_payload(payload)) {
+            Some(http) => out.push_str(&http_text(&http)),
+            None => {
+                let _ = writeln!(out, "answer");
+                out.push_str(&indented_json(&json_payload(payload), 2));
+            }
+        },
         (_, None) => {
             let _ = writeln!(out, "{:<12} none yet", "answer");
         }
     }
     out
+}
+
+/// A recorded answer as JSON: a response the tower layer recorded as HTTP (status, headers as
+/// text, body), any other answer as it was recorded.
+fn answer_payload(payload: &[u8]) -> Value {
+    let answer = json_payload(payload);
+    http_answer(&answer).unwrap_or(answer)
+}
+
+/// A response the tower layer recorded, as HTTP: the status line, headers, a blank line and
+/// the body (pretty JSON, or text).
+fn http_text(http: &Value) -> String {
+    let mut out = format!(
+        "{:<12} HTTP {} (a response the tower layer recorded, replayed to every retry)\n",
+        "answer", http["status"]
+    );
+    if let Some(headers) = http["headers"].as_object() {
+        for (name, value) in headers {
+            let values = match value {
+                Value::Array(values) => values.iter().filter_map(Value::as_str).collect(),
+                value => vec![value.as_str().unwrap_or_default()],
+            };
+            for value in values {
+                let _ = writeln!(out, "  {name}: {value}");
+            }
+        }
+    }
+    out.push('\n');
+    match &http["body"] {
+        Value::String(text) => {
+            for line in text.lines() {
+                let _ = writeln!(out, "  {line}");
+            }
+        }
+        body => out.push_str(&indented_json(body, 2)),
+    }
+    out
+}
+
+/// `idem list`: a scope's recent records, newest first.
+pub(crate) async fn list(
+    db: &DatabaseConnection,
+    scope: &str,
+    since: Duration,
+    state: Option<RecordStatus>,
+    limit: u32,
+    json: bool,
+) -> Result<Found, Failure> {
+    require_tables(db, &[LEDGER_TABLE]).await?;
+    let records = idem_sea_orm::inspect::recent_records(db, scope, since, state, limit).await?;
+    if json {
+        let records: Vec<Value> = records
+            .iter()
+            .map(|view| {
+                json!({
+                    "id": hex(&view.id),
+                    "principal": view.principal,
+                    "key": view.key,
+                    "state": state_name(view),
+                    "state_code": view.state,
+                    "created_at": iso8601(view.created_at_ms),
+                    "created_at_ms": view.created_at_ms,
+                    "expires_at": iso8601(view.expires_at_ms),
+                    "expires_at_ms": view.expires_at_ms,
+                })
+            })
+            .collect();
+        print_json(&Value::Array(records))?;
+        return Ok(Found::Yes);
+    }
+    let since = span(u64::try_from(since.as_millis()).unwrap_or(u64::MAX));
+    if records.is_empty() {
+        print(&format!(
+            "no records of {scope} claimed in the last {since}\n"
+        ))?;
+        return Ok(Found::Yes);
+    }
+    let rows: Vec<Vec<String>> = records
+        .iter()
+        .map(|view| {
+            vec![
+                format!(
+                    "{} ago",
+                    span(
+                        view.now_ms
+                            .saturating_sub(view.created_at_ms)
+                            .unsigned_abs()
+                    )
+                ),
+                state_name(view),
+                view.key.clone(),
+                view.principal.clone(),
+                hex(&view.id),
+            ]
+        })
+        .collect();
+    let mut out = format!(
+        "{} record{} of {scope} claimed in the last {since} (newest first; `idem inspect --id` \
+        shows one):\n",
+        records.len(),
+        if records.len() == 1 { "" } else { "s" }
+    );
+    out.push_str(&table(
+        &["CLAIMED", "STATE", "KEY", "PRINCIPAL", "RECORD"],
+        &rows,
+    ));
+    if records.len() == limit as usize {
+        let _ = writeln!(out, "(the first {limit}; --limit shows more)");
+    }
+    print(&out)?;
+    Ok(Found::Yes)
 }
 
 /// `idem leases`: leases that ended without their call finishing.

@@ -115,20 +115,24 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
         })
 }
 
-/// A record id given in hex: 64 hex digits.
-pub(crate) fn parse_record_id(text: &str) -> Result<[u8; 32], String> {
-    let text = text.trim();
-    let refused =
-        || format!("a record id is 64 hex digits (as `idem leases` prints it), not `{text}`");
-    if text.len() != 64 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(refused());
+/// The key inside an RFC 8941 structured-field string (`"k-1"`, with `\"` and `\\` escaped),
+/// as a client's `Idempotency-Key` header carries it and as operators paste it from a request
+/// log; `None` when `text` is not one, or holds nothing.
+pub(crate) fn unquoted_key(text: &str) -> Option<String> {
+    let inner = text.strip_prefix('"')?.strip_suffix('"')?;
+    let mut key = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next()? {
+                escaped @ ('"' | '\\') => key.push(escaped),
+                _ => return None,
+            },
+            '"' => return None,
+            c => key.push(c),
+        }
     }
-    let mut id = [0u8; 32];
-    for (byte, pair) in id.iter_mut().zip(text.as_bytes().chunks(2)) {
-        let pair = std::str::from_utf8(pair).map_err(|_| refused())?;
-        *byte = u8::from_str_radix(pair, 16).map_err(|_| refused())?;
-    }
-    Ok(id)
+    (!key.is_empty()).then_some(key)
 }
 
 /// A stored payload (JSON bytes) as a JSON value; a payload that is not JSON (it always is,
@@ -141,6 +145,58 @@ pub(crate) fn json_payload(bytes: &[u8]) -> serde_json::Value {
             hex(bytes)
         ))
     })
+}
+
+/// A response recorded by idem's tower layer (`idem::axum::IdempotencyLayer`), read from its
+/// answer's JSON (`{"status": 201, "headers": [[name, bytes]…], "body": {"Text": …}}`) and put
+/// as HTTP: the status, the headers as text, the body as JSON when it is JSON, else as text.
+/// `None` for any other answer.
+pub(crate) fn http_answer(answer: &serde_json::Value) -> Option<serde_json::Value> {
+    use serde_json::{Map, Value};
+    let fields = answer.as_object()?;
+    if fields.len() != 3 {
+        return None;
+    }
+    let status = fields
+        .get("status")?
+        .as_u64()
+        .filter(|s| (100..=599).contains(s))?;
+    let mut headers = Map::new();
+    for header in fields.get("headers")?.as_array()? {
+        let [name, value] = header.as_array()?.as_slice() else {
+            return None;
+        };
+        let bytes: Vec<u8> = value
+            .as_array()?
+            .iter()
+            .map(|b| b.as_u64().and_then(|b| u8::try_from(b).ok()))
+            .collect::<Option<_>>()?;
+        let value = Value::String(String::from_utf8_lossy(&bytes).into_owned());
+        match headers.get_mut(name.as_str()?) {
+            // A header set more than once (set-cookie): its values in order.
+            Some(Value::Array(values)) => values.push(value),
+            Some(first) => *first = Value::Array(vec![first.take(), value]),
+            None => {
+                headers.insert(name.as_str()?.to_owned(), value);
+            }
+        }
+    }
+    let body = fields.get("body")?.as_object()?;
+    let (kind, value) = body.iter().next()?;
+    let body = match (kind.as_str(), value) {
+        ("Text", Value::String(text)) => {
+            serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.clone()))
+        }
+        ("Bytes", Value::Array(bytes)) => {
+            Value::String(format!("({} bytes that are not UTF-8)", bytes.len()))
+        }
+        ("TooLarge", Value::Object(limit)) => Value::String(format!(
+            "(not recorded: over the route's limit of {} bytes)",
+            limit.get("limit")?
+        )),
+        _ => return None,
+    };
+    Some(serde_json::json!({ "status": status, "headers": headers, "body": body }))
 }
 
 /// A JSON value pretty-printed, every line indented by `indent` spaces.
@@ -221,12 +277,26 @@ mod tests {
     }
 
     #[test]
-    fn record_ids_round_trip_through_hex() {
-        let id = [0xab_u8; 32];
-        assert_eq!(parse_record_id(&hex(&id)), Ok(id));
-        assert!(parse_record_id("abc").is_err());
-        assert!(parse_record_id(&"g".repeat(64)).is_err());
-        assert!(parse_record_id(&"+f".repeat(32)).is_err());
+    fn hex_is_lowercase_two_digits_a_byte() {
+        assert_eq!(hex(&[0xab, 0x01, 0x00]), "ab0100");
+    }
+
+    #[test]
+    fn a_structured_field_string_is_unquoted_and_anything_else_is_not() {
+        assert_eq!(unquoted_key(r#""k-1""#).as_deref(), Some("k-1"));
+        assert_eq!(
+            unquoted_key(r#""a \"b\" \\ c""#).as_deref(),
+            Some(r#"a "b" \ c"#)
+        );
+        for not_quoted in [
+            "k-1",
+            r#""open"#,
+            r#""bad \x escape""#,
+            r#""inner " quote""#,
+            "\"\"",
+        ] {
+            assert_eq!(unquoted_key(not_quoted), None, "{not_quoted}");
+        }
     }
 
     #[test]

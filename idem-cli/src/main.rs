@@ -1,5 +1,6 @@
 //! `idem`: the operator's command for a service that uses idem. It answers "was this payment
-//! run twice?" from the ledger (`idem inspect`), lists leases that ended without their call
+//! run twice?" from the ledger (`idem inspect`, by key or by the `key_hash` of a log line),
+//! lists a scope's recent records (`idem list`) and leases that ended without their call
 //! finishing (`idem leases`), shows the outbox (`idem outbox`), and, only when asked, retries
 //! dead messages and purges. SQLite, PostgreSQL and MariaDB, through `idem-sea-orm`.
 
@@ -11,6 +12,7 @@ use std::io::Write as _;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use idem_sea_orm::inspect::IdPrefix;
 
 /// Exit codes, as `--help` documents them.
 const EXIT_OK: u8 = 0;
@@ -28,7 +30,8 @@ const EXIT_ERROR: u8 = 2;
     after_help = "Exit codes:\n  \
         0  ok\n  \
         1  not found (`inspect` of an unknown record, `outbox retry` of an id that is not dead)\n  \
-        2  error (bad arguments or URL, unreachable database, missing idem tables)\n\n\
+        2  error (bad arguments or URL, unreachable database, missing idem tables, an id \
+        prefix several records share)\n\n\
         Database: --url or DATABASE_URL, e.g. postgres://user@host/db, \
         mysql://user@host/db (MariaDB), sqlite://path/to/file.db"
 )]
@@ -49,6 +52,21 @@ struct Cli {
 enum Command {
     /// Show one record: its state, answer, lease, recorded steps and stored call
     Inspect(InspectArgs),
+    /// List a scope's recent records, newest first (reads the whole ledger table)
+    List {
+        /// The handler's scope, e.g. shop.orders.pay
+        #[arg(long)]
+        scope: String,
+        /// Only records claimed this long ago or less: a number and a unit (ms, s, m, h, d)
+        #[arg(long, default_value = "1d", value_parser = format::parse_duration)]
+        since: std::time::Duration,
+        /// Only records in this state
+        #[arg(long, value_enum)]
+        state: Option<StateFilter>,
+        /// Show at most this many
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+        limit: u32,
+    },
     /// List leases that ended without their call finishing, and who can finish each
     Leases {
         /// Show at most this many, oldest first
@@ -73,15 +91,42 @@ struct InspectArgs {
     /// The handler's scope, e.g. shop.orders.pay
     #[arg(long, required_unless_present = "id", requires = "key")]
     scope: Option<String>,
-    /// The idempotency key
+    /// The idempotency key, bare or as the client's Idempotency-Key header carried it
+    /// (a quoted structured-field string: "k-1")
     #[arg(long, required_unless_present = "id", requires = "scope")]
     key: Option<String>,
     /// The principal the key belongs to, if the handler declares one
     #[arg(long, default_value = "", requires = "scope")]
     principal: String,
-    /// The record id instead: 64 hex digits, as `idem leases` prints them
-    #[arg(long, value_parser = format::parse_record_id, conflicts_with_all = ["scope", "key"])]
-    id: Option<[u8; 32]>,
+    /// The record id instead, or any unique start of it: the `key_hash` of a log line
+    /// (16 hex digits), or the 64 that `idem leases` and `idem list` print
+    #[arg(long, value_parser = IdPrefix::parse, conflicts_with_all = ["scope", "key"])]
+    id: Option<IdPrefix>,
+}
+
+/// The states `idem list --state` filters on.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum StateFilter {
+    /// Claimed and not finished (lease mode)
+    InProgress,
+    /// Answered with a value
+    Completed,
+    /// Answered with a final error
+    Failed,
+    /// Given up by a completer
+    GaveUp,
+}
+
+impl StateFilter {
+    fn status(self) -> idem_core::RecordStatus {
+        use idem_core::RecordStatus;
+        match self {
+            Self::InProgress => RecordStatus::Pending,
+            Self::Completed => RecordStatus::Completed,
+            Self::Failed => RecordStatus::Failed,
+            Self::GaveUp => RecordStatus::GaveUp,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -182,16 +227,15 @@ async fn run(cli: Cli) -> Result<Found, Failure> {
     let db = database::connect(url).await?;
     let json = cli.json;
     let found = match cli.command {
-        Command::Inspect(args) => {
-            let id = match (&args.id, &args.scope, &args.key) {
-                (Some(id), _, _) => *id,
-                (None, Some(scope), Some(key)) => {
-                    idem_core::ids::record_id(scope, &args.principal, key)
-                }
-                // clap requires either --id or both --scope and --key.
-                _ => return Err(Failure("give --scope and --key, or --id".to_owned())),
-            };
-            commands::inspect(&db, &id, &args, json).await?
+        Command::Inspect(args) => commands::inspect(&db, &args, json).await?,
+        Command::List {
+            scope,
+            since,
+            state,
+            limit,
+        } => {
+            let state = state.map(StateFilter::status);
+            commands::list(&db, &scope, since, state, limit, json).await?
         }
         Command::Leases { limit } => commands::leases(&db, limit, json).await?,
         Command::Outbox { action } => match action {

@@ -615,3 +615,246 @@ fn help_documents_the_exit_codes_and_the_database_url() {
         .prints("2  error")
         .prints("DATABASE_URL");
 }
+
+/// A log line's bytes, kept for the test to read.
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(
+            &self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+        .into_owned()
+    }
+}
+
+/// Records one response through idem's tower layer on an axum route, as a service's HTTP
+/// front door does: a 201 with a JSON body, for the key `key` as the client sent it.
+async fn record_through_the_layer(db: &DatabaseConnection, key: &str) {
+    use axum::Json;
+    use axum::http::{Request, StatusCode};
+    use tower::ServiceExt as _;
+
+    let layer =
+        idem::axum::IdempotencyLayer::new(SeaOrmLeaseStore::new(db.clone()), "shop.http.orders");
+    let router = axum::Router::new().route(
+        "/orders",
+        axum::routing::post(|| async {
+            (
+                StatusCode::CREATED,
+                Json(serde_json::json!({ "id": 7, "state": "placed" })),
+            )
+        })
+        .route_layer(layer),
+    );
+    let request = Request::post("/orders")
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(r#"{"sku":"tea"}"#))
+        .expect("request");
+    let response = router.oneshot(request).await.expect("response");
+    assert_eq!(response.status(), StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn an_operator_goes_from_a_log_line_to_its_record() {
+    use tracing_subscriber::fmt::format::FmtSpan;
+
+    for database in isolated(true).await {
+        let name = database.backend;
+        // The service's log, as its operator reads it: the call's span carries `key_hash`.
+        let log = Captured::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_span_events(FmtSpan::CLOSE)
+            .finish();
+        {
+            let _logging = tracing::subscriber::set_default(subscriber);
+            pay(&database.db, "K-log".into(), "o-9".into(), 990)
+                .await
+                .expect("pay");
+        }
+        let text = log.text();
+        let key_hash = text
+            .split_once("key_hash=")
+            .map(|(_, rest)| {
+                rest.chars()
+                    .take_while(char::is_ascii_hexdigit)
+                    .collect::<String>()
+            })
+            .unwrap_or_else(|| panic!("{name}: no key_hash in the log:\n{text}"));
+        assert_eq!(key_hash.len(), 16, "{name}: {text}");
+        assert!(
+            !text.contains("K-log"),
+            "{name}: the log shows the key:\n{text}"
+        );
+
+        // The log's id finds the record.
+        database
+            .idem(&["inspect", "--id", &key_hash])
+            .exits(0)
+            .prints("key          K-log")
+            .prints("\"amount_cents\": 990");
+        let json = database
+            .idem(&["inspect", "--json", "--id", &key_hash.to_uppercase()])
+            .exits(0)
+            .json();
+        assert_eq!(json["key"], "K-log", "{name}");
+        assert!(
+            json["id"]
+                .as_str()
+                .is_some_and(|id| id.starts_with(&key_hash)),
+            "{name}: {json}"
+        );
+
+        // Enough records that two ids share their first digit: a prefix that is not unique is
+        // refused and names the records it could mean.
+        for n in 0..16 {
+            pay(&database.db, format!("K-many-{n}"), format!("o-{n}"), 100)
+                .await
+                .expect("pay");
+        }
+        let declined = pay(&database.db, "K-no".into(), "o-x".into(), -5).await;
+        assert!(matches!(declined, Err(PayError::Declined { .. })), "{name}");
+        let listed = database
+            .idem(&[
+                "list",
+                "--json",
+                "--scope",
+                "shop.orders.pay",
+                "--since",
+                "1h",
+            ])
+            .exits(0)
+            .json();
+        let listed = listed.as_array().expect("an array");
+        assert_eq!(listed.len(), 18, "{name}: {listed:?}");
+        let first_digits: Vec<char> = listed
+            .iter()
+            .filter_map(|r| r["id"].as_str().and_then(|id| id.chars().next()))
+            .collect();
+        let shared = first_digits
+            .iter()
+            .find(|d| first_digits.iter().filter(|e| e == d).count() > 1)
+            .expect("17 ids over 16 digits");
+        database
+            .idem(&["inspect", "--id", &shared.to_string()])
+            .fails_on_one_line("records start with")
+            .fails_on_one_line("give more digits");
+        database
+            .idem(&["inspect", "--id", "0123456789abcdef0123"])
+            .exits(1);
+
+        // The list: newest first, by state, as a table.
+        let failed = database
+            .idem(&[
+                "list",
+                "--json",
+                "--scope",
+                "shop.orders.pay",
+                "--state",
+                "failed",
+            ])
+            .exits(0)
+            .json();
+        let failed = failed.as_array().expect("an array");
+        assert_eq!(failed.len(), 1, "{name}: {failed:?}");
+        assert_eq!(failed[0]["key"], "K-no", "{name}");
+        let claimed: Vec<i64> = listed
+            .iter()
+            .filter_map(|r| r["created_at_ms"].as_i64())
+            .collect();
+        assert!(
+            claimed.len() == 18 && claimed.windows(2).all(|w| w[0] >= w[1]),
+            "{name}: newest first: {claimed:?}"
+        );
+        database
+            .idem(&[
+                "list",
+                "--scope",
+                "shop.orders.pay",
+                "--state",
+                "completed",
+                "--limit",
+                "3",
+            ])
+            .exits(0)
+            .prints("3 records of shop.orders.pay")
+            .prints("completed")
+            .prints("K-many-15");
+        database
+            .idem(&["list", "--scope", "shop.orders.nothing"])
+            .exits(0)
+            .prints("no records of shop.orders.nothing claimed in the last 1d");
+
+        // A key the tool cannot find says which calls leave no record.
+        let missing = database.idem(&["inspect", "--scope", "shop.orders.pay", "--key", "nope"]);
+        missing.exits(1);
+        for case in [
+            "never claimed",
+            "rolled back",
+            "invalid-transition",
+            "purged",
+        ] {
+            assert!(
+                missing.stderr.contains(case),
+                "{name}: {case}: {}",
+                missing.stderr
+            );
+        }
+
+        // A response the layer recorded: found by the key as the client's header carried it
+        // (a structured-field string, quotes and all), and shown as HTTP.
+        record_through_the_layer(&database.db, "\"L-1\"").await;
+        let shown = database.idem(&["inspect", "--scope", "shop.http.orders", "--key", "\"L-1\""]);
+        shown
+            .exits(0)
+            .prints("key          L-1")
+            .prints("HTTP 201")
+            .prints("content-type: application/json")
+            .prints("\"state\": \"placed\"");
+        assert!(
+            !shown.stdout.contains("[97,"),
+            "{name}: bytes:\n{}",
+            shown.stdout
+        );
+        let json = database
+            .idem(&[
+                "inspect",
+                "--json",
+                "--scope",
+                "shop.http.orders",
+                "--key",
+                "L-1",
+            ])
+            .exits(0)
+            .json();
+        assert_eq!(json["answer"]["status"], 201, "{name}: {json}");
+        assert_eq!(
+            json["answer"]["headers"]["content-type"], "application/json",
+            "{name}: {json}"
+        );
+        assert_eq!(json["answer"]["body"]["id"], 7, "{name}: {json}");
+        database.drop_database().await;
+    }
+}

@@ -1,6 +1,9 @@
 //! Read-only views of the ledger for operators and admin tools (the `idem` command-line tool
-//! is built on them): one record with its recorded steps and stored call, and which of idem's
-//! tables a database lacks. Nothing here writes.
+//! is built on them): one record with its recorded steps and stored call, the records whose id
+//! starts with a prefix (logs print the first 16 hex digits of a record's id as `key_hash`), a
+//! scope's recent records, and which of idem's tables a database lacks. Nothing here writes.
+
+use std::time::Duration;
 
 use idem_core::{Error, RecordStatus};
 use sea_orm::{
@@ -183,6 +186,102 @@ async fn read_record(tx: &DatabaseTransaction, id: &[u8]) -> Result<Option<Recor
     Ok(Some(record))
 }
 
+/// The start of a record id, as an operator copies it from a log line (`key_hash`, 16 hex
+/// digits) or from `idem leases` (64): 1 to 64 hex digits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdPrefix {
+    /// The lowest id the prefix covers (the prefix, then zeros).
+    low: [u8; 32],
+    /// The highest id it covers (the prefix, then ones).
+    high: [u8; 32],
+    /// The digits, lowercase.
+    digits: String,
+}
+
+impl std::fmt::Display for IdPrefix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.digits)
+    }
+}
+
+impl IdPrefix {
+    /// Parses 1 to 64 hex digits (either case; surrounding blanks ignored).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if text.is_empty() || text.len() > 64 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!(
+                "a record id is 1 to 64 hex digits (the `key_hash` of a log line, or the id \
+                `idem leases` prints), not `{text}`"
+            ));
+        }
+        let (mut low, mut high) = ([0u8; 32], [0xffu8; 32]);
+        for (i, digit) in text.bytes().enumerate() {
+            // Checked above: every byte is a hex digit.
+            let nibble = (digit as char).to_digit(16).unwrap_or(0) as u8;
+            let (byte, shift) = (i / 2, if i % 2 == 0 { 4 } else { 0 });
+            low[byte] = (low[byte] & !(0xf << shift)) | (nibble << shift);
+            high[byte] = (high[byte] & !(0xf << shift)) | (nibble << shift);
+        }
+        Ok(Self {
+            low,
+            high,
+            digits: text.to_ascii_lowercase(),
+        })
+    }
+
+    /// The whole id, when the prefix has all 64 digits.
+    pub fn whole(&self) -> Option<[u8; 32]> {
+        (self.digits.len() == 64).then_some(self.low)
+    }
+}
+
+/// The ids of up to `limit` records whose id starts with `prefix`, in order: one when the
+/// prefix is unique, none when no record has it. A range read of the primary key.
+pub async fn ids_with_prefix(
+    db: &DatabaseConnection,
+    prefix: &IdPrefix,
+    limit: u32,
+) -> Result<Vec<Vec<u8>>, Error> {
+    let sql = Sql::of(db.get_database_backend());
+    let values = vec![
+        prefix.low.to_vec().into(),
+        prefix.high.to_vec().into(),
+        i64::from(limit).into(),
+    ];
+    db.query_all_raw(statement(sql, &sql.ids_in_range, values))
+        .await
+        .and_then(|rows| rows.iter().map(|row| row.try_get_by_index(0)).collect())
+        .map_err(|e| store_error("looking up record ids by their first digits", e))
+}
+
+/// Up to `limit` records of `scope` claimed within `since` of the database's now, newest
+/// first, in `status` only if given; without their steps and stored calls (see [`record`]).
+///
+/// No index leads with the scope, so this reads the whole ledger table: for an operator's
+/// occasional look, not for a service's requests.
+pub async fn recent_records(
+    db: &DatabaseConnection,
+    scope: &str,
+    since: Duration,
+    status: Option<RecordStatus>,
+    limit: u32,
+) -> Result<Vec<RecordView>, Error> {
+    let sql = Sql::of(db.get_database_backend());
+    let since_ms = i64::try_from(since.as_millis()).unwrap_or(i64::MAX);
+    let state = status.map_or(-1, RecordStatus::code);
+    let values = vec![
+        scope.into(),
+        since_ms.into(),
+        state.into(),
+        state.into(),
+        i64::from(limit).into(),
+    ];
+    db.query_all_raw(statement(sql, &sql.list_records, values))
+        .await
+        .and_then(|rows| rows.iter().map(read_record_row).collect())
+        .map_err(|e| store_error("listing a scope's recent records", e))
+}
+
 fn read_record_row(row: &QueryResult) -> Result<RecordView, DbErr> {
     Ok(RecordView {
         id: row.try_get_by_index(0)?,
@@ -217,5 +316,22 @@ mod tests {
         crate::create_tables(&db).await.expect("tables");
         assert_eq!(missing_tables(&db).await.expect("list"), Vec::<&str>::new());
         assert_eq!(record(&db, &[7; 32]).await.expect("read"), None);
+    }
+
+    #[test]
+    fn a_prefix_covers_the_ids_that_start_with_it() {
+        let odd = IdPrefix::parse("7Fa").expect("three digits");
+        assert_eq!(&odd.low[..3], &[0x7f, 0xa0, 0]);
+        assert_eq!(&odd.high[..3], &[0x7f, 0xaf, 0xff]);
+        assert_eq!(odd.whole(), None);
+        let whole = "ab".repeat(32);
+        assert_eq!(
+            IdPrefix::parse(&whole).expect("64").whole(),
+            Some([0xab; 32])
+        );
+        for bad in ["", "xyz", &"a".repeat(65), "12 34"] {
+            let refused = IdPrefix::parse(bad).expect_err(bad);
+            assert!(refused.contains("1 to 64 hex digits"), "{refused}");
+        }
     }
 }

@@ -238,6 +238,14 @@ pub(crate) struct Sql {
     /// Binds record_id. Returns attempts, last_error, gave_up, next_attempt_at_ms, args,
     /// created_at_ms.
     pub(crate) inspect_call: String,
+    /// Binds the lowest and the highest id a prefix covers, and a limit. Returns the ids in
+    /// that range, in order (a range of the primary key: no scan).
+    pub(crate) ids_in_range: String,
+    /// Binds scope, since_ms, state (-1: any), state, limit. Returns what `inspect_record`
+    /// returns for the scope's records claimed in the last since_ms, newest first. No index
+    /// leads with the scope: the statement reads the whole ledger (an operator's look, not
+    /// a service's query).
+    pub(crate) list_records: String,
 
     // The outbox.
     pub(crate) outbox_tables: Tables,
@@ -602,6 +610,15 @@ impl Sql {
             inspect_call: r(
                 "SELECT attempts, last_error, gave_up, next_attempt_at_ms, args, created_at_ms \
                 FROM {calls} WHERE record_id = ?",
+            ),
+            ids_in_range: r(
+                "SELECT id FROM {ledger} WHERE id >= ? AND id <= ? ORDER BY id LIMIT ?",
+            ),
+            list_records: r(
+                "SELECT id, scope, principal, idem_key, owner, fingerprint, state, response, \
+                created_at_ms, expires_at_ms, {now} AS now_ms FROM {ledger} \
+                WHERE scope = ? AND created_at_ms >= {now} - ? AND (? = -1 OR state = ?) \
+                ORDER BY created_at_ms DESC LIMIT ?",
             ),
 
             outbox_tables: Tables {

@@ -65,6 +65,8 @@ fn every_statement(sql: &Sql) -> Vec<String> {
         &sql.inspect_record,
         &sql.inspect_steps,
         &sql.inspect_call,
+        &sql.ids_in_range,
+        &sql.list_records,
     ];
     [
         &sql.ledger_tables,
