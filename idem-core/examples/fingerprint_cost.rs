@@ -1,5 +1,5 @@
 //! What a fingerprint costs next to the SHA-256 it cannot avoid (issue 23, P5), without the
-//! benchmark's database: the 1 KiB `PayOrder` of `examples/bench` (same fields, same serde
+//! benchmark's database: the 1 KiB `PayOrder` of `tools/bench` (same fields, same serde
 //! types, same values), timed three ways, taking turns round by round (ABC, CBA, …):
 //! the whole fingerprint, the canonical encoding alone, and `sha2`'s SHA-256 of the same
 //! canonical bytes. Prints the medians and the ratio whole / SHA-256 (goal ≤ 1.3).
@@ -62,7 +62,7 @@ struct LineItem {
     unit_price_cents: i64,
 }
 
-/// The benchmark's request (`examples/bench/workload.rs`, `template`), padded to 1 KiB of JSON.
+/// The benchmark's request (`tools/bench/src/workload.rs`, `template`), padded to 1 KiB of JSON.
 fn pay_order() -> PayOrder {
     let item = |sku: &str, description: &str, quantity: u32, unit_price_cents: i64| LineItem {
         sku: sku.into(),

@@ -30,7 +30,7 @@ type Res<T> = Result<T, Box<dyn Error>>;
 
 const USAGE: &str = "usage: bench-charts FILE... [--out DIR]
 
-Reads the JSON of `cargo run --release --example bench -- --json` runs (whole output files are
+Reads the JSON of `cargo run --release -p idem-bench -- --json` runs (whole output files are
 fine: the JSON is found on its own line) and writes p11.png and p12-<backend>.png to DIR
 (default docs/charts).";
 

@@ -2,7 +2,7 @@
 //! outbox relay and lease mode cost.
 //!
 //! ```text
-//! cargo run --release --example bench -- [--backend sqlite|postgres|mysql] [--quick] [--json] [--url URL]
+//! cargo run --release -p idem-bench -- [--backend sqlite|postgres|mysql] [--quick] [--json] [--url URL]
 //!     [--p7-records N] [--p11] [--ledger-records N[,N…]]
 //! ```
 //!

@@ -16,7 +16,7 @@ use crate::ledger::{PurgeHow, README_BATCH};
 use crate::variants::{Variant, call_variant};
 use crate::workload::{PayOrder, Receipt, Sql, now_ms, template};
 
-const USAGE: &str = "usage: cargo run --release --example bench -- \
+const USAGE: &str = "usage: cargo run --release -p idem-bench -- \
 [--backend sqlite|postgres|mysql] [--quick] [--json] [--url URL] [--p7-records N] [--p11]
 [--ledger-records N[,N...]]
 
