@@ -198,7 +198,7 @@ pub mod outbox {
 /// succeeded; an `#[idempotent]` handler keyed by [`Delivery::id`](inbox::Delivery::id) makes
 /// the ledger its inbox. Failing messages are retried with backoff, then recorded in the
 /// [dead letters](outbox::DeadLetters). JetStream's source is in `idem::nats` (feature
-/// `nats`); a broker of your own is an adapter of a few dozen lines (see [`inbox::Source`]).
+/// `nats`), RabbitMQ's in `idem::rabbitmq` (feature `rabbitmq`); a broker of your own is an adapter of a few dozen lines (see [`inbox::Source`]).
 pub mod inbox {
     pub use idem_core::inbox::{Delivery, MemorySource, Runner, Source};
 }
@@ -212,6 +212,19 @@ pub mod nats {
     pub use idem_nats::{
         AGGREGATE_HEADER, AGGREGATE_SEQ_HEADER, Consumer, Delivery, JetStreamSink, JetStreamSource,
         MESSAGE_ID_HEADER, async_nats, ensure_stream,
+    };
+}
+
+/// RabbitMQ on lapin (the `idem-rabbitmq` crate): a sink for the outbox relay that counts a
+/// publish once the broker confirmed it, and a source for the [inbox runner](inbox::Runner)
+/// with manual acknowledgements ([`Consumer`](rabbitmq::Consumer) builds the two in one
+/// expression; [`declare`](rabbitmq::declare) the exchange and quorum queue).
+#[cfg(feature = "rabbitmq")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
+pub mod rabbitmq {
+    pub use idem_rabbitmq::{
+        AGGREGATE_HEADER, AGGREGATE_SEQ_HEADER, AmqpSink, AmqpSource, Consumer, Delivery, declare,
+        lapin,
     };
 }
 

@@ -1,6 +1,6 @@
 //! R9–R12: the outbox, the relay and the inbox under faults, end to end through a real
-//! nats-server (each test starts its own, on a free port with a temporary store, so it can
-//! stop and kill it). Every figure is counted in the database: one effect row per message id
+//! broker: a nats-server and a RabbitMQ node (each test starts its own, on free ports with a
+//! temporary store, so it can kill it; `IDEM_TEST_BROKERS` picks them, both by default). Every figure is counted in the database: one effect row per message id
 //! at the consumer, so a lost message is a missing row and a duplicate is a second one.
 //!
 //! - R9: relay processes SIGKILLed at ≥ 100 points (before a publish, after a publish before
@@ -17,113 +17,23 @@
 mod common;
 
 use std::collections::{BTreeMap, HashSet};
-use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::brokers::{Broker, BrokerKind, BrokerSink, FAULTS, broker_sink, brokers, jetstream};
 use common::crash::kill_self;
 use common::isolated::{Isolated, connect, isolated};
 use common::{insert_effect, unique};
 use idem::idempotent;
-use idem::nats::{Consumer, Delivery, JetStreamSink, async_nats};
+use idem::inbox::Delivery;
 use idem::outbox::{Backoff, FnSink, Message, OutboxMessage, Sink, SinkError};
 use idem::sea_orm::{DeadLetterTable, Outbox, Relay, dead_messages, outbox_health};
 use sea_orm::{ConnectionTrait, DatabaseConnection, Statement, TransactionTrait};
 
 fn quick() -> bool {
     std::env::var("IDEM_RELIABILITY_QUICK").is_ok_and(|v| v == "1")
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-/// A nats-server of the test's own: stop, kill and restart it on the same port and store.
-struct NatsServer {
-    port: u16,
-    store: std::path::PathBuf,
-    child: Option<Child>,
-}
-
-impl NatsServer {
-    fn start() -> Self {
-        let store = std::env::temp_dir().join(unique("idem-nats"));
-        std::fs::create_dir_all(&store).expect("store dir");
-        let mut server = Self {
-            port: free_port(),
-            store,
-            child: None,
-        };
-        server.run();
-        server
-    }
-
-    fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
-    }
-
-    fn run(&mut self) {
-        let child = Command::new("/usr/sbin/nats-server")
-            .args([
-                "-a",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-js",
-                "-sd",
-            ])
-            .arg(&self.store)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nats-server (install the nats-server package)");
-        self.child = Some(child);
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "nats-server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    fn restart(&mut self) {
-        self.kill();
-        self.run();
-    }
-}
-
-impl Drop for NatsServer {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.store);
-    }
-}
-
-async fn jetstream(url: &str, stream: &str, subjects: &str) -> async_nats::jetstream::Context {
-    let client = async_nats::ConnectOptions::new()
-        .retry_on_initial_connect()
-        .connect(url)
-        .await
-        .expect("connect to nats");
-    let js = async_nats::jetstream::new(client);
-    idem::nats::ensure_stream(&js, stream, &[subjects])
-        .await
-        .expect("stream");
-    js
 }
 
 /// The consumer's handler: one effect row per message id (the run is the subject's last
@@ -212,25 +122,56 @@ async fn stopped(stop: Arc<AtomicBool>) {
 /// (deliveries − effect rows = redeliveries the inbox absorbed).
 fn spawn_consumer(
     db: &DatabaseConnection,
-    js: &async_nats::jetstream::Context,
-    stream: &'static str,
+    broker: &Broker,
     stop: &Arc<AtomicBool>,
     deliveries: &Arc<AtomicUsize>,
 ) -> tokio::task::JoinHandle<()> {
-    let (db, js, stop, deliveries) = (db.clone(), js.clone(), stop.clone(), deliveries.clone());
+    let (db, stop, deliveries) = (db.clone(), stop.clone(), deliveries.clone());
+    let (kind, url) = (broker.kind(), broker.url());
     tokio::spawn(async move {
-        let dead = DeadLetterTable::new(db.clone());
         let handle = |d: Delivery| {
             deliveries.fetch_add(1, Ordering::Relaxed);
             consume(&db, d)
         };
-        Consumer::new(js, stream, "faults")
-            .ack_wait(Duration::from_secs(2))
-            .max_deliver(1000)
-            .run(handle, &dead, stopped(stop))
-            .await
-            .expect("consumer");
+        run_consumer(
+            kind,
+            &url,
+            Duration::from_secs(2),
+            &db,
+            handle,
+            stopped(stop),
+        )
+        .await;
     })
+}
+
+/// The inbox consumer on the broker of `kind` at `url` until `shutdown` (NATS redelivers an
+/// unacknowledged message after `ack_wait`; RabbitMQ when its consumer's connection closes).
+async fn run_consumer<H, Fut>(
+    kind: BrokerKind,
+    url: &str,
+    ack_wait: Duration,
+    db: &DatabaseConnection,
+    handler: H,
+    shutdown: impl Future,
+) where
+    H: Fn(Delivery) -> Fut,
+    Fut: Future<Output = Result<(), idem::Error>>,
+{
+    let dead = DeadLetterTable::new(db.clone());
+    match kind {
+        BrokerKind::Nats => idem::nats::Consumer::new(jetstream(url).await, FAULTS, "faults")
+            .ack_wait(ack_wait)
+            .max_deliver(1000)
+            .run(handler, &dead, shutdown)
+            .await
+            .expect("consumer"),
+        BrokerKind::RabbitMq => idem::rabbitmq::Consumer::new(url, FAULTS, "faults")
+            .max_deliver(1000)
+            .run(handler, &dead, shutdown)
+            .await
+            .expect("consumer"),
+    }
 }
 
 /// Waits until the run has `n` effect rows, or panics after `limit`.
@@ -273,7 +214,7 @@ fn assert_exactly_once(what: &str, ids: &[String], seen: &[(String, String, i64)
 /// (published, not yet marked), or `mid` (after the k-th publish completed while others of
 /// its batch are still in flight).
 struct KillingSink {
-    inner: JetStreamSink,
+    inner: BrokerSink,
     point: String,
     at: u64,
     started: AtomicU64,
@@ -311,11 +252,12 @@ async fn faults_child() {
     let db = connect(&var("IDEM_FAULTS_DB")).await;
     let point = var("IDEM_FAULTS_POINT");
     let at: u64 = var("IDEM_FAULTS_AT").parse().expect("at");
+    let kind = BrokerKind::parse(&var("IDEM_FAULTS_BROKER"));
+    let broker_url = var("IDEM_FAULTS_BROKER_URL");
     match role.as_str() {
         "relay" => {
-            let js = jetstream(&var("IDEM_FAULTS_NATS"), "FAULTS", "faults.>").await;
             let sink = KillingSink {
-                inner: JetStreamSink::new(js),
+                inner: broker_sink(kind, &broker_url).await,
                 point,
                 at,
                 started: AtomicU64::new(0),
@@ -332,32 +274,31 @@ async fn faults_child() {
                 .expect("relay");
         }
         "consumer" => {
-            let js = jetstream(&var("IDEM_FAULTS_NATS"), "FAULTS", "faults.>").await;
             let handled = AtomicU64::new(0);
-            let dead = DeadLetterTable::new(db.clone());
-            Consumer::new(js, "FAULTS", "faults")
-                .ack_wait(Duration::from_secs(1))
-                .max_deliver(1000)
-                .run(
-                    |d| {
-                        let db = &db;
-                        let handled = &handled;
-                        let point = point.as_str();
-                        async move {
-                            let result = consume(db, d).await;
-                            // Committed (or replayed); the runner acks after we return.
-                            let n = handled.fetch_add(1, Ordering::SeqCst) + 1;
-                            if point == "before-ack" && n >= at {
-                                kill_self();
-                            }
-                            result
-                        }
-                    },
-                    &dead,
-                    std::future::pending::<()>(),
-                )
-                .await
-                .expect("consumer");
+            let handler = |d| {
+                let db = &db;
+                let handled = &handled;
+                let point = point.as_str();
+                async move {
+                    let result = consume(db, d).await;
+                    // Committed (or replayed); the runner acks after we return.
+                    let n = handled.fetch_add(1, Ordering::SeqCst) + 1;
+                    if point == "before-ack" && n >= at {
+                        kill_self();
+                    }
+                    result
+                }
+            };
+            let ack_wait = Duration::from_secs(1);
+            run_consumer(
+                kind,
+                &broker_url,
+                ack_wait,
+                &db,
+                handler,
+                std::future::pending::<()>(),
+            )
+            .await;
         }
         other => panic!("unknown child role {other}"),
     }
@@ -386,7 +327,7 @@ impl Drop for Reaped {
     }
 }
 
-fn spawn_child(role: &str, db_url: &str, nats: &str, point: &str, at: u64) -> Reaped {
+fn spawn_child(role: &str, db_url: &str, broker: &Broker, point: &str, at: u64) -> Reaped {
     Reaped(
         Command::new(std::env::current_exe().expect("test binary"))
             .args([
@@ -398,7 +339,8 @@ fn spawn_child(role: &str, db_url: &str, nats: &str, point: &str, at: u64) -> Re
             ])
             .env("IDEM_FAULTS_CHILD", role)
             .env("IDEM_FAULTS_DB", db_url)
-            .env("IDEM_FAULTS_NATS", nats)
+            .env("IDEM_FAULTS_BROKER", broker.kind().name())
+            .env("IDEM_FAULTS_BROKER_URL", broker.url())
             .env("IDEM_FAULTS_POINT", point)
             .env("IDEM_FAULTS_AT", at.to_string())
             .stdout(Stdio::null())
@@ -434,173 +376,187 @@ fn seed() -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn r9_relays_killed_at_a_hundred_points_lose_and_duplicate_nothing() {
-    for Isolated { name, db, url } in isolated().await {
-        let nats = NatsServer::start();
-        let js = jetstream(&nats.url(), "FAULTS", "faults.>").await;
-        let run = unique("r9").replace('-', "_");
-        let kills_wanted = if quick() { 40 } else { 100 };
-        let subject = format!("faults.{run}");
-        // Messages keep coming until the relays have been killed often enough.
-        let mut ids = stage(&db, &subject, 80, 24).await;
-        let stop = Arc::new(AtomicBool::new(false));
-        let deliveries = Arc::new(AtomicUsize::new(0));
-        let consumer = spawn_consumer(&db, &js, "FAULTS", &stop, &deliveries);
+    for kind in brokers() {
+        for Isolated { name, db, url } in isolated().await {
+            let broker = Broker::start(kind);
+            broker.prepare().await;
+            let label = format!("{name}/{}", kind.name());
+            let name = label.as_str();
+            let run = unique("r9").replace('-', "_");
+            let kills_wanted = if quick() { 40 } else { 100 };
+            let subject = format!("faults.{run}");
+            // Messages keep coming until the relays have been killed often enough.
+            let mut ids = stage(&db, &subject, 80, 24).await;
+            let stop = Arc::new(AtomicBool::new(false));
+            let deliveries = Arc::new(AtomicUsize::new(0));
+            let consumer = spawn_consumer(&db, &broker, &stop, &deliveries);
 
-        let seed = seed();
-        let mut rng = Rng(seed);
-        let points = ["before", "after", "mid", "parent"];
-        let mut kills: BTreeMap<&str, usize> = BTreeMap::new();
-        let plan = |rng: &mut Rng, kills: &BTreeMap<&str, usize>| -> (&'static str, u64) {
-            if kills.values().sum::<usize>() >= kills_wanted {
-                ("none", 0)
-            } else {
-                (points[rng.below(4) as usize], 1 + rng.below(6))
-            }
-        };
-        let mut relays: Vec<(Reaped, &str, Instant, u64)> = (0..4)
-            .map(|_| {
-                let (point, at) = plan(&mut rng, &kills);
-                let child = spawn_child("relay", &url, &nats.url(), point, at);
-                (child, point, Instant::now(), 50 + rng.below(400))
-            })
-            .collect();
-        let started = Instant::now();
-        let limit = Duration::from_secs(if quick() { 120 } else { 240 });
-        loop {
-            let pending = outbox_health(&db).await.expect("health").pending;
-            let killed = kills.values().sum::<usize>();
-            let delivered = effects(&db, &run).await.len();
-            if killed < kills_wanted && pending < 40 && ids.len() - delivered < 120 {
-                ids.extend(stage(&db, &subject, 40, 24).await);
-            }
-            if std::env::var("IDEM_FAULTS_DEBUG").is_ok() {
-                println!(
-                    "r9 {name} {:?}: pending {pending}, staged {}, delivered {delivered}, kills {kills:?}",
-                    started.elapsed(),
-                    ids.len()
-                );
-            }
-            let done = pending == 0 && delivered >= ids.len();
-            if done && killed >= kills_wanted {
-                break;
-            }
-            assert!(
-                started.elapsed() < limit,
-                "{name}: r9 stuck: pending {pending}, kills {kills:?}, seed {seed}"
-            );
-            for slot in &mut relays {
-                let (child, point, since, parent_after_ms) = slot;
-                let died = child.try_wait().expect("child status").is_some();
-                let parent_kills =
-                    *point == "parent" && since.elapsed() > Duration::from_millis(*parent_after_ms);
-                if parent_kills {
-                    let _ = child.kill();
-                    let _ = child.wait();
+            let seed = seed();
+            let mut rng = Rng(seed);
+            let points = ["before", "after", "mid", "parent"];
+            let mut kills: BTreeMap<&str, usize> = BTreeMap::new();
+            let plan = |rng: &mut Rng, kills: &BTreeMap<&str, usize>| -> (&'static str, u64) {
+                if kills.values().sum::<usize>() >= kills_wanted {
+                    ("none", 0)
+                } else {
+                    (points[rng.below(4) as usize], 1 + rng.below(6))
                 }
-                if died || parent_kills {
-                    if *point != "none" {
-                        *kills.entry(point).or_default() += 1;
-                    }
-                    let (next, at) = plan(&mut rng, &kills);
-                    *slot = (
-                        spawn_child("relay", &url, &nats.url(), next, at),
-                        next,
-                        Instant::now(),
-                        50 + rng.below(400),
+            };
+            let mut relays: Vec<(Reaped, &str, Instant, u64)> = (0..4)
+                .map(|_| {
+                    let (point, at) = plan(&mut rng, &kills);
+                    let child = spawn_child("relay", &url, &broker, point, at);
+                    (child, point, Instant::now(), 50 + rng.below(400))
+                })
+                .collect();
+            let started = Instant::now();
+            let limit = Duration::from_secs(if quick() { 120 } else { 240 });
+            loop {
+                let pending = outbox_health(&db).await.expect("health").pending;
+                let killed = kills.values().sum::<usize>();
+                let delivered = effects(&db, &run).await.len();
+                if killed < kills_wanted && pending < 40 && ids.len() - delivered < 120 {
+                    ids.extend(stage(&db, &subject, 40, 24).await);
+                }
+                if std::env::var("IDEM_FAULTS_DEBUG").is_ok() {
+                    println!(
+                        "r9 {name} {:?}: pending {pending}, staged {}, delivered {delivered}, kills {kills:?}",
+                        started.elapsed(),
+                        ids.len()
                     );
                 }
+                let done = pending == 0 && delivered >= ids.len();
+                if done && killed >= kills_wanted {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < limit,
+                    "{name}: r9 stuck: pending {pending}, kills {kills:?}, seed {seed}"
+                );
+                for slot in &mut relays {
+                    let (child, point, since, parent_after_ms) = slot;
+                    let died = child.try_wait().expect("child status").is_some();
+                    let parent_kills = *point == "parent"
+                        && since.elapsed() > Duration::from_millis(*parent_after_ms);
+                    if parent_kills {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                    }
+                    if died || parent_kills {
+                        if *point != "none" {
+                            *kills.entry(point).or_default() += 1;
+                        }
+                        let (next, at) = plan(&mut rng, &kills);
+                        *slot = (
+                            spawn_child("relay", &url, &broker, next, at),
+                            next,
+                            Instant::now(),
+                            50 + rng.below(400),
+                        );
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
             }
-            tokio::time::sleep(Duration::from_millis(25)).await;
+            for (mut child, ..) in relays {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            let n = ids.len();
+            await_effects(&db, &run, n, Duration::from_secs(30), name).await;
+            tokio::time::sleep(Duration::from_millis(500)).await; // late redeliveries, if any
+            stop.store(true, Ordering::Relaxed);
+            consumer.await.expect("consumer task");
+            let seen = effects(&db, &run).await;
+            assert_exactly_once(&format!("{name} r9 (seed {seed})"), &ids, &seen);
+            let stream_messages = match kind {
+                BrokerKind::Nats => jetstream(&broker.url())
+                    .await
+                    .get_stream(FAULTS)
+                    .await
+                    .expect("stream")
+                    .info()
+                    .await
+                    .expect("info")
+                    .state
+                    .messages
+                    .to_string(),
+                // RabbitMQ keeps no copy once a message is acknowledged, and drops no duplicate.
+                BrokerKind::RabbitMq => "no copies (RabbitMQ)".to_owned(),
+            };
+            let health = outbox_health(&db).await.expect("health");
+            assert_eq!((health.pending, health.dead), (0, 0), "{name}");
+            println!(
+                "R9 {name}: {n} messages, {} relay kills {kills:?}, stream holds {stream_messages} (NATS drops re-publishes by Nats-Msg-Id), {} deliveries ({} redeliveries absorbed by the inbox), consumer effects {} for {} ids, 0 lost, 0 duplicated, {:.1} s, seed {seed}",
+                kills.values().sum::<usize>(),
+                deliveries.load(Ordering::Relaxed),
+                deliveries
+                    .load(Ordering::Relaxed)
+                    .saturating_sub(seen.len()),
+                seen.len(),
+                ids.len(),
+                started.elapsed().as_secs_f64()
+            );
+            assert!(kills.values().sum::<usize>() >= kills_wanted, "{name}");
         }
-        for (mut child, ..) in relays {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let n = ids.len();
-        await_effects(&db, &run, n, Duration::from_secs(30), name).await;
-        tokio::time::sleep(Duration::from_millis(500)).await; // late redeliveries, if any
-        stop.store(true, Ordering::Relaxed);
-        consumer.await.expect("consumer task");
-        let seen = effects(&db, &run).await;
-        assert_exactly_once(&format!("{name} r9 (seed {seed})"), &ids, &seen);
-        let stream_messages = js
-            .get_stream("FAULTS")
-            .await
-            .expect("stream")
-            .info()
-            .await
-            .expect("info")
-            .state
-            .messages;
-        let health = outbox_health(&db).await.expect("health");
-        assert_eq!((health.pending, health.dead), (0, 0), "{name}");
-        println!(
-            "R9 {name}: {n} messages, {} relay kills {kills:?}, stream holds {stream_messages} (duplicates dropped by Nats-Msg-Id), {} deliveries ({} redeliveries absorbed by the inbox), consumer effects {} for {} ids, 0 lost, 0 duplicated, {:.1} s, seed {seed}",
-            kills.values().sum::<usize>(),
-            deliveries.load(Ordering::Relaxed),
-            deliveries
-                .load(Ordering::Relaxed)
-                .saturating_sub(seen.len()),
-            seen.len(),
-            ids.len(),
-            started.elapsed().as_secs_f64()
-        );
-        assert!(kills.values().sum::<usize>() >= kills_wanted, "{name}");
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn r10_a_consumer_killed_between_commit_and_ack_has_no_duplicate_effects() {
-    for Isolated { name, db, url } in isolated().await {
-        let nats = NatsServer::start();
-        let js = jetstream(&nats.url(), "FAULTS", "faults.>").await;
-        let run = unique("r10").replace('-', "_");
-        let kills_wanted = if quick() { 20 } else { 50 };
-        let n = kills_wanted * 2;
-        let ids = stage(&db, &format!("faults.{run}"), n, 10).await;
-        // Publish everything first, with a plain relay in this process.
-        let relay = Relay::new(db.clone(), JetStreamSink::new(js.clone()));
-        while relay.run_once().await.expect("relay").claimed > 0 {}
-        let started = Instant::now();
-        let mut rng = Rng(seed());
-        let mut kills = 0;
-        loop {
-            let (point, at) = if kills < kills_wanted {
-                ("before-ack", 1 + rng.below(3))
-            } else {
-                ("none", 0)
-            };
-            let mut child = spawn_child("consumer", &url, &nats.url(), point, at);
-            if point == "none" {
-                await_effects(&db, &run, n, Duration::from_secs(60), name).await;
-                // Let it acknowledge the last redeliveries, then stop it.
-                tokio::time::sleep(Duration::from_millis(2500)).await;
-                let _ = child.kill();
-                let _ = child.wait();
-                break;
+    for kind in brokers() {
+        for Isolated { name, db, url } in isolated().await {
+            let broker = Broker::start(kind);
+            broker.prepare().await;
+            let label = format!("{name}/{}", kind.name());
+            let name = label.as_str();
+            let run = unique("r10").replace('-', "_");
+            let kills_wanted = if quick() { 20 } else { 50 };
+            let n = kills_wanted * 2;
+            let ids = stage(&db, &format!("faults.{run}"), n, 10).await;
+            // Publish everything first, with a plain relay in this process.
+            let relay = Relay::new(db.clone(), broker.sink().await);
+            while relay.run_once().await.expect("relay").claimed > 0 {}
+            let started = Instant::now();
+            let mut rng = Rng(seed());
+            let mut kills = 0;
+            loop {
+                let (point, at) = if kills < kills_wanted {
+                    ("before-ack", 1 + rng.below(3))
+                } else {
+                    ("none", 0)
+                };
+                let mut child = spawn_child("consumer", &url, &broker, point, at);
+                if point == "none" {
+                    await_effects(&db, &run, n, Duration::from_secs(60), name).await;
+                    // Let it acknowledge the last redeliveries, then stop it.
+                    tokio::time::sleep(Duration::from_millis(2500)).await;
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                let status = tokio::task::spawn_blocking(move || child.0.wait())
+                    .await
+                    .expect("join")
+                    .expect("wait");
+                assert!(
+                    !status.success(),
+                    "{name}: the consumer child was to kill itself"
+                );
+                kills += 1;
+                assert!(
+                    started.elapsed() < Duration::from_secs(240),
+                    "{name}: r10 too slow: {kills} kills"
+                );
             }
-            let status = tokio::task::spawn_blocking(move || child.0.wait())
-                .await
-                .expect("join")
-                .expect("wait");
-            assert!(
-                !status.success(),
-                "{name}: the consumer child was to kill itself"
-            );
-            kills += 1;
-            assert!(
-                started.elapsed() < Duration::from_secs(240),
-                "{name}: r10 too slow: {kills} kills"
+            let seen = effects(&db, &run).await;
+            assert_exactly_once(&format!("{name} r10"), &ids, &seen);
+            println!(
+                "R10 {name}: {n} messages, consumer SIGKILLed {kills} times between its commit and its ack; effects {} for {} ids, 0 duplicated, 0 lost, {:.1} s",
+                seen.len(),
+                ids.len(),
+                started.elapsed().as_secs_f64()
             );
         }
-        let seen = effects(&db, &run).await;
-        assert_exactly_once(&format!("{name} r10"), &ids, &seen);
-        println!(
-            "R10 {name}: {n} messages, consumer SIGKILLed {kills} times between its commit and its ack; effects {} for {} ids, 0 duplicated, 0 lost, {:.1} s",
-            seen.len(),
-            ids.len(),
-            started.elapsed().as_secs_f64()
-        );
     }
 }
 
@@ -688,251 +644,260 @@ fn target_of(url: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn r11_the_broker_and_the_database_go_away_for_five_seconds_and_nothing_is_lost() {
-    for Isolated { name, db, url } in isolated().await {
-        let mut nats = NatsServer::start();
-        let js = jetstream(&nats.url(), "FAULTS", "faults.>").await;
-        let run = unique("r11").replace('-', "_");
-        let subject = format!("faults.{run}");
-        let stop = Arc::new(AtomicBool::new(false));
-        let consumer = spawn_consumer(&db, &js, "FAULTS", &stop, &Arc::default());
-        // The relay reaches the database through a proxy on servers, so it can be cut.
-        let proxy = if name == "sqlite" {
-            None
-        } else {
-            Some(Proxy::start(target_of(&url)).await)
-        };
-        let relay_db = match &proxy {
-            Some(p) => connect(&through(&url, p.port)).await,
-            None => db.clone(),
-        };
-        let relay = Arc::new(
-            Relay::new(relay_db, JetStreamSink::new(js.clone()))
-                .lease(Duration::from_secs(2))
-                .max_attempts(1000)
-                .backoff(Backoff {
-                    initial: Duration::from_millis(100),
-                    max: Duration::from_millis(800),
-                })
-                .poll_interval(Duration::from_millis(50)),
-        );
-        let relay_stop = Arc::new(AtomicBool::new(false));
-        let (r, s) = (relay.clone(), relay_stop.clone());
-        let relay_task = tokio::spawn(async move { r.run(stopped(s)).await });
-        // Load: a message every 10 ms while the faults happen.
-        let staged = Arc::new(Mutex::new(Vec::new()));
-        let staging = Arc::new(AtomicBool::new(true));
-        let stager = {
-            let (db, staged, staging, subject) =
-                (db.clone(), staged.clone(), staging.clone(), subject.clone());
-            tokio::spawn(async move {
-                let mut i = 0u64;
-                while staging.load(Ordering::Relaxed) {
-                    let id = db
-                        .stage(
-                            Message::new(subject.as_str(), i.to_string().into_bytes())
-                                .aggregate(format!("a{}", i % 7)),
-                        )
-                        .await
-                        .expect("stage (the stagers' own database connection stays up)");
-                    staged.lock().expect("lock").push(id);
-                    i += 1;
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            })
-        };
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        nats.kill();
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        let during_broker = staged.lock().expect("lock").len();
-        nats.restart();
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        if let Some(proxy) = &proxy {
-            proxy.cut();
-            tokio::time::sleep(Duration::from_secs(5)).await;
-            proxy.restore();
-        }
-        let faults_over = Instant::now();
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        staging.store(false, Ordering::Relaxed);
-        stager.await.expect("stager");
-        let ids = staged.lock().expect("lock").clone();
-        await_effects(&db, &run, ids.len(), Duration::from_secs(90), name).await;
-        let caught_up = faults_over.elapsed();
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let seen = effects(&db, &run).await;
-        stop.store(true, Ordering::Relaxed);
-        relay_stop.store(true, Ordering::Relaxed);
-        consumer.await.expect("consumer");
-        relay_task.await.expect("relay task").expect("relay");
-        assert_exactly_once(&format!("{name} r11"), &ids, &seen);
-        let counters = relay.counters();
-        assert!(
-            counters.retried > 0,
-            "{name}: the outage was felt: {counters:?}"
-        );
-        println!(
-            "R11 {name}: {} messages staged under load; broker down 5 s ({} staged meanwhile, {} failed publishes retried); database cut for the relay 5 s: {}; effects {} for {} ids, 0 lost, 0 duplicated; every message at the consumer {:.1} s after the last fault ended",
-            ids.len(),
-            during_broker,
-            counters.retried,
-            if proxy.is_some() {
-                "yes"
+    for kind in brokers() {
+        for Isolated { name, db, url } in isolated().await {
+            let mut broker = Broker::start(kind);
+            broker.prepare().await;
+            let label = format!("{name}/{}", kind.name());
+            let name = label.as_str();
+            let run = unique("r11").replace('-', "_");
+            let subject = format!("faults.{run}");
+            let stop = Arc::new(AtomicBool::new(false));
+            let consumer = spawn_consumer(&db, &broker, &stop, &Arc::default());
+            // The relay reaches the database through a proxy on servers, so it can be cut.
+            let proxy = if name.starts_with("sqlite/") {
+                None
             } else {
-                "skipped on SQLite (no network)"
-            },
-            seen.len(),
-            ids.len(),
-            caught_up.as_secs_f64()
-        );
+                Some(Proxy::start(target_of(&url)).await)
+            };
+            let relay_db = match &proxy {
+                Some(p) => connect(&through(&url, p.port)).await,
+                None => db.clone(),
+            };
+            let relay = Arc::new(
+                Relay::new(relay_db, broker.sink().await)
+                    .lease(Duration::from_secs(2))
+                    .max_attempts(1000)
+                    .backoff(Backoff {
+                        initial: Duration::from_millis(100),
+                        max: Duration::from_millis(800),
+                    })
+                    .poll_interval(Duration::from_millis(50)),
+            );
+            let relay_stop = Arc::new(AtomicBool::new(false));
+            let (r, s) = (relay.clone(), relay_stop.clone());
+            let relay_task = tokio::spawn(async move { r.run(stopped(s)).await });
+            // Load: a message every 10 ms while the faults happen.
+            let staged = Arc::new(Mutex::new(Vec::new()));
+            let staging = Arc::new(AtomicBool::new(true));
+            let stager = {
+                let (db, staged, staging, subject) =
+                    (db.clone(), staged.clone(), staging.clone(), subject.clone());
+                tokio::spawn(async move {
+                    let mut i = 0u64;
+                    while staging.load(Ordering::Relaxed) {
+                        let id = db
+                            .stage(
+                                Message::new(subject.as_str(), i.to_string().into_bytes())
+                                    .aggregate(format!("a{}", i % 7)),
+                            )
+                            .await
+                            .expect("stage (the stagers' own database connection stays up)");
+                        staged.lock().expect("lock").push(id);
+                        i += 1;
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                })
+            };
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            broker.kill();
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let during_broker = staged.lock().expect("lock").len();
+            broker.restart();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            if let Some(proxy) = &proxy {
+                proxy.cut();
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                proxy.restore();
+            }
+            let faults_over = Instant::now();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            staging.store(false, Ordering::Relaxed);
+            stager.await.expect("stager");
+            let ids = staged.lock().expect("lock").clone();
+            await_effects(&db, &run, ids.len(), Duration::from_secs(90), name).await;
+            let caught_up = faults_over.elapsed();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let seen = effects(&db, &run).await;
+            stop.store(true, Ordering::Relaxed);
+            relay_stop.store(true, Ordering::Relaxed);
+            consumer.await.expect("consumer");
+            relay_task.await.expect("relay task").expect("relay");
+            assert_exactly_once(&format!("{name} r11"), &ids, &seen);
+            let counters = relay.counters();
+            assert!(
+                counters.retried > 0,
+                "{name}: the outage was felt: {counters:?}"
+            );
+            println!(
+                "R11 {name}: {} messages staged under load; broker down 5 s ({} staged meanwhile, {} failed publishes retried); database cut for the relay 5 s: {}; effects {} for {} ids, 0 lost, 0 duplicated; every message at the consumer {:.1} s after the last fault ended",
+                ids.len(),
+                during_broker,
+                counters.retried,
+                if proxy.is_some() {
+                    "yes"
+                } else {
+                    "skipped on SQLite (no network)"
+                },
+                seen.len(),
+                ids.len(),
+                caught_up.as_secs_f64()
+            );
+        }
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn r12_order_holds_per_aggregate_and_a_poison_message_holds_only_its_own() {
-    for Isolated { name, db, .. } in isolated().await {
-        let nats = NatsServer::start();
-        let js = jetstream(&nats.url(), "FAULTS", "faults.>").await;
-        let run = unique("r12").replace('-', "_");
-        let subject = format!("faults.{run}");
-        let (n, aggregates) = if quick() { (400, 20) } else { (1000, 50) };
-        let stop = Arc::new(AtomicBool::new(false));
-        let consumer = spawn_consumer(&db, &js, "FAULTS", &stop, &Arc::default());
+    for kind in brokers() {
+        for Isolated { name, db, .. } in isolated().await {
+            let broker = Broker::start(kind);
+            broker.prepare().await;
+            let label = format!("{name}/{}", kind.name());
+            let name = label.as_str();
+            let run = unique("r12").replace('-', "_");
+            let subject = format!("faults.{run}");
+            let (n, aggregates) = if quick() { (400, 20) } else { (1000, 50) };
+            let stop = Arc::new(AtomicBool::new(false));
+            let consumer = spawn_consumer(&db, &broker, &stop, &Arc::default());
 
-        // Stagers with random commit delays: later ids commit first across aggregates, and
-        // stagers of one aggregate queue on its head row.
-        let poison: Arc<Mutex<Option<String>>> = Arc::default();
-        let mut rng = Rng(seed());
-        let mut stagers = Vec::new();
-        let open = Arc::new(tokio::sync::Semaphore::new(32)); // bounded by the pool
-        for i in 0..n {
-            let delay = Duration::from_millis(rng.below(20));
-            let (db, subject, poison, open) =
-                (db.clone(), subject.clone(), poison.clone(), open.clone());
-            stagers.push(tokio::spawn(async move {
-                let _permit = open.acquire().await.expect("permit");
-                let tx = db.begin().await.expect("begin");
-                let id = tx
-                    .stage(
-                        Message::new(subject.as_str(), i.to_string().into_bytes())
-                            .aggregate(format!("agg{}", i % aggregates)),
-                    )
-                    .await
-                    .expect("stage");
-                tokio::time::sleep(delay).await;
-                tx.commit().await.expect("commit");
-                if i == n / 2 {
-                    *poison.lock().expect("lock") = Some(id.clone());
-                }
-                (i % aggregates, id)
-            }));
-        }
-        let mut staged = Vec::new();
-        for s in stagers {
-            staged.push(s.await.expect("stager"));
-        }
-        let poison_id = poison.lock().expect("lock").clone().expect("poison chosen");
-        let poison_aggregate = staged
-            .iter()
-            .find(|(_, id)| *id == poison_id)
-            .map(|(a, _)| format!("agg{a}"))
-            .expect("poison aggregate");
-
-        let relays: Vec<_> = (0..4)
-            .map(|_| {
-                let inner = JetStreamSink::new(js.clone());
-                let poison_id = poison_id.clone();
-                let sink = Arc::new(inner);
-                let sink = FnSink::new(move |m: OutboxMessage| {
-                    let (sink, refuse) = (sink.clone(), m.id == poison_id);
-                    async move {
-                        if refuse {
-                            return Err(SinkError::transient("the receiver refuses this one"));
-                        }
-                        sink.publish(&m).await
+            // Stagers with random commit delays: later ids commit first across aggregates, and
+            // stagers of one aggregate queue on its head row.
+            let poison: Arc<Mutex<Option<String>>> = Arc::default();
+            let mut rng = Rng(seed());
+            let mut stagers = Vec::new();
+            let open = Arc::new(tokio::sync::Semaphore::new(32)); // bounded by the pool
+            for i in 0..n {
+                let delay = Duration::from_millis(rng.below(20));
+                let (db, subject, poison, open) =
+                    (db.clone(), subject.clone(), poison.clone(), open.clone());
+                stagers.push(tokio::spawn(async move {
+                    let _permit = open.acquire().await.expect("permit");
+                    let tx = db.begin().await.expect("begin");
+                    let id = tx
+                        .stage(
+                            Message::new(subject.as_str(), i.to_string().into_bytes())
+                                .aggregate(format!("agg{}", i % aggregates)),
+                        )
+                        .await
+                        .expect("stage");
+                    tokio::time::sleep(delay).await;
+                    tx.commit().await.expect("commit");
+                    if i == n / 2 {
+                        *poison.lock().expect("lock") = Some(id.clone());
                     }
-                });
-                Arc::new(
-                    Relay::new(db.clone(), sink)
-                        .batch_size(20)
-                        .max_attempts(4)
-                        .backoff(Backoff {
-                            initial: Duration::from_millis(20),
-                            max: Duration::from_millis(40),
-                        })
-                        .poll_interval(Duration::from_millis(20)),
-                )
-            })
-            .collect();
-        let relay_stop = Arc::new(AtomicBool::new(false));
-        let started = Instant::now();
-        let tasks: Vec<_> = relays
-            .iter()
-            .map(|relay| {
-                let (relay, s) = (relay.clone(), relay_stop.clone());
-                tokio::spawn(async move { relay.run(stopped(s)).await })
-            })
-            .collect();
-        let limit = Duration::from_secs(if quick() { 60 } else { 120 });
-        loop {
-            let health = outbox_health(&db).await.expect("health");
-            let delivered = effects(&db, &run).await.len();
-            if health.dead == 1 && delivered + health.pending as usize + 1 == n {
-                break;
+                    (i % aggregates, id)
+                }));
             }
-            assert!(
-                started.elapsed() < limit,
-                "{name}: r12 stuck: {delivered} delivered, {health:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let elapsed = started.elapsed();
-        relay_stop.store(true, Ordering::Relaxed);
-        for t in tasks {
-            t.await.expect("relay task").expect("relay");
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        stop.store(true, Ordering::Relaxed);
-        consumer.await.expect("consumer");
+            let mut staged = Vec::new();
+            for s in stagers {
+                staged.push(s.await.expect("stager"));
+            }
+            let poison_id = poison.lock().expect("lock").clone().expect("poison chosen");
+            let poison_aggregate = staged
+                .iter()
+                .find(|(_, id)| *id == poison_id)
+                .map(|(a, _)| format!("agg{a}"))
+                .expect("poison aggregate");
 
-        let seen = effects(&db, &run).await;
-        let mut per_aggregate: BTreeMap<String, Vec<i64>> = BTreeMap::new();
-        for (aggregate, _, seq) in &seen {
-            per_aggregate
-                .entry(aggregate.clone())
-                .or_default()
-                .push(*seq);
-        }
-        let per = n / aggregates;
-        for (aggregate, seqs) in &per_aggregate {
-            let expected: Vec<i64> = (1..=seqs.len() as i64).collect();
-            assert_eq!(
-                seqs, &expected,
-                "{name}: {aggregate} out of order or with gaps"
-            );
-            if *aggregate == poison_aggregate {
-                assert!(seqs.len() < per, "{name}: the poison's aggregate is held");
-            } else {
-                assert_eq!(seqs.len(), per, "{name}: {aggregate} fully delivered");
+            let broker_sink = broker.sink().await;
+            let relays: Vec<_> = (0..4)
+                .map(|_| {
+                    let inner = broker_sink.clone();
+                    let poison_id = poison_id.clone();
+                    let sink = Arc::new(inner);
+                    let sink = FnSink::new(move |m: OutboxMessage| {
+                        let (sink, refuse) = (sink.clone(), m.id == poison_id);
+                        async move {
+                            if refuse {
+                                return Err(SinkError::transient("the receiver refuses this one"));
+                            }
+                            sink.publish(&m).await
+                        }
+                    });
+                    Arc::new(
+                        Relay::new(db.clone(), sink)
+                            .batch_size(20)
+                            .max_attempts(4)
+                            .backoff(Backoff {
+                                initial: Duration::from_millis(20),
+                                max: Duration::from_millis(40),
+                            })
+                            .poll_interval(Duration::from_millis(20)),
+                    )
+                })
+                .collect();
+            let relay_stop = Arc::new(AtomicBool::new(false));
+            let started = Instant::now();
+            let tasks: Vec<_> = relays
+                .iter()
+                .map(|relay| {
+                    let (relay, s) = (relay.clone(), relay_stop.clone());
+                    tokio::spawn(async move { relay.run(stopped(s)).await })
+                })
+                .collect();
+            let limit = Duration::from_secs(if quick() { 60 } else { 120 });
+            loop {
+                let health = outbox_health(&db).await.expect("health");
+                let delivered = effects(&db, &run).await.len();
+                if health.dead == 1 && delivered + health.pending as usize + 1 == n {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < limit,
+                    "{name}: r12 stuck: {delivered} delivered, {health:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
+            let elapsed = started.elapsed();
+            relay_stop.store(true, Ordering::Relaxed);
+            for t in tasks {
+                t.await.expect("relay task").expect("relay");
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            stop.store(true, Ordering::Relaxed);
+            consumer.await.expect("consumer");
+
+            let seen = effects(&db, &run).await;
+            let mut per_aggregate: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+            for (aggregate, _, seq) in &seen {
+                per_aggregate
+                    .entry(aggregate.clone())
+                    .or_default()
+                    .push(*seq);
+            }
+            let per = n / aggregates;
+            for (aggregate, seqs) in &per_aggregate {
+                let expected: Vec<i64> = (1..=seqs.len() as i64).collect();
+                assert_eq!(
+                    seqs, &expected,
+                    "{name}: {aggregate} out of order or with gaps"
+                );
+                if *aggregate == poison_aggregate {
+                    assert!(seqs.len() < per, "{name}: the poison's aggregate is held");
+                } else {
+                    assert_eq!(seqs.len(), per, "{name}: {aggregate} fully delivered");
+                }
+            }
+            assert_eq!(
+                per_aggregate.len(),
+                aggregates,
+                "{name}: every aggregate flowed"
+            );
+            let dead = dead_messages(&db, 10).await.expect("dead");
+            assert_eq!(dead.len(), 1, "{name}");
+            assert_eq!(dead[0].id, poison_id, "{name}");
+            assert_eq!(dead[0].attempts, 4, "{name}");
+            let held_back = outbox_health(&db).await.expect("health").pending;
+            let distinct: HashSet<&str> = seen.iter().map(|(_, id, _)| id.as_str()).collect();
+            assert_eq!(distinct.len(), seen.len(), "{name}: no duplicate effects");
+            let published: u64 = relays.iter().map(|r| r.counters().published).sum();
+            println!(
+                "R12 {name}: {n} messages over {aggregates} aggregates, 4 relays ({} published, {:.0} msg/s end to end, consumer included): every aggregate in commit order at the consumer; poison dead after 4 attempts, {held_back} later message(s) of its aggregate held, the other {} aggregates fully delivered",
+                published,
+                published as f64 / elapsed.as_secs_f64(),
+                aggregates - 1
+            );
         }
-        assert_eq!(
-            per_aggregate.len(),
-            aggregates,
-            "{name}: every aggregate flowed"
-        );
-        let dead = dead_messages(&db, 10).await.expect("dead");
-        assert_eq!(dead.len(), 1, "{name}");
-        assert_eq!(dead[0].id, poison_id, "{name}");
-        assert_eq!(dead[0].attempts, 4, "{name}");
-        let held_back = outbox_health(&db).await.expect("health").pending;
-        let distinct: HashSet<&str> = seen.iter().map(|(_, id, _)| id.as_str()).collect();
-        assert_eq!(distinct.len(), seen.len(), "{name}: no duplicate effects");
-        let published: u64 = relays.iter().map(|r| r.counters().published).sum();
-        println!(
-            "R12 {name}: {n} messages over {aggregates} aggregates, 4 relays ({} published, {:.0} msg/s end to end, consumer included): every aggregate in commit order at the consumer; poison dead after 4 attempts, {held_back} later message(s) of its aggregate held, the other {} aggregates fully delivered",
-            published,
-            published as f64 / elapsed.as_secs_f64(),
-            aggregates - 1
-        );
     }
 }

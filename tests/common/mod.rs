@@ -3,7 +3,8 @@
 //! ([`prepare_with`]), and an `effects` table the handlers write to, so tests count side
 //! effects in the database rather than trusting return values ([`Backend::assert_effects`]),
 //! and a [`Gate`] that holds a call inside its body. `isolated` gives a test databases of its
-//! own, `http` sends requests to a router; the reliability suite adds its tables in
+//! own, `http` sends requests to a router, `brokers` starts a nats-server or RabbitMQ node of a
+//! test's own; the reliability suite adds its tables in
 //! `tests/reliability/support.rs`.
 //!
 //! SQLite always runs (a fresh file per test). PostgreSQL and MySQL/MariaDB run when
@@ -12,6 +13,7 @@
 
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
+pub mod brokers;
 pub mod crash;
 pub mod http;
 pub mod isolated;

@@ -1,0 +1,155 @@
+//! [`AmqpSink`]: the outbox relay's sink for RabbitMQ.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::outbox::{OutboxMessage, Sink, SinkError};
+use lapin::Confirmation;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Connection};
+use tokio::sync::Mutex;
+
+use crate::{AGGREGATE_HEADER, AGGREGATE_SEQ_HEADER, connection};
+
+/// AMQP's delivery mode for a message the broker keeps on disk.
+const PERSISTENT: u8 = 2;
+
+/// Publishes outbox messages to a RabbitMQ exchange: the topic is the routing key, the
+/// outbox message id the AMQP `message-id` (the consumer's idempotency key), the aggregate
+/// and its sequence number the headers [`AGGREGATE_HEADER`] and [`AGGREGATE_SEQ_HEADER`],
+/// persistent. A publish counts only once the broker confirmed it (publisher confirms), so
+/// the relay marks a message published only after RabbitMQ has it. A message no queue is
+/// bound for comes back (`mandatory`) and is a transient error: it stays in the outbox until
+/// a queue is bound, never dropped.
+///
+/// The connection is opened at the first publish and again after it broke (the broker
+/// restarted): a publish that fails on it is an error the relay retries with backoff.
+/// Clones share the connection and its channel.
+#[derive(Clone)]
+pub struct AmqpSink {
+    uri: Arc<str>,
+    exchange: Arc<str>,
+    confirm_timeout: Duration,
+    open: Arc<Mutex<Option<(Connection, Channel)>>>,
+}
+
+impl AmqpSink {
+    /// A sink publishing to `exchange` on the broker at `uri`
+    /// (`amqp://user:password@host:5672/%2f`). Nothing is connected until the first publish.
+    pub fn new(uri: impl Into<String>, exchange: impl Into<String>) -> Self {
+        Self {
+            uri: uri.into().into(),
+            exchange: exchange.into().into(),
+            confirm_timeout: Duration::from_secs(10),
+            open: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// How long a publish waits for the broker's confirmation before it counts as failed
+    /// (default 10 s). A failed publish is retried: the message may then arrive twice, which
+    /// the consumer's inbox absorbs.
+    #[must_use]
+    pub fn confirm_timeout(mut self, timeout: Duration) -> Self {
+        self.confirm_timeout = timeout;
+        self
+    }
+
+    /// A channel in confirm mode on a live connection: the open one, or a new one.
+    async fn channel(&self) -> Result<Channel, lapin::Error> {
+        let mut open = self.open.lock().await;
+        if let Some((connection, channel)) = open.as_ref()
+            && connection.status().connected()
+            && channel.status().connected()
+        {
+            return Ok(channel.clone());
+        }
+        *open = None;
+        let connection = connection::open(&self.uri).await?;
+        let channel = connection.create_channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        *open = Some((connection, channel.clone()));
+        Ok(channel)
+    }
+
+    async fn publish_confirmed(&self, message: &OutboxMessage) -> Result<(), SinkError> {
+        let channel = self
+            .channel()
+            .await
+            .map_err(|e| SinkError::transient(format!("connecting to RabbitMQ: {e}")))?;
+        let mut headers = FieldTable::default();
+        for (name, value) in &message.headers {
+            headers.insert(
+                name.as_str().into(),
+                AMQPValue::LongString(value.as_str().into()),
+            );
+        }
+        if let (Some(aggregate), Some(seq)) = (&message.aggregate, message.aggregate_seq) {
+            headers.insert(
+                AGGREGATE_HEADER.into(),
+                AMQPValue::LongString(aggregate.as_str().into()),
+            );
+            headers.insert(AGGREGATE_SEQ_HEADER.into(), AMQPValue::LongLongInt(seq));
+        }
+        let properties = BasicProperties::default()
+            .with_message_id(message.id.as_str().into())
+            .with_delivery_mode(PERSISTENT)
+            .with_headers(headers);
+        let options = BasicPublishOptions {
+            mandatory: true,
+            ..Default::default()
+        };
+        let confirm = channel
+            .basic_publish(
+                self.exchange.as_ref().into(),
+                message.topic.as_str().into(),
+                options,
+                &message.payload,
+                properties,
+            )
+            .await
+            .map_err(|e| SinkError::transient(format!("publishing to RabbitMQ: {e}")))?;
+        let confirmation = tokio::time::timeout(self.confirm_timeout, confirm)
+            .await
+            .map_err(|_| {
+                SinkError::transient(format!(
+                    "RabbitMQ did not confirm the publish within {:?}",
+                    self.confirm_timeout
+                ))
+            })?
+            .map_err(|e| SinkError::transient(format!("waiting for RabbitMQ's confirm: {e}")))?;
+        match confirmation {
+            Confirmation::Ack(None) => Ok(()),
+            Confirmation::Ack(Some(_)) => Err(SinkError::transient(format!(
+                "no queue is bound to exchange `{}` for routing key `{}`: RabbitMQ returned \
+                the message (bind a queue, e.g. with idem::rabbitmq::declare)",
+                self.exchange, message.topic
+            ))),
+            Confirmation::Nack(_) => Err(SinkError::transient(
+                "RabbitMQ refused the message (negative confirm)",
+            )),
+            Confirmation::NotRequested => {
+                Err(SinkError::transient("the channel is not in confirm mode"))
+            }
+        }
+    }
+}
+
+impl Sink for AmqpSink {
+    async fn publish(&self, message: &OutboxMessage) -> Result<(), SinkError> {
+        self.publish_confirmed(message).await
+    }
+}
+
+impl fmt::Debug for AmqpSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The URI can carry a password.
+        f.debug_struct("AmqpSink")
+            .field("exchange", &self.exchange)
+            .field("confirm_timeout", &self.confirm_timeout)
+            .finish_non_exhaustive()
+    }
+}

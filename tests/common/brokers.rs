@@ -1,0 +1,253 @@
+//! Brokers of a test's own, for the fault suites (R9–R12): a nats-server or a RabbitMQ node
+//! on free ports with a temporary store, which the test can kill and start again on the same
+//! port and store; and the relay's sink and the inbox consumer on either, so one suite runs
+//! against both.
+//!
+//! `IDEM_TEST_BROKERS` picks them (`nats,rabbitmq`, the default; `nats` or `rabbitmq` alone).
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use idem::nats::{JetStreamSink, async_nats};
+use idem::outbox::{OutboxMessage, Sink, SinkError};
+use idem::rabbitmq::AmqpSink;
+
+use super::unique;
+
+/// The stream (NATS) or exchange and queue (RabbitMQ) every fault test publishes to and
+/// consumes from, capturing the subjects / routing keys `faults.>` / `faults.#`.
+pub const FAULTS: &str = "FAULTS";
+
+/// Which broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BrokerKind {
+    Nats,
+    RabbitMq,
+}
+
+impl BrokerKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Nats => "nats",
+            Self::RabbitMq => "rabbitmq",
+        }
+    }
+
+    pub fn parse(name: &str) -> Self {
+        match name {
+            "nats" => Self::Nats,
+            "rabbitmq" => Self::RabbitMq,
+            other => panic!("unknown broker `{other}` (nats, rabbitmq)"),
+        }
+    }
+}
+
+/// The brokers of this run: `IDEM_TEST_BROKERS`, or both.
+pub fn brokers() -> Vec<BrokerKind> {
+    std::env::var("IDEM_TEST_BROKERS")
+        .unwrap_or_else(|_| "nats,rabbitmq".to_owned())
+        .split(',')
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+        .map(BrokerKind::parse)
+        .collect()
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn wait_for_port(port: u16, what: &str) {
+    let started = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{what} did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A broker server of the test's own.
+pub struct Broker {
+    kind: BrokerKind,
+    port: u16,
+    /// RabbitMQ's Erlang distribution port (unused for NATS).
+    dist_port: u16,
+    store: PathBuf,
+    name: String,
+    child: Option<Child>,
+}
+
+impl Broker {
+    pub fn start(kind: BrokerKind) -> Self {
+        let name = unique(&format!("idem-{}", kind.name()));
+        let store = std::env::temp_dir().join(&name);
+        std::fs::create_dir_all(&store).expect("store dir");
+        if kind == BrokerKind::RabbitMq {
+            // The server runs as the `rabbitmq` user.
+            let _ = Command::new("chown")
+                .args(["rabbitmq:rabbitmq"])
+                .arg(&store)
+                .status();
+        }
+        let mut broker = Self {
+            kind,
+            port: free_port(),
+            dist_port: free_port(),
+            store,
+            name,
+            child: None,
+        };
+        broker.run();
+        broker
+    }
+
+    pub fn kind(&self) -> BrokerKind {
+        self.kind
+    }
+
+    pub fn url(&self) -> String {
+        match self.kind {
+            BrokerKind::Nats => format!("nats://127.0.0.1:{}", self.port),
+            BrokerKind::RabbitMq => format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port),
+        }
+    }
+
+    fn run(&mut self) {
+        let child = match self.kind {
+            BrokerKind::Nats => Command::new("/usr/sbin/nats-server")
+                .args([
+                    "-a",
+                    "127.0.0.1",
+                    "-p",
+                    &self.port.to_string(),
+                    "-js",
+                    "-sd",
+                ])
+                .arg(&self.store)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("nats-server (install the nats-server package)"),
+            BrokerKind::RabbitMq => Command::new("/usr/sbin/rabbitmq-server")
+                .env("RABBITMQ_NODENAME", format!("{}@localhost", self.name))
+                .env("RABBITMQ_NODE_PORT", self.port.to_string())
+                .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
+                .env("RABBITMQ_MNESIA_BASE", self.store.join("mnesia"))
+                .env("RABBITMQ_LOG_BASE", self.store.join("log"))
+                .env("RABBITMQ_PID_FILE", self.store.join("pid"))
+                .env("RABBITMQ_ENABLED_PLUGINS_FILE", self.store.join("plugins"))
+                .env("RABBITMQ_CONFIG_FILE", self.store.join("rabbitmq"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("rabbitmq-server (install the rabbitmq-server package)"),
+        };
+        self.child = Some(child);
+        wait_for_port(self.port, self.kind.name());
+    }
+
+    /// Kills the server (SIGKILL): nothing it has not written to its store survives.
+    pub fn kill(&mut self) {
+        if self.kind == BrokerKind::RabbitMq {
+            // The Erlang VM runs under `su` as another user: kill it by its pid file.
+            if let Ok(pid) = std::fs::read_to_string(self.store.join("pid")) {
+                let _ = Command::new("kill")
+                    .args(["-9", pid.trim()])
+                    .stderr(Stdio::null())
+                    .status();
+                let _ = std::fs::remove_file(self.store.join("pid"));
+            }
+        }
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if self.kind == BrokerKind::RabbitMq {
+            // Until its port is free, a new node on it would not start.
+            let started = Instant::now();
+            while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+                && started.elapsed() < Duration::from_secs(10)
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// Kills the server and starts it again on the same port and store.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.run();
+    }
+
+    /// Makes what the fault tests publish to and consume from: a stream capturing
+    /// `faults.>`, or a topic exchange and a quorum queue bound to `faults.#`.
+    pub async fn prepare(&self) {
+        match self.kind {
+            BrokerKind::Nats => {
+                jetstream(&self.url()).await;
+            }
+            BrokerKind::RabbitMq => {
+                idem::rabbitmq::declare(&self.url(), FAULTS, FAULTS, "faults.#")
+                    .await
+                    .expect("declare the exchange and queue");
+            }
+        }
+    }
+
+    /// The relay's sink on this broker.
+    pub async fn sink(&self) -> BrokerSink {
+        broker_sink(self.kind, &self.url()).await
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.store);
+    }
+}
+
+/// A JetStream context on `url` with the [`FAULTS`] stream.
+pub async fn jetstream(url: &str) -> async_nats::jetstream::Context {
+    let client = async_nats::ConnectOptions::new()
+        .retry_on_initial_connect()
+        .connect(url)
+        .await
+        .expect("connect to nats");
+    let js = async_nats::jetstream::new(client);
+    idem::nats::ensure_stream(&js, FAULTS, &["faults.>"])
+        .await
+        .expect("stream");
+    js
+}
+
+/// The relay's sink on the broker of `kind` at `url`.
+pub async fn broker_sink(kind: BrokerKind, url: &str) -> BrokerSink {
+    match kind {
+        BrokerKind::Nats => BrokerSink::Nats(JetStreamSink::new(jetstream(url).await)),
+        BrokerKind::RabbitMq => BrokerSink::RabbitMq(AmqpSink::new(url, FAULTS)),
+    }
+}
+
+/// Either broker's sink.
+#[derive(Clone)]
+pub enum BrokerSink {
+    Nats(JetStreamSink),
+    RabbitMq(AmqpSink),
+}
+
+impl Sink for BrokerSink {
+    async fn publish(&self, message: &OutboxMessage) -> Result<(), SinkError> {
+        match self {
+            Self::Nats(sink) => sink.publish(message).await,
+            Self::RabbitMq(sink) => sink.publish(message).await,
+        }
+    }
+}
