@@ -24,7 +24,10 @@
 /// (`conn = self.db as db`). **Inside the body that name is the claim's transaction**
 /// (`&DatabaseTransaction`): the body's reads and writes, the claim and the recorded result
 /// commit together. Do not reach the pool any other way inside the body (SQLite's default
-/// pool has one connection, and the body would wait for itself).
+/// pool has one connection, and the body would wait for itself): an idempotent call through
+/// the pool inside a body fails at once. To call another `#[idempotent]` function from the
+/// body, pass it `db`: a function whose connection is `&DatabaseTransaction` (or
+/// `&DatabaseExecutor<'_>`) claims its key in a savepoint and commits with this call.
 ///
 /// # What a call does
 ///
