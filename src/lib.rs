@@ -24,7 +24,10 @@
 /// (`conn = self.db as db`). **Inside the body that name is the claim's transaction**
 /// (`&DatabaseTransaction`): the body's reads and writes, the claim and the recorded result
 /// commit together. Do not reach the pool any other way inside the body (SQLite's default
-/// pool has one connection, and the body would wait for itself).
+/// pool has one connection, and the body would wait for itself): an idempotent call through
+/// the pool inside a body fails at once. To call another `#[idempotent]` function from the
+/// body, pass it `db`: a function whose connection is `&DatabaseTransaction` (or
+/// `&DatabaseExecutor<'_>`) claims its key in a savepoint and commits with this call.
 ///
 /// # What a call does
 ///
@@ -147,6 +150,37 @@ pub mod store {
         }
     }
 
+    /// A nested call: an `#[idempotent]` function called with another one's body `db`
+    /// claims its key in a savepoint of that transaction, and commits with it or not at all.
+    #[cfg(feature = "sea-orm")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sea-orm")))]
+    impl IntoStore for idem_sea_orm::sea_orm::DatabaseTransaction {
+        type Store<'a> = idem_sea_orm::SeaOrmStore<'a>;
+        fn store(&self) -> Self::Store<'_> {
+            idem_sea_orm::SeaOrmStore::nested(self)
+        }
+    }
+
+    /// Either, chosen by the caller: a function whose connection is a
+    /// `&DatabaseExecutor<'_>` can be called at the top (`&db.into()` from a
+    /// `&DatabaseConnection`) and nested (from a body's `&DatabaseTransaction`).
+    #[cfg(feature = "sea-orm")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sea-orm")))]
+    impl IntoStore for idem_sea_orm::sea_orm::DatabaseExecutor<'_> {
+        type Store<'a>
+            = idem_sea_orm::SeaOrmStore<'a>
+        where
+            Self: 'a;
+        fn store(&self) -> Self::Store<'_> {
+            use idem_sea_orm::sea_orm::DatabaseExecutor as E;
+            match self {
+                E::Connection(db) => idem_sea_orm::SeaOrmStore::new(db),
+                E::Transaction(tx) => idem_sea_orm::SeaOrmStore::nested(tx),
+                E::OwnedTransaction(tx) => idem_sea_orm::SeaOrmStore::nested(tx),
+            }
+        }
+    }
+
     /// What the connection of a lease-mode `#[idempotent(..., lease = "…")]` function is:
     /// something that hands out an owned, shareable [`LeaseStore`] (the lease outlives the
     /// claim). Implemented for `sea_orm::DatabaseConnection` and
@@ -154,7 +188,7 @@ pub mod store {
     #[diagnostic::on_unimplemented(
         message = "`{Self}` cannot hold the leases of `#[idempotent(..., lease = ...)]`",
         label = "expected the connection here",
-        note = "lease mode needs a `sea_orm::DatabaseConnection` (or an `idem::MemoryStore`)"
+        note = "lease mode needs a `sea_orm::DatabaseConnection` (or an `idem::MemoryStore`): its lease commits at once and outlives any transaction, so it cannot claim inside another call's transaction (`&DatabaseTransaction`); call it with the pool, before or after that call"
     )]
     pub trait IntoLeaseStore {
         /// An owned lease store over this connection.
@@ -298,6 +332,13 @@ pub mod sea_orm {
     pub use idem_sea_orm::{CompleterMigration, LeaseMigration, OutboxMigration, migrations};
 }
 
+/// Switching idem off in tests of a service that uses it: [`run_disabled`](testing::run_disabled)
+/// for one future, [`disable`](testing::disable) for the process, or `IDEM_DISABLED=1`. See
+/// the README's "Testing a service that uses idem".
+pub mod testing {
+    pub use idem_core::testing::{DISABLED_ENV, disable, enable, is_disabled, run_disabled};
+}
+
 /// What `#[idempotent]` expands to. Not public API: it changes without notice.
 #[doc(hidden)]
 pub mod __private {
@@ -336,10 +377,14 @@ pub mod __private {
         body
     }
 
-    /// The lease store behind a connection expression.
+    /// The lease store behind a connection expression; with idem switched off
+    /// ([`crate::testing`]), a fresh in-memory one, so the body runs and nothing is kept.
     pub fn lease_store<C: IntoLeaseStore + ?Sized>(
         connection: &C,
     ) -> std::sync::Arc<dyn idem_core::LeaseStore> {
+        if idem_core::testing::is_disabled() {
+            return std::sync::Arc::new(idem_core::MemoryStore::new());
+        }
         connection.lease_store()
     }
 }

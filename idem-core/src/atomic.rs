@@ -41,6 +41,9 @@ where
     // the call back as it is: no extra future around it).
     let scope = call.site().scope();
     metrics::observe(scope, async move {
+        if crate::testing::is_disabled() {
+            return unclaimed(&store, bodies).await;
+        }
         let request = match call.prepare::<R>(finality.is_some()) {
             Ok(request) => request,
             Err(answer) => return answer,
@@ -90,6 +93,65 @@ where
             }
         }
     })
+}
+
+/// A call run with idem switched off ([`testing`](crate::testing)): the body in a
+/// transaction of the store that claims nothing; `Ok` commits, `Err` rolls back.
+async fn unclaimed<S, R, F, B>(store: &S, mut bodies: F) -> R
+where
+    S: Store,
+    R: HandlerOutput,
+    R::Error: HandlerError,
+    F: FnMut() -> Result<B, Error>,
+    B: AsyncFnOnce(&S::Tx) -> R,
+{
+    let body = match bodies() {
+        Ok(body) => body,
+        Err(e) => return R::from_result(Err(e.into())),
+    };
+    let tx = match store.begin().await {
+        Ok(tx) => tx,
+        Err(e) => return R::from_result(Err(e.into())),
+    };
+    let open = OpenClaim {
+        ledger: store.ledger_identity(),
+    };
+    let (output, hooks) = OPEN_CLAIM
+        .scope(open, collecting_hooks(body(S::tx(&tx))))
+        .await;
+    let output = output.into_result();
+    let ended = if output.is_ok() {
+        store.commit(tx).await
+    } else {
+        store.release(tx).await
+    };
+    match ended {
+        Ok(()) => {
+            hooks.iter().for_each(|hook| hook());
+            R::from_result(output)
+        }
+        Err(e) => R::from_result(Err(e.into())),
+    }
+}
+
+/// An atomic-mode call whose body is running in this task, its claim's transaction open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OpenClaim {
+    /// The ledger the claim is on ([`Store::ledger_identity`]), as far as known.
+    pub ledger: Option<usize>,
+}
+
+tokio::task_local! {
+    static OPEN_CLAIM: OpenClaim;
+}
+
+/// The atomic-mode call whose body is running in this task, if any. A store that takes a
+/// connection of its own (a pool) asks, so that a call made inside another call's body
+/// through the pool, not the body's transaction, fails at once with a clear error instead
+/// of committing on its own or waiting for the body's own locks.
+pub fn open_claim() -> Option<OpenClaim> {
+    OPEN_CLAIM.try_with(|c| *c).ok()
 }
 
 /// How one try of a call ended.
@@ -144,7 +206,12 @@ where
     };
     let nested = outcome::Nested::enter();
     let running = tracing::Instrument::instrument(body(S::tx(&claimed)), request.span().clone());
-    let (output, hooks) = collecting_hooks(running).await;
+    let open = OpenClaim {
+        ledger: store
+            .ledger_identity()
+            .or(open_claim().and_then(|c| c.ledger)),
+    };
+    let (output, hooks) = OPEN_CLAIM.scope(open, collecting_hooks(running)).await;
     drop(nested);
     let output = output.into_result();
     if let Err(error) = &output

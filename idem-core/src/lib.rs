@@ -30,6 +30,7 @@ mod outcome;
 mod precondition;
 mod state;
 mod store;
+pub mod testing;
 
 pub use error::{BoxError, Error, ErrorKind, KeyProblem, Result};
 pub use fingerprint::{

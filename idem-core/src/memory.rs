@@ -64,7 +64,8 @@ impl Entry {
 /// or dropped.
 #[derive(Debug)]
 pub struct MemoryTx {
-    _lock: OwnedMutexGuard<()>,
+    // `None` for a call run with idem switched off: it holds no key.
+    _lock: Option<OwnedMutexGuard<()>>,
 }
 
 impl MemoryStore {
@@ -121,7 +122,7 @@ impl Store for MemoryStore {
         {
             return Ok(Claim::Recorded(entry.recorded.clone()));
         }
-        Ok(Claim::Execute(MemoryTx { _lock: guard }))
+        Ok(Claim::Execute(MemoryTx { _lock: Some(guard) }))
     }
 
     async fn record(
@@ -138,6 +139,15 @@ impl Store for MemoryStore {
     }
 
     async fn release(&self, tx: MemoryTx) -> Result<(), Error> {
+        drop(tx);
+        Ok(())
+    }
+
+    async fn begin(&self) -> Result<MemoryTx, Error> {
+        Ok(MemoryTx { _lock: None })
+    }
+
+    async fn commit(&self, tx: MemoryTx) -> Result<(), Error> {
         drop(tx);
         Ok(())
     }

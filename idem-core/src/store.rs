@@ -145,12 +145,33 @@ pub trait Store: Sync {
         async { false }
     }
 
+    /// Opens a transaction that claims nothing, for a call run with idem switched off
+    /// ([`testing`](crate::testing)): the body runs in [`Store::tx`] of it, then
+    /// [`commit`](Store::commit) or [`release`](Store::release) ends it. The default answers
+    /// that this store cannot run bodies switched off.
+    fn begin(&self) -> impl Future<Output = Result<Self::Claimed, Error>> + Send {
+        async { Err(cannot_run_unclaimed()) }
+    }
+
+    /// Commits a transaction from [`begin`](Store::begin), recording nothing.
+    fn commit(&self, claimed: Self::Claimed) -> impl Future<Output = Result<(), Error>> + Send {
+        drop(claimed);
+        async { Err(cannot_run_unclaimed()) }
+    }
+
     /// Which ledger this store writes to, as a number that two stores of this process share
     /// exactly when they reach the same ledger. With it, concurrent duplicates in this
     /// process wait for the first call in memory (single flight) instead of queueing on the
     /// database's lock. `None` (the default) turns that off.
     fn ledger_identity(&self) -> Option<usize> {
         None
+    }
+}
+
+fn cannot_run_unclaimed() -> Error {
+    Error::Store {
+        message: "idem is switched off (idem::testing), but this store cannot run a body without a claim: implement `Store::begin` and `Store::commit` for it".to_owned(),
+        source: None,
     }
 }
 

@@ -21,16 +21,74 @@ use crate::sql::{Sql, millis};
 /// `#[idempotent]` builds one from the handler's `&DatabaseConnection`; you rarely name it.
 /// The handler's body runs in the claim's [`DatabaseTransaction`], so the claim, the body's
 /// writes and the recorded result commit together or not at all.
+///
+/// Built on a transaction ([`SeaOrmStore::nested`]: an `#[idempotent]` function called with
+/// another one's body `db`), the claim is a savepoint inside that transaction: the inner
+/// call's claim, writes and record commit with the outer call, or not at all.
 #[derive(Debug, Clone, Copy)]
 pub struct SeaOrmStore<'c> {
-    db: &'c DatabaseConnection,
+    db: Conn<'c>,
+}
+
+/// Where a store's claims begin: a new transaction on the pool, or a savepoint.
+#[derive(Debug, Clone, Copy)]
+enum Conn<'c> {
+    Pool(&'c DatabaseConnection),
+    Tx(&'c DatabaseTransaction),
 }
 
 impl<'c> SeaOrmStore<'c> {
     /// A store on `db`. The ledger table must exist ([`crate::create_tables`]).
     pub fn new(db: &'c DatabaseConnection) -> Self {
-        Self { db }
+        Self { db: Conn::Pool(db) }
     }
+
+    /// A store whose claims are savepoints inside `tx` (the body of an outer call): they
+    /// commit when `tx` does. Its records are not shared with this process's duplicates
+    /// before then (no single flight).
+    pub fn nested(tx: &'c DatabaseTransaction) -> Self {
+        Self { db: Conn::Tx(tx) }
+    }
+
+    fn backend(&self) -> DbBackend {
+        match self.db {
+            Conn::Pool(db) => db.get_database_backend(),
+            Conn::Tx(tx) => tx.get_database_backend(),
+        }
+    }
+}
+
+/// [`outside_open_claim`] for a lease-mode call on SQLite; elsewhere a lease claimed inside
+/// an atomic body commits on its own, as lease mode's claims always do.
+pub(crate) fn outside_open_claim_sqlite(db: &DatabaseConnection, scope: &str) -> Result<(), Error> {
+    if db.get_database_backend() != DbBackend::Sqlite {
+        return Ok(());
+    }
+    outside_open_claim(db, &format!("the lease-mode `{scope}`")).map_err(|_| Error::Store {
+        message: format!(
+            "the lease-mode `{scope}` was called inside the body of an atomic-mode `#[idempotent]` call on the same SQLite database, whose write lock that body holds: the lease's claim would wait for it; call it before or after the atomic call (a lease commits on its own and cannot take the body's transaction)"
+        ),
+        source: None,
+    })
+}
+
+/// Refuses a claim through the pool `db` while an atomic-mode body runs in this task on the
+/// same pool: the call would commit on its own instead of with the body (PostgreSQL, MySQL),
+/// or wait for the body's own write lock (SQLite). `what` names the call's kind.
+pub(crate) fn outside_open_claim(db: &DatabaseConnection, what: &str) -> Result<(), Error> {
+    let Some(open) = idem_core::atomic::open_claim() else {
+        return Ok(());
+    };
+    let pool = SeaOrmStore::new(db).ledger_identity();
+    if open.ledger.is_some() && open.ledger != pool {
+        return Ok(()); // another database: nothing shared with the open claim
+    }
+    Err(Error::Store {
+        message: format!(
+            "{what} was called through the pool (`&DatabaseConnection`) inside the body of another `#[idempotent]` call, whose transaction is open: it would commit on its own, or wait for the body's own lock; pass the body's `db` (its `&DatabaseTransaction`) so the call commits with the outer one"
+        ),
+        source: None,
+    })
 }
 
 pub(crate) fn statement(statements: &Sql, sql: &str, values: Vec<Value>) -> Statement {
@@ -77,6 +135,9 @@ pub(crate) fn ledger_row(req: &Request, owner: i64, lives: std::time::Duration) 
 /// and the owner token its record is written under.
 #[derive(Debug)]
 pub struct ClaimedTx {
+    /// A nested claim's body runs in a savepoint of its own, so a final error can undo the
+    /// body's writes without a named savepoint (MySQL would replace the outer call's).
+    body: Option<DatabaseTransaction>,
     tx: DatabaseTransaction,
     owner: i64,
 }
@@ -235,6 +296,7 @@ where
 
 /// The claim's statement values and decisions, owned: a claim runs to completion even when
 /// its caller stops waiting ([`detached`]), so it cannot borrow the request.
+#[derive(Clone)]
 struct ClaimStep {
     id: Vec<u8>,
     /// The claim statement's values ([`ledger_row`]; empty where the claim is a read).
@@ -264,8 +326,44 @@ async fn try_claim(
     let tx = begin_within(db, step.connection_wait)
         .await
         .map_err(|e| ("beginning the claim transaction", e))?;
+    claim_in(tx, step).await
+}
+
+/// A nested claim: a savepoint in the outer call's transaction, then the claim as usual. The
+/// body gets a savepoint of its own when a final error may need to undo its writes.
+async fn try_claim_nested(
+    outer: &DatabaseTransaction,
+    step: &ClaimStep,
+) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
+    let tx = outer
+        .begin()
+        .await
+        .map_err(|e| ("beginning the nested claim's savepoint", e))?;
+    let step_in = ClaimStep {
+        savepoint: false,
+        ..step.clone()
+    };
+    match claim_in(tx, &step_in).await? {
+        Claim::Execute(mut claimed) if step.savepoint => {
+            let body = claimed
+                .tx
+                .begin()
+                .await
+                .map_err(|e| ("taking the claim savepoint", e))?;
+            claimed.body = Some(body);
+            Ok(Claim::Execute(claimed))
+        }
+        claim => Ok(claim),
+    }
+}
+
+/// The claim in `tx`, which has just begun.
+async fn claim_in(
+    tx: DatabaseTransaction,
+    step: &ClaimStep,
+) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
     // After `begin`, which learns which MySQL family the server is.
-    let d = Sql::of(db.get_database_backend());
+    let d = Sql::of(tx.get_database_backend());
     if step.reject
         && let Some(sql) = d.before_nowait
     {
@@ -429,22 +527,29 @@ async fn savepoint(
             .map_err(|e| ("taking the claim savepoint", e))?;
     }
     Ok(Claim::Execute(ClaimedTx {
+        body: None,
         tx,
         owner: step.owner,
     }))
 }
 
 async fn record_step(
+    body: Option<DatabaseTransaction>,
     tx: DatabaseTransaction,
     values: Vec<Value>,
     undo_body: bool,
 ) -> Result<(), Error> {
     let d = Sql::of(tx.get_database_backend());
-    if undo_body {
-        tx.execute_unprepared(&d.rollback_to_savepoint)
+    let undone = match body {
+        Some(body) if undo_body => body.rollback().await,
+        Some(body) => body.commit().await,
+        None if undo_body => tx
+            .execute_unprepared(&d.rollback_to_savepoint)
             .await
-            .map_err(|e| store_error("rolling back the handler's writes", e))?;
-    }
+            .map(drop),
+        None => Ok(()),
+    };
+    undone.map_err(|e| store_error("rolling back the handler's writes", e))?;
     let updated = tx
         .execute_raw(statement(d, &d.record, values))
         .await
@@ -465,15 +570,18 @@ impl Store for SeaOrmStore<'_> {
     type Claimed = ClaimedTx;
 
     fn tx(claimed: &ClaimedTx) -> &DatabaseTransaction {
-        &claimed.tx
+        claimed.body.as_ref().unwrap_or(&claimed.tx)
     }
 
     async fn claim(&self, req: &Request) -> Result<Claim<ClaimedTx>, Error> {
+        if let Conn::Pool(db) = self.db {
+            outside_open_claim(db, &format!("`{}`", req.scope()))?;
+        }
         let owner = random_token();
         let step = ClaimStep {
             id: req.id().to_vec(),
             // SQLite claims by a read: its claim binds nothing but the id.
-            insert: if Sql::of(self.db.get_database_backend()).claim_by_read {
+            insert: if Sql::of(self.backend()).claim_by_read {
                 Vec::new()
             } else {
                 ledger_row(req, owner, req.ttl())
@@ -488,17 +596,24 @@ impl Store for SeaOrmStore<'_> {
                 _ => None,
             }),
         };
-        detached(claim_step(self.db.clone(), step)).await
+        match self.db {
+            Conn::Pool(db) => detached(claim_step(db.clone(), step)).await,
+            // Not detached: the outer transaction is borrowed, and a caller that stops
+            // waiting drops the outer call with it.
+            Conn::Tx(outer) => try_claim_nested(outer, &step)
+                .await
+                .map_err(|(doing, e)| store_error(doing, e)),
+        }
     }
 
     async fn record(
         &self,
-        ClaimedTx { tx, owner }: ClaimedTx,
+        ClaimedTx { body, tx, owner }: ClaimedTx,
         req: &Request,
         status: RecordStatus,
         payload: &[u8],
     ) -> Result<(), Error> {
-        let values = if Sql::of(self.db.get_database_backend()).claim_by_read {
+        let values = if Sql::of(self.backend()).claim_by_read {
             // The claim wrote nothing: the record writes the whole row.
             let mut row = ledger_row(req, owner, req.ttl());
             row.extend([status.code().into(), payload.to_vec().into()]);
@@ -513,26 +628,60 @@ impl Store for SeaOrmStore<'_> {
         };
         // A final error keeps only the recorded error: back to the claim's savepoint first.
         let undo_body = status == RecordStatus::Failed;
-        detached(record_step(tx, values, undo_body)).await
+        match self.db {
+            Conn::Pool(_) => detached(record_step(body, tx, values, undo_body)).await,
+            Conn::Tx(_) => record_step(body, tx, values, undo_body).await,
+        }
+    }
+
+    async fn begin(&self) -> Result<ClaimedTx, Error> {
+        let tx = match self.db {
+            Conn::Pool(db) => {
+                outside_open_claim(db, "a call run with idem switched off")?;
+                begin(db).await
+            }
+            Conn::Tx(outer) => outer.begin().await,
+        };
+        Ok(ClaimedTx {
+            body: None,
+            tx: tx.map_err(|e| store_error("beginning the handler's transaction", e))?,
+            owner: 0,
+        })
+    }
+
+    async fn commit(&self, ClaimedTx { body, tx, .. }: ClaimedTx) -> Result<(), Error> {
+        if let Some(body) = body {
+            body.commit()
+                .await
+                .map_err(|e| store_error("committing the handler's writes", e))?;
+        }
+        tx.commit()
+            .await
+            .map_err(|e| store_error("committing the handler's writes", e))
     }
 
     fn ledger_identity(&self) -> Option<usize> {
+        // A nested claim's record is seen by others only when the outer call commits: its
+        // duplicates in this process cannot wait for it in memory.
+        let Conn::Pool(db) = self.db else {
+            return None;
+        };
         // The pool's shared options live once per pool, whichever clone reaches them. Other
         // connection kinds (mock, proxy) fly without single flight.
         #[allow(unused_imports)]
         use sea_orm::DatabaseConnectionType as Kind;
-        match &self.db.inner {
+        match &db.inner {
             #[cfg(feature = "sqlite")]
             Kind::SqlxSqlitePoolConnection(_) => {
-                Some(std::ptr::from_ref(self.db.get_sqlite_connection_pool().options()) as usize)
+                Some(std::ptr::from_ref(db.get_sqlite_connection_pool().options()) as usize)
             }
             #[cfg(feature = "postgres")]
             Kind::SqlxPostgresPoolConnection(_) => {
-                Some(std::ptr::from_ref(self.db.get_postgres_connection_pool().options()) as usize)
+                Some(std::ptr::from_ref(db.get_postgres_connection_pool().options()) as usize)
             }
             #[cfg(feature = "mysql")]
             Kind::SqlxMySqlPoolConnection(_) => {
-                Some(std::ptr::from_ref(self.db.get_mysql_connection_pool().options()) as usize)
+                Some(std::ptr::from_ref(db.get_mysql_connection_pool().options()) as usize)
             }
             #[allow(unreachable_patterns)]
             _ => None,
@@ -560,12 +709,20 @@ impl Store for SeaOrmStore<'_> {
         }
     }
 
-    async fn release(&self, ClaimedTx { tx, .. }: ClaimedTx) -> Result<(), Error> {
-        detached(async move {
+    async fn release(&self, ClaimedTx { body, tx, .. }: ClaimedTx) -> Result<(), Error> {
+        let rollback = async move {
+            if let Some(body) = body {
+                body.rollback()
+                    .await
+                    .map_err(|e| store_error("releasing the key", e))?;
+            }
             tx.rollback()
                 .await
                 .map_err(|e| store_error("releasing the key", e))
-        })
-        .await
+        };
+        match self.db {
+            Conn::Pool(_) => detached(rollback).await,
+            Conn::Tx(_) => rollback.await,
+        }
     }
 }
