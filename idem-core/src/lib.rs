@@ -30,6 +30,7 @@ mod outcome;
 mod precondition;
 mod state;
 mod store;
+pub mod versioned;
 
 pub use error::{BoxError, Error, ErrorKind, KeyProblem, Result};
 pub use fingerprint::{
@@ -48,3 +49,4 @@ pub use answers::RecentAnswers;
 pub use call::Request;
 pub use completer::{Completer, GaveUp, ResumeStore, Resumed};
 pub use handler::FinalError;
+pub use versioned::{AnswerError, AnswerVersion, Versioned};
