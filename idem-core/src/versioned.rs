@@ -47,7 +47,7 @@ pub const NEWER_RETRY_AFTER: Duration = Duration::from_secs(2);
 ///     currency: String, // version 2: new and required
 /// }
 ///
-/// impl idem::Versioned for Receipt {
+/// impl idem_core::Versioned for Receipt {
 ///     const VERSION: u32 = 2;
 ///     fn upcast(from: u32, mut answer: Value) -> serde_json::Result<Value> {
 ///         if from == 1 {
@@ -373,6 +373,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::needless_borrow)] // the autoref specialisation the generated code uses
     fn the_probe_picks_the_declared_version() {
         #[allow(unused_imports)]
         use super::{ViaUnversioned as _, ViaVersioned as _};

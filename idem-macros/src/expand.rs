@@ -386,22 +386,22 @@ pub(crate) fn expand(
         at,
     );
     // `answer_version = N` pins the version at the handler: the type must be `Versioned`, with
-    // that `VERSION` (a compile error at the number otherwise).
+    // that `VERSION` (a compile error at the number otherwise). A `const` item is checked by
+    // `cargo check`; a generic handler's type can only be checked in an inline `const`, when
+    // the handler is instantiated.
+    let generic = !item.sig.generics.params.is_empty();
     let pinned = args.answer_version.map(|(version, span)| {
         let message = format!(
             "`answer_version = {version}`, but the answer type's `idem::Versioned::VERSION` is another: set `answer_version` to the type's `VERSION`, or set `VERSION` to {version} with an `upcast` from the version before"
         );
-        respan(
-            &quote! {
-                const {
-                    ::core::assert!(
-                        <#value_type as #p::Versioned>::VERSION == #version,
-                        #message
-                    );
-                }
-            },
-            span,
-        )
+        let check = quote! {
+            ::core::assert!(<#value_type as #p::Versioned>::VERSION == #version, #message)
+        };
+        let check = match generic {
+            true => quote!(const { #check };),
+            false => quote!(const _: () = #check;),
+        };
+        respan(&check, span)
     });
     let finality = respan(
         &quote!((&&#p::FinalProbe::<#error_type>::new()).finality()),
