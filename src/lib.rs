@@ -87,8 +87,16 @@ pub use idem_macros::transition;
 pub use idem_core::{
     BoxError, EntityTag, Error, ErrorKind, FinalError, Fingerprint, Fingerprinter, IfMatch, Key,
     KeyProblem, KeySource, MAX_KEY_LEN, MemoryStore, MemoryTx, Outcome, Result, StateMachine,
-    Store, Transition, TransitionOutcome, with_outcome,
+    Store, Transition, TransitionOutcome, Versioned, with_outcome,
 };
+
+/// Answers whose type evolves ([`Versioned`]): the envelope a recorded answer carries its
+/// version in, and how a reader upcasts older versions. See the README, "Evolving answers".
+pub mod versioned {
+    pub use idem_core::versioned::{
+        AnswerError, AnswerVersion, NEWER_RETRY_AFTER, Versioned, recorded_version,
+    };
+}
 
 /// Transient database conflicts, retried inside the call: how many tries, and what one costs.
 pub mod conflict {
@@ -319,6 +327,7 @@ pub mod sea_orm {
     #[cfg_attr(docsrs, doc(cfg(feature = "migration")))]
     pub use idem_sea_orm::Migration;
     pub use idem_sea_orm::inspect;
+    pub use idem_sea_orm::{AnswerCheck, check, check_answers, check_final_errors};
     pub use idem_sea_orm::{
         CALLS_TABLE, ClaimedTx, Completer, ConditionalUpdate, DEAD_LETTERS_TABLE, DeadLetterTable,
         DeadMessage, ExpiredLease, ExpiredPurge, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE,
@@ -352,6 +361,7 @@ pub mod __private {
         not_rerunnable,
     };
     pub use idem_core::lease::run_lease;
+    pub use idem_core::versioned::{VersionProbe, Versioned, ViaUnversioned, ViaVersioned};
 
     use crate::store::{IntoLeaseStore, IntoStore};
     use idem_core::{Error, Key, KeySource};

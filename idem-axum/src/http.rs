@@ -301,6 +301,15 @@ impl From<&Error> for Problem {
             ErrorKind::InvalidPrecondition => ("Invalid precondition", e.to_string()),
             ErrorKind::ArgumentsTooLarge => ("Request too large to resume", e.to_string()),
             ErrorKind::GaveUp => ("Request given up", e.to_string()),
+            // Neither detail names the key or the types' fields: the client learns what to do.
+            ErrorKind::AnswerTooNew => (
+                "Answer recorded by a newer version",
+                "this request was carried out by a newer version of the service, whose answer this one cannot read; retry it with the same key (after Retry-After) to reach a newer one".to_owned(),
+            ),
+            ErrorKind::AnswerUnreadable => (
+                "Recorded answer unreadable",
+                "this request was carried out, but the service can no longer read the answer it recorded; do not send it again under a new key: it would be carried out again".to_owned(),
+            ),
             ErrorKind::Unavailable => (
                 "Service unavailable",
                 "the idempotency store could not be reached in time; retry later".to_owned(),
@@ -321,7 +330,8 @@ impl From<&Error> for Problem {
         let mut problem = Self::new(e.http_status(), kind.as_str(), title, detail);
         if let Error::InFlight { retry_after, .. }
         | Error::Unavailable { retry_after, .. }
-        | Error::Conflict { retry_after, .. } = e
+        | Error::Conflict { retry_after, .. }
+        | Error::AnswerTooNew { retry_after, .. } = e
         {
             problem.retry_after = Some(*retry_after);
         }
@@ -808,5 +818,44 @@ mod tests {
         let p = Problem::from(&store);
         assert_eq!(p.status, 503);
         assert!(!p.detail.contains("SELECT"));
+    }
+
+    #[test]
+    fn answers_a_process_cannot_read_have_their_own_problems() {
+        let too_new = Error::AnswerTooNew {
+            scope: "s".into(),
+            key_hash: "79ee16353aabc958".into(),
+            recorded: 3,
+            known: 2,
+            retry_after: idem_core::versioned::NEWER_RETRY_AFTER,
+        };
+        let p = Problem::from(&too_new);
+        assert_eq!(
+            (p.status, p.kind.as_str()),
+            (503, "urn:idem:problem:answer-too-new")
+        );
+        let response = p.into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[RETRY_AFTER], "2");
+
+        let unreadable = Error::AnswerUnreadable {
+            scope: "s".into(),
+            key_hash: "79ee16353aabc958".into(),
+            recorded: 1,
+            expected: 2,
+            source: "missing field `currency`".into(),
+        };
+        let p = Problem::from(&unreadable);
+        assert_eq!(
+            (p.status, p.kind.as_str()),
+            (410, "urn:idem:problem:answer-unreadable")
+        );
+        assert!(p.retry_after.is_none());
+        assert!(p.detail.contains("new key"), "{}", p.detail);
+        assert!(
+            !p.detail.contains("currency"),
+            "no field names: {}",
+            p.detail
+        );
     }
 }

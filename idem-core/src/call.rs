@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::answers::RecentAnswers;
-use crate::error::{BoxError, Error};
+use crate::error::Error;
 use crate::fingerprint::{Fingerprint, FingerprintError, Fingerprinter};
 use crate::handler::{
     Finality, Fingerprintable, HandlerError, HandlerOutput, Record, Replayable, StoredArgument,
@@ -19,6 +19,7 @@ use crate::key::Key;
 use crate::metrics::{self, Label};
 use crate::outcome::{self, Outcome};
 use crate::store::{Concurrency, RecordStatus, Recorded};
+use crate::versioned::{AnswerError, AnswerVersion, NEWER_RETRY_AFTER};
 
 /// How long a caller should wait before retrying a key that is in flight in atomic mode.
 pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -70,6 +71,25 @@ pub struct Call {
     /// A resumable call's arguments, as a JSON array being written (`None` for others).
     stored: Option<Result<Vec<u8>, String>>,
     answers: Option<Arc<RecentAnswers>>,
+    versions: Versions,
+}
+
+/// The versions a call's answers are recorded and read as: its value's and its final
+/// error's ([`Versioned`](crate::Versioned); version 1 for types without one).
+#[derive(Debug, Clone, Copy)]
+struct Versions {
+    value: AnswerVersion,
+    error: AnswerVersion,
+}
+
+impl Versions {
+    /// The version of what a record of `status` holds.
+    fn of(self, status: RecordStatus) -> AnswerVersion {
+        match status {
+            RecordStatus::Failed => self.error,
+            _ => self.value,
+        }
+    }
 }
 
 impl Call {
@@ -83,7 +103,18 @@ impl Call {
             fingerprint_error: None,
             stored: None,
             answers: None,
+            versions: Versions {
+                value: AnswerVersion::UNVERSIONED,
+                error: AnswerVersion::UNVERSIONED,
+            },
         }
+    }
+
+    /// Sets the versions the call's answers are recorded and read as: its value's and its
+    /// final error's (the generated code passes each type's
+    /// [`Versioned`](crate::Versioned) version, or version 1). Without it, both are version 1.
+    pub fn answer_versions(&mut self, value: AnswerVersion, error: AnswerVersion) {
+        self.versions = Versions { value, error };
     }
 
     /// Replays from `answers` when it holds this call's record, and keeps the answer there
@@ -173,6 +204,7 @@ impl Call {
             span,
             stored_args,
             answers: self.answers,
+            versions: self.versions,
         })
     }
 }
@@ -209,6 +241,7 @@ pub struct Request {
     span: tracing::Span,
     stored_args: Option<Vec<u8>>,
     answers: Option<Arc<RecentAnswers>>,
+    versions: Versions,
 }
 
 impl Request {
@@ -326,7 +359,11 @@ impl Request {
         R::Error: HandlerError,
     {
         match verdict(self.scope(), output, finality) {
-            Verdict::Record(record) => Ok(record),
+            Verdict::Record(mut record) => {
+                let version = self.versions.of(record.status);
+                record.payload = version.envelope(record.payload);
+                Ok(record)
+            }
             Verdict::Release(error) => {
                 metrics::settle(&self.span, Label::Released);
                 Err(R::from_result(Err(error)))
@@ -343,8 +380,10 @@ impl Request {
         }
     }
 
-    /// Answers from a recorded outcome: the value or final error it holds, `KeyReused` for
-    /// other arguments, `Decode` when it no longer reads as the handler's types.
+    /// Answers from a recorded outcome: the value or final error it holds (upcast from the
+    /// version it was recorded as), `KeyReused` for other arguments, `AnswerTooNew` when a
+    /// newer version of the type recorded it, `AnswerUnreadable` when it no longer reads as
+    /// the handler's types.
     pub(crate) fn replay<R>(&self, recorded: &Recorded, finality: Option<Finality<R::Error>>) -> R
     where
         R: HandlerOutput,
@@ -357,21 +396,25 @@ impl Request {
                 scope: scope.to_owned(),
             });
         }
-        let decode_error = |source: BoxError| Error::Decode {
-            scope: scope.to_owned(),
-            key: self.key().to_owned(),
-            source,
-        };
+        let payload = &recorded.payload;
         let replay: Result<Result<R::Ok, R::Error>, Error> = match recorded.status {
-            RecordStatus::Completed => serde_json::from_slice(&recorded.payload)
+            RecordStatus::Completed => self
+                .versions
+                .value
+                .decode_with(payload, |json| serde_json::from_slice(json))
                 .map(Ok)
-                .map_err(|e| decode_error(e.into())),
-            RecordStatus::Failed if let Some(f) = finality => (f.decode)(&recorded.payload)
+                .map_err(|e| self.unreadable(e)),
+            RecordStatus::Failed if let Some(f) = finality => self
+                .versions
+                .error
+                .decode_with(payload, f.decode)
                 .map(Err)
-                .map_err(|e| decode_error(e.into())),
-            RecordStatus::Failed => Err(decode_error(
-                "a final error was recorded, but the handler's error type no longer implements `idem::FinalError`".into(),
-            )),
+                .map_err(|e| self.unreadable(e)),
+            RecordStatus::Failed => Err(self.unreadable(AnswerError::Unreadable {
+                recorded: crate::versioned::recorded_version(payload).unwrap_or(0),
+                expected: self.versions.error.version(),
+                message: "a final error was recorded, but the handler's error type no longer implements `idem::FinalError`".to_owned(),
+            })),
             // A give-up is answered as an error of idem's, the same on every retry.
             RecordStatus::GaveUp => Ok(Err(crate::completer::gave_up_error(
                 scope,
@@ -387,6 +430,32 @@ impl Request {
                 R::from_result(answer)
             }
             Err(e) => self.fail(e),
+        }
+    }
+
+    /// The error of a recorded answer this call cannot read. It names the key by its hash,
+    /// as the call's log lines do: keys can carry user data.
+    fn unreadable(&self, e: AnswerError) -> Error {
+        let (scope, key_hash) = (self.scope().to_owned(), KeyHash(&self.id).to_string());
+        match e {
+            AnswerError::Newer { recorded, known } => Error::AnswerTooNew {
+                scope,
+                key_hash,
+                recorded,
+                known,
+                retry_after: NEWER_RETRY_AFTER,
+            },
+            AnswerError::Unreadable {
+                recorded,
+                expected,
+                message,
+            } => Error::AnswerUnreadable {
+                scope,
+                key_hash,
+                recorded,
+                expected,
+                source: message.into(),
+            },
         }
     }
 }

@@ -99,8 +99,9 @@ pub enum Error {
         /// The state that was asked for.
         to: String,
     },
-    /// A recorded result no longer deserialises into the handler's return type (the type
-    /// changed after it was recorded).
+    /// A recorded step or give-up no longer deserialises into its type (the type changed
+    /// after it was recorded). A recorded answer that no longer reads is
+    /// [`Error::AnswerUnreadable`].
     #[error(
         "recorded result for key `{key}` in scope `{scope}` no longer decodes into the handler's type: {source}"
     )]
@@ -110,6 +111,47 @@ pub enum Error {
         /// The idempotency key.
         key: String,
         /// The serde error.
+        #[source]
+        source: BoxError,
+    },
+    /// The answer recorded for this key was written by a newer version of the answer type
+    /// ([`Versioned`](crate::Versioned)) than this process knows: a newer deployment recorded
+    /// it, during a rolling deploy (or after a rollback). Nothing ran; a retry that reaches a
+    /// process of the newer version replays it, so retry after `retry_after` (HTTP 503).
+    #[error(
+        "the answer recorded for key hash {key_hash} in scope `{scope}` is version {recorded} of the handler's type; this process reads up to version {known}: a newer deployment recorded it, retry after {retry_after:?} to reach one"
+    )]
+    AnswerTooNew {
+        /// Scope of the call.
+        scope: String,
+        /// The key's hash as the logs print it (the start of the record id), never the key.
+        key_hash: String,
+        /// The version recorded.
+        recorded: u32,
+        /// The version this process reads.
+        known: u32,
+        /// A sensible time to wait before retrying.
+        retry_after: Duration,
+    },
+    /// The answer recorded for this key (a value or a final error) no longer decodes as the
+    /// handler's type, even after the upcasts of [`Versioned`](crate::Versioned): the type
+    /// changed without a new version and an upcast. The call was carried out once; running it
+    /// again under a new key would repeat it. Fix: give the type a new version whose `upcast`
+    /// reads the recorded shape (`idem::sea_orm::check_answers` finds such records before a
+    /// deploy). HTTP 410.
+    #[error(
+        "the answer recorded for key hash {key_hash} in scope `{scope}` (version {recorded}) no longer decodes as version {expected} of the handler's type: {source}; the call was carried out: give the type a new `idem::Versioned::VERSION` whose `upcast` reads the recorded shape"
+    )]
+    AnswerUnreadable {
+        /// Scope of the call.
+        scope: String,
+        /// The key's hash as the logs print it (the start of the record id), never the key.
+        key_hash: String,
+        /// The version recorded (0 when its envelope is malformed).
+        recorded: u32,
+        /// The version the handler's type reads.
+        expected: u32,
+        /// What failed (serde's message, or the upcast's).
         #[source]
         source: BoxError,
     },
@@ -255,6 +297,10 @@ pub enum ErrorKind {
     InvalidTransition,
     /// See [`Error::Decode`].
     Decode,
+    /// See [`Error::AnswerTooNew`].
+    AnswerTooNew,
+    /// See [`Error::AnswerUnreadable`].
+    AnswerUnreadable,
     /// See [`Error::Encode`].
     Encode,
     /// See [`Error::Fingerprint`].
@@ -291,6 +337,8 @@ impl ErrorKind {
             Self::InFlight => "in-flight",
             Self::InvalidTransition => "invalid-transition",
             Self::Decode => "decode",
+            Self::AnswerTooNew => "answer-too-new",
+            Self::AnswerUnreadable => "answer-unreadable",
             Self::Encode => "encode",
             Self::Fingerprint => "fingerprint",
             Self::InvalidMessage => "invalid-message",
@@ -315,8 +363,13 @@ impl ErrorKind {
             Self::PreconditionRequired => 428,
             Self::KeyReused => 422,
             Self::ArgumentsTooLarge => 413,
+            // Gone: this process cannot give the recorded answer back, and no retry will
+            // (until a deploy reads it); the call happened, so a client must not re-send it
+            // under a new key.
+            Self::AnswerUnreadable => 410,
             Self::InFlight | Self::InvalidTransition | Self::LeaseLost => 409,
-            Self::Store | Self::Unavailable | Self::Conflict => 503,
+            // A newer deployment can answer: retry until the request reaches one.
+            Self::Store | Self::Unavailable | Self::Conflict | Self::AnswerTooNew => 503,
             Self::Decode
             | Self::Encode
             | Self::Fingerprint
@@ -336,6 +389,8 @@ impl Error {
             Self::InFlight { .. } => ErrorKind::InFlight,
             Self::InvalidTransition { .. } => ErrorKind::InvalidTransition,
             Self::Decode { .. } => ErrorKind::Decode,
+            Self::AnswerTooNew { .. } => ErrorKind::AnswerTooNew,
+            Self::AnswerUnreadable { .. } => ErrorKind::AnswerUnreadable,
             Self::Encode { .. } => ErrorKind::Encode,
             Self::Fingerprint { .. } => ErrorKind::Fingerprint,
             Self::InvalidMessage { .. } => ErrorKind::InvalidMessage,

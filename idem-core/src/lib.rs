@@ -31,6 +31,7 @@ mod precondition;
 mod state;
 mod store;
 pub mod testing;
+pub mod versioned;
 
 pub use error::{BoxError, Error, ErrorKind, KeyProblem, Result};
 pub use fingerprint::{
@@ -49,3 +50,4 @@ pub use answers::RecentAnswers;
 pub use call::Request;
 pub use completer::{Completer, GaveUp, ResumeStore, Resumed};
 pub use handler::FinalError;
+pub use versioned::{AnswerError, AnswerVersion, Versioned};

@@ -6,7 +6,7 @@ use syn::meta::ParseNestedMeta;
 use syn::parse::discouraged::Speculative;
 use syn::parse::{Parse, ParseStream, Parser};
 use syn::spanned::Spanned;
-use syn::{Expr, Ident, LitStr, Path, Token};
+use syn::{Expr, Ident, LitInt, LitStr, Path, Token};
 
 /// The attribute's arguments; one not given holds its default. A missing `scope` or `key` is an
 /// error that discards the expansion, so theirs are placeholders: they only let the signature
@@ -25,6 +25,9 @@ pub(crate) struct Args {
     pub(crate) resumable: Option<Span>,
     pub(crate) conn: Option<Conn>,
     pub(crate) krate: Option<Path>,
+    /// `answer_version = N`: the version the answer type writes (`idem::Versioned::VERSION`),
+    /// checked at compile time against the type.
+    pub(crate) answer_version: Option<(u32, Span)>,
     /// Where a bare `on_concurrent = wait` was written: lease mode refuses it.
     bare_wait: Option<Span>,
 }
@@ -160,6 +163,28 @@ const ARGUMENTS: &[Argument] = &[
             Ok(())
         },
     ),
+    arg(
+        "answer_version",
+        &["version", "answer", "versioned", "answers"],
+        |input, args| {
+            let hint = "`answer_version` takes the version the answer type writes (its `idem::Versioned::VERSION`), e.g. `answer_version = 2`";
+            let literal: LitInt = value(input)?
+                .parse()
+                .map_err(|e| syn::Error::new(e.span(), hint))?;
+            let version = literal
+                .base10_parse::<u32>()
+                .ok()
+                .filter(|&version| version >= 1)
+                .ok_or_else(|| {
+                    let message = format!(
+                        "`answer_version = {literal}`: versions start at 1 (the shape before the type was versioned); {hint}"
+                    );
+                    syn::Error::new(literal.span(), message)
+                })?;
+            args.answer_version = Some((version, literal.span()));
+            Ok(())
+        },
+    ),
     arg("conn", &["db", "store", "connection"], |input, args| {
         args.conn = Some(conn(value(input)?.parse()?)?);
         Ok(())
@@ -190,6 +215,7 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Vec<syn::Error>) -> Option<A
         resumable: None,
         conn: None,
         krate: None,
+        answer_version: None,
         bare_wait: None,
     };
     let mut given: Vec<&str> = Vec::new();
@@ -372,7 +398,8 @@ mod tests {
         let mut errors = Vec::new();
         let tokens = quote::quote! {
             scope = "orders.pay", key = cmd.key, principal = cmd.tenant, skip(a, b), ttl = "1h30m",
-            on_concurrent = wait("1500ms"), lease, conn = self.db as db, crate = "::x::idem",
+            on_concurrent = wait("1500ms"), lease, answer_version = 2, conn = self.db as db,
+            crate = "::x::idem",
         };
         let args = parse(tokens, &mut errors).expect("complete");
         assert!(errors.is_empty(), "{errors:?}");
@@ -387,6 +414,7 @@ mod tests {
             }
         ));
         assert!(matches!(args.conn, Some(Conn::Expr { .. })));
+        assert_eq!(args.answer_version.map(|(version, _)| version), Some(2));
     }
 
     #[test]

@@ -372,6 +372,37 @@ pub(crate) fn expand(
     // return type's first token), so rustc reports an unsuitable type once.
     let at = Range::of(&output).first;
     let error_type = quote!(<#output as #p::HandlerOutput>::Error);
+    let value_type = quote!(<#output as #p::HandlerOutput>::Ok);
+    // The versions the answers are recorded and read as: each type's `Versioned` version,
+    // or 1 (autoref specialisation, as for finality).
+    let versions = respan(
+        &quote! {
+            #p::Call::answer_versions(
+                &mut __idem_call,
+                (&&#p::VersionProbe::<#value_type>::new()).answer_version(),
+                (&&#p::VersionProbe::<#error_type>::new()).answer_version(),
+            );
+        },
+        at,
+    );
+    // `answer_version = N` pins the version at the handler: the type must be `Versioned`, with
+    // that `VERSION` (a compile error at the number otherwise). A `const` item is checked by
+    // `cargo check`; a generic handler's type can only be checked in an inline `const`, when
+    // the handler is instantiated.
+    let generic = !item.sig.generics.params.is_empty();
+    let pinned = args.answer_version.map(|(version, span)| {
+        let message = format!(
+            "`answer_version = {version}`, but the answer type's `idem::Versioned::VERSION` is another: set `answer_version` to the type's `VERSION`, or set `VERSION` to {version} with an `upcast` from the version before"
+        );
+        let check = quote! {
+            ::core::assert!(<#value_type as #p::Versioned>::VERSION == #version, #message)
+        };
+        let check = match generic {
+            true => quote!(const { #check };),
+            false => quote!(const _: () = #check;),
+        };
+        respan(&check, span)
+    });
     let finality = respan(
         &quote!((&&#p::FinalProbe::<#error_type>::new()).finality()),
         at,
@@ -481,7 +512,10 @@ pub(crate) fn expand(
 
     let new_body = quote! {{
         #[allow(unused_imports)]
-        use #p::{ViaClone as _, ViaFinal as _, ViaMove as _, ViaPlain as _};
+        use #p::{
+            ViaClone as _, ViaFinal as _, ViaMove as _, ViaPlain as _, ViaUnversioned as _,
+            ViaVersioned as _,
+        };
         static __IDEM_SITE: #p::Site = #p::Site::new(
             #scope,
             #p::Duration::from_millis(#ttl_ms),
@@ -492,6 +526,8 @@ pub(crate) fn expand(
         let mut __idem_call = #p::Call::new(&__IDEM_SITE, #key_call);
         #principal
         #(#fingerprint_args)*
+        #versions
+        #pinned
         #(#holders)*
         #rebind
         #entry #run_args #dot_await

@@ -7,6 +7,8 @@
 //! - [`purge_expired`] deletes expired records in bounded batches ([`ExpiredPurge`] to pace
 //!   it yourself);
 //! - [`ledger`] is the ledger's SeaORM entity, for inspection and admin tools;
+//! - [`check_answers`] decodes a scope's live records as an answer type about to be
+//!   deployed, and reports those it cannot read (the pre-deploy check);
 //! - [`inspect`] reads one record with its steps and stored call, and lists the tables a
 //!   database lacks (what the `idem` command-line tool shows).
 //!
@@ -29,6 +31,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod check;
 mod completer;
 mod error;
 mod flavour;
@@ -44,6 +47,7 @@ pub mod ledger;
 #[cfg(feature = "migration")]
 mod migration;
 
+pub use check::{AnswerCheck, check_answers, check_final_errors};
 pub use completer::Completer;
 pub use flavour::{FORCE_MYSQL8_ENV, GALERA_SYNC_WAIT_ENV};
 pub use lease::{ExpiredLease, SeaOrmLeaseStore, expired_leases, final_step, finish};

@@ -170,6 +170,10 @@ pub(crate) struct Sql {
     pub(crate) savepoint: String,
     /// Undoes the handler's writes, keeping the claim.
     pub(crate) rollback_to_savepoint: String,
+    /// Binds scope, state, the last id read (empty bytes first), limit. Returns id, response
+    /// of the scope's live records of that state after that id, in id order: the pages the
+    /// pre-deploy check (`check_answers`) reads.
+    pub(crate) live_answers: String,
 
     // Lease mode: the steps table, and the fenced updates of a held ledger row (the claim
     // reuses the ledger's own statements).
@@ -481,6 +485,10 @@ impl Sql {
             select_now: r("SELECT {now} AS now_ms"),
             savepoint: r("SAVEPOINT {claim_savepoint}"),
             rollback_to_savepoint: r("ROLLBACK TO SAVEPOINT {claim_savepoint}"),
+            live_answers: r(
+                "SELECT id, response FROM {ledger} WHERE scope = ? AND state = ? \
+                AND expires_at_ms > {now} AND id > ? ORDER BY id LIMIT ?",
+            ),
 
             steps_tables: Tables {
                 create: vec![r("CREATE TABLE IF NOT EXISTS {steps} (\
