@@ -187,6 +187,7 @@ fn inspect_json(view: &RecordView) -> Value {
         "steps": steps,
         "call": call,
         "answer": view.response.as_deref().map(answer_payload),
+        "answer_version": view.response.as_deref().and_then(idem_core::versioned::recorded_version),
         "replays": Value::Null,
         "replays_note": REPLAYS_NOT_RECORDED,
     })
@@ -206,6 +207,18 @@ fn inspect_text(view: &RecordView) -> String {
     field("key", &view.key);
     field("state", &format!("{} ({})", state_name(view), view.state));
     field("fingerprint", &hex(&view.fingerprint));
+    if let Some(version) = view
+        .response
+        .as_deref()
+        .and_then(idem_core::versioned::recorded_version)
+        .filter(|&version| version > 1)
+    {
+        // Written by a type that declares `Versioned::VERSION`; older readers upcast it.
+        field(
+            "answer ver.",
+            &format!("{version} (the answer type's Versioned::VERSION)"),
+        );
+    }
     field("created", &when(view.created_at_ms, now));
     let status = view.status();
     if status == Some(RecordStatus::Pending) {

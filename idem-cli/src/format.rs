@@ -138,7 +138,9 @@ pub(crate) fn unquoted_key(text: &str) -> Option<String> {
 /// A stored payload (JSON bytes) as a JSON value; a payload that is not JSON (it always is,
 /// unless something else wrote the row) becomes a string that says so.
 pub(crate) fn json_payload(bytes: &[u8]) -> serde_json::Value {
-    serde_json::from_slice(bytes).unwrap_or_else(|_| {
+    // An answer of a versioned type is recorded behind its `v<N>:` envelope.
+    let json = idem_core::versioned::recorded_answer(bytes).map_or(bytes, |(_, json)| json);
+    serde_json::from_slice(json).unwrap_or_else(|_| {
         serde_json::Value::String(format!(
             "(not JSON: {} bytes, hex {})",
             bytes.len(),

@@ -616,6 +616,26 @@ fn help_documents_the_exit_codes_and_the_database_url() {
         .prints("DATABASE_URL");
 }
 
+/// A receipt whose type is at its second version: recorded behind a `v2:` envelope.
+#[derive(Debug, Serialize, Deserialize)]
+struct ReceiptV2 {
+    order: String,
+    cents: i64,
+}
+
+impl idem::Versioned for ReceiptV2 {
+    const VERSION: u32 = 2;
+}
+
+#[idempotent(scope = "shop.orders.pay-v2", key = key)]
+async fn pay_v2(db: &DatabaseConnection, key: String, cents: i64) -> Result<ReceiptV2, PayError> {
+    let _ = db;
+    Ok(ReceiptV2 {
+        order: "o-v2".to_owned(),
+        cents,
+    })
+}
+
 /// A log line's bytes, kept for the test to read.
 #[derive(Clone, Default)]
 struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
@@ -822,6 +842,35 @@ async fn an_operator_goes_from_a_log_line_to_its_record() {
                 missing.stderr
             );
         }
+
+        // An answer of a versioned type: its JSON and its version, not the envelope's bytes.
+        pay_v2(&database.db, "K-v2".into(), 4200)
+            .await
+            .expect("pay v2");
+        database
+            .idem(&["inspect", "--scope", "shop.orders.pay-v2", "--key", "K-v2"])
+            .exits(0)
+            .prints("answer ver.  2")
+            .prints("\"cents\": 4200");
+        let json = database
+            .idem(&[
+                "inspect",
+                "--json",
+                "--scope",
+                "shop.orders.pay-v2",
+                "--key",
+                "K-v2",
+            ])
+            .exits(0)
+            .json();
+        assert_eq!(
+            (
+                json["answer"]["cents"].as_i64(),
+                json["answer_version"].as_u64()
+            ),
+            (Some(4200), Some(2)),
+            "{name}: {json}"
+        );
 
         // A response the layer recorded: found by the key as the client's header carried it
         // (a structured-field string, quotes and all), and shown as HTTP.

@@ -196,7 +196,13 @@ impl AnswerVersion {
 /// The version a recorded payload was written as: 1 without an envelope; `None` for a
 /// malformed envelope.
 pub fn recorded_version(payload: &[u8]) -> Option<u32> {
-    split(payload).ok().map(|(version, _)| version)
+    recorded_answer(payload).map(|(version, _)| version)
+}
+
+/// A recorded payload's version and its JSON (the payload itself when it has no envelope),
+/// for tools that show records (`idem inspect`); `None` for a malformed envelope.
+pub fn recorded_answer(payload: &[u8]) -> Option<(u32, &[u8])> {
+    split(payload).ok()
 }
 
 /// Splits a payload into its version and its JSON.
