@@ -1,7 +1,9 @@
 //! A receipt service that consumes `shop.orders.paid`: `cargo run --example notifier`.
 //!
-//! `NATS_URL` (required) and `DATABASE_URL` (default: an SQLite file in the temp directory).
-//! It consumes stream `SHOP` with the durable consumer `notifier` and "sends a receipt" for
+//! `NATS_URL` or `AMQP_URL` (one is required) and `DATABASE_URL` (default: an SQLite file in the
+//! temp directory). It consumes stream `SHOP` with the durable consumer `notifier` (NATS), or
+//! the quorum queue `notifier.receipts` bound to `shop.orders.paid` on exchange `shop`
+//! (RabbitMQ), and "sends a receipt" for
 //! each paid order: one row in its table `receipts`. The handler is `#[idempotent]`, keyed by
 //! the message id, so the ledger is its inbox: a redelivered message (the relay published it
 //! twice, or this process died between its commit and its ack) is acknowledged without a
@@ -11,7 +13,7 @@
 mod service;
 
 use idem::idempotent;
-use idem::nats::{Consumer, Delivery};
+use idem::inbox::Delivery;
 use idem::sea_orm::DeadLetterTable;
 use sea_orm::entity::prelude::*;
 use sea_orm::{ActiveValue::Set, DatabaseConnection};
@@ -73,22 +75,34 @@ async fn send_receipt(db: &DatabaseConnection, delivery: Delivery) -> Result<Str
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     service::init_tracing(FmtSpan::NONE);
-    let nats_url = std::env::var("NATS_URL")
-        .map_err(|_| "set NATS_URL (e.g. NATS_URL=nats://127.0.0.1:4222)")?;
     let (db, database) = service::database("notifier").await?;
     service::create_tables(&db, receipt::Entity).await?;
-    let jetstream = service::shop_stream(&nats_url).await?;
-    tracing::info!(%nats_url, %database, "notifier consuming shop.orders.paid");
-
-    Consumer::new(jetstream, "SHOP", "notifier")
-        .filter_subject("shop.orders.paid")
-        .run(
-            |delivery| send_receipt(&db, delivery),
-            &DeadLetterTable::new(db.clone()),
-            async {
-                let _ = tokio::signal::ctrl_c().await;
-            },
-        )
-        .await?;
+    let dead_letters = DeadLetterTable::new(db.clone());
+    let handler = |delivery| send_receipt(&db, delivery);
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    match (std::env::var("NATS_URL"), std::env::var("AMQP_URL")) {
+        (Ok(nats_url), _) => {
+            let jetstream = service::shop_stream(&nats_url).await?;
+            tracing::info!(%nats_url, %database, "notifier consuming shop.orders.paid (NATS)");
+            idem::nats::Consumer::new(jetstream, "SHOP", "notifier")
+                .filter_subject("shop.orders.paid")
+                .run(handler, &dead_letters, shutdown)
+                .await?;
+        }
+        (Err(_), Ok(amqp_url)) => {
+            service::shop_queue(&amqp_url).await?;
+            tracing::info!(%database, "notifier consuming shop.orders.paid (RabbitMQ)");
+            idem::rabbitmq::Consumer::new(amqp_url, "notifier.receipts", "notifier")
+                .run(handler, &dead_letters, shutdown)
+                .await?;
+        }
+        (Err(_), Err(_)) => {
+            return Err("set NATS_URL (e.g. nats://127.0.0.1:4222) or AMQP_URL \
+                (e.g. amqp://guest:guest@127.0.0.1:5672/%2f)"
+                .into());
+        }
+    }
     Ok(())
 }

@@ -7,7 +7,9 @@
 //!
 //! Paying an order stages a `shop.orders.paid` message in the payment's transaction. A relay
 //! in this process publishes it: to JetStream stream `SHOP` (subjects `shop.>`, created if
-//! missing) when `NATS_URL` is set, else to the log. `cargo run --example notifier` consumes it.
+//! missing) when `NATS_URL` is set, to RabbitMQ exchange `shop` (a topic exchange, with the
+//! notifier's queue `notifier.receipts` bound to `shop.orders.paid`, declared if missing) when
+//! `AMQP_URL` is set, else to the log. `cargo run --example notifier` consumes it.
 //!
 //! A pay whose process dies mid-call (its client gone too) is finished without the client: a
 //! completer in this process takes over pays whose lease (30 s) ended unfinished, once they
@@ -26,6 +28,7 @@ mod service;
 
 use idem::nats::JetStreamSink;
 use idem::outbox::LogSink;
+use idem::rabbitmq::AmqpSink;
 use idem::sea_orm::Relay;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use service::BoxError;
@@ -53,8 +56,18 @@ async fn main() -> Result<(), BoxError> {
     // The relay publishes what paying stages: to JetStream with NATS_URL, else to the log.
     let relay_db = db.clone();
     tokio::spawn(async move {
-        let result = match std::env::var("NATS_URL") {
-            Ok(nats_url) => match service::shop_stream(&nats_url).await {
+        let nats = std::env::var("NATS_URL");
+        let result = match (nats, std::env::var("AMQP_URL")) {
+            (Err(_), Ok(amqp_url)) => match service::shop_queue(&amqp_url).await {
+                Ok(()) => {
+                    tracing::info!(exchange = "shop", "relaying the outbox to RabbitMQ");
+                    Relay::new(relay_db, AmqpSink::new(amqp_url, "shop"))
+                        .run(std::future::pending::<()>())
+                        .await
+                }
+                Err(e) => Err(e),
+            },
+            (Ok(nats_url), _) => match service::shop_stream(&nats_url).await {
                 Ok(jetstream) => {
                     tracing::info!(%nats_url, stream = "SHOP", "relaying the outbox to JetStream");
                     Relay::new(relay_db, JetStreamSink::new(jetstream))
@@ -63,8 +76,10 @@ async fn main() -> Result<(), BoxError> {
                 }
                 Err(e) => Err(e),
             },
-            Err(_) => {
-                tracing::info!("relaying the outbox to the log (set NATS_URL for JetStream)");
+            (Err(_), Err(_)) => {
+                tracing::info!(
+                    "relaying the outbox to the log (set NATS_URL for JetStream, AMQP_URL for RabbitMQ)"
+                );
                 Relay::new(relay_db, LogSink)
                     .run(std::future::pending::<()>())
                     .await

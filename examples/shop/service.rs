@@ -90,6 +90,13 @@ pub(crate) async fn shop_stream(url: &str) -> Result<async_nats::jetstream::Cont
     Ok(jetstream)
 }
 
+/// The RabbitMQ side of the shop's events at `url`: topic exchange `shop`, and the notifier's
+/// quorum queue `notifier.receipts` bound to `shop.orders.paid` (declared if missing, by
+/// whichever service starts first, so no message is published before its queue exists).
+pub(crate) async fn shop_queue(url: &str) -> Result<(), idem::Error> {
+    idem::rabbitmq::declare(url, "shop", "notifier.receipts", "shop.orders.paid").await
+}
+
 /// The services' errors: idem's own, the database's, and their domain errors.
 #[derive(Debug)]
 pub(crate) enum ApiError {

@@ -86,7 +86,9 @@ pub async fn declare(
                 QueueBindOptions::default(),
                 FieldTable::default(),
             )
-            .await
+            .await?;
+        // Closed before its connection, so the client does not report a channel cut off.
+        channel.close(200, "declared".into()).await
     }
     .await;
     let _ = connection.close(200, "declared".into()).await;
