@@ -82,7 +82,7 @@ pub use idem_macros::StateMachine;
 pub use idem_macros::transition;
 
 pub use idem_core::{
-    BoxError, EntityTag, Error, ErrorKind, FinalError, Fingerprint, Fingerprinter, IfMatch, Key,
+    BoxError, EntityTag, Error, ErrorKind, FinalError, Fingerprint, Fingerprinter, Fingerprints, IfMatch, Key,
     KeyProblem, KeySource, MAX_KEY_LEN, MemoryStore, MemoryTx, Outcome, Result, StateMachine,
     Store, Transition, TransitionOutcome, with_outcome,
 };
