@@ -82,9 +82,9 @@ pub use idem_macros::StateMachine;
 pub use idem_macros::transition;
 
 pub use idem_core::{
-    BoxError, EntityTag, Error, ErrorKind, FinalError, Fingerprint, Fingerprinter, Fingerprints, IfMatch, Key,
-    KeyProblem, KeySource, MAX_KEY_LEN, MemoryStore, MemoryTx, Outcome, Result, StateMachine,
-    Store, Transition, TransitionOutcome, with_outcome,
+    BoxError, EntityTag, Error, ErrorKind, FinalError, Fingerprint, Fingerprinter, Fingerprints,
+    IfMatch, Key, KeyProblem, KeySource, MAX_KEY_LEN, MemoryStore, MemoryTx, Outcome, Result,
+    StateMachine, Store, Transition, TransitionOutcome, with_outcome,
 };
 
 /// Transient database conflicts, retried inside the call: how many tries, and what one costs.

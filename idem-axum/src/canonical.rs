@@ -55,7 +55,9 @@ impl Serialize for Body<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         match self {
             Self::Json(json) => serializer.serialize_newtype_variant("Body", 0, "json", json),
-            Self::Bytes(bytes) => serializer.serialize_newtype_variant("Body", 1, "bytes", &Raw(bytes)),
+            Self::Bytes(bytes) => {
+                serializer.serialize_newtype_variant("Body", 1, "bytes", &Raw(bytes))
+            }
         }
     }
 }
@@ -265,7 +267,10 @@ mod tests {
     #[test]
     fn values_that_differ_stay_apart() {
         assert_ne!(json("1"), json("1.0"));
-        assert_ne!(json("12345678901234567890123"), json("12345678901234567890124"));
+        assert_ne!(
+            json("12345678901234567890123"),
+            json("12345678901234567890124")
+        );
         assert_ne!(json(r#"["a","b"]"#), json(r#"["b","a"]"#));
         assert_ne!(json(r#""1""#), json("1"));
     }
@@ -273,7 +278,15 @@ mod tests {
     #[test]
     fn what_is_not_one_json_value_is_not_json() {
         for text in [
-            "", "{", r#"{"a":1,"a":2}"#, "[1,]", "01x", "1 2", "nul", r#"{"a" 1}"#, "\"",
+            "",
+            "{",
+            r#"{"a":1,"a":2}"#,
+            "[1,]",
+            "01x",
+            "1 2",
+            "nul",
+            r#"{"a" 1}"#,
+            "\"",
         ] {
             assert_eq!(json(text), None, "{text:?}");
         }

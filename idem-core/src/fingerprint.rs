@@ -284,9 +284,7 @@ pub fn canonical_bytes<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, Fing
 }
 
 /// Version 1's canonical encoding of one value, for tests and tools.
-pub fn canonical_bytes_v1<T: Serialize + ?Sized>(
-    value: &T,
-) -> Result<Vec<u8>, FingerprintError> {
+pub fn canonical_bytes_v1<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, FingerprintError> {
     let mut out = Vec::new();
     value_into(value, &mut out)?;
     Ok(out)
@@ -563,8 +561,11 @@ impl<'a, S: Sink> Upgrade<'a, S> {
     }
 
     fn copy(&mut self, from: usize, to: usize) {
-        self.out
-            .put(self.bytes.get(from..to.min(self.bytes.len())).unwrap_or_default());
+        self.out.put(
+            self.bytes
+                .get(from..to.min(self.bytes.len()))
+                .unwrap_or_default(),
+        );
     }
 
     /// Where the value at `at` ends, and whether it is plain.
@@ -1324,8 +1325,10 @@ mod tests {
 
         #[derive(serde::Serialize)]
         pub(super) enum Method {
-            Card { last4: String, brand: Option<String> },
-            Cash,
+            Card {
+                last4: String,
+                brand: Option<String>,
+            },
         }
     }
 
@@ -1466,7 +1469,10 @@ mod tests {
             (KReordered { a: 1, z: 2 }, 2),
         ]
         .into();
-        assert_eq!(canonical_bytes(&one).unwrap(), canonical_bytes(&two).unwrap());
+        assert_eq!(
+            canonical_bytes(&one).unwrap(),
+            canonical_bytes(&two).unwrap()
+        );
     }
 
     #[test]
@@ -1489,7 +1495,10 @@ mod tests {
         }
         let flat = Flattened {
             a: 1,
-            inner: Inner { b: 2, note: Some("n".to_owned()) },
+            inner: Inner {
+                b: 2,
+                note: Some("n".to_owned()),
+            },
         };
         let mut as_map = BTreeMap::new();
         as_map.insert("a", Some("1"));
@@ -1502,7 +1511,10 @@ mod tests {
         assert_ne!(fp(&flat), fp(&Plain { b: 2, a: 1 }));
         let flat = Flattened {
             a: 1,
-            inner: Inner { b: 2, note: Some("n".to_owned()) },
+            inner: Inner {
+                b: 2,
+                note: Some("n".to_owned()),
+            },
         };
         #[derive(serde::Serialize)]
         struct Whole {
@@ -1515,7 +1527,10 @@ mod tests {
             b: 2,
             a: 1,
         };
-        assert_eq!(canonical_bytes(&flat).unwrap(), canonical_bytes(&whole).unwrap());
+        assert_eq!(
+            canonical_bytes(&flat).unwrap(),
+            canonical_bytes(&whole).unwrap()
+        );
     }
 
     proptest! {
@@ -1767,12 +1782,15 @@ mod golden {
             b: Option<Option<bool>>,
         }
         let mut f = Fingerprinter::new("s");
-        f.named("cmd", &Cmd {
-            zz: 7,
-            a: None,
-            unit: (),
-            b: Some(None),
-        })
+        f.named(
+            "cmd",
+            &Cmd {
+                zz: 7,
+                a: None,
+                unit: (),
+                b: Some(None),
+            },
+        )
         .unwrap();
         f.named("absent", &None::<u8>).unwrap();
         f.named("added", &Some(1_u8)).unwrap();
@@ -1803,9 +1821,6 @@ mod golden {
         ]
         .concat();
         assert_eq!(f.encoded(), expected);
-        assert_eq!(
-            f.finish(),
-            Fingerprint(Sha256::digest(&expected).into())
-        );
+        assert_eq!(f.finish(), Fingerprint(Sha256::digest(&expected).into()));
     }
 }
