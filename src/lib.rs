@@ -85,9 +85,9 @@ pub use idem_macros::StateMachine;
 pub use idem_macros::transition;
 
 pub use idem_core::{
-    BoxError, EntityTag, Error, ErrorKind, FinalError, Fingerprint, Fingerprinter, IfMatch, Key,
-    KeyProblem, KeySource, MAX_KEY_LEN, MemoryStore, MemoryTx, Outcome, Result, StateMachine,
-    Store, Transition, TransitionOutcome, Versioned, with_outcome,
+    BoxError, EntityTag, Error, ErrorKind, FinalError, Fingerprint, Fingerprinter, Fingerprints,
+    IfMatch, Key, KeyProblem, KeySource, MAX_KEY_LEN, MemoryStore, MemoryTx, Outcome, Result,
+    StateMachine, Store, Transition, TransitionOutcome, Versioned, with_outcome,
 };
 
 /// Answers whose type evolves ([`Versioned`]): the envelope a recorded answer carries its

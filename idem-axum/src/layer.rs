@@ -22,6 +22,7 @@ use idem_core::call::{Call, Site};
 use idem_core::lease::run_lease;
 use idem_core::{Concurrency, Error, Key, LeaseStore, RecentAnswers};
 
+use crate::canonical;
 use crate::http::{IDEMPOTENT_REPLAYED, IdempotencyKey, Problem, spawn_and_wait};
 
 /// Records the whole response of an axum route on the idem ledger, so a retry with the same
@@ -393,15 +394,6 @@ impl From<Error> for Unrecorded {
     }
 }
 
-/// The request's body as fingerprint input: its bytes, not a sequence of numbers.
-struct BodyBytes<'a>(&'a [u8]);
-
-impl Serialize for BodyBytes<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_bytes(self.0)
-    }
-}
-
 /// Answers one request: checks and fingerprints it, then claims, runs and records on a task
 /// of its own, which finishes whether or not the client waits.
 async fn answer<S>(config: Arc<Config>, inner: S, request: Request<Body>) -> Response
@@ -451,9 +443,17 @@ where
         {
             call.principal(Key::new(principal));
         }
-        call.arg(parts.method.as_str());
-        call.arg(parts.uri.path_and_query().map_or("/", |p| p.as_str()));
-        call.arg(&BodyBytes(&bytes));
+        // Canonical forms (JSON bodies, query parameter order) since fingerprint version 2;
+        // a record written before was fingerprinted over the raw forms, which version 1
+        // keeps comparing.
+        let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        call.named_arg("method", parts.method.as_str());
+        call.changed_arg("target", &canonical::target(path_and_query), path_and_query);
+        call.changed_arg(
+            "body",
+            &canonical::Body::of(&parts.headers, &bytes),
+            &canonical::Raw(&bytes),
+        );
         if let Some(answers) = &config.answers {
             call.remember_answers(answers);
         }

@@ -24,6 +24,7 @@
 //! [`respond`] runs the call to completion on a task of its own, so a client that hangs up
 //! cannot cut it off mid-statement; its retry replays the recorded answer.
 
+mod canonical;
 mod http;
 mod layer;
 

@@ -138,7 +138,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let iters = args.next().transpose()?.unwrap_or(2_000);
     let cmd = pay_order();
     let mut canonical = Fingerprinter::new("bench.pay");
-    canonical.arg(&cmd)?;
+    canonical.named("cmd", &cmd)?;
     let bytes = canonical.encoded().to_vec();
     let mut samples = [Vec::new(), Vec::new(), Vec::new()];
     let parts = [Part::Whole, Part::Encoding, Part::Sha256];
@@ -154,13 +154,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 match parts[slot] {
                     Part::Whole => {
                         let mut f = Fingerprinter::new(black_box("bench.pay"));
-                        f.arg(black_box(&cmd))?;
-                        black_box(f.finish());
+                        f.named("cmd", black_box(&cmd))?;
+                        black_box(f.finish_versions());
                     }
                     Part::Encoding => {
                         let mut e = Fingerprinter::new(black_box("bench.pay"));
-                        e.arg(black_box(&cmd))?;
-                        black_box(e.encoded().len());
+                        e.named("cmd", black_box(&cmd))?;
+                        black_box(e.encoded_v1().len());
                     }
                     Part::Sha256 => {
                         black_box(Sha256::digest(black_box(bytes.as_slice())));

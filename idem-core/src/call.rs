@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::answers::RecentAnswers;
 use crate::error::Error;
-use crate::fingerprint::{Fingerprint, FingerprintError, Fingerprinter};
+use crate::fingerprint::{Fingerprint, FingerprintError, Fingerprinter, Fingerprints};
 use crate::handler::{
     Finality, Fingerprintable, HandlerError, HandlerOutput, Record, Replayable, StoredArgument,
     Verdict, verdict,
@@ -142,10 +142,35 @@ impl Call {
         self.principal = principal.map(Some);
     }
 
-    /// Adds an argument to the fingerprint.
+    /// Adds an unnamed argument to the fingerprint ([`Fingerprinter::arg`]).
     pub fn arg<T: Fingerprintable + ?Sized>(&mut self, value: &T) {
+        self.fingerprinted(|f| f.arg(value));
+    }
+
+    /// Adds the argument `name` to the fingerprint ([`Fingerprinter::named`]): what
+    /// `#[idempotent]` does for each parameter, so one added as `None` keeps the fingerprint.
+    pub fn named_arg<T: Fingerprintable + ?Sized>(&mut self, name: &'static str, value: &T) {
+        self.fingerprinted(|f| f.named(name, value));
+    }
+
+    /// Adds the argument `name` as `current`, where version 1 of the fingerprint had `v1`
+    /// ([`Fingerprinter::changed`]).
+    pub fn changed_arg<C, V>(&mut self, name: &'static str, current: &C, v1: &V)
+    where
+        C: Fingerprintable + ?Sized,
+        V: Fingerprintable + ?Sized,
+    {
+        self.fingerprinted(|f| f.changed(name, current, v1));
+    }
+
+    /// Adds to the fingerprint unless an argument already failed (the first error is the
+    /// call's answer).
+    fn fingerprinted(
+        &mut self,
+        add: impl FnOnce(&mut Fingerprinter) -> Result<(), FingerprintError>,
+    ) {
         if self.fingerprint_error.is_none()
-            && let Err(e) = self.fingerprint.arg(value)
+            && let Err(e) = add(&mut self.fingerprint)
         {
             self.fingerprint_error = Some(e);
         }
@@ -198,7 +223,7 @@ impl Call {
             site,
             key,
             principal,
-            fingerprint: self.fingerprint.finish(),
+            fingerprint: self.fingerprint.finish_versions(),
             id,
             savepoint,
             span,
@@ -235,7 +260,7 @@ pub struct Request {
     site: &'static Site,
     key: Key,
     principal: Option<Key>,
-    fingerprint: Fingerprint,
+    fingerprint: Fingerprints,
     id: [u8; 32],
     savepoint: bool,
     span: tracing::Span,
@@ -265,9 +290,17 @@ impl Request {
         &self.id
     }
 
-    /// Fingerprint of the call's arguments.
+    /// Fingerprint of the call's arguments, under the current version: what a record of
+    /// this call is written with.
     pub fn fingerprint(&self) -> Fingerprint {
-        self.fingerprint
+        self.fingerprint.current()
+    }
+
+    /// The call's fingerprints under every version a record may carry: compare a record's
+    /// fingerprint with [`Fingerprints::matches`], so records an earlier release wrote keep
+    /// matching their retries.
+    pub fn fingerprints(&self) -> &Fingerprints {
+        &self.fingerprint
     }
 
     /// How long a recorded result is kept (measured on the store's clock).
@@ -317,7 +350,7 @@ impl Request {
     pub(crate) fn remember(&self, status: RecordStatus, payload: Vec<u8>, since: Instant) {
         if let Some(answers) = &self.answers {
             let recorded = Recorded {
-                fingerprint: self.fingerprint,
+                fingerprint: self.fingerprint.current(),
                 status,
                 payload,
             };
@@ -391,7 +424,7 @@ impl Request {
         R::Error: HandlerError,
     {
         let scope = self.scope();
-        if recorded.fingerprint != self.fingerprint {
+        if !self.fingerprint.matches(&recorded.fingerprint) {
             return self.fail(Error::KeyReused {
                 scope: scope.to_owned(),
             });

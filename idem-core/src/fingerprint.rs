@@ -7,17 +7,44 @@
 //! - map entries are sorted by their encoded key, so `HashMap` order never matters;
 //! - `char` encodes as a one-character string; newtype structs as their content.
 //!
-//! The encoding starts with a version tag ([`FINGERPRINT_VERSION`]); a future change of the
-//! encoding bumps it, so no two versions can ever compare equal by accident.
+//! Version 2 ([`FINGERPRINT_VERSION`]) also lets a request type evolve under recorded keys,
+//! so a deploy does not turn an honest retry into `KeyReused`:
+//! - a struct is a map of its field names: field order never matters, and a struct and a
+//!   map with the same entries (a `#[serde(flatten)]`ed struct) are one value;
+//! - a struct field whose value is `None` or unit (`()`, a unit struct, `PhantomData`) is
+//!   left out, as if absent: adding an `Option` field that is `None` keeps the fingerprint.
+//!   `Some(None)` is a value and stays. A map's entries all stay (a map's keys are data:
+//!   `{"a": None}` is not `{}`);
+//! - arguments are named ([`Fingerprinter::named`]; `#[idempotent]` names each by its
+//!   parameter), encoded in order of name, and a named argument that is `None` or unit is
+//!   left out: adding a parameter that is `None` or reordering parameters keeps it.
+//!
+//! "Default" means exactly that: absent, `None` or unit. A field that holds its type's
+//! `Default` (`0`, `""`, `false`, an empty `Vec`) is a value a client may mean, and still
+//! counts; a type that wants such a field left out says so with serde's
+//! `#[serde(skip_serializing_if = "...")]`, which the fingerprint honours.
+//!
+//! Version 1 (`idem/fingerprint/v1`, [`FINGERPRINT_V1`]) kept struct fields in declaration
+//! order, `None` fields in, and arguments unnamed. Records written under it keep matching
+//! retries: a call's [`Fingerprints`] compare a recorded fingerprint under both versions. The
+//! arguments are encoded once, in version 1's form (the input of both), and version 2 is
+//! derived from those bytes; version 1's SHA-256 is only computed when a recorded fingerprint
+//! is not version 2's. Each version's encoding starts with its tag, so no two versions can
+//! ever compare equal by accident.
 //!
 //! Sequences keep their order: a `HashSet` argument has no stable order, so use a `BTreeSet`.
+
+use std::sync::{Arc, OnceLock};
 
 use serde::ser::{self, Serialize};
 
 use crate::error::Error;
 
-/// Version tag hashed in front of every fingerprint.
-pub const FINGERPRINT_VERSION: &str = "idem/fingerprint/v1";
+/// Version tag hashed in front of every fingerprint this release writes.
+pub const FINGERPRINT_VERSION: &str = "idem/fingerprint/v2";
+
+/// Version tag of the first encoding, whose records this release still matches.
+pub const FINGERPRINT_V1: &str = "idem/fingerprint/v1";
 
 /// A SHA-256 fingerprint of a call's scope and arguments.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -42,54 +69,224 @@ impl std::fmt::Display for Fingerprint {
     }
 }
 
-/// Builds a [`Fingerprint`] from a scope and a list of arguments, in order.
+/// Builds a [`Fingerprint`] from a scope and a list of arguments.
 ///
 /// ```
 /// # use idem_core::Fingerprinter;
 /// let mut a = Fingerprinter::new("orders.pay");
-/// a.arg(&("c-1", 1200_u32)).unwrap();
+/// a.named("customer", "c-1").unwrap();
+/// a.named("amount", &1200_u32).unwrap();
 /// let mut b = Fingerprinter::new("orders.pay");
-/// b.arg(&("c-1", 1200_u64)).unwrap();
+/// b.named("amount", &1200_u64).unwrap();
+/// b.named("customer", "c-1").unwrap();
+/// b.named("note", &None::<String>).unwrap();
 /// assert_eq!(a.finish(), b.finish());
 /// ```
 #[derive(Debug, Clone)]
 pub struct Fingerprinter {
-    encoded: Buffer,
+    /// Version 1's encoding of the header and the arguments so far: what version 1 hashes,
+    /// and what version 2 is derived from.
+    encoded: SpareBytes,
+    /// Where the scope starts and the arguments start in `encoded`.
+    scope_at: usize,
+    args_at: usize,
+    /// Each argument: its name (`""` when unnamed) and where its encoding starts.
+    args: Vec<(&'static str, usize)>,
+    /// Version 1's encoding where it differs from `encoded` ([`changed`](Self::changed)).
+    v1: Option<Vec<u8>>,
 }
 
 impl Fingerprinter {
     /// Starts a fingerprint for `scope`.
     pub fn new(scope: &str) -> Self {
-        let mut encoded = Buffer::new();
-        put_str(&mut encoded, FINGERPRINT_VERSION);
+        let mut encoded = SpareBytes::new();
+        put_str(&mut encoded, FINGERPRINT_V1);
+        let scope_at = encoded.0.len();
         put_str(&mut encoded, scope);
-        Self { encoded }
+        let args_at = encoded.0.len();
+        Self {
+            encoded,
+            scope_at,
+            args_at,
+            args: Vec::new(),
+            v1: None,
+        }
     }
 
-    /// Adds one argument.
+    /// Adds an unnamed argument: it keeps its place among the unnamed ones (before the named
+    /// ones) and is never left out, whatever its value.
     pub fn arg<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), FingerprintError> {
-        value.serialize(&mut Canonical {
+        self.named("", value)
+    }
+
+    /// Adds the argument `name`: arguments are fingerprinted in order of name, and one whose
+    /// value is `None` or unit is left out (as if the handler did not take it). `name` must
+    /// not be empty (the empty name is [`arg`](Self::arg)'s).
+    pub fn named<T: Serialize + ?Sized>(
+        &mut self,
+        name: &'static str,
+        value: &T,
+    ) -> Result<(), FingerprintError> {
+        self.args.push((name, self.encoded.0.len()));
+        let result = value.serialize(&mut Canonical {
             out: &mut self.encoded,
-        })?;
-        self.encoded.checkpoint();
-        Ok(())
+        });
+        if let Some(v1) = &mut self.v1 {
+            let start = self.args.last().map_or(0, |&(_, start)| start);
+            v1.extend_from_slice(self.encoded.0.get(start..).unwrap_or_default());
+        }
+        result
     }
 
-    /// The canonical bytes so far (what [`finish`](Self::finish) hashes).
-    pub fn encoded(&self) -> &[u8] {
-        &self.encoded.bytes
+    /// Adds the argument `name` as `current`, where version 1 fingerprinted `v1` in its
+    /// place: for a caller whose input changed form with version 2 (the tower layer
+    /// fingerprints a JSON body canonicalised now, its raw bytes before), so records it wrote
+    /// under version 1 keep matching.
+    pub fn changed<C: Serialize + ?Sized, V: Serialize + ?Sized>(
+        &mut self,
+        name: &'static str,
+        current: &C,
+        v1: &V,
+    ) -> Result<(), FingerprintError> {
+        let mut old = self.v1.take().unwrap_or_else(|| self.encoded.0.clone());
+        let result = v1.serialize(&mut Canonical { out: &mut old });
+        self.v1 = Some(old);
+        result?;
+        self.args.push((name, self.encoded.0.len()));
+        value_into(current, &mut self.encoded)
     }
 
-    /// Hashes everything added.
+    /// The canonical bytes of everything added (what [`finish`](Self::finish) hashes).
+    pub fn encoded(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.write_current(&mut out);
+        out
+    }
+
+    /// Version 1's canonical bytes of everything added (what [`Fingerprints::v1`] hashes).
+    pub fn encoded_v1(&self) -> &[u8] {
+        self.v1.as_deref().unwrap_or(&self.encoded.0)
+    }
+
+    /// Hashes everything added: the fingerprint a record is written with.
     pub fn finish(self) -> Fingerprint {
-        Fingerprint(self.encoded.finish())
+        let mut out = Buffer::new();
+        self.write_current(&mut out);
+        Fingerprint(out.finish())
+    }
+
+    /// Hashes everything added under the current version, and keeps what version 1 needs to
+    /// compare a record an earlier release wrote.
+    pub fn finish_versions(self) -> Fingerprints {
+        let mut out = Buffer::new();
+        self.write_current(&mut out);
+        let current = Fingerprint(out.finish());
+        let bytes = match self.v1 {
+            Some(v1) => SpareBytes(v1),
+            None => self.encoded,
+        };
+        Fingerprints {
+            current,
+            v1: Arc::new(V1 {
+                bytes,
+                digest: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// Writes the current version's encoding: its tag, the scope, then each argument in
+    /// order of name (a stable order: unnamed ones keep theirs), its name and its value,
+    /// derived from version 1's bytes ([`Upgrade`]).
+    fn write_current<S: Sink>(&self, out: &mut S) {
+        let bytes = &self.encoded.0;
+        put_str(out, FINGERPRINT_VERSION);
+        out.put(bytes.get(self.scope_at..self.args_at).unwrap_or_default());
+        let ends = self
+            .args
+            .iter()
+            .skip(1)
+            .map(|&(_, start)| start)
+            .chain([bytes.len()]);
+        let mut args: Vec<(&str, usize, usize)> = self
+            .args
+            .iter()
+            .zip(ends)
+            .map(|(&(name, start), end)| (name, start, end))
+            .collect();
+        args.sort_by(|a, b| a.0.cmp(b.0));
+        let mut upgrade = Upgrade::new(bytes, out);
+        for (name, start, end) in args {
+            if !name.is_empty() && bytes.get(start..end) == Some(&[tag::UNIT]) {
+                continue;
+            }
+            put_str(upgrade.out, name);
+            upgrade.value(start);
+            upgrade.out.checkpoint();
+        }
+        upgrade.give_back();
     }
 }
 
-/// Canonical encoding of one value, for tests and tools.
+/// Encodes one value in version 1's form onto `out`.
+fn value_into<T: Serialize + ?Sized>(
+    value: &T,
+    out: &mut impl Sink,
+) -> Result<(), FingerprintError> {
+    value.serialize(&mut Canonical { out })
+}
+
+/// A call's fingerprint under the current version, and under version 1 for the records an
+/// earlier release wrote: computed once, when a recorded fingerprint is not the current one
+/// (so a call that meets no record, or a current one, never hashes twice). Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Fingerprints {
+    current: Fingerprint,
+    v1: Arc<V1>,
+}
+
+/// Version 1's canonical bytes, and their SHA-256 once asked for.
+#[derive(Debug)]
+struct V1 {
+    bytes: SpareBytes,
+    digest: OnceLock<Fingerprint>,
+}
+
+impl Fingerprints {
+    /// The fingerprint under the current version: the one a record is written with.
+    pub fn current(&self) -> Fingerprint {
+        self.current
+    }
+
+    /// The fingerprint version 1 gave the same call.
+    pub fn v1(&self) -> Fingerprint {
+        *self.v1.digest.get_or_init(|| {
+            use sha2::Digest;
+            Fingerprint(sha2::Sha256::digest(&self.v1.bytes.0).into())
+        })
+    }
+
+    /// Whether a record fingerprinted `recorded` (under either version) was written for
+    /// these arguments.
+    pub fn matches(&self, recorded: &Fingerprint) -> bool {
+        *recorded == self.current || *recorded == self.v1()
+    }
+}
+
+/// Canonical encoding of one value (the current version), for tests and tools.
 pub fn canonical_bytes<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, FingerprintError> {
+    let mut v1 = Vec::new();
+    value_into(value, &mut v1)?;
     let mut out = Vec::new();
-    value.serialize(&mut Canonical { out: &mut out })?;
+    let mut upgrade = Upgrade::new(&v1, &mut out);
+    upgrade.value(0);
+    upgrade.give_back();
+    Ok(out)
+}
+
+/// Version 1's canonical encoding of one value, for tests and tools.
+pub fn canonical_bytes_v1<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, FingerprintError> {
+    let mut out = Vec::new();
+    value_into(value, &mut out)?;
     Ok(out)
 }
 
@@ -257,6 +454,278 @@ impl Sink for Buffer {
         {
             sha2::block_api::compress256(&mut self.state, std::slice::from_ref(block));
             self.hashed += BLOCK;
+        }
+    }
+}
+
+thread_local! {
+    /// Version 1's encoding buffer of this thread's last dropped call, reused by the next (as
+    /// [`SPARE_BUFFER`] is for the hashed one): a call keeps it until it ends, to compare a
+    /// record under version 1 if it meets one.
+    static SPARE_V1: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Version 1's canonical bytes of a call, in a buffer taken from this thread's spare and
+/// given back to the spare of the thread that drops it.
+#[derive(Clone)]
+struct SpareBytes(Vec<u8>);
+
+impl SpareBytes {
+    fn new() -> Self {
+        let mut bytes = SPARE_V1.try_with(std::cell::Cell::take).unwrap_or_default();
+        bytes.clear();
+        bytes.reserve(2048);
+        Self(bytes)
+    }
+}
+
+impl Drop for SpareBytes {
+    fn drop(&mut self) {
+        let bytes = std::mem::take(&mut self.0);
+        if bytes.capacity() <= SPARE_BUFFER_LIMIT {
+            let _ = SPARE_V1.try_with(|spare| spare.set(bytes));
+        }
+    }
+}
+
+impl std::fmt::Debug for SpareBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} bytes", self.0.len())
+    }
+}
+
+impl Sink for SpareBytes {
+    #[inline]
+    fn put(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
+    #[inline]
+    fn put_byte(&mut self, byte: u8) {
+        self.0.push(byte);
+    }
+}
+
+/// One entry of a map or struct being upgraded: offsets in version 1's bytes of its key, its
+/// value and its end, and whether each reads the same in both versions.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    key: usize,
+    value: usize,
+    end: usize,
+    plain_key: bool,
+    plain_value: bool,
+}
+
+thread_local! {
+    /// The entry stack of this thread's last upgrade, reused by the next.
+    static SPARE_ENTRIES: std::cell::Cell<Vec<Entry>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Derives version 2's encoding of values from version 1's bytes (the module docs say what
+/// changes): structs become maps sorted by field name, without their `None` and unit fields;
+/// everything else is copied as it is. A value that holds no struct or map ("plain") reads
+/// the same in both versions and is copied in one piece.
+///
+/// It reads only bytes [`Canonical`] wrote; bytes it cannot read (a truncated token, an
+/// unknown tag) are copied as they are rather than panicking: the result is still a pure
+/// function of the input.
+struct Upgrade<'a, S> {
+    bytes: &'a [u8],
+    out: &'a mut S,
+    /// The entries of every map and struct open on the way down, a level's above its
+    /// parent's.
+    entries: Vec<Entry>,
+}
+
+impl<'a, S: Sink> Upgrade<'a, S> {
+    fn new(bytes: &'a [u8], out: &'a mut S) -> Self {
+        let entries = SPARE_ENTRIES
+            .try_with(std::cell::Cell::take)
+            .unwrap_or_default();
+        Self {
+            bytes,
+            out,
+            entries,
+        }
+    }
+
+    /// Keeps the entry stack for this thread's next upgrade.
+    fn give_back(mut self) {
+        self.entries.clear();
+        let entries = std::mem::take(&mut self.entries);
+        let _ = SPARE_ENTRIES.try_with(|spare| spare.set(entries));
+    }
+
+    fn byte(&self, at: usize) -> Option<u8> {
+        self.bytes.get(at).copied()
+    }
+
+    fn copy(&mut self, from: usize, to: usize) {
+        self.out.put(
+            self.bytes
+                .get(from..to.min(self.bytes.len()))
+                .unwrap_or_default(),
+        );
+    }
+
+    /// Where the value at `at` ends, and whether it is plain.
+    fn skip(&self, at: usize) -> (usize, bool) {
+        let end = self.bytes.len();
+        let fixed = |len: usize| (at.saturating_add(len).min(end), true);
+        match self.byte(at) {
+            Some(tag::UNIT | tag::FALSE | tag::TRUE) => fixed(1),
+            Some(tag::INT) => fixed(18),
+            Some(tag::FLOAT) => fixed(9),
+            Some(tag::STR | tag::BYTES) => {
+                let len = self
+                    .bytes
+                    .get(at + 1..)
+                    .and_then(<[u8]>::first_chunk::<8>)
+                    .map_or(usize::MAX, |len| {
+                        usize::try_from(u64::from_be_bytes(*len)).unwrap_or(usize::MAX)
+                    });
+                fixed(len.saturating_add(9))
+            }
+            Some(tag::SOME) => self.skip(at + 1),
+            Some(tag::VARIANT) => self.skip(self.skip(at + 1).0),
+            Some(tag::SEQ) => {
+                let (mut next, mut plain) = (at + 1, true);
+                while next < end && self.byte(next) != Some(tag::END) {
+                    let (value_end, value_plain) = self.skip(next);
+                    (next, plain) = (value_end, plain && value_plain);
+                }
+                ((next + 1).min(end), plain)
+            }
+            Some(tag::MAP | tag::STRUCT) => {
+                let mut next = at + 1;
+                while next < end && self.byte(next) != Some(tag::END) {
+                    next = self.skip(self.skip(next).0).0;
+                }
+                ((next + 1).min(end), false)
+            }
+            _ => (end, true),
+        }
+    }
+
+    /// Writes the value at `at`; returns where it ends.
+    fn value(&mut self, at: usize) -> usize {
+        let (end, plain) = self.skip(at);
+        self.known(at, end, plain);
+        end
+    }
+
+    /// Writes the value at `at`, which ends at `end`.
+    fn known(&mut self, at: usize, end: usize, plain: bool) {
+        if plain {
+            return self.copy(at, end);
+        }
+        match self.byte(at) {
+            Some(tag::SOME) => {
+                self.out.put_byte(tag::SOME);
+                self.value(at + 1);
+            }
+            Some(tag::VARIANT) => {
+                let name_end = self.skip(at + 1).0;
+                self.copy(at, name_end);
+                self.value(name_end);
+            }
+            Some(tag::SEQ) => {
+                self.out.put_byte(tag::SEQ);
+                let mut next = at + 1;
+                while next < end && self.byte(next) != Some(tag::END) {
+                    next = self.value(next);
+                    self.out.checkpoint();
+                }
+                self.out.put_byte(tag::END);
+            }
+            Some(tag::MAP) => self.entries(at, end, false),
+            Some(tag::STRUCT) => self.entries(at, end, true),
+            _ => self.copy(at, end),
+        }
+    }
+
+    /// The encoded key of an entry (a struct's field name as a string).
+    fn key(&self, entry: &Entry) -> &'a [u8] {
+        self.bytes.get(entry.key..entry.value).unwrap_or_default()
+    }
+
+    /// Writes the map or struct at `at` as a map: a struct's fields sorted like a map's keys
+    /// and those that are `None` or unit left out.
+    fn entries(&mut self, at: usize, end: usize, is_struct: bool) {
+        let base = self.entries.len();
+        let (mut next, mut sorted, mut plain_keys) = (at + 1, true, true);
+        while next < end && self.byte(next) != Some(tag::END) {
+            let (value, plain_key) = self.skip(next);
+            let (entry_end, plain_value) = self.skip(value);
+            let entry = Entry {
+                key: next,
+                value,
+                end: entry_end,
+                plain_key,
+                plain_value,
+            };
+            next = entry_end;
+            if is_struct && self.bytes.get(value..entry_end) == Some(&[tag::UNIT]) {
+                continue;
+            }
+            if let Some(last) = self.entries.get(base..).and_then(<[Entry]>::last) {
+                sorted &= self.key(last) <= self.key(&entry);
+            }
+            plain_keys &= plain_key;
+            self.entries.push(entry);
+        }
+        let count = self.entries.len() - base;
+        // A map's entries are in version 1's order, by encoded key: the same order in
+        // version 2 unless a key holds a struct or map (whose encoding changed).
+        if is_struct && !sorted {
+            let bytes = self.bytes;
+            let key = |e: &Entry| bytes.get(e.key..e.value).unwrap_or_default();
+            if let Some(level) = self.entries.get_mut(base..) {
+                level.sort_by(|a, b| key(a).cmp(key(b)));
+            }
+        } else if !plain_keys {
+            self.sort_by_upgraded_keys(base);
+        }
+        self.out.put_byte(tag::MAP);
+        for i in base..base + count {
+            let Some(&entry) = self.entries.get(i) else {
+                break;
+            };
+            if entry.plain_key && entry.plain_value {
+                self.copy(entry.key, entry.end);
+            } else {
+                self.known(entry.key, entry.value, entry.plain_key);
+                self.known(entry.value, entry.end, entry.plain_value);
+            }
+            self.out.checkpoint();
+        }
+        self.out.put_byte(tag::END);
+        self.entries.truncate(base);
+    }
+
+    /// Sorts the entries from `base` by their keys' version 2 encoding (a map keyed by
+    /// structs or maps: rare, so the keys are encoded twice).
+    fn sort_by_upgraded_keys(&mut self, base: usize) {
+        let bytes = self.bytes;
+        let Some(level) = self.entries.get_mut(base..) else {
+            return;
+        };
+        let mut keyed: Vec<(Vec<u8>, Entry)> = level
+            .iter()
+            .map(|entry| {
+                let mut key = Vec::new();
+                let mut upgrade = Upgrade {
+                    bytes,
+                    out: &mut key,
+                    entries: Vec::new(),
+                };
+                upgrade.known(entry.key, entry.value, entry.plain_key);
+                (key, *entry)
+            })
+            .collect();
+        keyed.sort_by(|a, b| a.0.cmp(&b.0));
+        for (slot, (_, entry)) in level.iter_mut().zip(keyed) {
+            *slot = entry;
         }
     }
 }
@@ -824,14 +1293,244 @@ mod tests {
         f.arg(&1_u8).unwrap();
         assert_eq!(
             f.encoded(),
-            Fingerprinter::new("s")
-                .encoded()
-                .iter()
-                .copied()
-                .chain(canonical_bytes(&1_u8).unwrap())
-                .collect::<Vec<_>>()
+            [
+                Fingerprinter::new("s").encoded(),
+                canonical_bytes("").unwrap(),
+                canonical_bytes(&1_u8).unwrap()
+            ]
+            .concat()
         );
         assert_streamed_hash_is_sha256_of_encoded(f);
+    }
+
+    /// A command as version A of a service declares it, and as version B after a deploy that
+    /// reordered its fields and added optional ones.
+    mod versions {
+        #[derive(serde::Serialize)]
+        pub(super) struct PayA {
+            pub(super) order: u64,
+            pub(super) amount: i32,
+            pub(super) method: Method,
+        }
+
+        #[derive(serde::Serialize)]
+        pub(super) struct PayB {
+            pub(super) note: Option<String>,
+            pub(super) amount: i32,
+            pub(super) method: Method,
+            pub(super) order: u64,
+            pub(super) marker: (),
+            pub(super) hint: Option<Option<u8>>,
+        }
+
+        #[derive(serde::Serialize)]
+        pub(super) enum Method {
+            Card {
+                last4: String,
+                brand: Option<String>,
+            },
+        }
+    }
+
+    fn version_a(last4: &str) -> versions::PayA {
+        versions::PayA {
+            order: 7,
+            amount: 1200,
+            method: versions::Method::Card {
+                last4: last4.to_owned(),
+                brand: None,
+            },
+        }
+    }
+
+    fn version_b(note: Option<&str>, hint: Option<Option<u8>>) -> versions::PayB {
+        versions::PayB {
+            note: note.map(str::to_owned),
+            amount: 1200,
+            method: versions::Method::Card {
+                last4: "4242".to_owned(),
+                brand: None,
+            },
+            order: 7,
+            marker: (),
+            hint,
+        }
+    }
+
+    #[test]
+    fn reordered_fields_and_added_options_keep_the_fingerprint() {
+        assert_eq!(fp(&version_a("4242")), fp(&version_b(None, None)));
+        assert_eq!(
+            canonical_bytes(&version_a("4242")).unwrap(),
+            canonical_bytes(&version_b(None, None)).unwrap()
+        );
+    }
+
+    #[test]
+    fn an_added_field_with_a_value_still_changes_the_fingerprint() {
+        assert_ne!(fp(&version_a("4242")), fp(&version_b(Some(""), None)));
+        assert_ne!(fp(&version_a("4242")), fp(&version_b(None, Some(None))));
+        assert_ne!(
+            fp(&version_b(None, Some(None))),
+            fp(&version_b(None, Some(Some(0))))
+        );
+        assert_ne!(fp(&version_a("4242")), fp(&version_a("4343")));
+    }
+
+    #[test]
+    fn an_added_argument_that_is_none_and_reordered_arguments_keep_the_fingerprint() {
+        let mut a = Fingerprinter::new("s");
+        a.named("cmd", &version_a("4242")).unwrap();
+        a.named("tenant", "t-1").unwrap();
+        let mut b = Fingerprinter::new("s");
+        b.named("tenant", "t-1").unwrap();
+        b.named("coupon", &None::<String>).unwrap();
+        b.named("cmd", &version_b(None, None)).unwrap();
+        assert_eq!(a.clone().finish(), b.finish());
+
+        let mut c = Fingerprinter::new("s");
+        c.named("cmd", &version_a("4242")).unwrap();
+        c.named("tenant", "t-1").unwrap();
+        c.named("coupon", &Some("SPRING")).unwrap();
+        assert_ne!(a.clone().finish(), c.finish());
+        // Unnamed arguments keep their places and are never left out.
+        let mut d = Fingerprinter::new("s");
+        d.arg(&None::<u8>).unwrap();
+        d.arg(&Some(1_u8)).unwrap();
+        let mut e = Fingerprinter::new("s");
+        e.arg(&Some(1_u8)).unwrap();
+        e.arg(&None::<u8>).unwrap();
+        assert_ne!(d.finish(), e.finish());
+        // Two optional arguments: which one is `None` matters.
+        let mut x = Fingerprinter::new("s");
+        x.named("first", &None::<u8>).unwrap();
+        x.named("second", &Some(1_u8)).unwrap();
+        let mut y = Fingerprinter::new("s");
+        y.named("first", &Some(1_u8)).unwrap();
+        y.named("second", &None::<u8>).unwrap();
+        assert_ne!(x.finish(), y.finish());
+    }
+
+    #[test]
+    fn version_1_is_the_first_encoding_and_matches_its_records() {
+        let mut f = Fingerprinter::new("s");
+        f.named("cmd", &version_b(None, None)).unwrap();
+        // What an earlier release computed: arguments unnamed, structs as declared.
+        let mut v1 = Vec::new();
+        put_str(&mut v1, FINGERPRINT_V1);
+        put_str(&mut v1, "s");
+        v1.extend(canonical_bytes_v1(&version_b(None, None)).unwrap());
+        assert_eq!(f.encoded_v1(), v1.as_slice());
+        let fingerprints = f.finish_versions();
+        use sha2::{Digest, Sha256};
+        let v1 = Fingerprint(Sha256::digest(&v1).into());
+        assert_eq!(fingerprints.v1(), v1);
+        assert_ne!(fingerprints.current(), v1);
+        assert!(fingerprints.matches(&v1));
+        assert!(fingerprints.matches(&fingerprints.current()));
+        assert!(!fingerprints.matches(&Fingerprint([0; 32])));
+    }
+
+    #[test]
+    fn a_changed_argument_keeps_its_old_form_for_version_1() {
+        let mut f = Fingerprinter::new("s");
+        f.named("method", "POST").unwrap();
+        f.changed("body", "canonical", "raw").unwrap();
+        f.named("tail", &1_u8).unwrap();
+        let mut old = Fingerprinter::new("s");
+        old.arg("POST").unwrap();
+        old.arg("raw").unwrap();
+        old.arg(&1_u8).unwrap();
+        let mut new = Fingerprinter::new("s");
+        new.named("method", "POST").unwrap();
+        new.named("body", "canonical").unwrap();
+        new.named("tail", &1_u8).unwrap();
+        assert_eq!(f.encoded_v1(), old.encoded_v1());
+        let fingerprints = f.finish_versions();
+        assert_eq!(fingerprints.v1(), old.finish_versions().v1());
+        assert_eq!(fingerprints.current(), new.finish());
+    }
+
+    #[test]
+    fn maps_keyed_by_structs_sort_by_their_new_encoding() {
+        #[derive(serde::Serialize, PartialEq, Eq, PartialOrd, Ord)]
+        struct K {
+            z: u8,
+            a: u8,
+        }
+        #[derive(serde::Serialize, PartialEq, Eq, PartialOrd, Ord)]
+        struct KReordered {
+            a: u8,
+            z: u8,
+        }
+        let one: BTreeMap<K, u8> = [(K { z: 1, a: 2 }, 1), (K { z: 2, a: 1 }, 2)].into();
+        let two: BTreeMap<KReordered, u8> = [
+            (KReordered { a: 2, z: 1 }, 1),
+            (KReordered { a: 1, z: 2 }, 2),
+        ]
+        .into();
+        assert_eq!(
+            canonical_bytes(&one).unwrap(),
+            canonical_bytes(&two).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_struct_is_a_map_of_its_fields() {
+        #[derive(serde::Serialize)]
+        struct Inner {
+            b: u8,
+            note: Option<String>,
+        }
+        #[derive(serde::Serialize)]
+        struct Flattened {
+            a: u8,
+            #[serde(flatten)]
+            inner: Inner,
+        }
+        #[derive(serde::Serialize)]
+        struct Plain {
+            b: u8,
+            a: u8,
+        }
+        let flat = Flattened {
+            a: 1,
+            inner: Inner {
+                b: 2,
+                note: Some("n".to_owned()),
+            },
+        };
+        let mut as_map = BTreeMap::new();
+        as_map.insert("a", Some("1"));
+        as_map.insert("b", None);
+        // A map keeps its `None` entries: its keys are data.
+        assert_ne!(
+            canonical_bytes(&as_map).unwrap(),
+            canonical_bytes(&BTreeMap::from([("a", Some("1"))])).unwrap()
+        );
+        assert_ne!(fp(&flat), fp(&Plain { b: 2, a: 1 }));
+        let flat = Flattened {
+            a: 1,
+            inner: Inner {
+                b: 2,
+                note: Some("n".to_owned()),
+            },
+        };
+        #[derive(serde::Serialize)]
+        struct Whole {
+            note: Option<String>,
+            b: u8,
+            a: u8,
+        }
+        let whole = Whole {
+            note: Some("n".to_owned()),
+            b: 2,
+            a: 1,
+        };
+        assert_eq!(
+            canonical_bytes(&flat).unwrap(),
+            canonical_bytes(&whole).unwrap()
+        );
     }
 
     proptest! {
@@ -868,6 +1567,22 @@ mod tests {
             let pb = Pay { order: b.0, amount: b.1, note: b.2, tags: BTreeMap::new() };
             prop_assert_ne!(canonical_bytes(&pa).unwrap(), canonical_bytes(&pb).unwrap());
             prop_assert_ne!(fp(&pa), fp(&pb));
+        }
+
+        #[test]
+        fn reordered_structs_with_added_nones_agree(order in any::<u64>(), amount in any::<i32>(), note in proptest::option::of(".{0,16}"), tags in proptest::collection::btree_map(".{0,6}", any::<f64>(), 0..5)) {
+            #[derive(serde::Serialize)]
+            struct Later {
+                tags: BTreeMap<String, f64>,
+                added: Option<Vec<u8>>,
+                note: Option<String>,
+                amount: i32,
+                order: u64,
+            }
+            let earlier = Pay { order, amount, note: note.clone(), tags: tags.clone() };
+            let later = Later { tags, added: None, note, amount, order };
+            prop_assert_eq!(canonical_bytes(&earlier).unwrap(), canonical_bytes(&later).unwrap());
+            prop_assert_eq!(fp(&earlier), fp(&later));
         }
 
         #[test]
@@ -976,9 +1691,16 @@ mod golden {
         let mut f = Fingerprinter::new("orders.pay");
         f.arg(&order).unwrap();
         f.arg("second argument").unwrap();
+        let v1_bytes = Fingerprint(Sha256::digest(f.encoded_v1()).into());
+        let fingerprints = f.finish_versions();
         assert_eq!(
-            f.finish().to_string(),
+            fingerprints.v1().to_string(),
             "f35bfc7c3d152143f387f618f48adbb71138af072625b5405a49c9aa79c35ece"
+        );
+        assert_eq!(fingerprints.v1(), v1_bytes);
+        assert_eq!(
+            fingerprints.current().to_string(),
+            "2d8eb9b31d56609865fd21a86247c4882c00940aebfc01dbccc45d517bf8a3dc"
         );
     }
 
@@ -1034,11 +1756,71 @@ mod golden {
         f.arg(&value).unwrap();
         f.arg(&Shape::Unit).unwrap();
         let from_bytes = Fingerprint(Sha256::digest(f.encoded()).into());
-        let fingerprint = f.finish();
-        assert_eq!(fingerprint, from_bytes);
+        let fingerprints = f.clone().finish_versions();
+        assert_eq!(fingerprints.current(), from_bytes);
+        assert_eq!(f.finish(), from_bytes);
         assert_eq!(
-            fingerprint.to_string(),
+            fingerprints.v1().to_string(),
             "2618e7d052080e3924544b96388b40da7ef47a85bf452bf411f343f2db8e91a2"
         );
+        assert_eq!(
+            fingerprints.current().to_string(),
+            "a4b01d7924bf5baad04f8b92c497987e6aa849e55f985aaceb929c7b864c3d78"
+        );
+    }
+
+    /// Version 2's bytes, written out by hand: the tag, the scope, each named argument in
+    /// order of name (one that is `None` left out), a struct as a map sorted by encoded
+    /// field name (shorter names first) without its `None` and unit fields.
+    #[test]
+    fn the_v2_encoding_is_as_specified() {
+        #[derive(serde::Serialize)]
+        struct Cmd {
+            zz: u8,
+            a: Option<u8>,
+            unit: (),
+            b: Option<Option<bool>>,
+        }
+        let mut f = Fingerprinter::new("s");
+        f.named(
+            "cmd",
+            &Cmd {
+                zz: 7,
+                a: None,
+                unit: (),
+                b: Some(None),
+            },
+        )
+        .unwrap();
+        f.named("absent", &None::<u8>).unwrap();
+        f.named("added", &Some(1_u8)).unwrap();
+        let s = |text: &str| {
+            let mut out = vec![tag::STR];
+            out.extend_from_slice(&(text.len() as u64).to_be_bytes());
+            out.extend_from_slice(text.as_bytes());
+            out
+        };
+        let int = |v: u8| {
+            let mut out = vec![tag::INT, 0];
+            out.extend_from_slice(&u128::from(v).to_be_bytes());
+            out
+        };
+        let expected = [
+            s("idem/fingerprint/v2"),
+            s("s"),
+            s("added"),
+            vec![tag::SOME],
+            int(1),
+            s("cmd"),
+            vec![tag::MAP],
+            s("b"),
+            vec![tag::SOME, tag::UNIT],
+            s("zz"),
+            int(7),
+            vec![tag::END],
+        ]
+        .concat();
+        assert_eq!(f.encoded(), expected);
+        assert_eq!(f.finish(), Fingerprint(Sha256::digest(&expected).into()));
     }
 }

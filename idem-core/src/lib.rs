@@ -35,7 +35,8 @@ pub mod versioned;
 
 pub use error::{BoxError, Error, ErrorKind, KeyProblem, Result};
 pub use fingerprint::{
-    FINGERPRINT_VERSION, Fingerprint, FingerprintError, Fingerprinter, canonical_bytes,
+    FINGERPRINT_V1, FINGERPRINT_VERSION, Fingerprint, FingerprintError, Fingerprinter,
+    Fingerprints, canonical_bytes, canonical_bytes_v1,
 };
 pub use key::{Key, KeySource, MAX_KEY_LEN};
 pub use memory::{MemoryStore, MemoryTx};

@@ -207,7 +207,7 @@ impl LeaseStore for MemoryStore {
             }
             let mut leases = self.leases();
             let claim = match leases.get_mut(&id) {
-                Some(held) if held.fingerprint != req.fingerprint() => {
+                Some(held) if !req.fingerprints().matches(&held.fingerprint) => {
                     LeaseClaim::Recorded(Recorded {
                         fingerprint: held.fingerprint,
                         status: RecordStatus::Pending,

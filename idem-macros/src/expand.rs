@@ -292,7 +292,7 @@ fn impl_trait_span(output: &ReturnType) -> Option<Span> {
 ///     static __IDEM_SITE: Site = Site::new("orders.pay", ttl, policy);
 ///     let __idem_conn = &(db);
 ///     let mut __idem_call = Call::new(&__IDEM_SITE, key(&cmd.key));
-///     Call::arg(&mut __idem_call, &cmd);
+///     Call::named_arg(&mut __idem_call, "cmd", &cmd);
 ///     // claim; replay, or run the body in the claim's transaction; record + commit, or release
 ///     run::<_, Result<Receipt, PayError>, _>(
 ///         store(__idem_conn),
@@ -345,10 +345,17 @@ pub(crate) fn expand(
         .resumable
         .filter(|_| args.lease_ms.is_some())
         .map(|_| quote!(#p::Call::store_arg));
-    let arg = quote!(#p::Call::arg);
+    // Each argument is fingerprinted under its parameter's name, so a parameter added as
+    // `None` is left out and the order of parameters does not matter.
+    let arg = quote!(#p::Call::named_arg);
     let fingerprint_args = fingerprinted.iter().map(|Fingerprinted { name, ty }| {
+        let label = syn::LitStr::new(&syn::ext::IdentExt::unraw(name).to_string(), name.span());
         let name = Ident::new(&name.to_string(), name.span().located_at(ty.last));
-        let call = ty.call_with_borrow(&arg, &quote!(&mut __idem_call,), &name.to_token_stream());
+        let call = ty.call_with_borrow(
+            &arg,
+            &quote!(&mut __idem_call, #label,),
+            &name.to_token_stream(),
+        );
         // The call carries the user's spans, so clippy sees `_name` used as user code.
         let underscored = name.to_string().starts_with('_');
         let allow = underscored.then(|| quote!(#[allow(clippy::used_underscore_binding)]));

@@ -102,10 +102,10 @@ type StoredCallRow = Vec<Value>;
 /// The answer a ledger row gives another caller whatever commits next, if it has one: the
 /// key reused with other arguments, a live lease, a live record. `None` for a record or
 /// lease that ended: taking it over needs the row locked.
-fn settled(row: &Row, fingerprint: idem_core::Fingerprint) -> Option<LeaseClaim> {
+fn settled(row: &Row, fingerprints: &idem_core::Fingerprints) -> Option<LeaseClaim> {
     let live = row.expires_at_ms > row.now_ms;
     match row.status {
-        _ if row.fingerprint != fingerprint
+        _ if !fingerprints.matches(&row.fingerprint)
             && (live || row.status == Some(RecordStatus::Pending)) =>
         {
             // Another payload under this key: the engine answers KeyReused.
@@ -141,7 +141,7 @@ async fn claim_at_once(
     values: Vec<Value>,
     id: [u8; 32],
     owner: i64,
-    fingerprint: idem_core::Fingerprint,
+    fingerprints: &idem_core::Fingerprints,
     lease_ms: i64,
 ) -> Result<Option<LeaseClaim>, Error> {
     let failed = |e: DbErr| store_error("claiming a lease", e);
@@ -164,7 +164,7 @@ async fn claim_at_once(
             steps: Vec::new(),
         }));
     }
-    Ok(settled(&row, fingerprint))
+    Ok(settled(&row, fingerprints))
 }
 
 async fn claim(
@@ -173,9 +173,10 @@ async fn claim(
     stored_call: Option<StoredCallRow>,
     id: [u8; 32],
     owner: i64,
-    fingerprint: idem_core::Fingerprint,
+    fingerprints: idem_core::Fingerprints,
     lease_ms: i64,
 ) -> Result<LeaseClaim, Error> {
+    let fingerprint = fingerprints.current();
     let doing = "claiming a lease";
     if db.get_database_backend() == DbBackend::MySql {
         crate::flavour::detect(&db).await;
@@ -185,7 +186,7 @@ async fn claim(
     if stored_call.is_none()
         && d.claim_at_once
         && let Some(answer) =
-            claim_at_once(&db, d, values.clone(), id, owner, fingerprint, lease_ms).await?
+            claim_at_once(&db, d, values.clone(), id, owner, &fingerprints, lease_ms).await?
     {
         return Ok(answer);
     }
@@ -223,7 +224,7 @@ async fn claim(
         });
     }
     let answer = match row.status {
-        _ if let Some(answer) = settled(&row, fingerprint) => answer,
+        _ if let Some(answer) = settled(&row, &fingerprints) => answer,
         Some(RecordStatus::Pending) => {
             // The holder's lease ended: take over with the next token, resume after its steps.
             let token = row.owner.wrapping_add(1);
@@ -445,7 +446,7 @@ impl LeaseStore for SeaOrmLeaseStore {
             stored_call,
             *req.id(),
             owner,
-            req.fingerprint(),
+            req.fingerprints().clone(),
             millis(lease),
         );
         Box::pin(detached(step))

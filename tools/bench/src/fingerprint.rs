@@ -60,7 +60,7 @@ enum Part {
 /// SHA-256 of the same canonical bytes, taking turns round by round (ABC, CBA, …).
 pub(crate) fn measure(cmd: &PayOrder, plan: &Plan) -> Res<FingerprintCost> {
     let mut canonical = Fingerprinter::new("bench.pay");
-    canonical.arg(cmd)?;
+    canonical.named("cmd", cmd)?;
     // The bytes the fingerprint hashes, in a buffer of their own length.
     let bytes = canonical.encoded().to_vec();
     let parts = [Part::Whole, Part::Encoding, Part::Sha256];
@@ -75,11 +75,11 @@ pub(crate) fn measure(cmd: &PayOrder, plan: &Plan) -> Res<FingerprintCost> {
                     }
                     Part::Whole | Part::Encoding => {
                         let mut f = Fingerprinter::new(black_box("bench.pay"));
-                        f.arg(black_box(cmd))?;
+                        f.named("cmd", black_box(cmd))?;
                         if part == Part::Whole {
-                            black_box(f.finish());
+                            black_box(f.finish_versions());
                         } else {
-                            black_box(f.encoded().len());
+                            black_box(f.encoded_v1().len());
                         }
                     }
                 }
