@@ -487,7 +487,8 @@ pub(crate) async fn outbox_purge(
 /// How often `idem purge` reports its progress.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
-/// `idem purge`: expired records, one bounded statement at a time, with progress on stderr.
+/// `idem purge`: records that ended and whose TTL passed, one bounded statement at a time,
+/// with progress on stderr. Calls not finished are kept however old (`idem leases`).
 pub(crate) async fn purge(
     db: &DatabaseConnection,
     batch: u32,
@@ -504,7 +505,7 @@ pub(crate) async fn purge(
         statements += 1;
         if !json && reported.elapsed() >= PROGRESS_EVERY {
             eprintln!(
-                "purged {} expired records so far ({statements} statements)",
+                "purged {} ended records so far ({statements} statements)",
                 purge.deleted()
             );
             reported = Instant::now();
@@ -524,7 +525,8 @@ pub(crate) async fn purge(
         }))?;
     } else {
         print(&format!(
-            "purged {} expired record{} in {statements} statement{} ({seconds:.1}s)\n",
+            "purged {} ended record{} in {statements} statement{} ({seconds:.1}s); calls not \
+            finished are kept however old: `idem leases` lists them\n",
             purge.deleted(),
             if purge.deleted() == 1 { "" } else { "s" },
             if statements == 1 { "" } else { "s" },

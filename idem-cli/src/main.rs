@@ -60,7 +60,8 @@ enum Command {
         #[command(subcommand)]
         action: Option<OutboxAction>,
     },
-    /// Delete expired records (and the steps and calls of purged leases), batch by batch
+    /// Delete records that ended (completed, failed, given up with no hook owed) and whose
+    /// TTL passed, batch by batch; calls not finished are kept however old
     Purge {
         /// Records per statement; each statement is a short transaction of its own
         #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]

@@ -553,7 +553,15 @@ async fn an_operator_inspects_records_leases_and_the_outbox_and_purges() {
             .exits(0)
             .prints("deleted 1 message published more than 0ms ago");
 
-        // The purge deletes the two expired leases, batch by batch, and their steps and calls.
+        // A day later every TTL has passed. The purge deletes the records that ended (the
+        // payment and the declined one), batch by batch, and keeps what is not finished: the
+        // two leases that ended unfinished (their steps and stored call with them) and the
+        // give-up whose hook is owed.
+        database
+            .db
+            .execute_unprepared("UPDATE idem_ledger SET expires_at_ms = 0")
+            .await
+            .expect("expire every record");
         let purged = database
             .idem(&["purge", "--batch", "1", "--json"])
             .exits(0)
@@ -561,14 +569,28 @@ async fn an_operator_inspects_records_leases_and_the_outbox_and_purges() {
         assert_eq!(purged["deleted"], 2, "{name}: {purged}");
         assert!(purged["statements"].as_u64() >= Some(2), "{name}: {purged}");
         database
-            .idem(&["leases"])
+            .idem(&["inspect", "--scope", "shop.orders.pay", "--key", "K-paid"])
+            .exits(1);
+        database.idem(&["leases"]).exits(0).prints("2 leases ended");
+        database
+            .idem(&["inspect", "--id", id])
             .exits(0)
-            .prints("no leases ended without their call finishing");
-        database.idem(&["inspect", "--id", id]).exits(1);
+            .prints("steps (1)");
+        database
+            .idem(&[
+                "inspect",
+                "--scope",
+                "shop.orders.notify",
+                "--key",
+                "K-notify",
+            ])
+            .exits(0)
+            .prints("give-up hook owed");
         database
             .idem(&["purge"])
             .exits(0)
-            .prints("purged 0 expired records in 1 statement");
+            .prints("purged 0 ended records in 1 statement")
+            .prints("idem leases");
         database.drop_database().await;
     }
 }

@@ -693,8 +693,10 @@ pub async fn expired_leases<C: ConnectionTrait>(
     .await
 }
 
-/// Deletes the steps of records `purge_expired` removed (leases that ended and were never
-/// taken over). The steps table only holds calls in progress, so this stays small.
+/// Deletes the steps and stored calls whose record no longer exists (deleted by hand, or by the
+/// purge of versions that purged unfinished calls). `purge_expired` only deletes records
+/// with neither, so this finds nothing in a ledger it alone purged. The steps table only
+/// holds calls in progress, so this stays small.
 pub(crate) async fn purge_orphaned_steps<C: ConnectionTrait>(db: &C) -> Result<u64, Error> {
     let sql = Sql::of(db.get_database_backend());
     let mut purged = 0;

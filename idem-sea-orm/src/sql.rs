@@ -55,7 +55,17 @@ pub(crate) mod outbox_state {
 }
 
 /// Pieces several statements share, spliced before the names (they contain names).
-const FRAGMENTS: [(&str, &str); 9] = [
+const FRAGMENTS: [(&str, &str); 10] = [
+    // Whether a ledger row may be purged: it ended (completed, failed or given up: never an
+    // execution in progress, however long ago its lease ended), its TTL passed, and nothing
+    // is owed on it (no stored call: a resumable call awaiting its completer, or a give-up
+    // whose hook has not run). Purging any of those would let the next claim run the
+    // recorded steps' effects again, and leave the completer nothing to finish.
+    (
+        "{purgeable}",
+        "{ledger}.expires_at_ms <= {now} AND {ledger}.state <> 0 AND NOT EXISTS (\
+        SELECT 1 FROM {calls} c WHERE c.record_id = {ledger}.id)",
+    ),
     // The ledger's columns.
     (
         "{ledger_columns}",
@@ -455,19 +465,17 @@ impl Sql {
                 _ => r("UPDATE {ledger} SET state = ?, response = ? WHERE id = ? AND owner = ?"),
             },
             purge: match backend {
+                // A row locked by a claim is skipped; one that a takeover made current again
+                // while it waited is re-checked under its lock and kept.
                 Postgres => Purge::ByIndex(r(
                     "DELETE FROM {ledger} WHERE id IN (SELECT id FROM {ledger} \
-                    WHERE expires_at_ms <= {now} LIMIT ? FOR UPDATE SKIP LOCKED)",
+                    WHERE {purgeable} LIMIT ? FOR UPDATE SKIP LOCKED)",
                 )),
-                MySql => Purge::ByIndex(r(
-                    "DELETE FROM {ledger} WHERE expires_at_ms <= {now} LIMIT ?",
-                )),
+                MySql => Purge::ByIndex(r("DELETE FROM {ledger} WHERE {purgeable} LIMIT ?")),
                 _ => Purge::Sweep {
                     bound: r("SELECT id FROM {ledger} WHERE id > ? ORDER BY id LIMIT 1 OFFSET ?"),
-                    delete: r(
-                        "DELETE FROM {ledger} WHERE id > ? AND id <= ? AND expires_at_ms <= {now}",
-                    ),
-                    delete_rest: r("DELETE FROM {ledger} WHERE id > ? AND expires_at_ms <= {now}"),
+                    delete: r("DELETE FROM {ledger} WHERE id > ? AND id <= ? AND {purgeable}"),
+                    delete_rest: r("DELETE FROM {ledger} WHERE id > ? AND {purgeable}"),
                 },
             },
             select_now: r("SELECT {now} AS now_ms"),
