@@ -773,7 +773,7 @@ fn purging_expired_leases_strands_calls_and_drops_owed_hooks() {
         p.purge = PurgeRule::Expired;
         (p.crash_budget, p.slow_ticks) = (1, 0);
     });
-    expect_counterexample("purge strands a call", protocol.clone(), CALL_ENDS);
+    expect_counterexample("purge strands a call", protocol, CALL_ENDS);
     let protocol = mutated(|p| {
         (p.purge, p.gateway_always_fails) = (PurgeRule::Expired, true);
         (p.crash_budget, p.slow_ticks) = (0, 0);
