@@ -283,6 +283,7 @@ pub mod sea_orm {
     #[cfg(feature = "migration")]
     #[cfg_attr(docsrs, doc(cfg(feature = "migration")))]
     pub use idem_sea_orm::{CompleterMigration, LeaseMigration, OutboxMigration, migrations};
+    pub use idem_sea_orm::{StuckLease, release_lease, stuck_leases};
 }
 
 /// What `#[idempotent]` expands to. Not public API: it changes without notice.

@@ -799,3 +799,57 @@ async fn sigkill_across_the_steps_then_retry_charges_once_and_pays_once() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_hung_holder_released_by_hand_is_taken_over_at_once_and_fenced_out() {
+    for backend in backends().await {
+        let t = Case::new(backend, "release");
+        let (held, gate) = t.paused(false).await;
+        // The holder hangs after its charge; its renewals keep the lease alive.
+        let retry = t.pay().await;
+        assert_eq!(
+            retry.err().and_then(|e| e.kind()),
+            Some(ErrorKind::InFlight),
+            "{}: in flight while held",
+            t.name
+        );
+        let stuck = idem::sea_orm::stuck_leases(&t.db, Duration::ZERO, 1000)
+            .await
+            .expect("stuck");
+        let ours = stuck
+            .iter()
+            .find(|l| l.key == t.key())
+            .unwrap_or_else(|| panic!("{}: the held lease is listed as stuck", t.name));
+        assert!(ours.ends_in_ms > 0, "{}: {ours:?}", t.name);
+        let none = idem::sea_orm::stuck_leases(&t.db, Duration::from_secs(3600), 1000)
+            .await
+            .expect("stuck");
+        assert!(none.iter().all(|l| l.key != t.key()), "{}", t.name);
+
+        let id = idem::store::record_id("lease.pay", "", &t.key());
+        let released = idem::sea_orm::release_lease(&t.db, &id)
+            .await
+            .expect("release");
+        assert!(released, "{}: released", t.name);
+        // At once: the retry takes over from the recorded charge and finishes the call.
+        let (answer, outcome) = with_outcome(t.pay()).await;
+        assert!(answer.is_ok(), "{}: {answer:?}", t.name);
+        assert_eq!(outcome, Some(Outcome::Executed), "{}", t.name);
+        // The old holder wakes up: its final phase is refused.
+        gate.release();
+        let late = held.await.expect("task");
+        assert_eq!(
+            late.err().and_then(|e| e.kind()),
+            Some(ErrorKind::LeaseLost),
+            "{}: the late holder is fenced out",
+            t.name
+        );
+        assert_eq!(effects(&t.db, &t.run).await, 1, "{}: one payment", t.name);
+        assert_eq!(t.gateway.calls(), 1, "{}: one charge", t.name);
+        // A record that ended has nothing to release.
+        let again = idem::sea_orm::release_lease(&t.db, &id)
+            .await
+            .expect("release");
+        assert!(!again, "{}", t.name);
+    }
+}

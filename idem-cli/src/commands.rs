@@ -239,14 +239,17 @@ fn inspect_text(view: &RecordView) -> String {
     out
 }
 
-/// `idem leases`: leases that ended without their call finishing.
+/// `idem leases`: leases that ended without their call finishing, and live leases held for
+/// longer than `stuck_after`.
 pub(crate) async fn leases(
     db: &DatabaseConnection,
     limit: u32,
+    stuck_after: Duration,
     json: bool,
 ) -> Result<Found, Failure> {
     require_tables(db, &[LEDGER_TABLE, CALLS_TABLE]).await?;
     let leases = idem_sea_orm::expired_leases(db, limit).await?;
+    let stuck = idem_sea_orm::stuck_leases(db, stuck_after, limit).await?;
     let finisher = |resumable: bool| {
         if resumable {
             "completer or client retry"
@@ -267,14 +270,30 @@ pub(crate) async fn leases(
                     "resumable": lease.resumable,
                     "attempts": lease.attempts,
                     "finished_by": finisher(lease.resumable),
+                    "stuck": false,
                 })
             })
+            .chain(stuck.iter().map(|lease| {
+                json!({
+                    "id": hex(&lease.id),
+                    "scope": lease.scope,
+                    "key": lease.key,
+                    "token": lease.token,
+                    "held_ms": lease.held_ms,
+                    "ends_in_ms": lease.ends_in_ms,
+                    "resumable": lease.resumable,
+                    "stuck": true,
+                })
+            }))
             .collect();
         print_json(&Value::Array(leases))?;
         return Ok(Found::Yes);
     }
+    let stuck_text = stuck_text(&stuck, stuck_after, limit);
     if leases.is_empty() {
-        print("no leases ended without their call finishing\n")?;
+        print(&format!(
+            "no leases ended without their call finishing\n{stuck_text}"
+        ))?;
         return Ok(Found::Yes);
     }
     let rows: Vec<Vec<String>> = leases
@@ -307,8 +326,70 @@ pub(crate) async fn leases(
     if leases.len() == limit as usize {
         let _ = writeln!(out, "(the first {limit}; --limit shows more)");
     }
+    out.push_str(&stuck_text);
     print(&out)?;
     Ok(Found::Yes)
+}
+
+/// The stuck leases' part of `idem leases` (empty when there are none).
+fn stuck_text(stuck: &[idem_sea_orm::StuckLease], stuck_after: Duration, limit: u32) -> String {
+    if stuck.is_empty() {
+        return String::new();
+    }
+    let rows: Vec<Vec<String>> = stuck
+        .iter()
+        .map(|lease| {
+            vec![
+                span(lease.held_ms.unsigned_abs()),
+                span(lease.ends_in_ms.unsigned_abs()),
+                lease.scope.clone(),
+                lease.key.clone(),
+                lease.token.to_string(),
+                hex(&lease.id),
+            ]
+        })
+        .collect();
+    let mut out = format!(
+        "{} live lease{} held for longer than {} (a hung holder keeps renewing; `idem release \
+        --id RECORD` ends one, fenced, and the next retry or completer takes over):\n",
+        stuck.len(),
+        if stuck.len() == 1 { "" } else { "s" },
+        span(u64::try_from(stuck_after.as_millis()).unwrap_or(u64::MAX)),
+    );
+    out.push_str(&table(
+        &["HELD", "ENDS IN", "SCOPE", "KEY", "TOKEN", "RECORD"],
+        &rows,
+    ));
+    if stuck.len() == limit as usize {
+        let _ = writeln!(out, "(the first {limit}; --limit shows more)");
+    }
+    out
+}
+
+/// `idem release`: ends the lease of the call in progress under `id`, fenced.
+pub(crate) async fn release(
+    db: &DatabaseConnection,
+    id: &[u8],
+    json: bool,
+) -> Result<Found, Failure> {
+    require_tables(db, &[LEDGER_TABLE]).await?;
+    let released = idem_sea_orm::release_lease(db, id).await?;
+    if json {
+        print_json(&json!({ "released": released, "id": hex(id) }))?;
+    } else if released {
+        print(&format!(
+            "released the lease of {}: its holder is refused its next step; the next retry, or a \
+            completer for a resumable call, takes over from the recorded steps\n",
+            hex(id)
+        ))?;
+    } else {
+        eprintln!(
+            "no live lease under record {}: nothing to release (`idem inspect --id` shows the \
+            record, if any; a lease that ended is taken over by the next retry anyway)",
+            hex(id)
+        );
+    }
+    Ok(if released { Found::Yes } else { Found::No })
 }
 
 /// `idem outbox`: pending, oldest pending, dead.

@@ -46,7 +46,10 @@ mod migration;
 
 pub use completer::Completer;
 pub use flavour::{FORCE_MYSQL8_ENV, GALERA_SYNC_WAIT_ENV};
-pub use lease::{ExpiredLease, SeaOrmLeaseStore, expired_leases, final_step, finish};
+pub use lease::{
+    ExpiredLease, SeaOrmLeaseStore, StuckLease, expired_leases, final_step, finish, release_lease,
+    stuck_leases,
+};
 #[cfg(feature = "migration")]
 #[cfg_attr(docsrs, doc(cfg(feature = "migration")))]
 pub use migration::{CompleterMigration, LeaseMigration, Migration, OutboxMigration, migrations};

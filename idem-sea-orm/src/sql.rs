@@ -201,9 +201,15 @@ pub(crate) struct Sql {
     pub(crate) complete_lease: String,
     /// Binds id, token.
     pub(crate) release_lease: String,
+    /// Binds id. An operator ends a live lease by hand, fenced: the next token (as a
+    /// takeover's) refuses the holder's later writes, and the lease ends now.
+    pub(crate) release_by_hand: String,
     /// Binds limit. Returns id, scope, idem_key, owner, expires_at_ms, now_ms of leases that
     /// ended.
     pub(crate) expired_leases: String,
+    /// Binds held_ms, limit. Returns id, scope, idem_key, owner, created_at_ms, expires_at_ms,
+    /// now_ms, attempts (NULL unless resumable) of live leases held longer than held_ms.
+    pub(crate) stuck_leases: String,
     /// Deletes the steps of records that no longer exist (purged).
     pub(crate) purge_orphaned_steps: String,
 
@@ -508,6 +514,17 @@ impl Sql {
             ),
             release_lease: r("UPDATE {ledger} SET expires_at_ms = {now} \
                 WHERE id = ? AND owner = ? AND state = 0"),
+            release_by_hand: r(
+                "UPDATE {ledger} SET owner = owner + 1, expires_at_ms = {now} \
+                WHERE id = ? AND state = 0 AND expires_at_ms > {now}",
+            ),
+            stuck_leases: r(
+                "SELECT l.id, l.scope, l.idem_key, l.owner, l.created_at_ms, l.expires_at_ms, \
+                {now} AS now_ms, c.attempts FROM {ledger} l \
+                LEFT JOIN {calls} c ON c.record_id = l.id \
+                WHERE l.state = 0 AND l.expires_at_ms > {now} AND l.created_at_ms <= {now} - ? \
+                ORDER BY l.created_at_ms LIMIT ?",
+            ),
             expired_leases: r(
                 "SELECT l.id, l.scope, l.idem_key, l.owner, l.expires_at_ms, {now} AS now_ms, \
                 c.attempts FROM {ledger} l LEFT JOIN {calls} c ON c.record_id = l.id \
