@@ -853,3 +853,61 @@ async fn a_hung_holder_released_by_hand_is_taken_over_at_once_and_fenced_out() {
         assert!(!again, "{}", t.name);
     }
 }
+
+/// Charges, then panics while `panics` is set; a lease long enough that only a release
+/// frees the key within the test.
+#[idempotent(scope = "lease.panics", key = cmd.key, lease = "10s", skip(gateway, panics))]
+async fn pay_or_panic(
+    db: &DatabaseConnection,
+    gateway: &Gateway,
+    panics: &std::sync::atomic::AtomicBool,
+    cmd: Pay,
+) -> Result<String, TestError> {
+    let charge: String = idem::step("charge", |key| gateway.charge(key, cmd.amount)).await?;
+    assert!(
+        !panics.swap(false, std::sync::atomic::Ordering::SeqCst),
+        "the body panicked after its charge"
+    );
+    let (run, amount) = (cmd.run.clone(), cmd.amount);
+    idem::sea_orm::final_step(db, "record-payment", move |tx| {
+        Box::pin(async move {
+            insert_effect(tx, &run, "payment", amount).await;
+            Ok::<_, TestError>(charge)
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_panic_in_a_lease_mode_body_releases_the_lease_at_once() {
+    for backend in backends().await {
+        let t = Case::new(backend, "panic");
+        let panics = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (db, gateway, first) = (t.db.clone(), t.gateway.clone(), panics.clone());
+        let first_cmd = cmd(&t.run);
+        let panicked =
+            tokio::spawn(async move { pay_or_panic(&db, &gateway, &first, first_cmd).await }).await;
+        assert!(panicked.is_err_and(|e| e.is_panic()), "{}", t.name);
+        // The release runs behind the panic: the key is free within moments, not 10 s.
+        let started = std::time::Instant::now();
+        let (answer, outcome) = loop {
+            let (answer, outcome) =
+                with_outcome(pay_or_panic(&t.db, &t.gateway, &panics, cmd(&t.run))).await;
+            match answer {
+                Err(e) if e.kind() == Some(ErrorKind::InFlight) => {
+                    assert!(
+                        started.elapsed() < Duration::from_secs(2),
+                        "{}: still in flight after the panic",
+                        t.name
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                answer => break (answer, outcome),
+            }
+        };
+        assert!(answer.is_ok(), "{}: {answer:?}", t.name);
+        assert_eq!(outcome, Some(Outcome::Executed), "{}", t.name);
+        assert_eq!(effects(&t.db, &t.run).await, 1, "{}: one payment", t.name);
+        assert_eq!(t.gateway.calls(), 1, "{}: the charge replayed", t.name);
+    }
+}

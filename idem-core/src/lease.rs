@@ -279,6 +279,28 @@ impl LeaseHandle {
     }
 }
 
+/// Ends the lease at once when the body panics (the guard is dropped while its thread
+/// unwinds): nothing will complete the call, so the next retry, or a completer, takes it over
+/// from the recorded steps instead of waiting the lease out. A body dropped without a panic
+/// keeps its lease until it ends, as a crash would.
+struct ReleaseOnPanic {
+    store: Arc<dyn LeaseStore>,
+    scope: &'static str,
+    ticket: Ticket,
+}
+
+impl Drop for ReleaseOnPanic {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (store, scope, ticket) = (Arc::clone(&self.store), self.scope, self.ticket);
+            runtime.spawn(async move { release_now(&*store, scope, &ticket).await });
+        }
+    }
+}
+
 /// Stops the renewal task when the call ends or is dropped.
 struct Renewal(tokio::task::JoinHandle<()>);
 
@@ -381,6 +403,12 @@ where
             open_phase: tokio::sync::Mutex::new(None),
             phase_failed: AtomicBool::new(false),
         });
+        // Declared first, so that while unwinding the renewal stops before the release.
+        let on_panic = ReleaseOnPanic {
+            store: Arc::clone(&store),
+            scope,
+            ticket,
+        };
         let renewal = renew_in_background(Arc::clone(&context), lease);
         let nested = outcome::Nested::enter();
         // Hooks the body asks for (the outbox's wake after staging in a final phase) run once
@@ -393,6 +421,7 @@ where
             .await;
         drop(nested);
         drop(renewal);
+        drop(on_panic);
         let answer = settle::<R>(&*store, &context, ticket, output, finality).await;
         hooks.iter().for_each(|hook| hook());
         answer
