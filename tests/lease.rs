@@ -911,3 +911,80 @@ async fn a_panic_in_a_lease_mode_body_releases_the_lease_at_once() {
         assert_eq!(t.gateway.calls(), 1, "{}: the charge replayed", t.name);
     }
 }
+
+/// Charges, then awaits a call that never returns while `hangs` is set (a gateway call
+/// without a timeout); its deadline stops it.
+#[idempotent(
+    scope = "lease.hangs",
+    key = cmd.key,
+    lease = "1s",
+    deadline = "2s",
+    skip(gateway, hangs)
+)]
+async fn pay_or_hang(
+    db: &DatabaseConnection,
+    gateway: &Gateway,
+    hangs: &std::sync::atomic::AtomicBool,
+    cmd: Pay,
+) -> Result<String, TestError> {
+    let charge: String = idem::step("charge", |key| gateway.charge(key, cmd.amount)).await?;
+    let hang = hangs.load(std::sync::atomic::Ordering::SeqCst);
+    idem::step("notify", |_| async move {
+        if hang {
+            std::future::pending::<()>().await;
+        }
+        Ok::<_, TestError>(())
+    })
+    .await?;
+    let (run, amount) = (cmd.run.clone(), cmd.amount);
+    idem::sea_orm::final_step(db, "record-payment", move |tx| {
+        Box::pin(async move {
+            insert_effect(tx, &run, "payment", amount).await;
+            Ok::<_, TestError>(charge)
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_hung_body_is_stopped_at_its_deadline_and_the_retry_takes_over() {
+    for backend in backends().await {
+        let t = Case::new(backend, "deadline");
+        let hangs = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (db, gateway, hung) = (t.db.clone(), t.gateway.clone(), hangs.clone());
+        let first_cmd = cmd(&t.run);
+        let started = std::time::Instant::now();
+        let first = tokio::spawn(async move { pay_or_hang(&db, &gateway, &hung, first_cmd).await });
+        // Held past its 1 s lease by its renewals: a retry meanwhile is in flight.
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        let retry = pay_or_hang(&t.db, &t.gateway, &hangs, cmd(&t.run)).await;
+        assert_eq!(
+            retry.err().and_then(|e| e.kind()),
+            Some(ErrorKind::InFlight),
+            "{}: in flight while it hangs",
+            t.name
+        );
+        // At its 2 s deadline the body is dropped and the caller told so.
+        let stopped = tokio::time::timeout(Duration::from_secs(5), first)
+            .await
+            .unwrap_or_else(|_| panic!("{}: the hung call never ended", t.name))
+            .expect("task");
+        let took = started.elapsed();
+        match stopped {
+            Err(TestError::Idem(e)) if e.kind() == ErrorKind::DeadlineExceeded => {
+                assert_eq!(e.http_status(), 503, "{}", t.name);
+                assert!(e.to_string().contains("deadline"), "{}: {e}", t.name);
+            }
+            other => panic!("{}: expected the deadline, got {other:?}", t.name),
+        }
+        assert!(took < Duration::from_millis(3500), "{}: {took:?}", t.name);
+        // The key is free at once: the retry takes over from the recorded charge.
+        hangs.store(false, std::sync::atomic::Ordering::SeqCst);
+        let (answer, outcome) =
+            with_outcome(pay_or_hang(&t.db, &t.gateway, &hangs, cmd(&t.run))).await;
+        assert!(answer.is_ok(), "{}: {answer:?}", t.name);
+        assert_eq!(outcome, Some(Outcome::Executed), "{}", t.name);
+        assert_eq!(effects(&t.db, &t.run).await, 1, "{}: one payment", t.name);
+        assert_eq!(t.gateway.calls(), 1, "{}: one charge", t.name);
+    }
+}

@@ -70,6 +70,9 @@ pub struct Call {
     /// A resumable call's arguments, as a JSON array being written (`None` for others).
     stored: Option<Result<Vec<u8>, String>>,
     answers: Option<Arc<RecentAnswers>>,
+    /// Lease mode: how long the body may run in all (`None`: the default, a multiple of the
+    /// lease).
+    deadline: Option<Duration>,
 }
 
 impl Call {
@@ -83,7 +86,22 @@ impl Call {
             fingerprint_error: None,
             stored: None,
             answers: None,
+            deadline: None,
         }
+    }
+
+    /// Sets how long a lease-mode call's body may run in all, from its claim: past it the
+    /// body is dropped and its lease ended, and the caller gets
+    /// [`Error::DeadlineExceeded`] (`#[idempotent(..., deadline = "5m")]`). Without it,
+    /// [`DEFAULT_DEADLINE_LEASES`](crate::lease::DEFAULT_DEADLINE_LEASES) leases.
+    pub fn deadline(&mut self, deadline: Duration) {
+        self.deadline = Some(deadline);
+    }
+
+    /// The deadline of a lease-mode call whose lease is `lease`.
+    pub(crate) fn deadline_for(&self, lease: Duration) -> Duration {
+        self.deadline
+            .unwrap_or_else(|| lease.saturating_mul(crate::lease::DEFAULT_DEADLINE_LEASES))
     }
 
     /// Replays from `answers` when it holds this call's record, and keeps the answer there
