@@ -795,3 +795,60 @@ async fn a_give_up_whose_hook_is_owed_is_not_purged_until_the_hook_ran() {
         assert_eq!(ledger_rows(&case).await, 0, "{}: purged", case.name);
     }
 }
+
+/// Charges, then hangs while `hangs` is set; stopped at its deadline.
+#[idempotent(
+    scope = "completer.hangs",
+    key = cmd.key,
+    lease = "1s",
+    deadline = "1500ms",
+    resumable,
+    skip(gateway, hangs)
+)]
+async fn pay_or_hang(
+    db: &DatabaseConnection,
+    gateway: &Gateway,
+    hangs: &std::sync::atomic::AtomicBool,
+    cmd: Pay,
+) -> Result<String, TestError> {
+    let charge: String = idem::step("charge", |key| gateway.charge(key)).await?;
+    if hangs.load(Ordering::SeqCst) {
+        std::future::pending::<()>().await;
+    }
+    let (run, amount) = (cmd.run.clone(), cmd.amount);
+    idem::sea_orm::final_step(db, "record-payment", move |tx| {
+        Box::pin(async move {
+            insert_effect(tx, &run, "payment", amount).await;
+            Ok::<_, TestError>(charge)
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_resumable_call_past_its_deadline_is_handed_to_the_completer() {
+    for backend in isolated().await {
+        let case = Case::new(&backend, "deadline");
+        let hangs = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let stopped = pay_or_hang(&case.db, &case.gateway, &hangs, cmd(&case.run)).await;
+        match stopped {
+            Err(TestError::Idem(e)) if e.kind() == ErrorKind::DeadlineExceeded => {}
+            other => panic!("{}: expected the deadline, got {other:?}", case.name),
+        }
+        // Its lease ended with the deadline: a completer finishes it at once.
+        let (db, gateway) = (case.db.clone(), case.gateway.clone());
+        let completer = Completer::new(SeaOrmLeaseStore::new(case.db.clone()))
+            .backoff(Duration::ZERO, Duration::ZERO)
+            .resume("completer.hangs", move |call: Resumed<(Pay,)>| {
+                let (db, gateway) = (db.clone(), gateway.clone());
+                async move {
+                    let hangs = std::sync::atomic::AtomicBool::new(false);
+                    pay_or_hang(&db, &gateway, &hangs, call.args.0).await
+                }
+            });
+        let round = completer.run_once().await.expect("round");
+        assert_eq!((round.resumed, round.finished), (1, 1), "{}", case.name);
+        case.assert_paid_once("finished by the completer after the deadline")
+            .await;
+    }
+}
