@@ -724,3 +724,35 @@ async fn create_tables_issues_no_ddl_where_the_tables_exist() {
         assert!(e.to_string().contains("read-only"), "{e}");
     }
 }
+
+/// Writes its effect, then panics while `panics` is set.
+#[idempotent(scope = "test.panics", key = cmd.key, skip(panics))]
+async fn pay_or_panic(
+    db: &DatabaseConnection,
+    panics: &std::sync::atomic::AtomicBool,
+    cmd: Pay,
+) -> Result<Receipt, PayError> {
+    let receipt = write_receipt(db, &cmd, "panics").await;
+    assert!(
+        !panics.swap(false, Ordering::SeqCst),
+        "the body panicked after its write"
+    );
+    Ok(receipt)
+}
+
+#[tokio::test]
+async fn a_panic_in_an_atomic_body_rolls_back_and_frees_the_key() {
+    for b in backends().await {
+        let run = unique("panic");
+        let panics = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (db, first, cmd) = (b.db.clone(), panics.clone(), Pay::new(&run, 1));
+        let panicked = tokio::spawn(async move { pay_or_panic(&db, &first, cmd).await }).await;
+        assert!(panicked.is_err_and(|e| e.is_panic()), "{}", b.name);
+        b.assert_effects(&run, 0, "the panicked write rolled back")
+            .await;
+        let (retry, outcome) = with_outcome(pay_or_panic(&b.db, &panics, Pay::new(&run, 1))).await;
+        assert!(retry.is_ok(), "{}: {retry:?}", b.name);
+        assert_eq!(outcome, Some(Outcome::Executed), "{}", b.name);
+        b.assert_effects(&run, 1, "the retry ran it once").await;
+    }
+}

@@ -673,3 +673,182 @@ async fn a_slow_attempt_does_not_hold_up_the_others() {
         );
     }
 }
+
+/// The run's ledger rows (1 while its record exists).
+async fn ledger_rows(case: &Case) -> i64 {
+    common::ledger_rows(&case.db, &format!("{}-k", case.run)).await
+}
+
+/// Moves the run's record past its TTL, as a day's wait would.
+async fn expire_record(case: &Case) {
+    let backend = case.db.get_database_backend();
+    case.db
+        .execute_raw(Statement::from_sql_and_values(
+            backend,
+            idem::sea_orm::placeholders(
+                backend,
+                "UPDATE idem_ledger SET expires_at_ms = 0 WHERE idem_key = ?",
+            ),
+            [format!("{}-k", case.run).into()],
+        ))
+        .await
+        .expect("expire the record");
+}
+
+#[tokio::test]
+async fn a_purge_during_an_abandoned_call_leaves_it_for_the_completer_to_finish_with_one_charge() {
+    for backend in isolated().await {
+        let case = Case::new(&backend, "purge-completer");
+        case.abandoned().await;
+        // The lease ends; an operator's purge runs, however old the lease.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        expire_record(&case).await;
+        idem::sea_orm::purge_expired(&case.db, 100)
+            .await
+            .expect("purge");
+        assert_eq!(ledger_rows(&case).await, 1, "{}: kept", case.name);
+        assert_eq!(case.calls_rows().await, 1, "{}: call kept", case.name);
+
+        let completer = case.completer(After::default());
+        let round = until(&completer, |r| r.finished >= 1).await;
+        assert_eq!((round.resumed, round.failed), (1, 0), "{}", case.name);
+        case.assert_paid_once("purged, then finished by the completer")
+            .await;
+        let (_, outcome) = case.client_retry().await;
+        assert_eq!(outcome, Some(Outcome::Replayed), "{}", case.name);
+
+        // Once it ended and its TTL passed, the purge deletes it.
+        expire_record(&case).await;
+        let purged = idem::sea_orm::purge_expired(&case.db, 100)
+            .await
+            .expect("purge");
+        assert_eq!(purged, 1, "{}", case.name);
+        assert_eq!(ledger_rows(&case).await, 0, "{}: purged", case.name);
+    }
+}
+
+#[tokio::test]
+async fn a_purge_during_an_abandoned_call_leaves_its_steps_for_the_client_retry() {
+    for backend in isolated().await {
+        let case = Case::new(&backend, "purge-retry");
+        case.abandoned().await;
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        expire_record(&case).await;
+        let mut purge = idem::sea_orm::ExpiredPurge::new();
+        while purge.step(&case.db, 1).await.expect("purge").is_some() {}
+        assert_eq!(purge.deleted(), 0, "{}", case.name);
+        let (answer, outcome) = case.client_retry().await;
+        assert!(answer.is_ok(), "{}: {answer:?}", case.name);
+        assert_eq!(outcome, Some(Outcome::Executed), "{}", case.name);
+        case.assert_paid_once("purged, then the client came back")
+            .await;
+    }
+}
+
+#[tokio::test]
+async fn a_give_up_whose_hook_is_owed_is_not_purged_until_the_hook_ran() {
+    for backend in isolated().await {
+        let case = Case::new(&backend, "purge-hook");
+        let failing = After {
+            gate: None,
+            fail: true,
+        };
+        let _ = pay(&case.db, &case.gateway, &failing, cmd(&case.run)).await;
+        let hook_fails = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let fails = Arc::clone(&hook_fails);
+        let completer =
+            case.completer(failing)
+                .max_attempts(1)
+                .on_give_up(move |gave_up: GaveUp| {
+                    let fails = fails.load(Ordering::SeqCst);
+                    async move {
+                        // The refund needs the recorded charge: a purge must not have taken it.
+                        let charge = gave_up
+                            .step::<String>("charge")
+                            .map_err(|e| e.to_string())?;
+                        if fails || charge.is_none() {
+                            return Err("the refund service is down".to_owned());
+                        }
+                        Ok(())
+                    }
+                });
+        until(&completer, |r| r.gave_up >= 1).await;
+        assert_eq!(case.calls_rows().await, 1, "{}: hook owed", case.name);
+        expire_record(&case).await;
+        idem::sea_orm::purge_expired(&case.db, 100)
+            .await
+            .expect("purge");
+        assert_eq!(ledger_rows(&case).await, 1, "{}: kept", case.name);
+        assert_eq!(case.calls_rows().await, 1, "{}: still owed", case.name);
+
+        hook_fails.store(false, Ordering::SeqCst);
+        case.db
+            .execute_unprepared("UPDATE idem_calls SET next_attempt_at_ms = 0 WHERE gave_up = 1")
+            .await
+            .expect("bring the hook forward");
+        until(&completer, |r| r.hooks_run >= 1).await;
+        assert_eq!(case.calls_rows().await, 0, "{}: forgotten", case.name);
+        let purged = idem::sea_orm::purge_expired(&case.db, 100)
+            .await
+            .expect("purge");
+        assert_eq!(purged, 1, "{}", case.name);
+        assert_eq!(ledger_rows(&case).await, 0, "{}: purged", case.name);
+    }
+}
+
+/// Charges, then hangs while `hangs` is set; stopped at its deadline.
+#[idempotent(
+    scope = "completer.hangs",
+    key = cmd.key,
+    lease = "1s",
+    deadline = "1500ms",
+    resumable,
+    skip(gateway, hangs)
+)]
+async fn pay_or_hang(
+    db: &DatabaseConnection,
+    gateway: &Gateway,
+    hangs: &std::sync::atomic::AtomicBool,
+    cmd: Pay,
+) -> Result<String, TestError> {
+    let charge: String = idem::step("charge", |key| gateway.charge(key)).await?;
+    if hangs.load(Ordering::SeqCst) {
+        std::future::pending::<()>().await;
+    }
+    let (run, amount) = (cmd.run.clone(), cmd.amount);
+    idem::sea_orm::final_step(db, "record-payment", move |tx| {
+        Box::pin(async move {
+            insert_effect(tx, &run, "payment", amount).await;
+            Ok::<_, TestError>(charge)
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_resumable_call_past_its_deadline_is_handed_to_the_completer() {
+    for backend in isolated().await {
+        let case = Case::new(&backend, "deadline");
+        let hangs = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let stopped = pay_or_hang(&case.db, &case.gateway, &hangs, cmd(&case.run)).await;
+        match stopped {
+            Err(TestError::Idem(e)) if e.kind() == ErrorKind::DeadlineExceeded => {}
+            other => panic!("{}: expected the deadline, got {other:?}", case.name),
+        }
+        // Its lease ended with the deadline: a completer finishes it at once.
+        let (db, gateway) = (case.db.clone(), case.gateway.clone());
+        let completer = Completer::new(SeaOrmLeaseStore::new(case.db.clone()))
+            .backoff(Duration::ZERO, Duration::ZERO)
+            .resume("completer.hangs", move |call: Resumed<(Pay,)>| {
+                let (db, gateway) = (db.clone(), gateway.clone());
+                async move {
+                    let hangs = std::sync::atomic::AtomicBool::new(false);
+                    pay_or_hang(&db, &gateway, &hangs, call.args.0).await
+                }
+            });
+        let round = completer.run_once().await.expect("round");
+        assert_eq!((round.resumed, round.finished), (1, 1), "{}", case.name);
+        case.assert_paid_once("finished by the completer after the deadline")
+            .await;
+    }
+}

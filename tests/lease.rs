@@ -517,8 +517,8 @@ async fn finish_records_the_result_with_the_final_phase_and_work_after_it_does_n
 }
 
 #[tokio::test]
-async fn an_abandoned_lease_is_listed_then_purged_with_its_steps() {
-    // A database of its own: the purge removes every expired record in it.
+async fn an_abandoned_lease_is_listed_and_kept_with_its_steps_by_the_purge() {
+    // A database of its own: the purge looks at every expired record in it.
     let t = Case {
         name: "sqlite",
         db: common::sqlite().await,
@@ -545,16 +545,20 @@ async fn an_abandoned_lease_is_listed_then_purged_with_its_steps() {
         1,
         "the charge step is recorded"
     );
+    // However long ago its lease ended, a call not finished is never purged: its retry would
+    // charge again without the recorded step.
     assert_eq!(
         idem::sea_orm::purge_expired(db, 100).await.expect("purge"),
-        1
+        0
     );
-    assert_eq!(scalar(db, steps, "x").await, 0, "its steps went with it");
-    assert!(
+    assert_eq!(scalar(db, steps, "x").await, 1, "its steps are kept");
+    assert_eq!(
         idem::sea_orm::expired_leases(db, 10)
             .await
             .expect("list")
-            .is_empty()
+            .len(),
+        1,
+        "still listed for the operator"
     );
 }
 
@@ -793,5 +797,194 @@ async fn sigkill_across_the_steps_then_retry_charges_once_and_pays_once() {
             "{name}: only {total_kills} of {} calls were killed: {ends:?}",
             runs.len()
         );
+    }
+}
+
+#[tokio::test]
+async fn a_hung_holder_released_by_hand_is_taken_over_at_once_and_fenced_out() {
+    for backend in backends().await {
+        let t = Case::new(backend, "release");
+        let (held, gate) = t.paused(false).await;
+        // The holder hangs after its charge; its renewals keep the lease alive.
+        let retry = t.pay().await;
+        assert_eq!(
+            retry.err().and_then(|e| e.kind()),
+            Some(ErrorKind::InFlight),
+            "{}: in flight while held",
+            t.name
+        );
+        let stuck = idem::sea_orm::stuck_leases(&t.db, Duration::ZERO, 1000)
+            .await
+            .expect("stuck");
+        let ours = stuck
+            .iter()
+            .find(|l| l.key == t.key())
+            .unwrap_or_else(|| panic!("{}: the held lease is listed as stuck", t.name));
+        assert!(ours.ends_in_ms > 0, "{}: {ours:?}", t.name);
+        let none = idem::sea_orm::stuck_leases(&t.db, Duration::from_secs(3600), 1000)
+            .await
+            .expect("stuck");
+        assert!(none.iter().all(|l| l.key != t.key()), "{}", t.name);
+
+        let id = idem::store::record_id("lease.pay", "", &t.key());
+        let released = idem::sea_orm::release_lease(&t.db, &id)
+            .await
+            .expect("release");
+        assert!(released, "{}: released", t.name);
+        // At once: the retry takes over from the recorded charge and finishes the call.
+        let (answer, outcome) = with_outcome(t.pay()).await;
+        assert!(answer.is_ok(), "{}: {answer:?}", t.name);
+        assert_eq!(outcome, Some(Outcome::Executed), "{}", t.name);
+        // The old holder wakes up: its final phase is refused.
+        gate.release();
+        let late = held.await.expect("task");
+        assert_eq!(
+            late.err().and_then(|e| e.kind()),
+            Some(ErrorKind::LeaseLost),
+            "{}: the late holder is fenced out",
+            t.name
+        );
+        assert_eq!(effects(&t.db, &t.run).await, 1, "{}: one payment", t.name);
+        assert_eq!(t.gateway.calls(), 1, "{}: one charge", t.name);
+        // A record that ended has nothing to release.
+        let again = idem::sea_orm::release_lease(&t.db, &id)
+            .await
+            .expect("release");
+        assert!(!again, "{}", t.name);
+    }
+}
+
+/// Charges, then panics while `panics` is set; a lease long enough that only a release
+/// frees the key within the test.
+#[idempotent(scope = "lease.panics", key = cmd.key, lease = "10s", skip(gateway, panics))]
+async fn pay_or_panic(
+    db: &DatabaseConnection,
+    gateway: &Gateway,
+    panics: &std::sync::atomic::AtomicBool,
+    cmd: Pay,
+) -> Result<String, TestError> {
+    let charge: String = idem::step("charge", |key| gateway.charge(key, cmd.amount)).await?;
+    assert!(
+        !panics.swap(false, std::sync::atomic::Ordering::SeqCst),
+        "the body panicked after its charge"
+    );
+    let (run, amount) = (cmd.run.clone(), cmd.amount);
+    idem::sea_orm::final_step(db, "record-payment", move |tx| {
+        Box::pin(async move {
+            insert_effect(tx, &run, "payment", amount).await;
+            Ok::<_, TestError>(charge)
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_panic_in_a_lease_mode_body_releases_the_lease_at_once() {
+    for backend in backends().await {
+        let t = Case::new(backend, "panic");
+        let panics = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (db, gateway, first) = (t.db.clone(), t.gateway.clone(), panics.clone());
+        let first_cmd = cmd(&t.run);
+        let panicked =
+            tokio::spawn(async move { pay_or_panic(&db, &gateway, &first, first_cmd).await }).await;
+        assert!(panicked.is_err_and(|e| e.is_panic()), "{}", t.name);
+        // The release runs behind the panic: the key is free within moments, not 10 s.
+        let started = std::time::Instant::now();
+        let (answer, outcome) = loop {
+            let (answer, outcome) =
+                with_outcome(pay_or_panic(&t.db, &t.gateway, &panics, cmd(&t.run))).await;
+            match answer {
+                Err(e) if e.kind() == Some(ErrorKind::InFlight) => {
+                    assert!(
+                        started.elapsed() < Duration::from_secs(2),
+                        "{}: still in flight after the panic",
+                        t.name
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                answer => break (answer, outcome),
+            }
+        };
+        assert!(answer.is_ok(), "{}: {answer:?}", t.name);
+        assert_eq!(outcome, Some(Outcome::Executed), "{}", t.name);
+        assert_eq!(effects(&t.db, &t.run).await, 1, "{}: one payment", t.name);
+        assert_eq!(t.gateway.calls(), 1, "{}: the charge replayed", t.name);
+    }
+}
+
+/// Charges, then awaits a call that never returns while `hangs` is set (a gateway call
+/// without a timeout); its deadline stops it.
+#[idempotent(
+    scope = "lease.hangs",
+    key = cmd.key,
+    lease = "1s",
+    deadline = "2s",
+    skip(gateway, hangs)
+)]
+async fn pay_or_hang(
+    db: &DatabaseConnection,
+    gateway: &Gateway,
+    hangs: &std::sync::atomic::AtomicBool,
+    cmd: Pay,
+) -> Result<String, TestError> {
+    let charge: String = idem::step("charge", |key| gateway.charge(key, cmd.amount)).await?;
+    let hang = hangs.load(std::sync::atomic::Ordering::SeqCst);
+    idem::step("notify", |_| async move {
+        if hang {
+            std::future::pending::<()>().await;
+        }
+        Ok::<_, TestError>(())
+    })
+    .await?;
+    let (run, amount) = (cmd.run.clone(), cmd.amount);
+    idem::sea_orm::final_step(db, "record-payment", move |tx| {
+        Box::pin(async move {
+            insert_effect(tx, &run, "payment", amount).await;
+            Ok::<_, TestError>(charge)
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_hung_body_is_stopped_at_its_deadline_and_the_retry_takes_over() {
+    for backend in backends().await {
+        let t = Case::new(backend, "deadline");
+        let hangs = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (db, gateway, hung) = (t.db.clone(), t.gateway.clone(), hangs.clone());
+        let first_cmd = cmd(&t.run);
+        let started = std::time::Instant::now();
+        let first = tokio::spawn(async move { pay_or_hang(&db, &gateway, &hung, first_cmd).await });
+        // Held past its 1 s lease by its renewals: a retry meanwhile is in flight.
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        let retry = pay_or_hang(&t.db, &t.gateway, &hangs, cmd(&t.run)).await;
+        assert_eq!(
+            retry.err().and_then(|e| e.kind()),
+            Some(ErrorKind::InFlight),
+            "{}: in flight while it hangs",
+            t.name
+        );
+        // At its 2 s deadline the body is dropped and the caller told so.
+        let stopped = tokio::time::timeout(Duration::from_secs(5), first)
+            .await
+            .unwrap_or_else(|_| panic!("{}: the hung call never ended", t.name))
+            .expect("task");
+        let took = started.elapsed();
+        match stopped {
+            Err(TestError::Idem(e)) if e.kind() == ErrorKind::DeadlineExceeded => {
+                assert_eq!(e.http_status(), 503, "{}", t.name);
+                assert!(e.to_string().contains("deadline"), "{}: {e}", t.name);
+            }
+            other => panic!("{}: expected the deadline, got {other:?}", t.name),
+        }
+        assert!(took < Duration::from_millis(3500), "{}: {took:?}", t.name);
+        // The key is free at once: the retry takes over from the recorded charge.
+        hangs.store(false, std::sync::atomic::Ordering::SeqCst);
+        let (answer, outcome) =
+            with_outcome(pay_or_hang(&t.db, &t.gateway, &hangs, cmd(&t.run))).await;
+        assert!(answer.is_ok(), "{}: {answer:?}", t.name);
+        assert_eq!(outcome, Some(Outcome::Executed), "{}", t.name);
+        assert_eq!(effects(&t.db, &t.run).await, 1, "{}: one payment", t.name);
+        assert_eq!(t.gateway.calls(), 1, "{}: one charge", t.name);
     }
 }

@@ -318,6 +318,7 @@ impl From<&Error> for Problem {
                 "Conflict with a concurrent request",
                 "the database kept aborting this request for conflicts with concurrent ones; nothing was done: retry later".to_owned(),
             ),
+            ErrorKind::DeadlineExceeded => ("Request ran past its deadline", e.to_string()),
             ErrorKind::Store => (
                 "Service unavailable",
                 "the idempotency store is unavailable; retry later".to_owned(),
@@ -331,7 +332,8 @@ impl From<&Error> for Problem {
         if let Error::InFlight { retry_after, .. }
         | Error::Unavailable { retry_after, .. }
         | Error::Conflict { retry_after, .. }
-        | Error::AnswerTooNew { retry_after, .. } = e
+        | Error::AnswerTooNew { retry_after, .. }
+        | Error::DeadlineExceeded { retry_after, .. } = e
         {
             problem.retry_after = Some(*retry_after);
         }
@@ -652,6 +654,27 @@ mod tests {
         let e = handler.await.expect_err("the handler panicked");
         let message = e.into_panic();
         assert_eq!(message.downcast_ref::<&str>(), Some(&"in the call"));
+    }
+
+    #[test]
+    fn a_call_past_its_deadline_is_503_with_retry_after_and_its_own_type() {
+        let e = Error::DeadlineExceeded {
+            scope: "orders.pay".to_owned(),
+            deadline: std::time::Duration::from_secs(300),
+            retry_after: std::time::Duration::from_secs(1),
+        };
+        let response = Problem::from(&e).into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            response
+                .headers()
+                .get(RETRY_AFTER)
+                .map(HeaderValue::as_bytes),
+            Some(&b"1"[..])
+        );
+        let problem = Problem::from(&e);
+        assert_eq!(problem.kind, "urn:idem:problem:deadline-exceeded");
+        assert!(problem.detail.contains("same key"), "{}", problem.detail);
     }
 
     #[test]

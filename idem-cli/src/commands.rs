@@ -42,15 +42,14 @@ const NO_RECORD_CASES: &str = "idem keeps no record of a call that was never cla
 /// How many records an ambiguous id prefix names.
 const AMBIGUOUS_SHOWN: u32 = 5;
 
-/// `idem inspect`: one record, its answer, lease, steps and stored call; found by scope and
-/// key (bare, or quoted as the client's header carried it) or by its id or the start of it.
-pub(crate) async fn inspect(
+/// The record `args` name, and how to say what was looked for: by scope and key (bare, or
+/// quoted as the client's header carried it), or by its id or any unique start of it. An
+/// empty id: no record starts with the prefix.
+async fn resolve(
     db: &DatabaseConnection,
     args: &InspectArgs,
-    json: bool,
-) -> Result<Found, Failure> {
-    require_tables(db, &[LEDGER_TABLE]).await?;
-    let (id, looked_for) = match (&args.id, &args.scope, &args.key) {
+) -> Result<(Vec<u8>, String), Failure> {
+    let resolved = match (&args.id, &args.scope, &args.key) {
         (Some(prefix), _, _) => match prefix.whole() {
             Some(id) => (id.to_vec(), format!("id {}", hex(&id))),
             None => {
@@ -107,6 +106,18 @@ pub(crate) async fn inspect(
         // clap requires either --id or both --scope and --key.
         _ => return Err(Failure("give --scope and --key, or --id".to_owned())),
     };
+    Ok(resolved)
+}
+
+/// `idem inspect`: one record, its answer, lease, steps and stored call; found by scope and
+/// key (bare, or quoted as the client's header carried it) or by its id or the start of it.
+pub(crate) async fn inspect(
+    db: &DatabaseConnection,
+    args: &InspectArgs,
+    json: bool,
+) -> Result<Found, Failure> {
+    require_tables(db, &[LEDGER_TABLE]).await?;
+    let (id, looked_for) = resolve(db, args).await?;
     let view = match id.is_empty() {
         true => None,
         false => idem_sea_orm::inspect::record(db, &id).await?,
@@ -431,14 +442,17 @@ pub(crate) async fn list(
     Ok(Found::Yes)
 }
 
-/// `idem leases`: leases that ended without their call finishing.
+/// `idem leases`: leases that ended without their call finishing, and live leases held for
+/// longer than `stuck_after`.
 pub(crate) async fn leases(
     db: &DatabaseConnection,
     limit: u32,
+    stuck_after: Duration,
     json: bool,
 ) -> Result<Found, Failure> {
     require_tables(db, &[LEDGER_TABLE, CALLS_TABLE]).await?;
     let leases = idem_sea_orm::expired_leases(db, limit).await?;
+    let stuck = idem_sea_orm::stuck_leases(db, stuck_after, limit).await?;
     let finisher = |resumable: bool| {
         if resumable {
             "completer or client retry"
@@ -459,14 +473,30 @@ pub(crate) async fn leases(
                     "resumable": lease.resumable,
                     "attempts": lease.attempts,
                     "finished_by": finisher(lease.resumable),
+                    "stuck": false,
                 })
             })
+            .chain(stuck.iter().map(|lease| {
+                json!({
+                    "id": hex(&lease.id),
+                    "scope": lease.scope,
+                    "key": lease.key,
+                    "token": lease.token,
+                    "held_ms": lease.held_ms,
+                    "ends_in_ms": lease.ends_in_ms,
+                    "resumable": lease.resumable,
+                    "stuck": true,
+                })
+            }))
             .collect();
         print_json(&Value::Array(leases))?;
         return Ok(Found::Yes);
     }
+    let stuck_text = stuck_text(&stuck, stuck_after, limit);
     if leases.is_empty() {
-        print("no leases ended without their call finishing\n")?;
+        print(&format!(
+            "no leases ended without their call finishing\n{stuck_text}"
+        ))?;
         return Ok(Found::Yes);
     }
     let rows: Vec<Vec<String>> = leases
@@ -499,8 +529,72 @@ pub(crate) async fn leases(
     if leases.len() == limit as usize {
         let _ = writeln!(out, "(the first {limit}; --limit shows more)");
     }
+    out.push_str(&stuck_text);
     print(&out)?;
     Ok(Found::Yes)
+}
+
+/// The stuck leases' part of `idem leases` (empty when there are none).
+fn stuck_text(stuck: &[idem_sea_orm::StuckLease], stuck_after: Duration, limit: u32) -> String {
+    if stuck.is_empty() {
+        return String::new();
+    }
+    let rows: Vec<Vec<String>> = stuck
+        .iter()
+        .map(|lease| {
+            vec![
+                span(lease.held_ms.unsigned_abs()),
+                span(lease.ends_in_ms.unsigned_abs()),
+                lease.scope.clone(),
+                lease.key.clone(),
+                lease.token.to_string(),
+                hex(&lease.id),
+            ]
+        })
+        .collect();
+    let mut out = format!(
+        "{} live lease{} held for longer than {} (a hung holder keeps renewing; `idem release \
+        --id RECORD` ends one, fenced, and the next retry or completer takes over):\n",
+        stuck.len(),
+        if stuck.len() == 1 { "" } else { "s" },
+        span(u64::try_from(stuck_after.as_millis()).unwrap_or(u64::MAX)),
+    );
+    out.push_str(&table(
+        &["HELD", "ENDS IN", "SCOPE", "KEY", "TOKEN", "RECORD"],
+        &rows,
+    ));
+    if stuck.len() == limit as usize {
+        let _ = writeln!(out, "(the first {limit}; --limit shows more)");
+    }
+    out
+}
+
+/// `idem release`: ends the lease of the call in progress under `id`, fenced.
+pub(crate) async fn release(
+    db: &DatabaseConnection,
+    args: &InspectArgs,
+    json: bool,
+) -> Result<Found, Failure> {
+    require_tables(db, &[LEDGER_TABLE]).await?;
+    let (id, _) = resolve(db, args).await?;
+    let id = id.as_slice();
+    let released = !id.is_empty() && idem_sea_orm::release_lease(db, id).await?;
+    if json {
+        print_json(&json!({ "released": released, "id": hex(id) }))?;
+    } else if released {
+        print(&format!(
+            "released the lease of {}: its holder is refused its next step; the next retry, or a \
+            completer for a resumable call, takes over from the recorded steps\n",
+            hex(id)
+        ))?;
+    } else {
+        eprintln!(
+            "no live lease under record {}: nothing to release (`idem inspect --id` shows the \
+            record, if any; a lease that ended is taken over by the next retry anyway)",
+            hex(id)
+        );
+    }
+    Ok(if released { Found::Yes } else { Found::No })
 }
 
 /// `idem outbox`: pending, oldest pending, dead.
@@ -679,7 +773,8 @@ pub(crate) async fn outbox_purge(
 /// How often `idem purge` reports its progress.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
-/// `idem purge`: expired records, one bounded statement at a time, with progress on stderr.
+/// `idem purge`: records that ended and whose TTL passed, one bounded statement at a time,
+/// with progress on stderr. Calls not finished are kept however old (`idem leases`).
 pub(crate) async fn purge(
     db: &DatabaseConnection,
     batch: u32,
@@ -696,7 +791,7 @@ pub(crate) async fn purge(
         statements += 1;
         if !json && reported.elapsed() >= PROGRESS_EVERY {
             eprintln!(
-                "purged {} expired records so far ({statements} statements)",
+                "purged {} ended records so far ({statements} statements)",
                 purge.deleted()
             );
             reported = Instant::now();
@@ -716,7 +811,8 @@ pub(crate) async fn purge(
         }))?;
     } else {
         print(&format!(
-            "purged {} expired record{} in {statements} statement{} ({seconds:.1}s)\n",
+            "purged {} ended record{} in {statements} statement{} ({seconds:.1}s); calls not \
+            finished are kept however old: `idem leases` lists them\n",
             purge.deleted(),
             if purge.deleted() == 1 { "" } else { "s" },
             if statements == 1 { "" } else { "s" },

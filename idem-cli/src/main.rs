@@ -25,7 +25,7 @@ const EXIT_ERROR: u8 = 2;
     version,
     about = "Inspect and operate the idem ledger, leases and outbox of a service",
     long_about = "Inspect and operate the idem ledger, leases and outbox of a service.\n\n\
-        Read-only unless asked: only `outbox retry`, `outbox purge` and `purge` write. \
+        Read-only unless asked: only `outbox retry`, `outbox purge`, `purge` and `release` write. \
         Times are the database's clock, shown in UTC and relative to the database's now.",
     after_help = "Exit codes:\n  \
         0  ok\n  \
@@ -67,18 +67,28 @@ enum Command {
         #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
         limit: u32,
     },
-    /// List leases that ended without their call finishing, and who can finish each
+    /// List leases that ended without their call finishing, and who can finish each; and live
+    /// leases held for longer than --stuck-after (a hung holder: `idem release` ends one)
     Leases {
-        /// Show at most this many, oldest first
+        /// Show at most this many of each, oldest first
         #[arg(long, default_value_t = 100)]
         limit: u32,
+        /// A live lease held (since its claim or takeover) for longer than this is listed as
+        /// stuck: a number and a unit (ms, s, m, h, d)
+        #[arg(long, default_value = "10m", value_parser = format::parse_duration)]
+        stuck_after: std::time::Duration,
     },
+    /// End a call's lease by hand, fenced: its token goes up by one (the holder's next step is
+    /// refused) and the lease ends now (the next retry, or a completer, takes over from the
+    /// recorded steps)
+    Release(InspectArgs),
     /// Show the outbox's health (pending, oldest pending, dead), or act on it
     Outbox {
         #[command(subcommand)]
         action: Option<OutboxAction>,
     },
-    /// Delete expired records (and the steps and calls of purged leases), batch by batch
+    /// Delete records that ended (completed, failed, given up with no hook owed) and whose
+    /// TTL passed, batch by batch; calls not finished are kept however old
     Purge {
         /// Records per statement; each statement is a short transaction of its own
         #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
@@ -220,6 +230,7 @@ fn print_json(value: &serde_json::Value) -> Result<(), Failure> {
     print(&format!("{value}\n"))
 }
 
+/// The record id `args` name: `--id`, or the one of `--scope`, `--key` and `--principal`.
 async fn run(cli: Cli) -> Result<Found, Failure> {
     let url = cli.url.as_deref().ok_or_else(|| {
         Failure("no database: set DATABASE_URL or pass --url (see `idem --help`)".to_owned())
@@ -237,7 +248,10 @@ async fn run(cli: Cli) -> Result<Found, Failure> {
             let state = state.map(StateFilter::status);
             commands::list(&db, &scope, since, state, limit, json).await?
         }
-        Command::Leases { limit } => commands::leases(&db, limit, json).await?,
+        Command::Release(args) => commands::release(&db, &args, json).await?,
+        Command::Leases { limit, stuck_after } => {
+            commands::leases(&db, limit, stuck_after, json).await?
+        }
         Command::Outbox { action } => match action {
             None => commands::outbox_health(&db, json).await?,
             Some(OutboxAction::Dead { limit }) => commands::outbox_dead(&db, limit, json).await?,

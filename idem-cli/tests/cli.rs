@@ -553,7 +553,15 @@ async fn an_operator_inspects_records_leases_and_the_outbox_and_purges() {
             .exits(0)
             .prints("deleted 1 message published more than 0ms ago");
 
-        // The purge deletes the two expired leases, batch by batch, and their steps and calls.
+        // A day later every TTL has passed. The purge deletes the records that ended (the
+        // payment and the declined one), batch by batch, and keeps what is not finished: the
+        // two leases that ended unfinished (their steps and stored call with them) and the
+        // give-up whose hook is owed.
+        database
+            .db
+            .execute_unprepared("UPDATE idem_ledger SET expires_at_ms = 0")
+            .await
+            .expect("expire every record");
         let purged = database
             .idem(&["purge", "--batch", "1", "--json"])
             .exits(0)
@@ -561,14 +569,102 @@ async fn an_operator_inspects_records_leases_and_the_outbox_and_purges() {
         assert_eq!(purged["deleted"], 2, "{name}: {purged}");
         assert!(purged["statements"].as_u64() >= Some(2), "{name}: {purged}");
         database
-            .idem(&["leases"])
+            .idem(&["inspect", "--scope", "shop.orders.pay", "--key", "K-paid"])
+            .exits(1);
+        database.idem(&["leases"]).exits(0).prints("2 leases ended");
+        database
+            .idem(&["inspect", "--id", id])
             .exits(0)
-            .prints("no leases ended without their call finishing");
-        database.idem(&["inspect", "--id", id]).exits(1);
+            .prints("steps (1)");
+        database
+            .idem(&[
+                "inspect",
+                "--scope",
+                "shop.orders.notify",
+                "--key",
+                "K-notify",
+            ])
+            .exits(0)
+            .prints("give-up hook owed");
         database
             .idem(&["purge"])
             .exits(0)
-            .prints("purged 0 expired records in 1 statement");
+            .prints("purged 0 ended records in 1 statement")
+            .prints("idem leases");
+        database.drop_database().await;
+    }
+}
+
+/// A lease-mode call whose holder hangs (a step awaiting a call that never returns): its
+/// renewals keep the lease alive.
+#[idempotent(scope = "shop.orders.hang", key = key, lease = "3s", skip(entered))]
+async fn hang(
+    db: &DatabaseConnection,
+    entered: &Arc<Notify>,
+    key: String,
+) -> Result<String, PayError> {
+    let _ = (db, key);
+    idem::step("call", |_| async {
+        entered.notify_one();
+        std::future::pending::<()>().await;
+        Ok::<_, PayError>(())
+    })
+    .await?;
+    Ok("done".to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_finds_a_hung_holder_and_releases_its_lease() {
+    for database in isolated(true).await {
+        let name = database.backend;
+        let entered = Arc::new(Notify::new());
+        let (db, notified) = (database.db.clone(), entered.clone());
+        let held = tokio::spawn(async move { hang(&db, &notified, "K-hung".into()).await });
+        entered.notified().await;
+
+        // Not listed under the default threshold; listed with a short one.
+        let listed = database.idem(&["leases"]);
+        listed.exits(0);
+        assert!(
+            !listed.stdout.contains("K-hung"),
+            "{name}: {}",
+            listed.stdout
+        );
+        database
+            .idem(&["leases", "--stuck-after", "0s"])
+            .exits(0)
+            .prints("1 live lease held for longer than")
+            .prints("K-hung");
+        let json = database
+            .idem(&["leases", "--stuck-after", "0s", "--json"])
+            .exits(0)
+            .json();
+        let stuck = &json.as_array().expect("an array")[0];
+        assert_eq!(
+            (&stuck["key"], &stuck["stuck"]),
+            (&Value::from("K-hung"), &Value::Bool(true)),
+            "{name}"
+        );
+
+        database
+            .idem(&["release", "--scope", "shop.orders.hang", "--key", "K-hung"])
+            .exits(0)
+            .prints("released the lease of");
+        // Released: the lease ended at once (a retry takes over), and nothing is left to release.
+        database
+            .idem(&["leases", "--stuck-after", "0s"])
+            .exits(0)
+            .prints("1 lease ended")
+            .prints("K-hung");
+        let again = database.idem(&["release", "--scope", "shop.orders.hang", "--key", "K-hung"]);
+        again.exits(1);
+        assert!(
+            again.stderr.contains("no live lease"),
+            "{name}: {}",
+            again.stderr
+        );
+        held.abort();
+        let _ = held.await;
         database.drop_database().await;
     }
 }

@@ -72,6 +72,9 @@ pub struct Call {
     stored: Option<Result<Vec<u8>, String>>,
     answers: Option<Arc<RecentAnswers>>,
     versions: Versions,
+    /// Lease mode: how long the body may run in all (`None`: the default, a multiple of the
+    /// lease).
+    deadline: Option<Duration>,
 }
 
 /// The versions a call's answers are recorded and read as: its value's and its final
@@ -107,7 +110,22 @@ impl Call {
                 value: AnswerVersion::UNVERSIONED,
                 error: AnswerVersion::UNVERSIONED,
             },
+            deadline: None,
         }
+    }
+
+    /// Sets how long a lease-mode call's body may run in all, from its claim: past it the
+    /// body is dropped and its lease ended, and the caller gets
+    /// [`Error::DeadlineExceeded`] (`#[idempotent(..., deadline = "5m")]`). Without it,
+    /// [`DEFAULT_DEADLINE_LEASES`](crate::lease::DEFAULT_DEADLINE_LEASES) leases.
+    pub fn deadline(&mut self, deadline: Duration) {
+        self.deadline = Some(deadline);
+    }
+
+    /// The deadline of a lease-mode call whose lease is `lease`.
+    pub(crate) fn deadline_for(&self, lease: Duration) -> Duration {
+        self.deadline
+            .unwrap_or_else(|| lease.saturating_mul(crate::lease::DEFAULT_DEADLINE_LEASES))
     }
 
     /// Sets the versions the call's answers are recorded and read as: its value's and its

@@ -270,6 +270,22 @@ pub enum Error {
         /// A sensible time to wait before retrying.
         retry_after: Duration,
     },
+    /// A lease-mode call ran past its deadline (`#[idempotent(..., deadline = "5m")]`; by
+    /// default [`DEFAULT_DEADLINE_LEASES`](crate::lease::DEFAULT_DEADLINE_LEASES) leases): its
+    /// body was dropped and its lease ended at once, keeping the steps it recorded. A retry
+    /// with the same key, or a completer for a resumable call, takes it over from them; retry
+    /// after `retry_after`.
+    #[error(
+        "a call in scope `{scope}` ran past its deadline of {deadline:?} and was stopped; its recorded steps are kept: retry with the same key after {retry_after:?} to resume it"
+    )]
+    DeadlineExceeded {
+        /// Scope of the call.
+        scope: String,
+        /// The deadline it ran past.
+        deadline: Duration,
+        /// A sensible time to wait before retrying.
+        retry_after: Duration,
+    },
     /// The store (database) failed. No partial effects were committed.
     #[error("idempotency store failed: {message}")]
     Store {
@@ -323,6 +339,8 @@ pub enum ErrorKind {
     Unavailable,
     /// See [`Error::Conflict`].
     Conflict,
+    /// See [`Error::DeadlineExceeded`].
+    DeadlineExceeded,
     /// See [`Error::Store`].
     Store,
 }
@@ -350,6 +368,7 @@ impl ErrorKind {
             Self::GaveUp => "gave-up",
             Self::Unavailable => "unavailable",
             Self::Conflict => "conflict",
+            Self::DeadlineExceeded => "deadline-exceeded",
             Self::Store => "store",
         }
     }
@@ -368,8 +387,13 @@ impl ErrorKind {
             // under a new key.
             Self::AnswerUnreadable => 410,
             Self::InFlight | Self::InvalidTransition | Self::LeaseLost => 409,
-            // A newer deployment can answer: retry until the request reaches one.
-            Self::Store | Self::Unavailable | Self::Conflict | Self::AnswerTooNew => 503,
+            // A newer deployment can answer (answer too new), or the call was stopped and a
+            // retry takes it over (deadline): retry until it does.
+            Self::Store
+            | Self::Unavailable
+            | Self::Conflict
+            | Self::AnswerTooNew
+            | Self::DeadlineExceeded => 503,
             Self::Decode
             | Self::Encode
             | Self::Fingerprint
@@ -402,6 +426,7 @@ impl Error {
             Self::GaveUp { .. } => ErrorKind::GaveUp,
             Self::Unavailable { .. } => ErrorKind::Unavailable,
             Self::Conflict { .. } => ErrorKind::Conflict,
+            Self::DeadlineExceeded { .. } => ErrorKind::DeadlineExceeded,
             Self::Store { .. } => ErrorKind::Store,
         }
     }

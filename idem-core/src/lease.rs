@@ -24,6 +24,12 @@ use crate::metrics;
 use crate::outcome;
 use crate::store::{BoxFuture, LeaseClaim, LeaseStore, RecordStatus, Ticket};
 
+/// A lease-mode call's deadline when its attribute gives none, in leases: 5 minutes for a
+/// 30 s lease. Past its deadline a call's body is dropped and its lease ended
+/// ([`Error::DeadlineExceeded`]): a body that hangs (a step awaiting a call without a timeout)
+/// would otherwise renew its lease, and hold its key, for as long as its process lives.
+pub const DEFAULT_DEADLINE_LEASES: u32 = 10;
+
 /// How long a final phase's transaction is kept open for the call's result: a handler
 /// returns right after its final phase, and one that does more work first (which may need
 /// the connection or the locks the phase holds) gets the phase committed alone after this.
@@ -279,6 +285,28 @@ impl LeaseHandle {
     }
 }
 
+/// Ends the lease at once when the body panics (the guard is dropped while its thread
+/// unwinds): nothing will complete the call, so the next retry, or a completer, takes it over
+/// from the recorded steps instead of waiting the lease out. A body dropped without a panic
+/// keeps its lease until it ends, as a crash would.
+struct ReleaseOnPanic {
+    store: Arc<dyn LeaseStore>,
+    scope: &'static str,
+    ticket: Ticket,
+}
+
+impl Drop for ReleaseOnPanic {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (store, scope, ticket) = (Arc::clone(&self.store), self.scope, self.ticket);
+            runtime.spawn(async move { release_now(&*store, scope, &ticket).await });
+        }
+    }
+}
+
 /// Stops the renewal task when the call ends or is dropped.
 struct Renewal(tokio::task::JoinHandle<()>);
 
@@ -328,6 +356,7 @@ where
     // Counted once, when the answer is known (feature `metrics`; without it, `observe` hands
     // the call back as it is).
     let scope = call.site().scope();
+    let deadline = call.deadline_for(lease);
     metrics::observe(scope, async move {
         let request = match call.prepare::<R>(false) {
             Ok(request) => request,
@@ -337,7 +366,7 @@ where
             return request.replay(&recorded, finality);
         }
         // `wait("…")` polls for the holder's result until its bound; `reject` answers at once.
-        let deadline = match request.concurrency() {
+        let wait_until = match request.concurrency() {
             crate::Concurrency::Wait { bound } => Some(tokio::time::Instant::now() + bound),
             _ => None,
         };
@@ -345,11 +374,12 @@ where
         let mut conflicts = Tries::new();
         let claimed = loop {
             let claimed = store.claim_lease(&request, lease).await;
-            match (claimed, deadline) {
-                (Ok(LeaseClaim::InFlight { retry_after }), Some(deadline))
-                    if tokio::time::Instant::now() < deadline =>
+            match (claimed, wait_until) {
+                (Ok(LeaseClaim::InFlight { retry_after }), Some(wait_until))
+                    if tokio::time::Instant::now() < wait_until =>
                 {
-                    let wake = (tokio::time::Instant::now() + pause.min(retry_after)).min(deadline);
+                    let wake =
+                        (tokio::time::Instant::now() + pause.min(retry_after)).min(wait_until);
                     tokio::time::sleep_until(wake).await;
                     pause = (pause * 2).min(Duration::from_millis(250));
                 }
@@ -381,18 +411,30 @@ where
             open_phase: tokio::sync::Mutex::new(None),
             phase_failed: AtomicBool::new(false),
         });
+        // Declared first, so that while unwinding the renewal stops before the release.
+        let on_panic = ReleaseOnPanic {
+            store: Arc::clone(&store),
+            scope,
+            ticket,
+        };
         let renewal = renew_in_background(Arc::clone(&context), lease);
         let nested = outcome::Nested::enter();
         // Hooks the body asks for (the outbox's wake after staging in a final phase) run once
         // the call has ended, when its final phase has certainly committed.
-        let (output, hooks) = LEASE
-            .scope(
+        let ran = tokio::time::timeout(
+            deadline,
+            LEASE.scope(
                 Arc::clone(&context),
                 crate::call::collecting_hooks(tracing::Instrument::instrument(body(), span)),
-            )
-            .await;
+            ),
+        )
+        .await;
         drop(nested);
         drop(renewal);
+        drop(on_panic);
+        let Ok((output, hooks)) = ran else {
+            return past_deadline(&*store, &context, deadline).await;
+        };
         let answer = settle::<R>(&*store, &context, ticket, output, finality).await;
         hooks.iter().for_each(|hook| hook());
         answer
@@ -480,6 +522,26 @@ where
             request.fail(crate::conflict::named(scope, e, 1))
         }
     }
+}
+
+/// Ends a call whose body ran past its deadline (the body was dropped): a final phase kept
+/// open commits (its writes and step stand), and the lease ends now, so the next retry or a
+/// completer takes over from the recorded steps.
+async fn past_deadline<R>(store: &dyn LeaseStore, context: &Context, deadline: Duration) -> R
+where
+    R: HandlerOutput,
+    R::Error: HandlerError,
+{
+    let request = &context.request;
+    if let Err(e) = context.commit_open_phase().await {
+        tracing::warn!(parent: request.span(), error = %e, "the final phase failed to commit");
+    }
+    release_now(store, request.scope(), &context.ticket).await;
+    request.fail(Error::DeadlineExceeded {
+        scope: request.scope().to_owned(),
+        deadline,
+        retry_after: crate::call::RETRY_AFTER,
+    })
 }
 
 /// Ends the lease now, keeping its recorded steps: the next attempt takes over at once. A

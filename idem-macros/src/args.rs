@@ -23,6 +23,11 @@ pub(crate) struct Args {
     /// `resumable`: the call's arguments are stored with its claim, so a completer can
     /// finish it (lease mode only).
     pub(crate) resumable: Option<Span>,
+    /// `deadline = "5m"`: how long a lease-mode call's body may run in all, in milliseconds
+    /// (the engine's default, a multiple of the lease, when `None`).
+    pub(crate) deadline_ms: Option<u64>,
+    /// Where `deadline` was written: atomic mode refuses it.
+    deadline_span: Option<Span>,
     pub(crate) conn: Option<Conn>,
     pub(crate) krate: Option<Path>,
     /// `answer_version = N`: the version the answer type writes (`idem::Versioned::VERSION`),
@@ -151,6 +156,13 @@ const ARGUMENTS: &[Argument] = &[
         args.lease_ms = Some(duration_ms(&lease, "lease", zero)?);
         Ok(())
     }),
+    arg("deadline", &["timeout", "max_duration"], |input, args| {
+        let hint = "`deadline` takes a duration string, e.g. `deadline = \"5m\"`";
+        let deadline = string(value(input)?, hint)?;
+        let zero = "a zero deadline stops the body before it starts; give the longest a call may take in all, e.g. `deadline = \"5m\"`";
+        args.deadline_ms = Some(duration_ms(&deadline, "deadline", zero)?);
+        Ok(())
+    }),
     arg(
         "resumable",
         &["resume", "durable", "complete"],
@@ -213,6 +225,8 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Vec<syn::Error>) -> Option<A
         policy: Policy::Wait { bound_ms: None },
         lease_ms: None,
         resumable: None,
+        deadline_ms: None,
+        deadline_span: None,
         conn: None,
         krate: None,
         answer_version: None,
@@ -239,6 +253,9 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Vec<syn::Error>) -> Option<A
                 if name == "resumable" {
                     args.resumable = Some(meta.path.span());
                 }
+                if name == "deadline" {
+                    args.deadline_span = Some(meta.path.span());
+                }
             }
             Err(error) => {
                 errors.push(error);
@@ -264,6 +281,10 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Vec<syn::Error>) -> Option<A
     }
     if let (Some(span), None) = (args.resumable, args.lease_ms) {
         let message = "`resumable` needs lease mode: add `lease = \"30s\"` (an atomic-mode call needs no completer: a crash rolls it back)";
+        errors.push(syn::Error::new(span, message));
+    }
+    if let (Some(span), None) = (args.deadline_span, args.lease_ms) {
+        let message = "`deadline` needs lease mode: add `lease = \"30s\"` (an atomic-mode call holds a transaction; bound it with the database's statement timeout)";
         errors.push(syn::Error::new(span, message));
     }
     if given.contains(&"lease") {

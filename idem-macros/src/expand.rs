@@ -339,6 +339,10 @@ pub(crate) fn expand(
         let call = key(principal);
         quote!(__idem_call.principal(#call);)
     });
+    let deadline = args
+        .deadline_ms
+        .filter(|_| args.lease_ms.is_some())
+        .map(|ms| quote!(__idem_call.deadline(#p::Duration::from_millis(#ms));));
     // A resumable call also stores each fingerprinted argument, for a completer to rebuild
     // the call from: its type must read back (the bound is checked at the parameter's type).
     let store_arg = args
@@ -532,6 +536,7 @@ pub(crate) fn expand(
         let #conn = &(#conn_expr);
         let mut __idem_call = #p::Call::new(&__IDEM_SITE, #key_call);
         #principal
+        #deadline
         #(#fingerprint_args)*
         #versions
         #pinned

@@ -722,8 +722,10 @@ pub async fn expired_leases<C: ConnectionTrait>(
     .await
 }
 
-/// Deletes the steps of records `purge_expired` removed (leases that ended and were never
-/// taken over). The steps table only holds calls in progress, so this stays small.
+/// Deletes the steps and stored calls whose record no longer exists (deleted by hand, or by the
+/// purge of versions that purged unfinished calls). `purge_expired` only deletes records
+/// with neither, so this finds nothing in a ledger it alone purged. The steps table only
+/// holds calls in progress, so this stays small.
 pub(crate) async fn purge_orphaned_steps<C: ConnectionTrait>(db: &C) -> Result<u64, Error> {
     let sql = Sql::of(db.get_database_backend());
     let mut purged = 0;
@@ -735,4 +737,82 @@ pub(crate) async fn purge_orphaned_steps<C: ConnectionTrait>(db: &C) -> Result<u
             .map_err(|e| store_error("purging the steps and calls of purged records", e))?;
     }
     Ok(purged)
+}
+
+/// Ends the lease of the call in progress under record `id` by hand (`idem release`), fenced:
+/// the lease's token goes up by one, as a takeover's would, and the lease ends now. The holder,
+/// if it still runs, is refused its next step, renewal and completion
+/// ([`Error::LeaseLost`](idem_core::Error::LeaseLost)); the next client retry, or a completer
+/// for a resumable call, takes the call over at once from its recorded steps. Returns whether
+/// there was a live lease to release (`false`: no record, one that ended, or a lease that
+/// already ended: the next retry takes that one over anyway).
+///
+/// For a holder that hangs (a step awaiting a call that never returns): its renewals keep the
+/// lease alive for ever otherwise. [`stuck_leases`] lists such calls.
+pub async fn release_lease<C: ConnectionTrait>(db: &C, id: &[u8]) -> Result<bool, Error> {
+    let sql = Sql::of(db.get_database_backend());
+    let released = db
+        .execute_raw(statement(
+            sql,
+            &sql.release_by_hand,
+            vec![id.to_vec().into()],
+        ))
+        .await
+        .map_err(|e| store_error("releasing a lease", e))?;
+    Ok(released.rows_affected() > 0)
+}
+
+/// A lease still live whose call has run for longer than a threshold: its holder may be hung
+/// (renewals keep a lease alive while the process lives). [`release_lease`] ends it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StuckLease {
+    /// The record id.
+    pub id: Vec<u8>,
+    /// The handler's scope.
+    pub scope: String,
+    /// The idempotency key.
+    pub key: String,
+    /// The holder's fencing token.
+    pub token: i64,
+    /// How long the holder has held it (since its claim or takeover; database clock).
+    pub held_ms: i64,
+    /// How long until the lease ends unless renewed.
+    pub ends_in_ms: i64,
+    /// Whether the call is resumable: once released, a completer finishes it.
+    pub resumable: bool,
+}
+
+/// Lists up to `limit` live leases held for longer than `held_for`, longest held first.
+pub async fn stuck_leases<C: ConnectionTrait>(
+    db: &C,
+    held_for: Duration,
+    limit: u32,
+) -> Result<Vec<StuckLease>, Error> {
+    let sql = Sql::of(db.get_database_backend());
+    let doing = "listing stuck leases";
+    let rows = db
+        .query_all_raw(statement(
+            sql,
+            &sql.stuck_leases,
+            vec![millis(held_for).into(), i64::from(limit).into()],
+        ))
+        .await
+        .map_err(|e| store_error(doing, e))?;
+    rows.iter()
+        .map(|row| {
+            let (id, scope, key, token, created_at_ms, expires_at_ms, now_ms, attempts) =
+                row.try_get_many_by_index::<(_, _, _, _, i64, i64, i64, Option<i32>)>()?;
+            Ok(StuckLease {
+                id,
+                scope,
+                key,
+                token,
+                held_ms: now_ms - created_at_ms,
+                ends_in_ms: expires_at_ms - now_ms,
+                resumable: attempts.is_some(),
+            })
+        })
+        .collect::<Result<_, DbErr>>()
+        .map_err(|e| store_error(doing, e))
 }

@@ -4,8 +4,8 @@
 //!   `migration` feature);
 //! - [`SeaOrmStore`] claims keys, records results and releases keys, in the same
 //!   transaction as the handler's own writes;
-//! - [`purge_expired`] deletes expired records in bounded batches ([`ExpiredPurge`] to pace
-//!   it yourself);
+//! - [`purge_expired`] deletes records that ended and expired, in bounded batches, never a
+//!   call not finished ([`ExpiredPurge`] to pace it yourself);
 //! - [`ledger`] is the ledger's SeaORM entity, for inspection and admin tools;
 //! - [`check_answers`] decodes a scope's live records as an answer type about to be
 //!   deployed, and reports those it cannot read (the pre-deploy check);
@@ -50,7 +50,10 @@ mod migration;
 pub use check::{AnswerCheck, check_answers, check_final_errors};
 pub use completer::Completer;
 pub use flavour::{FORCE_MYSQL8_ENV, GALERA_SYNC_WAIT_ENV};
-pub use lease::{ExpiredLease, SeaOrmLeaseStore, expired_leases, final_step, finish};
+pub use lease::{
+    ExpiredLease, SeaOrmLeaseStore, StuckLease, expired_leases, final_step, finish, release_lease,
+    stuck_leases,
+};
 #[cfg(feature = "migration")]
 #[cfg_attr(docsrs, doc(cfg(feature = "migration")))]
 pub use migration::{CompleterMigration, LeaseMigration, Migration, OutboxMigration, migrations};
@@ -139,6 +142,12 @@ pub async fn create_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
 /// A purge of expired records, one bounded statement at a time. [`purge_expired`] runs one to
 /// the end; step one yourself to pace it your own way.
 ///
+/// Only records that ended are purged: completed, failed, or given up with no hook owed,
+/// and past their TTL. A call not finished is kept however old (a lease-mode call in
+/// progress, one whose lease ended unfinished, a resumable call awaiting its completer, a
+/// give-up whose hook is owed): deleting it would delete the recorded steps that keep its
+/// retry or completer from repeating their effects. [`expired_leases`] lists those.
+///
 /// PostgreSQL and MySQL find expired records by their expiry index: a step deletes up to
 /// `batch` of them (PostgreSQL skips rows a claim holds locked). SQLite's ledger has no expiry
 /// index, because on SQLite every commit waits for its pages to reach the disk and the index
@@ -177,14 +186,15 @@ impl ExpiredPurge {
         self.deleted
     }
 
-    /// Whether the purge has finished: every record expired when it started is gone.
+    /// Whether the purge has finished: every record that had ended and expired when it
+    /// started is gone.
     pub fn is_finished(&self) -> bool {
         self.finished
     }
 
     /// Runs one statement (`batch` rows at most, at least 1) and returns the records it
     /// deleted, or `None` once the purge has finished (then nothing runs). The step that
-    /// finishes also deletes the recorded steps of purged leases.
+    /// finishes also deletes steps and stored calls left without their record.
     pub async fn step<C: ConnectionTrait>(
         &mut self,
         db: &C,
@@ -250,9 +260,10 @@ impl ExpiredPurge {
     }
 }
 
-/// Deletes every expired record, `batch` rows per statement (see [`ExpiredPurge`]), and
-/// returns how many it deleted. Leases that ended without their call finishing are expired
-/// records too; their recorded steps go with them.
+/// Deletes every record that ended and whose TTL passed, `batch` rows per statement (see
+/// [`ExpiredPurge`]), and returns how many it deleted. Calls not finished (a lease that ended
+/// unfinished, a resumable call awaiting its completer, a give-up whose hook is owed) are
+/// kept however old; [`expired_leases`] lists them.
 ///
 /// Each statement is its own short transaction, and after each one the purge pauses for as
 /// long as the statement took, so it never holds more than half of the database's write time:

@@ -55,7 +55,17 @@ pub(crate) mod outbox_state {
 }
 
 /// Pieces several statements share, spliced before the names (they contain names).
-const FRAGMENTS: [(&str, &str); 9] = [
+const FRAGMENTS: [(&str, &str); 10] = [
+    // Whether a ledger row may be purged: it ended (completed, failed or given up: never an
+    // execution in progress, however long ago its lease ended), its TTL passed, and nothing
+    // is owed on it (no stored call: a resumable call awaiting its completer, or a give-up
+    // whose hook has not run). Purging any of those would let the next claim run the
+    // recorded steps' effects again, and leave the completer nothing to finish.
+    (
+        "{purgeable}",
+        "{ledger}.expires_at_ms <= {now} AND {ledger}.state <> 0 AND NOT EXISTS (\
+        SELECT 1 FROM {calls} c WHERE c.record_id = {ledger}.id)",
+    ),
     // The ledger's columns.
     (
         "{ledger_columns}",
@@ -195,9 +205,15 @@ pub(crate) struct Sql {
     pub(crate) complete_lease: String,
     /// Binds id, token.
     pub(crate) release_lease: String,
+    /// Binds id. An operator ends a live lease by hand, fenced: the next token (as a
+    /// takeover's) refuses the holder's later writes, and the lease ends now.
+    pub(crate) release_by_hand: String,
     /// Binds limit. Returns id, scope, idem_key, owner, expires_at_ms, now_ms of leases that
     /// ended.
     pub(crate) expired_leases: String,
+    /// Binds held_ms, limit. Returns id, scope, idem_key, owner, created_at_ms, expires_at_ms,
+    /// now_ms, attempts (NULL unless resumable) of live leases held longer than held_ms.
+    pub(crate) stuck_leases: String,
     /// Deletes the steps of records that no longer exist (purged).
     pub(crate) purge_orphaned_steps: String,
 
@@ -467,19 +483,17 @@ impl Sql {
                 _ => r("UPDATE {ledger} SET state = ?, response = ? WHERE id = ? AND owner = ?"),
             },
             purge: match backend {
+                // A row locked by a claim is skipped; one that a takeover made current again
+                // while it waited is re-checked under its lock and kept.
                 Postgres => Purge::ByIndex(r(
                     "DELETE FROM {ledger} WHERE id IN (SELECT id FROM {ledger} \
-                    WHERE expires_at_ms <= {now} LIMIT ? FOR UPDATE SKIP LOCKED)",
+                    WHERE {purgeable} LIMIT ? FOR UPDATE SKIP LOCKED)",
                 )),
-                MySql => Purge::ByIndex(r(
-                    "DELETE FROM {ledger} WHERE expires_at_ms <= {now} LIMIT ?",
-                )),
+                MySql => Purge::ByIndex(r("DELETE FROM {ledger} WHERE {purgeable} LIMIT ?")),
                 _ => Purge::Sweep {
                     bound: r("SELECT id FROM {ledger} WHERE id > ? ORDER BY id LIMIT 1 OFFSET ?"),
-                    delete: r(
-                        "DELETE FROM {ledger} WHERE id > ? AND id <= ? AND expires_at_ms <= {now}",
-                    ),
-                    delete_rest: r("DELETE FROM {ledger} WHERE id > ? AND expires_at_ms <= {now}"),
+                    delete: r("DELETE FROM {ledger} WHERE id > ? AND id <= ? AND {purgeable}"),
+                    delete_rest: r("DELETE FROM {ledger} WHERE id > ? AND {purgeable}"),
                 },
             },
             select_now: r("SELECT {now} AS now_ms"),
@@ -516,6 +530,17 @@ impl Sql {
             ),
             release_lease: r("UPDATE {ledger} SET expires_at_ms = {now} \
                 WHERE id = ? AND owner = ? AND state = 0"),
+            release_by_hand: r(
+                "UPDATE {ledger} SET owner = owner + 1, expires_at_ms = {now} \
+                WHERE id = ? AND state = 0 AND expires_at_ms > {now}",
+            ),
+            stuck_leases: r(
+                "SELECT l.id, l.scope, l.idem_key, l.owner, l.created_at_ms, l.expires_at_ms, \
+                {now} AS now_ms, c.attempts FROM {ledger} l \
+                LEFT JOIN {calls} c ON c.record_id = l.id \
+                WHERE l.state = 0 AND l.expires_at_ms > {now} AND l.created_at_ms <= {now} - ? \
+                ORDER BY l.created_at_ms LIMIT ?",
+            ),
             expired_leases: r(
                 "SELECT l.id, l.scope, l.idem_key, l.owner, l.expires_at_ms, {now} AS now_ms, \
                 c.attempts FROM {ledger} l LEFT JOIN {calls} c ON c.record_id = l.id \

@@ -32,11 +32,24 @@
 //! before the takeover; the model counts it in the takeover (a crash in between only makes the
 //! real give-up come sooner, under the same guards).
 //!
-//! Abstracted: one key, one handler; no record TTL, fingerprint or `wait` polling (`InFlight` is
+//! Purge (`purge_expired`, idem-sea-orm/src/lib.rs, statement `Sql::purge`): an operator's
+//! action possible at any step, under a rule (`PurgeRule`). Today's rule (`Ended`) deletes a
+//! row only when it ended (`Done`, or `GaveUp` with no hook owed) and its TTL passed; the rule
+//! before it (`Expired`) deleted every row whose `expires_at_ms` passed, which for a `Pending`
+//! row is its lease end, with the row's steps and stored call (the owed hook's flag with it).
+//! The TTL is abstracted as the end of the retry window: an ended row is purged only once every
+//! client has its answer or is gone (a retry after the TTL runs anew by contract). A row purged
+//! leaves a ghost (`World::purged`) so the properties still speak of the record a client got;
+//! a claim after a purge gets a fresh token (the real one is random).
+//!
+//! Abstracted: one key, one handler; no fingerprint or `wait` polling (`InFlight` is
 //! final: the second client is the retry). The row keeps what the protocol compares, the lease's
 //! ticks left (`lease_end - now` on the database clock), so time needs no horizon: `Tick` runs
 //! while a lease is live. A tick while the holder is alive means it is slow; slow ticks, crashes
 //! and a completer's attempts (`Protocol::attempt_bound`) are bounded.
+//!
+//! The guarded protocol purges under today's rule, so every check of it includes the purge;
+//! the mutation tests run the rule before it and find the promises it broke.
 //!
 //! Properties (`Protocol::properties`): always at most one payment row and one charge; a `Done`
 //! call has one payment, of the one charge, as its answer; a `GaveUp` call has no payment; one
@@ -44,8 +57,8 @@
 //! recorded one. Eventually every call ends (`Done`, or `GaveUp` with its hook run). Stateright
 //! checks `eventually` at terminal states only: the state graph has no cycle (`assert_acyclic`)
 //! and "ended" stays true once true, so that covers every run. Sometimes: done, given up, a
-//! crashed holder taken over, a zombie fenced out (not vacuous). Each mutation test removes one
-//! guard and expects the property it keeps to fail.
+//! crashed holder taken over, a zombie fenced out, a record purged (not vacuous). Each mutation
+//! test removes one guard and expects the property it keeps to fail.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
@@ -64,6 +77,21 @@ const ONE_CHARGE: &str = "at most one charge at the gateway";
 const GAVE_UP_UNPAID: &str = "a GaveUp call has no payment";
 const CALL_ENDS: &str = "every call ends";
 const DONE_REACHABLE: &str = "a call can be done";
+const PURGED: &str = "a record can be purged";
+const HOOK_RUN: &str = "a give-up's hook has run once its flag is cleared";
+
+/// Which rows an operator's purge deletes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum PurgeRule {
+    /// No purge runs.
+    #[default]
+    Never,
+    /// Rows that ended (`Done`, `GaveUp` with no hook owed) past their TTL: today's rule.
+    Ended,
+    /// Every row whose `expires_at_ms` passed: past its TTL, or `Pending` with its lease
+    /// ended; with its steps and stored call (the rule before issue 29).
+    Expired,
+}
 
 type Token = u8;
 /// A charge is named by its position in the gateway's list.
@@ -87,6 +115,8 @@ struct Protocol {
     key_per_attempt: bool,
     /// The final phase also completes the call (one transaction instead of two).
     final_completes: bool,
+    /// What an operator's purge deletes.
+    purge: PurgeRule,
 }
 
 impl Protocol {
@@ -96,6 +126,7 @@ impl Protocol {
             crash_budget: 3,
             // Enough for two live holders to lose their lease (two zombies).
             slow_ticks: 2 * LEASE_TICKS,
+            purge: PurgeRule::Ended,
             ..Self::default()
         }
     }
@@ -122,12 +153,28 @@ impl Protocol {
         };
     }
 
+    /// Whether the purge may delete the row now, under the protocol's rule.
+    fn purgeable(&self, w: &World) -> bool {
+        // The TTL passed: no client will retry within it.
+        let ttl_passed = w.processes[..CLIENTS]
+            .iter()
+            .all(|p| matches!(p, Local::Answered(_) | Local::Gone));
+        match (self.purge, w.row) {
+            (PurgeRule::Never, _) | (_, Row::Absent) => false,
+            (PurgeRule::Ended, Row::Done(_)) => ttl_passed,
+            (PurgeRule::Ended, Row::GaveUp) => ttl_passed && !w.hook_owed,
+            (PurgeRule::Ended, Row::Pending(_)) => false,
+            (PurgeRule::Expired, Row::Done(_) | Row::GaveUp) => ttl_passed,
+            (PurgeRule::Expired, Row::Pending(lease)) => lease.ticks_left == 0,
+        }
+    }
+
     /// One claim transaction, by a client (`claim_lease`) or a completer (a takeover).
     fn claim(&self, w: &mut World, who: usize) {
         w.processes[who] = match w.row {
             Row::Absent => {
                 let lease = Lease {
-                    token: 0,
+                    token: w.next_token,
                     ticks_left: LEASE_TICKS,
                     attempts: 0,
                 };
@@ -218,6 +265,10 @@ struct World {
     crashes_left: u8,
     slow_ticks_left: u8,
     processes: Vec<Local>,
+    /// The last row the purge deleted (a ghost: what clients were answered from).
+    purged: Option<Row>,
+    /// The token a claim of an absent row gets: above every token of a purged row.
+    next_token: Token,
     /// For the examples: the current holder crashed; its lease was taken over after a crash; a
     /// fenced write was refused.
     holder_crashed: bool,
@@ -248,8 +299,17 @@ impl World {
         self.final_step = None;
     }
 
+    /// The call's record: the row, or the row the purge deleted.
+    fn record(&self) -> Row {
+        match (self.row, self.purged) {
+            (Row::Absent, Some(purged)) => purged,
+            (row, _) => row,
+        }
+    }
+
     fn ended(&self) -> bool {
-        matches!(self.row, Row::Done(_)) || (self.row == Row::GaveUp && !self.hook_owed)
+        let record = self.record();
+        matches!(record, Row::Done(_)) || (record == Row::GaveUp && !self.hook_owed)
     }
 
     /// The state with each role's processes sorted: processes of a role are interchangeable, so
@@ -285,6 +345,8 @@ enum Action {
         who: usize,
         restart: bool,
     },
+    /// An operator's purge deletes the row.
+    Purge,
 }
 
 impl Model for Protocol {
@@ -301,6 +363,9 @@ impl Model for Protocol {
     }
 
     fn actions(&self, w: &World, actions: &mut Vec<Action>) {
+        if self.purgeable(w) {
+            actions.push(Action::Purge);
+        }
         if let Row::Pending(lease) = w.row
             && lease.ticks_left > 0
             && (w.slow_ticks_left > 0 || !w.holder_alive(lease.token))
@@ -468,6 +533,17 @@ impl Model for Protocol {
                 w.crashes_left -= 1;
                 w.processes[who] = if restart { Local::Ready } else { Local::Gone };
             }
+            Action::Purge => {
+                if let Row::Pending(lease) = w.row {
+                    w.next_token = lease.token + 1;
+                    // The stored call goes with the row: nothing is owed any more.
+                    w.hook_owed = false;
+                } else if self.purge == PurgeRule::Expired {
+                    w.hook_owed = false;
+                }
+                w.purged = Some(w.row);
+                w.settle(Row::Absent);
+            }
         }
         Some(w)
     }
@@ -483,23 +559,22 @@ impl Model for Protocol {
             P::always(ONE_CHARGE, |_, w| w.charges.len() <= 1),
             P::always(
                 "a Done call has one payment, of the one charge, as its answer",
-                |_, w| match w.row {
+                |_, w| match w.record() {
                     Row::Done(answer) => w.payments == [answer] && w.charges.len() == 1,
                     _ => true,
                 },
             ),
             P::always(GAVE_UP_UNPAID, |_, w| {
-                w.row != Row::GaveUp || w.payments.is_empty()
+                w.record() != Row::GaveUp || w.payments.is_empty()
             }),
             P::always("a give-up happens at most once", |_, w| w.give_ups <= 1),
-            P::always(
-                "a give-up's hook has run once its flag is cleared",
-                |_, w| w.row != Row::GaveUp || w.hook_owed || w.hook_runs >= 1,
-            ),
+            P::always(HOOK_RUN, |_, w| {
+                w.record() != Row::GaveUp || w.hook_owed || w.hook_runs >= 1
+            }),
             P::always("every answer a client got is the recorded one", |_, w| {
                 w.processes.iter().all(|p| match p {
-                    Local::Answered(Answer::Paid(got)) => w.row == Row::Done(*got),
-                    Local::Answered(Answer::GaveUp) => w.row == Row::GaveUp,
+                    Local::Answered(Answer::Paid(got)) => w.record() == Row::Done(*got),
+                    Local::Answered(Answer::GaveUp) => w.record() == Row::GaveUp,
                     _ => true,
                 })
             }),
@@ -514,6 +589,7 @@ impl Model for Protocol {
                 w.taken_over_after_crash
             }),
             P::sometimes("a zombie holder can be fenced out", |_, w| w.zombie_fenced),
+            P::sometimes(PURGED, |_, w| w.purged.is_some()),
         ]
     }
 }
@@ -679,4 +755,28 @@ fn without_completers_an_abandoned_call_never_ends() {
 fn a_gateway_key_per_attempt_charges_twice() {
     let protocol = mutated(|p| p.key_per_attempt = true);
     expect_counterexample("key per attempt", protocol, ONE_CHARGE);
+}
+
+/// The purge before issue 29: a call whose lease ended, its final phase committed, is purged
+/// with its steps; the client's retry claims the key anew and pays a second time.
+#[test]
+fn purging_expired_leases_pays_twice() {
+    let protocol = mutated(|p| p.purge = PurgeRule::Expired);
+    expect_counterexample("purge of expired leases", protocol, ONE_PAYMENT);
+}
+
+/// The same purge deletes a call abandoned by its client: the completer has nothing left to
+/// finish, so the call never ends; and a give-up's owed hook is dropped unrun.
+#[test]
+fn purging_expired_leases_strands_calls_and_drops_owed_hooks() {
+    let protocol = mutated(|p| {
+        p.purge = PurgeRule::Expired;
+        (p.crash_budget, p.slow_ticks) = (1, 0);
+    });
+    expect_counterexample("purge strands a call", protocol, CALL_ENDS);
+    let protocol = mutated(|p| {
+        (p.purge, p.gateway_always_fails) = (PurgeRule::Expired, true);
+        (p.crash_budget, p.slow_ticks) = (0, 0);
+    });
+    expect_counterexample("purge drops a hook", protocol, HOOK_RUN);
 }

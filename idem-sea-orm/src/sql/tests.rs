@@ -35,6 +35,8 @@ fn every_statement(sql: &Sql) -> Vec<String> {
         &sql.complete_lease,
         &sql.release_lease,
         &sql.expired_leases,
+        &sql.release_by_hand,
+        &sql.stuck_leases,
         &sql.purge_orphaned_steps,
         &sql.insert_message_in_aggregate,
         &sql.insert_message,

@@ -17,7 +17,7 @@ async fn charge(store: &idem::MemoryStore, cmd: Charge) -> Result<String, idem::
     idem::step("charge", |key| gateway(key, cmd.amount_cents)).await
 }
 
-#[idempotent(scope = "orders.notify", key = key, lease)]
+#[idempotent(scope = "orders.notify", key = key, lease, deadline = "1h30m")]
 async fn notify(store: &idem::MemoryStore, key: String) -> Result<(), idem::Error> {
     let _ = store;
     Ok(())
