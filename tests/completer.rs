@@ -76,6 +76,22 @@ impl std::fmt::Display for TestError {
 }
 
 const SCOPE: &str = "completer.pay";
+/// The handler's final step: the payment row and the charge's answer, in one fenced
+/// transaction.
+async fn record_payment(
+    db: &DatabaseConnection,
+    cmd: &Pay,
+    charge: String,
+) -> Result<String, TestError> {
+    let (run, amount) = (cmd.run.clone(), cmd.amount);
+    idem::sea_orm::final_step(db, "record-payment", move |tx| {
+        Box::pin(async move {
+            insert_effect(tx, &run, "payment", amount).await;
+            Ok::<_, TestError>(charge)
+        })
+    })
+    .await
+}
 
 #[idempotent(scope = "completer.pay", key = cmd.key, lease = "1s", resumable, skip(gateway, after))]
 async fn pay(
@@ -91,14 +107,7 @@ async fn pay(
     if after.fail {
         return Err(TestError::Flaky);
     }
-    let (run, amount, answer) = (cmd.run.clone(), cmd.amount, charge.clone());
-    idem::sea_orm::final_step(db, "record-payment", move |tx| {
-        Box::pin(async move {
-            insert_effect(tx, &run, "payment", amount).await;
-            Ok::<_, TestError>(answer)
-        })
-    })
-    .await
+    record_payment(db, &cmd, charge).await
 }
 
 /// A resumable handler whose argument is large.
@@ -815,14 +824,7 @@ async fn pay_or_hang(
     if hangs.load(Ordering::SeqCst) {
         std::future::pending::<()>().await;
     }
-    let (run, amount) = (cmd.run.clone(), cmd.amount);
-    idem::sea_orm::final_step(db, "record-payment", move |tx| {
-        Box::pin(async move {
-            insert_effect(tx, &run, "payment", amount).await;
-            Ok::<_, TestError>(charge)
-        })
-    })
-    .await
+    record_payment(db, &cmd, charge).await
 }
 
 #[tokio::test]

@@ -89,11 +89,20 @@ async fn charge_and_record(
     if pause.fail_after_charge {
         return Err(TestError::Flaky);
     }
-    let (run, amount, recorded) = (cmd.run.clone(), cmd.amount, charge.clone());
+    record_payment(db, &cmd, charge).await
+}
+/// The handler's final step: the payment row and the charge's answer, in one fenced
+/// transaction.
+async fn record_payment(
+    db: &DatabaseConnection,
+    cmd: &Pay,
+    charge: String,
+) -> Result<String, TestError> {
+    let (run, amount) = (cmd.run.clone(), cmd.amount);
     idem::sea_orm::final_step(db, "record-payment", move |tx| {
         Box::pin(async move {
             insert_effect(tx, &run, "payment", amount).await;
-            Ok::<_, TestError>(recorded)
+            Ok::<_, TestError>(charge)
         })
     })
     .await
@@ -868,14 +877,7 @@ async fn pay_or_panic(
         !panics.swap(false, std::sync::atomic::Ordering::SeqCst),
         "the body panicked after its charge"
     );
-    let (run, amount) = (cmd.run.clone(), cmd.amount);
-    idem::sea_orm::final_step(db, "record-payment", move |tx| {
-        Box::pin(async move {
-            insert_effect(tx, &run, "payment", amount).await;
-            Ok::<_, TestError>(charge)
-        })
-    })
-    .await
+    record_payment(db, &cmd, charge).await
 }
 
 #[tokio::test]
@@ -936,14 +938,7 @@ async fn pay_or_hang(
         Ok::<_, TestError>(())
     })
     .await?;
-    let (run, amount) = (cmd.run.clone(), cmd.amount);
-    idem::sea_orm::final_step(db, "record-payment", move |tx| {
-        Box::pin(async move {
-            insert_effect(tx, &run, "payment", amount).await;
-            Ok::<_, TestError>(charge)
-        })
-    })
-    .await
+    record_payment(db, &cmd, charge).await
 }
 
 #[tokio::test]
