@@ -18,7 +18,10 @@ use crate::workload::{PayOrder, Receipt, Sql, now_ms, template};
 
 const USAGE: &str = "usage: cargo run --release -p idem-bench -- \
 [--backend sqlite|postgres|mysql] [--quick] [--json] [--url URL] [--p7-records N] [--p11]
-[--ledger-records N[,N...]]
+[--ledger-records N[,N...]] [--p5]
+
+--p5                  P5 alone (the fingerprint of the 1 KiB request against SHA-256 of its
+                      bytes), no database: what a change to the fingerprint is measured with
 
 --p7-records N        measures P7 over N expired records, one cycle as the README purges and
                       one paced (full mode: three and one over 1,000,000; quick mode: no P7)
@@ -83,6 +86,8 @@ pub(crate) struct Args {
     pub(crate) p11_full: bool,
     /// P12's ledger sizes (live records); empty: no P12.
     pub(crate) ledger_records: Vec<u64>,
+    /// P5 alone, without a database (what a change to the fingerprint is measured with).
+    pub(crate) p5_only: bool,
 }
 
 /// A count from the command line: digits, with `_` or `,` between thousands allowed.
@@ -115,6 +120,7 @@ pub(crate) fn parse_args() -> Res<Args> {
         url: None,
         p7_records: None,
         p11_full: false,
+        p5_only: false,
         ledger_records: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
@@ -135,6 +141,7 @@ pub(crate) fn parse_args() -> Res<Args> {
                 args.ledger_records = counts("--ledger-records", &n)?;
             }
             "--p11" => args.p11_full = true,
+            "--p5" => args.p5_only = true,
             "--quick" => args.quick = true,
             "--json" => args.json = true,
             "-h" | "--help" => {
