@@ -30,6 +30,7 @@ use serde::de::DeserializeOwned;
 use crate::error::Error;
 use crate::ids::derived_key;
 use crate::outcome::with_outcome;
+use crate::retry::{Backoff, Jitter};
 use crate::store::BoxFuture;
 
 /// The most bytes a resumable call's stored arguments may take (a JSON array).
@@ -421,9 +422,8 @@ impl<S: ResumeStore> Completer<S> {
 
     /// The wait after attempt `attempt` (from 1) at one call.
     fn backoff_after(&self, attempt: u32) -> Duration {
-        let (first, max) = self.backoff;
-        let doubled = first.saturating_mul(1 << attempt.saturating_sub(1).min(16));
-        doubled.min(max)
+        let (initial, max) = self.backoff;
+        Backoff { initial, max }.jittered(attempt, Jitter::None)
     }
 
     /// Runs until `shutdown` resolves: looks for due calls and starts attempts at them

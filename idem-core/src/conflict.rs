@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use crate::error::Error;
+use crate::retry::{Backoff, Jitter};
 
 /// How many times a call (atomic mode) or one of its lease transactions is tried by default
 /// when each try meets a transient conflict ([`set_max_attempts`]).
@@ -34,9 +35,12 @@ pub fn set_max_attempts(attempts: u32) {
 /// The `Retry-After` of a conflict that reached the caller.
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// The first backoff's upper bound; each retry doubles it, up to [`BACKOFF_CAP`].
-const BACKOFF_BASE: Duration = Duration::from_millis(4);
-const BACKOFF_CAP: Duration = Duration::from_millis(200);
+/// The bound of the wait before a conflict's retry: 4 ms, doubling with every try, at most
+/// 200 ms; the wait is uniform below it (full jitter).
+const BACKOFF: Backoff = Backoff {
+    initial: Duration::from_millis(4),
+    max: Duration::from_millis(200),
+};
 
 /// The tries of one call (or of one lease transaction): counts them and sleeps between them.
 #[derive(Debug)]
@@ -96,10 +100,7 @@ pub(crate) fn named(scope: &str, error: Error, attempts: u32) -> Error {
 /// "Full jitter": a uniform wait below a bound that doubles with every try, so the tries of
 /// concurrent duplicates spread out instead of meeting again.
 fn backoff(attempt: u32) -> Duration {
-    let bound = BACKOFF_BASE
-        .saturating_mul(1 << attempt.min(16).saturating_sub(1))
-        .min(BACKOFF_CAP);
-    bound.mul_f64(crate::ids::unit_random())
+    BACKOFF.jittered(attempt, Jitter::Full)
 }
 
 /// Runs `tx` (one of lease mode's short transactions) until it succeeds, fails otherwise
@@ -125,9 +126,10 @@ mod tests {
     #[test]
     fn backoff_stays_under_its_doubling_bound_and_the_cap() {
         for attempt in 1..20 {
-            let bound = BACKOFF_BASE
+            // 4 ms doubling per try, at most 200 ms.
+            let bound = Duration::from_millis(4)
                 .saturating_mul(1 << (attempt.min(16) - 1))
-                .min(BACKOFF_CAP);
+                .min(Duration::from_millis(200));
             for _ in 0..50 {
                 assert!(backoff(attempt) <= bound, "attempt {attempt}");
             }

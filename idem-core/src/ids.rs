@@ -45,11 +45,6 @@ pub fn random_token() -> i64 {
     (hasher.finish() >> 1) as i64
 }
 
-/// A random number in `[0, 1)`, for jitter.
-pub(crate) fn unit_random() -> f64 {
-    (random_token() >> 10) as f64 / (1u64 << 53) as f64
-}
-
 /// The first 8 bytes of a record id in hex: names a key in logs without revealing it.
 pub(crate) struct KeyHash<'a>(pub(crate) &'a [u8; 32]);
 

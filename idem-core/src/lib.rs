@@ -28,6 +28,7 @@ pub mod metrics;
 pub mod outbox;
 mod outcome;
 mod precondition;
+mod retry;
 mod state;
 mod store;
 pub mod testing;

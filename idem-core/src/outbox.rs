@@ -304,38 +304,8 @@ impl Sink for LogSink {
     }
 }
 
-/// Exponential backoff with jitter, for redelivery after a transient failure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
-    /// Delay after the first failure.
-    pub initial: Duration,
-    /// Longest delay.
-    pub max: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self {
-            initial: Duration::from_millis(500),
-            max: Duration::from_secs(60),
-        }
-    }
-}
-
-impl Backoff {
-    /// The delay after failed attempt `attempt` (1-based): `initial · 2^(attempt-1)`, at most
-    /// `max`, scaled by a random factor in [0.5, 1) so retries of many messages spread out.
-    pub fn delay(&self, attempt: u32) -> Duration {
-        let exponent = attempt.saturating_sub(1).min(30);
-        let full = self.initial.saturating_mul(1u32 << exponent).min(self.max);
-        full.mul_f64(0.5 + 0.5 * unit_random())
-    }
-}
-
-/// A random number in [0, 1) (std's randomly keyed SipHash; no extra dependency).
-fn unit_random() -> f64 {
-    (random_token() >> 10) as f64 / (1u64 << 53) as f64
-}
+/// The relay's and the inbox runner's backoff (half jitter): the crate's one backoff.
+pub use crate::retry::Backoff;
 
 /// A random positive 63-bit token (relay rounds and lease owners), as the engine makes them.
 pub use crate::ids::random_token;
@@ -460,30 +430,6 @@ pub fn note_staged() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_doubles_up_to_its_bound_with_jitter_below_the_full_delay() {
-        let backoff = Backoff {
-            initial: Duration::from_millis(100),
-            max: Duration::from_secs(1),
-        };
-        for (attempt, full_ms) in [
-            (1, 100),
-            (2, 200),
-            (3, 400),
-            (4, 800),
-            (5, 1000),
-            (40, 1000),
-        ] {
-            let delay = backoff.delay(attempt).as_millis();
-            assert!(
-                delay >= full_ms / 2 && delay < full_ms,
-                "attempt {attempt}: {delay} ms"
-            );
-        }
-        let spread: std::collections::BTreeSet<_> = (0..32).map(|_| backoff.delay(3)).collect();
-        assert!(spread.len() > 1, "jitter spreads retries");
-    }
 
     #[test]
     fn messages_with_bad_names_or_headers_are_refused() {
