@@ -762,6 +762,15 @@ impl Captured {
     }
 }
 
+/// A dispatcher that lives as long as the test process. While only one dispatcher exists,
+/// tracing computes a callsite's interest with the default of whichever thread reaches the
+/// callsite first: a concurrent test without a subscriber that enters the call's span first
+/// would switch the span off for this test's scoped subscriber too (the log came out empty in
+/// CI). With a second dispatcher registered, tracing asks every subscriber instead.
+static SECOND_DISPATCHER: std::sync::LazyLock<tracing::Dispatch> = std::sync::LazyLock::new(|| {
+    tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default())
+});
+
 /// Records one response through idem's tower layer on an axum route, as a service's HTTP
 /// front door does: a 201 with a JSON body, for the key `key` as the client sent it.
 async fn record_through_the_layer(db: &DatabaseConnection, key: &str) {
@@ -797,6 +806,7 @@ async fn an_operator_goes_from_a_log_line_to_its_record() {
     for database in isolated(true).await {
         let name = database.backend;
         // The service's log, as its operator reads it: the call's span carries `key_hash`.
+        std::sync::LazyLock::force(&SECOND_DISPATCHER);
         let log = Captured::default();
         let writer = log.clone();
         let subscriber = tracing_subscriber::fmt()
