@@ -86,8 +86,17 @@ impl Captured {
     }
 }
 
+/// A dispatcher that lives as long as the test process. While only one dispatcher exists,
+/// tracing computes a callsite's interest with the default of whichever thread reaches it
+/// first, so a concurrent test without a subscriber could switch the WARN off for this test's
+/// scoped subscriber. With a second one registered, tracing asks every subscriber.
+static SECOND_DISPATCHER: std::sync::LazyLock<tracing::Dispatch> = std::sync::LazyLock::new(|| {
+    tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default())
+});
+
 #[tokio::test]
 async fn the_switch_runs_every_retry_and_is_off_unless_asked() {
+    std::sync::LazyLock::force(&SECOND_DISPATCHER);
     let log = Captured::default();
     let writer = log.clone();
     let subscriber = tracing_subscriber::fmt()
