@@ -9,7 +9,7 @@ use idem_core::{Error, RecordStatus};
 use sea_orm::ConnectionTrait;
 
 use crate::error::store_error;
-use crate::sql::Sql;
+
 use crate::store::statement;
 
 /// Records read per statement: the check pages through the scope by id.
@@ -126,7 +126,7 @@ async fn check<T: Versioned, C: ConnectionTrait>(
     scope: &str,
     status: RecordStatus,
 ) -> Result<AnswerCheck, Error> {
-    let sql = Sql::of(db.get_database_backend());
+    let sql = crate::sql::of(db.get_database_backend());
     let version = AnswerVersion::of::<T>();
     let mut report = AnswerCheck {
         scope: scope.to_owned(),
@@ -145,7 +145,7 @@ async fn check<T: Versioned, C: ConnectionTrait>(
             PAGE.into(),
         ];
         let rows = db
-            .query_all_raw(statement(sql, &sql.live_answers, values))
+            .query_all_raw(statement(sql, &sql.ledger.live_answers, values))
             .await
             .map_err(|e| store_error("reading the scope's records for the answer check", e))?;
         for row in &rows {

@@ -20,7 +20,7 @@ pub type Completer = idem_core::Completer<SeaOrmLeaseStore>;
 /// A statement over the list of `scopes` (its `{ids}`), with their values.
 fn over_scopes(d: &Sql, sql: &str, scopes: &[&str]) -> (String, Vec<Value>) {
     let values = scopes.iter().map(|&s| s.into()).collect();
-    (with_ids(d.backend, sql, scopes.len()), values)
+    (with_ids(crate::sql::backend(d), sql, scopes.len()), values)
 }
 
 fn stored_call(row: &QueryResult) -> Result<StoredCall, DbErr> {
@@ -51,7 +51,7 @@ fn attempts(call: &StoredCall) -> Value {
 impl SeaOrmLeaseStore {
     /// Runs `sql` with `values` and tells whether it changed exactly one row.
     async fn changed_one(&self, sql: &str, values: Vec<Value>, doing: &str) -> Result<bool, Error> {
-        let d = Sql::of(self.db().get_database_backend());
+        let d = crate::sql::of(self.db().get_database_backend());
         self.db()
             .execute_raw(statement(d, sql, values))
             .await
@@ -66,10 +66,10 @@ impl ResumeStore for SeaOrmLeaseStore {
         scopes: &'a [&'a str],
         limit: u32,
     ) -> BoxFuture<'a, Result<Due, Error>> {
-        let d = Sql::of(self.db().get_database_backend());
-        let (due, values) = over_scopes(d, &d.due_calls, scopes);
+        let d = crate::sql::of(self.db().get_database_backend());
+        let (due, values) = over_scopes(d, &d.completer.due_calls, scopes);
         let due = due.replace("{limit}", &limit.max(1).to_string());
-        let (next, next_values) = over_scopes(d, &d.next_due_in, scopes);
+        let (next, next_values) = over_scopes(d, &d.completer.next_due_in, scopes);
         let db = self.db().clone();
         Box::pin(detached(async move {
             let doing = "finding resumable calls";
@@ -101,14 +101,14 @@ impl ResumeStore for SeaOrmLeaseStore {
         call: &'a StoredCall,
         backoff: Duration,
     ) -> BoxFuture<'a, Result<bool, Error>> {
-        let d = Sql::of(self.db().get_database_backend());
+        let d = crate::sql::of(self.db().get_database_backend());
         let values = vec![
             millis(backoff).into(),
             call.id.clone().into(),
             attempts(call),
         ];
         Box::pin(async move {
-            self.changed_one(&d.begin_attempt, values, "claiming an attempt")
+            self.changed_one(&d.completer.begin_attempt, values, "claiming an attempt")
                 .await
         })
     }
@@ -118,14 +118,18 @@ impl ResumeStore for SeaOrmLeaseStore {
         call: &'a StoredCall,
         error: &'a str,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        let d = Sql::of(self.db().get_database_backend());
+        let d = crate::sql::of(self.db().get_database_backend());
         // Bounded: an error text can be long (a response body); the start says what failed.
         let error: String = error.chars().take(2000).collect();
         let values = vec![error.into(), call.id.clone().into()];
         Box::pin(async move {
-            self.changed_one(&d.note_call_error, values, "keeping an attempt's error")
-                .await
-                .map(drop)
+            self.changed_one(
+                &d.completer.note_call_error,
+                values,
+                "keeping an attempt's error",
+            )
+            .await
+            .map(drop)
         })
     }
 
@@ -139,12 +143,12 @@ impl ResumeStore for SeaOrmLeaseStore {
         let (id, payload) = (call.id.clone(), payload.to_vec());
         Box::pin(detached(async move {
             let doing = "giving a call up";
-            let d = Sql::of(db.get_database_backend());
+            let d = crate::sql::of(db.get_database_backend());
             let tx = begin(&db).await.map_err(|e| store_error(doing, e))?;
             let gave_up = tx
                 .execute_raw(statement(
                     d,
-                    &d.give_up,
+                    &d.completer.give_up,
                     vec![payload.into(), id.clone().into()],
                 ))
                 .await
@@ -158,7 +162,7 @@ impl ResumeStore for SeaOrmLeaseStore {
             }
             tx.execute_raw(statement(
                 d,
-                &d.owe_hook,
+                &d.completer.owe_hook,
                 vec![millis(hook_retry).into(), id.into()],
             ))
             .await
@@ -169,12 +173,12 @@ impl ResumeStore for SeaOrmLeaseStore {
     }
 
     fn steps<'a>(&'a self, call: &'a StoredCall) -> BoxFuture<'a, Result<Steps, Error>> {
-        let d = Sql::of(self.db().get_database_backend());
+        let d = crate::sql::of(self.db().get_database_backend());
         let values = vec![call.id.clone().into()];
         Box::pin(async move {
             let rows = self
                 .db()
-                .query_all_raw(statement(d, &d.select_steps, values))
+                .query_all_raw(statement(d, &d.lease.select_steps, values))
                 .await
                 .map_err(|e| store_error("reading a call's steps", e))?;
             rows.iter()
@@ -189,9 +193,9 @@ impl ResumeStore for SeaOrmLeaseStore {
         let id = call.id.clone();
         Box::pin(detached(async move {
             let doing = "forgetting a given-up call";
-            let d = Sql::of(db.get_database_backend());
+            let d = crate::sql::of(db.get_database_backend());
             let tx = begin(&db).await.map_err(|e| store_error(doing, e))?;
-            for forget in [&d.forget_given_up, &d.delete_steps] {
+            for forget in [&d.completer.forget_given_up, &d.lease.delete_steps] {
                 tx.execute_raw(statement(d, forget, vec![id.clone().into()]))
                     .await
                     .map_err(|e| store_error(doing, e))?;
@@ -204,12 +208,12 @@ impl ResumeStore for SeaOrmLeaseStore {
         &'a self,
         scopes: &'a [&'a str],
     ) -> BoxFuture<'a, Result<Vec<(String, u64)>, Error>> {
-        let d = Sql::of(self.db().get_database_backend());
+        let d = crate::sql::of(self.db().get_database_backend());
         // `NOT IN ()` is not SQL: with no scopes, match none.
         let (sql, values) = if scopes.is_empty() {
-            over_scopes(d, &d.unregistered_calls, &[""])
+            over_scopes(d, &d.completer.unregistered_calls, &[""])
         } else {
-            over_scopes(d, &d.unregistered_calls, scopes)
+            over_scopes(d, &d.completer.unregistered_calls, scopes)
         };
         Box::pin(async move {
             let doing = "counting calls nobody resumes";

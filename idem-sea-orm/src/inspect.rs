@@ -12,7 +12,7 @@ use sea_orm::{
 };
 
 use crate::error::store_error;
-use crate::sql::{ALL_TABLES, CALLS_TABLE, STEPS_TABLE, Sql};
+use crate::sql::{ALL_TABLES, CALLS_TABLE, STEPS_TABLE};
 use crate::store::statement;
 
 /// One ledger record as it stands, read in one snapshot: the row, the steps of a call in
@@ -108,8 +108,8 @@ pub async fn missing_tables<C: ConnectionTrait>(db: &C) -> Result<Vec<&'static s
 }
 
 async fn existing_tables<C: ConnectionTrait>(db: &C) -> Result<Vec<String>, DbErr> {
-    let sql = Sql::of(db.get_database_backend());
-    db.query_all_raw(statement(sql, &sql.existing_tables, Vec::new()))
+    let sql = crate::sql::of(db.get_database_backend());
+    db.query_all_raw(statement(sql, &sql.inspect.existing_tables, Vec::new()))
         .await?
         .iter()
         .map(|row| row.try_get_by_index(0))
@@ -140,10 +140,10 @@ pub async fn record(db: &DatabaseConnection, id: &[u8]) -> Result<Option<RecordV
 }
 
 async fn read_record(tx: &DatabaseTransaction, id: &[u8]) -> Result<Option<RecordView>, DbErr> {
-    let sql = Sql::of(tx.get_database_backend());
+    let sql = crate::sql::of(tx.get_database_backend());
     let by_id = || vec![id.to_vec().into()];
     let Some(row) = tx
-        .query_one_raw(statement(sql, &sql.inspect_record, by_id()))
+        .query_one_raw(statement(sql, &sql.inspect.inspect_record, by_id()))
         .await?
     else {
         return Ok(None);
@@ -153,7 +153,7 @@ async fn read_record(tx: &DatabaseTransaction, id: &[u8]) -> Result<Option<Recor
     let exists = |table: &str| existing.iter().any(|name| name == table);
     if exists(STEPS_TABLE) {
         record.steps = tx
-            .query_all_raw(statement(sql, &sql.inspect_steps, by_id()))
+            .query_all_raw(statement(sql, &sql.inspect.inspect_steps, by_id()))
             .await?
             .iter()
             .map(|row| {
@@ -169,7 +169,7 @@ async fn read_record(tx: &DatabaseTransaction, id: &[u8]) -> Result<Option<Recor
     }
     if exists(CALLS_TABLE)
         && let Some(row) = tx
-            .query_one_raw(statement(sql, &sql.inspect_call, by_id()))
+            .query_one_raw(statement(sql, &sql.inspect.inspect_call, by_id()))
             .await?
     {
         let (attempts, last_error, gave_up, next_attempt_at_ms, args, created_at_ms) =
@@ -242,13 +242,13 @@ pub async fn ids_with_prefix(
     prefix: &IdPrefix,
     limit: u32,
 ) -> Result<Vec<Vec<u8>>, Error> {
-    let sql = Sql::of(db.get_database_backend());
+    let sql = crate::sql::of(db.get_database_backend());
     let values = vec![
         prefix.low.to_vec().into(),
         prefix.high.to_vec().into(),
         i64::from(limit).into(),
     ];
-    db.query_all_raw(statement(sql, &sql.ids_in_range, values))
+    db.query_all_raw(statement(sql, &sql.inspect.ids_in_range, values))
         .await
         .and_then(|rows| rows.iter().map(|row| row.try_get_by_index(0)).collect())
         .map_err(|e| store_error("looking up record ids by their first digits", e))
@@ -266,7 +266,7 @@ pub async fn recent_records(
     status: Option<RecordStatus>,
     limit: u32,
 ) -> Result<Vec<RecordView>, Error> {
-    let sql = Sql::of(db.get_database_backend());
+    let sql = crate::sql::of(db.get_database_backend());
     let since_ms = i64::try_from(since.as_millis()).unwrap_or(i64::MAX);
     let state = status.map_or(-1, RecordStatus::code);
     let values = vec![
@@ -276,7 +276,7 @@ pub async fn recent_records(
         state.into(),
         i64::from(limit).into(),
     ];
-    db.query_all_raw(statement(sql, &sql.list_records, values))
+    db.query_all_raw(statement(sql, &sql.inspect.list_records, values))
         .await
         .and_then(|rows| rows.iter().map(read_record_row).collect())
         .map_err(|e| store_error("listing a scope's recent records", e))

@@ -48,11 +48,11 @@ impl SeaOrmLeaseStore {
 
 /// Locks the ledger row of `ticket` in `tx` and checks the ticket still holds it.
 async fn fence(tx: &DatabaseTransaction, ticket: &Ticket, scope: &str) -> Result<(), Error> {
-    let d = Sql::of(tx.get_database_backend());
+    let d = crate::sql::of(tx.get_database_backend());
     let row = tx
         .query_one_raw(statement(
             d,
-            &d.read_locked,
+            &d.ledger.read_locked,
             vec![ticket.id.to_vec().into()],
         ))
         .await
@@ -79,10 +79,10 @@ async fn insert_step(
     name: &str,
     payload: &[u8],
 ) -> Result<(), Error> {
-    let sql = Sql::of(tx.get_database_backend());
+    let sql = crate::sql::of(tx.get_database_backend());
     tx.execute_raw(Statement::from_sql_and_values(
         tx.get_database_backend(),
-        &sql.insert_step,
+        &sql.lease.insert_step,
         [
             ticket.id.to_vec().into(),
             name.into(),
@@ -148,8 +148,8 @@ async fn claim_at_once(
     // SQLite's `DO NOTHING` returns no row; nor does PostgreSQL's for a row committed while
     // its insert waited: then `read` reads it, committed.
     let claim = Write::Claim {
-        claim: statement(d, &d.claim, values),
-        read: statement(d, &d.read_row, vec![id.to_vec().into()]),
+        claim: statement(d, &d.ledger.claim, values),
+        read: statement(d, &d.ledger.read_row, vec![id.to_vec().into()]),
     };
     let written = within_connection_wait(db, group_commit::write(db, claim))
         .await
@@ -181,10 +181,10 @@ async fn claim(
     if db.get_database_backend() == DbBackend::MySql {
         crate::flavour::detect(&db).await;
     }
-    let d = Sql::of(db.get_database_backend());
+    let d = crate::sql::of(db.get_database_backend());
     // A resumable call stores its arguments in its claim's transaction: never at once.
     if stored_call.is_none()
-        && d.claim_at_once
+        && d.ledger.claim_at_once
         && let Some(answer) =
             claim_at_once(&db, d, values.clone(), id, owner, &fingerprints, lease_ms).await?
     {
@@ -195,11 +195,15 @@ async fn claim(
         .map_err(|e| store_error(doing, e))?;
     let failed = |e: DbErr| store_error(doing, e);
     // Inserted only if absent; then read the row back, locked, with the database's clock.
-    tx.execute_raw(statement(d, &d.claim, values))
+    tx.execute_raw(statement(d, &d.ledger.claim, values))
         .await
         .map_err(failed)?;
     let row = tx
-        .query_one_raw(statement(d, &d.read_locked, vec![id.to_vec().into()]))
+        .query_one_raw(statement(
+            d,
+            &d.ledger.read_locked,
+            vec![id.to_vec().into()],
+        ))
         .await
         .map_err(failed)?
         .ok_or_else(|| Error::store(doing, "the claimed ledger row is missing"))?;
@@ -209,7 +213,7 @@ async fn claim(
     // never a claim a completer cannot rebuild.
     let store_call = async |tx: &DatabaseTransaction| match stored_call {
         Some(row) => tx
-            .execute_raw(statement(d, &d.insert_call, row))
+            .execute_raw(statement(d, &d.completer.insert_call, row))
             .await
             .map(drop)
             .map_err(failed),
@@ -230,7 +234,11 @@ async fn claim(
             let token = row.owner.wrapping_add(1);
             take_over(&tx, d, token, fingerprint, lease_ms, &id).await?;
             let steps = tx
-                .query_all_raw(statement(d, &d.select_steps, vec![id.to_vec().into()]))
+                .query_all_raw(statement(
+                    d,
+                    &d.lease.select_steps,
+                    vec![id.to_vec().into()],
+                ))
                 .await
                 .and_then(|rows| {
                     rows.iter()
@@ -246,9 +254,13 @@ async fn claim(
         _ => {
             // An expired record (or an unknown state): a new execution.
             take_over(&tx, d, owner, fingerprint, lease_ms, &id).await?;
-            tx.execute_raw(statement(d, &d.delete_steps, vec![id.to_vec().into()]))
-                .await
-                .map_err(failed)?;
+            tx.execute_raw(statement(
+                d,
+                &d.lease.delete_steps,
+                vec![id.to_vec().into()],
+            ))
+            .await
+            .map_err(failed)?;
             store_call(&tx).await?;
             LeaseClaim::Execute {
                 ticket: ticket(owner, row.now_ms),
@@ -288,11 +300,11 @@ async fn record_completion(
     resumable: bool,
 ) -> Result<(), Error> {
     let doing = "recording the result";
-    let sql = Sql::of(tx.get_database_backend());
+    let sql = crate::sql::of(tx.get_database_backend());
     let updated = tx
         .execute_raw(statement(
             sql,
-            &sql.complete_lease,
+            &sql.lease.complete_lease,
             completion_values(&ticket, status, payload, ttl),
         ))
         .await
@@ -307,7 +319,7 @@ async fn record_completion(
     if resumable {
         tx.execute_raw(statement(
             sql,
-            &sql.delete_call,
+            &sql.completer.delete_call,
             vec![ticket.id.to_vec().into()],
         ))
         .await
@@ -319,14 +331,22 @@ async fn record_completion(
 /// Deletes a finished call's steps: by primary key where a range delete would take gap locks
 /// (MySQL), after a plain read of their names.
 async fn forget_steps(tx: &DatabaseTransaction, sql: &Sql, id: &[u8]) -> Result<(), DbErr> {
-    let Some(by_key) = &sql.delete_steps_by_key else {
+    let Some(by_key) = &sql.lease.delete_steps_by_key else {
         return tx
-            .execute_raw(statement(sql, &sql.delete_steps, vec![id.to_vec().into()]))
+            .execute_raw(statement(
+                sql,
+                &sql.lease.delete_steps,
+                vec![id.to_vec().into()],
+            ))
             .await
             .map(drop);
     };
     let names: Vec<String> = tx
-        .query_all_raw(statement(sql, &sql.select_steps, vec![id.to_vec().into()]))
+        .query_all_raw(statement(
+            sql,
+            &sql.lease.select_steps,
+            vec![id.to_vec().into()],
+        ))
         .await?
         .iter()
         .map(|row| row.try_get_by_index(0))
@@ -338,7 +358,7 @@ async fn forget_steps(tx: &DatabaseTransaction, sql: &Sql, id: &[u8]) -> Result<
     values.extend(names.iter().map(|name| name.as_str().into()));
     tx.execute_raw(statement(
         sql,
-        &with_ids(sql.backend, by_key, names.len()),
+        &with_ids(crate::sql::backend(sql), by_key, names.len()),
         values,
     ))
     .await
@@ -382,7 +402,7 @@ async fn take_over(
 ) -> Result<(), Error> {
     tx.execute_raw(statement(
         d,
-        &d.take_over,
+        &d.ledger.take_over,
         vec![
             owner.into(),
             fingerprint.0.to_vec().into(),
@@ -457,7 +477,9 @@ impl LeaseStore for SeaOrmLeaseStore {
         ticket: &'a Ticket,
         lease: Duration,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        let sql = &Sql::of(self.db.get_database_backend()).renew_lease;
+        let sql = &crate::sql::of(self.db.get_database_backend())
+            .lease
+            .renew_lease;
         let values = vec![
             millis(lease).into(),
             ticket.id.to_vec().into(),
@@ -506,7 +528,9 @@ impl LeaseStore for SeaOrmLeaseStore {
         Box::pin(detached(async move {
             if !forget_steps && !resumable {
                 // Nothing else to delete: the fenced update alone, outside a transaction.
-                let sql = &Sql::of(db.get_database_backend()).complete_lease;
+                let sql = &crate::sql::of(db.get_database_backend())
+                    .lease
+                    .complete_lease;
                 let values = completion_values(&ticket, status, payload, ttl);
                 return if fenced_update(&db, sql, values, "recording the result").await? {
                     Ok(())
@@ -522,7 +546,9 @@ impl LeaseStore for SeaOrmLeaseStore {
     }
 
     fn release_lease<'a>(&'a self, ticket: &'a Ticket) -> BoxFuture<'a, Result<(), Error>> {
-        let sql = &Sql::of(self.db.get_database_backend()).release_lease;
+        let sql = &crate::sql::of(self.db.get_database_backend())
+            .lease
+            .release_lease;
         let values = vec![ticket.id.to_vec().into(), ticket.token.into()];
         let db = self.db.clone();
         Box::pin(detached(async move {
@@ -654,10 +680,10 @@ where
     insert_step(&tx, &ticket, name, &payload).await?;
     if lease.is_resumable() {
         // A completer must complete this call, never give it up: its effects are done.
-        let sql = Sql::of(tx.get_database_backend());
+        let sql = crate::sql::of(tx.get_database_backend());
         tx.execute_raw(statement(
             sql,
-            &sql.note_final_phase,
+            &sql.completer.note_final_phase,
             vec![ticket.id.to_vec().into()],
         ))
         .await
@@ -705,7 +731,9 @@ pub async fn expired_leases<C: ConnectionTrait>(
     db: &C,
     limit: u32,
 ) -> Result<Vec<ExpiredLease>, Error> {
-    let sql = &Sql::of(db.get_database_backend()).expired_leases;
+    let sql = &crate::sql::of(db.get_database_backend())
+        .lease
+        .expired_leases;
     list_rows(db, sql, limit, "listing expired leases", |row| {
         let (id, scope, key, token, expires_at_ms, now_ms, attempts) =
             row.try_get_many_by_index::<(_, _, _, _, i64, i64, Option<i32>)>()?;
@@ -727,9 +755,12 @@ pub async fn expired_leases<C: ConnectionTrait>(
 /// with neither, so this finds nothing in a ledger it alone purged. The steps table only
 /// holds calls in progress, so this stays small.
 pub(crate) async fn purge_orphaned_steps<C: ConnectionTrait>(db: &C) -> Result<u64, Error> {
-    let sql = Sql::of(db.get_database_backend());
+    let sql = crate::sql::of(db.get_database_backend());
     let mut purged = 0;
-    for orphans in [&sql.purge_orphaned_steps, &sql.purge_orphaned_calls] {
+    for orphans in [
+        &sql.lease.purge_orphaned_steps,
+        &sql.completer.purge_orphaned_calls,
+    ] {
         purged += db
             .execute_unprepared(orphans)
             .await
@@ -750,11 +781,11 @@ pub(crate) async fn purge_orphaned_steps<C: ConnectionTrait>(db: &C) -> Result<u
 /// For a holder that hangs (a step awaiting a call that never returns): its renewals keep the
 /// lease alive for ever otherwise. [`stuck_leases`] lists such calls.
 pub async fn release_lease<C: ConnectionTrait>(db: &C, id: &[u8]) -> Result<bool, Error> {
-    let sql = Sql::of(db.get_database_backend());
+    let sql = crate::sql::of(db.get_database_backend());
     let released = db
         .execute_raw(statement(
             sql,
-            &sql.release_by_hand,
+            &sql.lease.release_by_hand,
             vec![id.to_vec().into()],
         ))
         .await
@@ -789,12 +820,12 @@ pub async fn stuck_leases<C: ConnectionTrait>(
     held_for: Duration,
     limit: u32,
 ) -> Result<Vec<StuckLease>, Error> {
-    let sql = Sql::of(db.get_database_backend());
+    let sql = crate::sql::of(db.get_database_backend());
     let doing = "listing stuck leases";
     let rows = db
         .query_all_raw(statement(
             sql,
-            &sql.stuck_leases,
+            &sql.lease.stuck_leases,
             vec![millis(held_for).into(), i64::from(limit).into()],
         ))
         .await

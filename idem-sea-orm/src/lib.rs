@@ -74,7 +74,7 @@ use idem_core::Error;
 use sea_orm::{ConnectionTrait, Statement, Value};
 
 use crate::error::store_error;
-use crate::sql::{Purge, Sql};
+use crate::sql::Purge;
 use crate::store::statement;
 
 /// Creates the ledger, the steps and calls tables of lease mode, and the outbox tables (with
@@ -96,32 +96,32 @@ use crate::store::statement;
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(run()).unwrap();
 /// ```
 pub async fn create_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
-    let sql = Sql::of(db.get_database_backend());
+    let sql = crate::sql::of(db.get_database_backend());
     // SQLite runs its (idempotent) DDL every time: it is embedded, so no other node aborts,
     // and it drops the expiry index that ledgers of earlier versions have.
-    let missing = match sql.backend {
+    let missing = match crate::sql::backend(sql) {
         sea_orm::DbBackend::Sqlite => sql::ALL_TABLES.to_vec(),
         _ => inspect::missing_tables(db).await?,
     };
     let exists = |table: &str| !missing.contains(&table);
     let families = [
         (
-            &sql.ledger_tables,
+            &sql.ledger.tables,
             &[LEDGER_TABLE][..],
             "creating the ledger table",
         ),
         (
-            &sql.steps_tables,
+            &sql.lease.tables,
             &[STEPS_TABLE][..],
             "creating the steps table",
         ),
         (
-            &sql.calls_tables,
+            &sql.completer.tables,
             &[CALLS_TABLE][..],
             "creating the calls table",
         ),
         (
-            &sql.outbox_tables,
+            &sql.outbox.tables,
             &[OUTBOX_TABLE, OUTBOX_HEADS_TABLE, DEAD_LETTERS_TABLE][..],
             "creating the outbox tables",
         ),
@@ -204,7 +204,7 @@ impl ExpiredPurge {
             return Ok(None);
         }
         let batch = batch.max(1);
-        let d = Sql::of(db.get_database_backend());
+        let d = crate::sql::of(db.get_database_backend());
         let delete = |sql: &str, values: Vec<Value>| {
             let delete = statement(d, sql, values);
             async move {
@@ -214,7 +214,7 @@ impl ExpiredPurge {
                     .map_err(|e| store_error("purging expired records", e))
             }
         };
-        let deleted = match &d.purge {
+        let deleted = match &d.ledger.purge {
             Purge::ByIndex(sql) => {
                 let deleted = delete(sql, vec![i64::from(batch).into()]).await?;
                 self.finished = deleted < u64::from(batch);
@@ -283,9 +283,12 @@ pub async fn purge_expired<C: ConnectionTrait>(db: &C, batch: u32) -> Result<u64
 
 /// The database's clock, in milliseconds since the Unix epoch (what expiry is measured on).
 pub async fn database_now_ms<C: ConnectionTrait>(db: &C) -> Result<i64, Error> {
-    let d = Sql::of(db.get_database_backend());
+    let d = crate::sql::of(db.get_database_backend());
     let row = db
-        .query_one_raw(Statement::from_string(d.backend, d.select_now.clone()))
+        .query_one_raw(Statement::from_string(
+            crate::sql::backend(d),
+            d.ledger.select_now.clone(),
+        ))
         .await
         .map_err(|e| store_error("reading the database clock", e))?;
     row.ok_or_else(|| Error::Store {

@@ -53,36 +53,28 @@ macro_rules! tables_migration {
         #[async_trait::async_trait]
         impl MigrationTrait for $migration {
             async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-                execute(manager, |sql| &sql.$tables.create).await
+                execute(manager, |sql| &sql.$tables.tables.create).await
             }
 
             async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-                execute(manager, |sql| &sql.$tables.drop).await
+                execute(manager, |sql| &sql.$tables.tables.drop).await
             }
         }
     };
 }
 
-tables_migration!(
-    Migration,
-    "m20261122_000001_create_idem_ledger",
-    ledger_tables
-);
+tables_migration!(Migration, "m20261122_000001_create_idem_ledger", ledger);
 tables_migration!(
     OutboxMigration,
     "m20261123_000001_create_idem_outbox",
-    outbox_tables
+    outbox
 );
-tables_migration!(
-    LeaseMigration,
-    "m20261123_000002_create_idem_steps",
-    steps_tables
-);
+tables_migration!(LeaseMigration, "m20261123_000002_create_idem_steps", lease);
 
 tables_migration!(
     CompleterMigration,
     "m20261124_000001_create_idem_calls",
-    calls_tables
+    completer
 );
 
 /// Runs the `statements` of the connection's backend, in order.
@@ -91,7 +83,7 @@ async fn execute(
     statements: fn(&Sql) -> &[String],
 ) -> Result<(), DbErr> {
     let db = manager.get_connection();
-    for sql in statements(Sql::of(db.get_database_backend())) {
+    for sql in statements(crate::sql::of(db.get_database_backend())) {
         db.execute_unprepared(sql).await?;
     }
     Ok(())

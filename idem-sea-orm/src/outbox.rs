@@ -25,7 +25,7 @@ use sea_orm::{
 };
 
 use crate::error::store_error;
-use crate::sql::{Sql, millis, outbox_state, with_ids};
+use crate::sql::{millis, outbox_state, with_ids};
 use crate::store::{detached, list_rows};
 
 /// Staging messages in the transaction you are in: inside an `#[idempotent]` body, on the
@@ -54,7 +54,7 @@ pub trait Outbox {
 impl<C: ConnectionTrait + Sync + ?Sized> Outbox for C {
     async fn stage(&self, message: Message) -> Result<String, Error> {
         message.validate()?;
-        let sql = Sql::of(self.get_database_backend());
+        let sql = crate::sql::of(self.get_database_backend());
         let id = uuid::Uuid::now_v7().to_string();
         let topic = message.topic().to_owned();
         let aggregate = message.aggregate_key().map(str::to_owned);
@@ -68,26 +68,31 @@ impl<C: ConnectionTrait + Sync + ?Sized> Outbox for C {
         let payload = message.into_payload();
         let statement = match aggregate {
             Some(aggregate) => {
-                if let Some(bump) = &sql.bump_head {
-                    exec(self, sql.backend, bump, vec![aggregate.clone().into()])
-                        .await
-                        .map_err(|e| store_error("ordering the message in its aggregate", e))?;
+                if let Some(bump) = &sql.outbox.bump_head {
+                    exec(
+                        self,
+                        crate::sql::backend(sql),
+                        bump,
+                        vec![aggregate.clone().into()],
+                    )
+                    .await
+                    .map_err(|e| store_error("ordering the message in its aggregate", e))?;
                 }
-                let leading: Vec<Value> = if sql.bump_head.is_some() {
+                let leading: Vec<Value> = if sql.outbox.bump_head.is_some() {
                     vec![id.clone().into(), topic.into(), aggregate.clone().into()]
                 } else {
                     vec![aggregate.clone().into(), id.clone().into(), topic.into()]
                 };
                 let mut values = leading;
                 values.extend([aggregate.into(), headers, payload.into()]);
-                (&sql.insert_message_in_aggregate, values)
+                (&sql.outbox.insert_message_in_aggregate, values)
             }
             None => (
-                &sql.insert_message,
+                &sql.outbox.insert_message,
                 vec![id.clone().into(), topic.into(), headers, payload.into()],
             ),
         };
-        exec(self, sql.backend, statement.0, statement.1)
+        exec(self, crate::sql::backend(sql), statement.0, statement.1)
             .await
             .map_err(|e| store_error("staging an outbox message", e))?;
         if !idem_core::outbox::note_staged() {
@@ -146,17 +151,17 @@ async fn claim(
     lease: Duration,
     token: i64,
 ) -> Result<Vec<Claimed>, Error> {
-    let sql = Sql::of(db.get_database_backend());
+    let sql = crate::sql::of(db.get_database_backend());
     let doing = "claiming outbox messages";
-    let mut claimed = if sql.backend == DbBackend::MySql {
+    let mut claimed = if crate::sql::backend(sql) == DbBackend::MySql {
         let tx = db
             .begin_with_config(Some(IsolationLevel::ReadCommitted), None)
             .await
             .map_err(|e| store_error(doing, e))?;
         let eligible: Vec<i64> = tx
             .query_all_raw(Statement::from_sql_and_values(
-                sql.backend,
-                &sql.select_eligible,
+                crate::sql::backend(sql),
+                &sql.outbox.select_eligible,
                 [i64::from(batch).into()],
             ))
             .await
@@ -169,8 +174,12 @@ async fn claim(
         let ids: Vec<Value> = eligible.iter().map(|&id| id.into()).collect();
         let mut locked: Vec<Claimed> = tx
             .query_all_raw(Statement::from_sql_and_values(
-                sql.backend,
-                with_ids(sql.backend, &sql.lock_claimable, ids.len()),
+                crate::sql::backend(sql),
+                with_ids(
+                    crate::sql::backend(sql),
+                    &sql.outbox.lock_claimable,
+                    ids.len(),
+                ),
                 ids,
             ))
             .await
@@ -180,8 +189,12 @@ async fn claim(
             let mut values: Vec<Value> = vec![millis(lease).into(), token.into()];
             values.extend(locked.iter().map(|c| Value::from(c.row)));
             tx.execute_raw(Statement::from_sql_and_values(
-                sql.backend,
-                with_ids(sql.backend, &sql.lease_messages, locked.len()),
+                crate::sql::backend(sql),
+                with_ids(
+                    crate::sql::backend(sql),
+                    &sql.outbox.lease_messages,
+                    locked.len(),
+                ),
                 values,
             ))
             .await
@@ -194,8 +207,8 @@ async fn claim(
         locked
     } else {
         db.query_all_raw(Statement::from_sql_and_values(
-            sql.backend,
-            &sql.claim_messages,
+            crate::sql::backend(sql),
+            &sql.outbox.claim_messages,
             [millis(lease).into(), token.into(), i64::from(batch).into()],
         ))
         .await
@@ -211,13 +224,17 @@ async fn mark_published(db: &DatabaseConnection, rows: &[i64], token: i64) -> Re
     if rows.is_empty() {
         return Ok(());
     }
-    let sql = Sql::of(db.get_database_backend());
+    let sql = crate::sql::of(db.get_database_backend());
     let mut values: Vec<Value> = vec![token.into()];
     values.extend(rows.iter().map(|&r| Value::from(r)));
     exec(
         db,
-        sql.backend,
-        &with_ids(sql.backend, &sql.mark_published, rows.len()),
+        crate::sql::backend(sql),
+        &with_ids(
+            crate::sql::backend(sql),
+            &sql.outbox.mark_published,
+            rows.len(),
+        ),
         values,
     )
     .await
@@ -234,7 +251,7 @@ async fn mark_failed(
     error: &str,
     delay: Duration,
 ) -> Result<(), Error> {
-    let sql = Sql::of(db.get_database_backend());
+    let sql = crate::sql::of(db.get_database_backend());
     let state = if dead {
         outbox_state::DEAD
     } else {
@@ -244,8 +261,8 @@ async fn mark_failed(
     let error: String = error.chars().take(2000).collect();
     exec(
         db,
-        sql.backend,
-        &sql.mark_failed,
+        crate::sql::backend(sql),
+        &sql.outbox.mark_failed,
         vec![
             state.into(),
             error.into(),
@@ -568,12 +585,12 @@ fn listen_for_notifications(db: &DatabaseConnection) -> Option<tokio::task::Join
 /// The outbox's figures for a health endpoint or a metrics scrape: pending messages, the age
 /// of the oldest one (database clock), dead messages. One statement.
 pub async fn outbox_health<C: ConnectionTrait>(db: &C) -> Result<OutboxHealth, Error> {
-    let sql = Sql::of(db.get_database_backend());
+    let sql = crate::sql::of(db.get_database_backend());
     let doing = "reading the outbox's health";
     let row = db
         .query_one_raw(Statement::from_string(
-            sql.backend,
-            sql.outbox_health.clone(),
+            crate::sql::backend(sql),
+            sql.outbox.outbox_health.clone(),
         ))
         .await
         .map_err(|e| store_error(doing, e))?
@@ -613,7 +630,7 @@ pub async fn dead_messages<C: ConnectionTrait>(
     db: &C,
     limit: u32,
 ) -> Result<Vec<DeadMessage>, Error> {
-    let sql = &Sql::of(db.get_database_backend()).list_dead;
+    let sql = &crate::sql::of(db.get_database_backend()).outbox.list_dead;
     list_rows(db, sql, limit, "listing dead outbox messages", |row| {
         let (id, topic, aggregate, aggregate_seq, attempts, last_error, created_at_ms) =
             row.try_get_many_by_index::<(_, _, _, _, i32, _, _)>()?;
@@ -633,10 +650,15 @@ pub async fn dead_messages<C: ConnectionTrait>(
 /// Puts a dead message back in line with fresh attempts; `false` if no dead message has that
 /// id.
 pub async fn retry_dead<C: ConnectionTrait>(db: &C, message_id: &str) -> Result<bool, Error> {
-    let sql = Sql::of(db.get_database_backend());
-    let retried = exec(db, sql.backend, &sql.retry_dead, vec![message_id.into()])
-        .await
-        .map_err(|e| store_error("retrying a dead outbox message", e))?;
+    let sql = crate::sql::of(db.get_database_backend());
+    let retried = exec(
+        db,
+        crate::sql::backend(sql),
+        &sql.outbox.retry_dead,
+        vec![message_id.into()],
+    )
+    .await
+    .map_err(|e| store_error("retrying a dead outbox message", e))?;
     if retried > 0 {
         idem_core::outbox::wake();
     }
@@ -650,15 +672,15 @@ pub async fn purge_published<C: ConnectionTrait>(
     retention: Duration,
     batch: u32,
 ) -> Result<u64, Error> {
-    let sql = Sql::of(db.get_database_backend());
+    let sql = crate::sql::of(db.get_database_backend());
     let batch = batch.max(1);
     let mut total = 0;
     loop {
         let started = Instant::now();
         let deleted = exec(
             db,
-            sql.backend,
-            &sql.purge_published,
+            crate::sql::backend(sql),
+            &sql.outbox.purge_published,
             vec![millis(retention).into(), i64::from(batch).into()],
         )
         .await
@@ -687,7 +709,7 @@ impl DeadLetterTable {
 
 impl idem_core::outbox::DeadLetters for DeadLetterTable {
     async fn record(&self, letter: &idem_core::outbox::DeadLetter<'_>) -> Result<(), Error> {
-        let sql = Sql::of(self.db.get_database_backend());
+        let sql = crate::sql::of(self.db.get_database_backend());
         let values = vec![
             letter.consumer.into(),
             letter.message_id.into(),
@@ -697,8 +719,8 @@ impl idem_core::outbox::DeadLetters for DeadLetterTable {
             i64::try_from(letter.deliveries).unwrap_or(i64::MAX).into(),
         ];
         let db = self.db.clone();
-        let statement = sql.record_dead_letter.clone();
-        let backend = sql.backend;
+        let statement = sql.inbox.record_dead_letter.clone();
+        let backend = crate::sql::backend(sql);
         detached(async move {
             exec(&db, backend, &statement, values)
                 .await

@@ -92,7 +92,7 @@ pub(crate) fn outside_open_claim(db: &DatabaseConnection, what: &str) -> Result<
 }
 
 pub(crate) fn statement(statements: &Sql, sql: &str, values: Vec<Value>) -> Statement {
-    Statement::from_sql_and_values(statements.backend, sql, values)
+    Statement::from_sql_and_values(crate::sql::backend(statements), sql, values)
 }
 
 /// Runs `sql`, which binds a row limit, and reads each row it returns with `read`; an error
@@ -363,20 +363,24 @@ async fn claim_in(
     step: &ClaimStep,
 ) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
     // After `begin`, which learns which MySQL family the server is.
-    let d = Sql::of(tx.get_database_backend());
+    let d = crate::sql::of(tx.get_database_backend());
     if step.reject
-        && let Some(sql) = d.before_nowait
+        && let Some(sql) = d.ledger.before_nowait
     {
         tx.execute_unprepared(sql)
             .await
             .map_err(|e| ("setting the lock timeout", e))?;
     }
-    if d.claim_by_read {
+    if d.ledger.claim_by_read {
         // SQLite: `BEGIN IMMEDIATE` already holds the only write lock, so nobody can claim
         // the key before this transaction ends. A plain read decides, and the record step
         // writes the whole row once (an upsert over an expired record).
         let row = tx
-            .query_one_raw(statement(d, &d.read_locked, vec![step.id.clone().into()]))
+            .query_one_raw(statement(
+                d,
+                &d.ledger.read_locked,
+                vec![step.id.clone().into()],
+            ))
             .await
             .and_then(|row| row.map(|row| read_row(&row)).transpose())
             .map_err(|e| ("reading the key", e))?;
@@ -391,9 +395,9 @@ async fn claim_in(
     let insert = statement(
         d,
         if step.reject {
-            &d.claim_nowait
+            &d.ledger.claim_nowait
         } else {
-            &d.claim
+            &d.ledger.claim
         },
         step.insert.clone(),
     );
@@ -402,7 +406,7 @@ async fn claim_in(
         .await
         .and_then(|row| row.map(|row| read_row(&row)).transpose());
     if step.reject
-        && let Some(sql) = d.after_nowait
+        && let Some(sql) = d.ledger.after_nowait
     {
         tx.execute_unprepared(sql)
             .await
@@ -418,7 +422,7 @@ async fn claim_in(
     };
     match seen {
         // Our new row, or (MariaDB) the current row, locked: it decides.
-        Some(row) if row.owner == step.owner || d.claim_locks_row => {
+        Some(row) if row.owner == step.owner || d.ledger.claim_locks_row => {
             return settle(tx, d, row, step).await;
         }
         // A committed final record never changes before it expires: it answers as the
@@ -437,7 +441,11 @@ async fn claim_in(
     }
     // Another owner's row, seen without a lock: read it locked, as it is now.
     let row = tx
-        .query_one_raw(statement(d, &d.read_locked, vec![step.id.clone().into()]))
+        .query_one_raw(statement(
+            d,
+            &d.ledger.read_locked,
+            vec![step.id.clone().into()],
+        ))
         .await
         .and_then(|row| match row {
             Some(row) => read_row(&row),
@@ -464,7 +472,7 @@ async fn settle(
         // An expired record is a new execution: take it over in this transaction.
         tx.execute_raw(statement(
             d,
-            &d.take_over,
+            &d.ledger.take_over,
             vec![
                 step.owner.into(),
                 step.fingerprint.0.to_vec().into(),
@@ -521,7 +529,7 @@ async fn savepoint(
     step: &ClaimStep,
 ) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
     if step.savepoint {
-        let sql = &Sql::of(tx.get_database_backend()).savepoint;
+        let sql = &crate::sql::of(tx.get_database_backend()).ledger.savepoint;
         tx.execute_unprepared(sql)
             .await
             .map_err(|e| ("taking the claim savepoint", e))?;
@@ -539,19 +547,19 @@ async fn record_step(
     values: Vec<Value>,
     undo_body: bool,
 ) -> Result<(), Error> {
-    let d = Sql::of(tx.get_database_backend());
+    let d = crate::sql::of(tx.get_database_backend());
     let undone = match body {
         Some(body) if undo_body => body.rollback().await,
         Some(body) => body.commit().await,
         None if undo_body => tx
-            .execute_unprepared(&d.rollback_to_savepoint)
+            .execute_unprepared(&d.ledger.rollback_to_savepoint)
             .await
             .map(drop),
         None => Ok(()),
     };
     undone.map_err(|e| store_error("rolling back the handler's writes", e))?;
     let updated = tx
-        .execute_raw(statement(d, &d.record, values))
+        .execute_raw(statement(d, &d.ledger.record, values))
         .await
         .map_err(|e| store_error("recording the result", e))?;
     if updated.rows_affected() != 1 {
@@ -581,7 +589,7 @@ impl Store for SeaOrmStore<'_> {
         let step = ClaimStep {
             id: req.id().to_vec(),
             // SQLite claims by a read: its claim binds nothing but the id.
-            insert: if Sql::of(self.backend()).claim_by_read {
+            insert: if crate::sql::of(self.backend()).ledger.claim_by_read {
                 Vec::new()
             } else {
                 ledger_row(req, owner, req.ttl())
@@ -613,7 +621,7 @@ impl Store for SeaOrmStore<'_> {
         status: RecordStatus,
         payload: &[u8],
     ) -> Result<(), Error> {
-        let values = if Sql::of(self.backend()).claim_by_read {
+        let values = if crate::sql::of(self.backend()).ledger.claim_by_read {
             // The claim wrote nothing: the record writes the whole row.
             let mut row = ledger_row(req, owner, req.ttl());
             row.extend([status.code().into(), payload.to_vec().into()]);
@@ -697,10 +705,14 @@ impl Store for SeaOrmStore<'_> {
         if backend != DbBackend::MySql {
             return false;
         }
-        let d = Sql::of(backend);
+        let d = crate::sql::of(backend);
         let read = claimed
             .tx
-            .query_one_raw(statement(d, &d.read_locked, vec![req.id().to_vec().into()]))
+            .query_one_raw(statement(
+                d,
+                &d.ledger.read_locked,
+                vec![req.id().to_vec().into()],
+            ))
             .await;
         match read {
             Ok(Some(row)) => read_row(&row).map_or(true, |row| row.owner != claimed.owner),

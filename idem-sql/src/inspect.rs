@@ -1,0 +1,71 @@
+//! Inspection (read only): what an operator's tools show of one record.
+
+use crate::Dialect;
+use crate::render::render;
+
+/// The inspection's statements for one server flavour.
+#[derive(Debug)]
+pub struct Inspect {
+    /// Returns the names of those of idem's tables ([`ALL_TABLES`]) the connection sees, as
+    /// its own statements would resolve them.
+    pub existing_tables: String,
+    /// Binds id. Returns id, scope, principal, idem_key, owner, fingerprint, state,
+    /// response, created_at_ms, expires_at_ms, now_ms.
+    pub inspect_record: String,
+    /// Binds record_id. Returns name, token, result, created_at_ms, oldest first.
+    pub inspect_steps: String,
+    /// Binds record_id. Returns attempts, last_error, gave_up, next_attempt_at_ms, args,
+    /// created_at_ms.
+    pub inspect_call: String,
+    /// Binds the lowest and the highest id a prefix covers, and a limit. Returns the ids in
+    /// that range, in order (a range of the primary key: no scan).
+    pub ids_in_range: String,
+    /// Binds scope, since_ms, state (-1: any), state, limit. Returns what `inspect_record`
+    /// returns for the scope's records claimed in the last since_ms, newest first. No index
+    /// leads with the scope: the statement reads the whole ledger (an operator's look, not
+    /// a service's query).
+    pub list_records: String,
+}
+
+impl Inspect {
+    pub(crate) fn new(backend: Dialect) -> Self {
+        use Dialect::{MySql, Postgres};
+        let r = |template: &str| render(backend, template);
+        Self {
+            existing_tables: r(match backend {
+                // `to_regclass` resolves a name through the search path, as every statement
+                // of the crate does: a table in another schema does not count.
+                Postgres => {
+                    "SELECT name FROM (VALUES {table_rows}) AS idem_tables (name) \
+                WHERE to_regclass(name) IS NOT NULL"
+                }
+                MySql => {
+                    "SELECT table_name FROM information_schema.tables \
+                WHERE table_schema = DATABASE() AND table_name IN ({table_names})"
+                }
+                _ => {
+                    "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ({table_names})"
+                }
+            }),
+            inspect_record: r(
+                "SELECT id, scope, principal, idem_key, owner, fingerprint, state, response, \
+            created_at_ms, expires_at_ms, {now} AS now_ms FROM {ledger} WHERE id = ?",
+            ),
+            inspect_steps: r("SELECT name, token, result, created_at_ms FROM {steps} \
+            WHERE record_id = ? ORDER BY created_at_ms, name"),
+            inspect_call: r(
+                "SELECT attempts, last_error, gave_up, next_attempt_at_ms, args, created_at_ms \
+            FROM {calls} WHERE record_id = ?",
+            ),
+            ids_in_range: r(
+                "SELECT id FROM {ledger} WHERE id >= ? AND id <= ? ORDER BY id LIMIT ?",
+            ),
+            list_records: r(
+                "SELECT id, scope, principal, idem_key, owner, fingerprint, state, response, \
+            created_at_ms, expires_at_ms, {now} AS now_ms FROM {ledger} \
+            WHERE scope = ? AND created_at_ms >= {now} - ? AND (? = -1 OR state = ?) \
+            ORDER BY created_at_ms DESC LIMIT ?",
+            ),
+        }
+    }
+}

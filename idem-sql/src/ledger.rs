@@ -1,0 +1,221 @@
+//! The ledger: one row per key, claimed, taken over, recorded, purged.
+
+use crate::render::{render, upsert};
+use crate::{Dialect, Tables};
+
+/// The ledger's statements for one server flavour.
+#[derive(Debug)]
+pub struct Ledger {
+    /// The ledger table and its expiry index.
+    pub tables: Tables,
+    /// Binds id, scope, principal, key, owner, fingerprint, ttl_ms. Returns owner,
+    /// fingerprint, state, response, expires_at_ms, now_ms of the inserted row or of the row
+    /// it ran into: locked and current on MariaDB, as the statement's snapshot saw it on
+    /// PostgreSQL (SQLite claims by a read instead; its `claim` serves leases).
+    pub claim: String,
+    /// Whether the row `claim` returns is locked and current, so it decides without a
+    /// second read.
+    pub claim_locks_row: bool,
+    /// Whether the atomic claim only reads (the transaction already holds the database's
+    /// write lock: SQLite) and `record` writes the whole row (binds the row's values, then
+    /// state and response).
+    pub claim_by_read: bool,
+    /// Same as `claim`, failing at once if another transaction holds the key.
+    pub claim_nowait: String,
+    /// Run after `claim_nowait` (whatever it answered) where `before_nowait` changed the
+    /// session.
+    pub after_nowait: Option<&'static str>,
+    /// Run before `claim_nowait` where the backend needs a separate statement.
+    pub before_nowait: Option<&'static str>,
+    /// Whether a lease claim is first tried as `claim` alone, outside a transaction. Not on
+    /// the MySQL 8 family (its upsert returns no row), nor on a Galera node: a node re-runs
+    /// an autocommit statement that failed certification after it returned its rows, so
+    /// the caller could read a row it did not end up inserting (seen in `tests/galera.rs`).
+    pub claim_at_once: bool,
+    /// Binds id; returns owner, fingerprint, state, response, expires_at_ms, now_ms.
+    pub read_locked: String,
+    /// `read_locked` without the lock: a committed row, for answers a later commit cannot
+    /// change (a completed record, a live lease).
+    pub read_row: String,
+    /// Binds owner, fingerprint, ttl_ms, id.
+    pub take_over: String,
+    /// Binds state, response, id, owner (with `claim_by_read`: see there).
+    pub record: String,
+    /// How expired records are found and deleted.
+    pub purge: Purge,
+    /// Selects the database clock.
+    pub select_now: String,
+    /// Taken after the claim, so that a final error can undo the handler's writes.
+    pub savepoint: String,
+    /// Undoes the handler's writes, keeping the claim.
+    pub rollback_to_savepoint: String,
+    /// Binds scope, state, the last id read (empty bytes first), limit. Returns id, response
+    /// of the scope's live records of that state after that id, in id order: the pages the
+    /// pre-deploy check (`check_answers`) reads.
+    pub live_answers: String,
+}
+
+impl Ledger {
+    pub(crate) fn new(backend: Dialect, mariadb: bool) -> Self {
+        use Dialect::{MySql, Postgres, Sqlite};
+        let r = |template: &str| render(backend, template);
+        let mysql8 = backend == MySql && !mariadb;
+        let claim = r(match backend {
+            // One round trip answers a new key and a replay alike: the insert's row, or else
+            // the committed row it ran into, read without a lock. A row committed while the
+            // insert waited is not in the statement's snapshot: then no row, and the store
+            // reads it locked.
+            Postgres => {
+                "WITH claimed AS ({insert_claim} ON CONFLICT (id) DO NOTHING {returning_row}) \
+            SELECT * FROM claimed UNION ALL \
+            SELECT owner, fingerprint, state, response, expires_at_ms, {now} AS now_ms \
+            FROM {ledger} WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM claimed)"
+            }
+            // MySQL 8, Aurora MySQL, TiDB, Vitess: no `RETURNING`. The upsert returns no row,
+            // so the store reads the key locked: two round trips.
+            MySql if mysql8 => "{insert_claim} ON DUPLICATE KEY UPDATE id = id",
+            // MariaDB (10.5+) returns the row an upsert leaves: ours if inserted, else the
+            // existing one, locked by the duplicate-key update and read as committed. One round
+            // trip decides.
+            MySql => "{insert_claim} ON DUPLICATE KEY UPDATE id = id {returning_row}",
+            // The write lock is taken by BEGIN IMMEDIATE, so reads need no FOR UPDATE (SQLite
+            // has none) and a concurrent duplicate always waits in BEGIN.
+            _ => "{insert_claim} ON CONFLICT (id) DO NOTHING {returning_row}",
+        });
+        Self {
+            tables: Tables {
+                create: match backend {
+                    Postgres => vec![
+                        r("CREATE TABLE IF NOT EXISTS {ledger} ({ledger_columns}) \
+                    WITH (fillfactor = 90)"),
+                        r(
+                            "CREATE INDEX IF NOT EXISTS {ledger_expires} ON {ledger} (expires_at_ms)",
+                        ),
+                    ],
+                    MySql => vec![r("CREATE TABLE IF NOT EXISTS {ledger} \
+                    ({ledger_columns}, INDEX {ledger_expires} (expires_at_ms)){clustered}")],
+                    _ => vec![
+                        r("CREATE TABLE IF NOT EXISTS {ledger} ({ledger_columns}){clustered}"),
+                        // No expiry index: on SQLite every commit waits for its WAL frames to
+                        // reach the disk, and the index's page was a fifth of a first
+                        // execution's frames (P4). The purge sweeps the table in key order
+                        // instead. Ledgers made by earlier versions lose the index here.
+                        r("DROP INDEX IF EXISTS {ledger_expires}"),
+                    ],
+                },
+                drop: vec![r("DROP TABLE IF EXISTS {ledger}")],
+            },
+            claim_nowait: match backend {
+                // MariaDB: a lock wait of 0 s fails at once with error 1205.
+                MySql if !mysql8 => {
+                    format!("SET STATEMENT innodb_lock_wait_timeout = 0 FOR {claim}")
+                }
+                _ => claim.clone(),
+            },
+            claim,
+            claim_locks_row: backend == MySql && !mysql8,
+            claim_by_read: backend == Sqlite,
+            before_nowait: match backend {
+                // A lock wait longer than this is another transaction holding the key.
+                Postgres => Some("SET LOCAL lock_timeout = '50ms'"),
+                // The MySQL 8 family has no per-statement setting (`SET_VAR` is not in
+                // MariaDB, where this path is tested) and no wait below 1 s: a rejected
+                // duplicate is told within a second.
+                MySql if mysql8 => Some("SET SESSION innodb_lock_wait_timeout = 1"),
+                _ => None,
+            },
+            after_nowait: mysql8.then_some("SET SESSION innodb_lock_wait_timeout = DEFAULT"),
+            claim_at_once: !mysql8,
+            read_locked: match backend {
+                Sqlite => r("{read_row}"),
+                _ => r("{read_row} FOR UPDATE"),
+            },
+            read_row: r("{read_row}"),
+            take_over: r(
+                "UPDATE {ledger} SET owner = ?, fingerprint = ?, state = 0, response = NULL, \
+            created_at_ms = {now}, expires_at_ms = {now} + ? WHERE id = ?",
+            ),
+            record: match backend {
+                // Binds a whole row (`ledger_row`), then state and response.
+                Sqlite => r(&upsert(
+                    backend,
+                    "INSERT INTO {ledger} (id, scope, principal, idem_key, owner, fingerprint, \
+                expires_at_ms, state, response, created_at_ms) \
+                VALUES (?, ?, ?, ?, ?, ?, {now} + ?, ?, ?, {now})",
+                    "id",
+                    &[
+                        "scope",
+                        "principal",
+                        "idem_key",
+                        "owner",
+                        "fingerprint",
+                        "state",
+                        "response",
+                        "created_at_ms",
+                        "expires_at_ms",
+                    ],
+                )),
+                // The expiry set by the claim stands (a record's TTL counts from its claim):
+                // leaving the indexed `expires_at_ms` alone lets PostgreSQL update the row in
+                // place (a HOT update).
+                _ => r("UPDATE {ledger} SET state = ?, response = ? WHERE id = ? AND owner = ?"),
+            },
+            purge: match backend {
+                // A row locked by a claim is skipped; one that a takeover made current again
+                // while it waited is re-checked under its lock and kept.
+                Postgres => Purge::ByIndex(r(
+                    "DELETE FROM {ledger} WHERE id IN (SELECT id FROM {ledger} \
+                WHERE {purgeable} LIMIT ? FOR UPDATE SKIP LOCKED)",
+                )),
+                MySql => Purge::ByIndex(r("DELETE FROM {ledger} WHERE {purgeable} LIMIT ?")),
+                _ => Purge::Sweep {
+                    bound: r("SELECT id FROM {ledger} WHERE id > ? ORDER BY id LIMIT 1 OFFSET ?"),
+                    delete: r("DELETE FROM {ledger} WHERE id > ? AND id <= ? AND {purgeable}"),
+                    delete_rest: r("DELETE FROM {ledger} WHERE id > ? AND {purgeable}"),
+                },
+            },
+            select_now: r("SELECT {now} AS now_ms"),
+            savepoint: r("SAVEPOINT {claim_savepoint}"),
+            rollback_to_savepoint: r("ROLLBACK TO SAVEPOINT {claim_savepoint}"),
+            live_answers: r(
+                "SELECT id, response FROM {ledger} WHERE scope = ? AND state = ? \
+            AND expires_at_ms > {now} AND id > ? ORDER BY id LIMIT ?",
+            ),
+        }
+    }
+
+    /// MariaDB's statements for a node of a Galera cluster: those that decide a claim (what
+    /// it inserts or reads locked) first wait until the node has applied every write the
+    /// cluster committed before them (`wsrep_sync_wait` 7: reads, updates and inserts), so a
+    /// duplicate sent to another node finds the first call's record or lease.
+    pub(crate) fn galera(mut self) -> Self {
+        const WAIT: &str = "wsrep_sync_wait = 7";
+        self.claim = format!("SET STATEMENT {WAIT} FOR {}", self.claim);
+        self.claim_nowait = self.claim_nowait.replacen(
+            "SET STATEMENT innodb_lock_wait_timeout = 0 FOR",
+            &format!("SET STATEMENT innodb_lock_wait_timeout = 0, {WAIT} FOR"),
+            1,
+        );
+        self.read_locked = format!("SET STATEMENT {WAIT} FOR {}", self.read_locked);
+        self.read_row = format!("SET STATEMENT {WAIT} FOR {}", self.read_row);
+        self.claim_at_once = false;
+        self
+    }
+}
+
+/// How a backend's purge finds expired records.
+#[derive(Debug)]
+pub enum Purge {
+    /// By the expiry index. Binds batch size; deletes up to that many expired rows.
+    ByIndex(String),
+    /// The ledger has no expiry index: sweep the table in key order, a bounded range of keys
+    /// per statement.
+    Sweep {
+        /// Binds a key and a count `n`: the key `n + 1` places after it (the range's last).
+        bound: String,
+        /// Binds the keys a range runs after and up to; deletes the expired rows in it.
+        delete: String,
+        /// Binds the key the last range runs after; deletes the expired rows after it.
+        delete_rest: String,
+    },
+}

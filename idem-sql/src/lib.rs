@@ -1,0 +1,161 @@
+//! Every SQL statement idem's stores run, driver-neutral: rendered once per server flavour
+//! into one table, [`Sql`], grouped by feature ([`Ledger`], [`Lease`], [`Completer`],
+//! [`Inspect`], [`Outbox`], [`Inbox`]).
+//!
+//! A statement is written once, as a template, wherever the backends agree; where they differ,
+//! its field matches on the [`Dialect`]. Templates go through one function, `render`, which
+//! splices in:
+//! - the table names (`{ledger}`, `{steps}`, `{outbox}`, `{heads}`, `{dead_letters}`) and
+//!   index names, each spelled once in [`names`], and all of them as a list of string literals
+//!   (`{table_names}`, or `{table_rows}` for a `VALUES` list);
+//! - the shared fragments (`{read_row}`, `{due}`, …);
+//! - the state codes (`{gave_up}`, and the outbox's `{pending}`, `{published}`, `{dead}`);
+//! - the backend's column types and table options, so each table's columns are listed once;
+//! - `{now}`, the backend's database clock;
+//!
+//! and numbers the `?` placeholders on PostgreSQL. An `{ids}` list stays for [`with_ids`].
+//!
+//! This crate names no database driver: the SeaORM store (`idem-sea-orm`) executes these
+//! statements, and any other store can execute the same ones. It is an implementation crate
+//! of idem: its API follows idem's versions, with no promise of its own.
+
+mod completer;
+mod inbox;
+mod inspect;
+mod lease;
+mod ledger;
+pub mod names;
+mod outbox;
+mod render;
+
+use std::sync::LazyLock;
+
+pub use completer::Completer;
+pub use inbox::Inbox;
+pub use inspect::Inspect;
+pub use lease::Lease;
+pub use ledger::{Ledger, Purge};
+pub use names::{
+    CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
+};
+pub use outbox::Outbox;
+pub use render::{millis, placeholders, with_ids};
+
+/// The SQL dialect a statement is written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dialect {
+    /// PostgreSQL: numbered placeholders (`$1`), `RETURNING`, `FOR UPDATE SKIP LOCKED`.
+    Postgres,
+    /// The MySQL protocol: MariaDB and the MySQL 8 family ([`Flavour`] tells them apart).
+    MySql,
+    /// SQLite.
+    Sqlite,
+}
+
+/// The server a store talks to, as far as its statements differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Flavour {
+    /// PostgreSQL.
+    Postgres,
+    /// MariaDB 10.5 or later: the claim reads the row back with `RETURNING` in the same
+    /// statement, and `reject` waits 0 s with `SET STATEMENT`.
+    MariaDb,
+    /// A MariaDB node of a Galera cluster: MariaDB's statements, those that decide a claim
+    /// first waiting for the node to catch up with the cluster.
+    Galera,
+    /// The MySQL 8 family (MySQL 8.0/8.4, Aurora MySQL, TiDB, Vitess, MariaDB before 10.5):
+    /// an upsert, then a locked read; `reject` waits at most 1 s.
+    MySql8,
+    /// SQLite.
+    Sqlite,
+}
+
+impl Flavour {
+    /// The dialect the flavour's statements are written in.
+    pub const fn dialect(self) -> Dialect {
+        match self {
+            Flavour::Postgres => Dialect::Postgres,
+            Flavour::MariaDb | Flavour::Galera | Flavour::MySql8 => Dialect::MySql,
+            Flavour::Sqlite => Dialect::Sqlite,
+        }
+    }
+}
+
+/// Every statement of one server flavour, by feature. Placeholders are positional, in the
+/// order each field's documentation gives.
+#[derive(Debug)]
+pub struct Sql {
+    /// The flavour these statements are for.
+    pub flavour: Flavour,
+    /// The dialect they are written in.
+    pub dialect: Dialect,
+    /// The database clock in epoch milliseconds, as an SQL expression (spliced into the
+    /// statements; kept for tests that check every statement uses it).
+    pub now: &'static str,
+    /// The ledger: claims, takeovers, records, the purge.
+    pub ledger: Ledger,
+    /// Lease mode: steps and the fenced updates of a held row.
+    pub lease: Lease,
+    /// Resumable calls and their completers.
+    pub completer: Completer,
+    /// What an operator's tools read.
+    pub inspect: Inspect,
+    /// The outbox and its relay.
+    pub outbox: Outbox,
+    /// The inbox's dead letters.
+    pub inbox: Inbox,
+}
+
+/// The DDL of one family of tables.
+#[derive(Debug)]
+pub struct Tables {
+    /// Creates the tables and their indexes, if missing.
+    pub create: Vec<String>,
+    /// Undoes `create` (a migration's `down`).
+    pub drop: Vec<String>,
+}
+
+impl Sql {
+    /// The statements of `flavour`, rendered once per process.
+    pub fn of(flavour: Flavour) -> &'static Sql {
+        static POSTGRES: LazyLock<Sql> = LazyLock::new(|| Sql::new(Flavour::Postgres));
+        static MARIADB: LazyLock<Sql> = LazyLock::new(|| Sql::new(Flavour::MariaDb));
+        static GALERA: LazyLock<Sql> = LazyLock::new(|| Sql::new(Flavour::Galera));
+        static MYSQL8: LazyLock<Sql> = LazyLock::new(|| Sql::new(Flavour::MySql8));
+        static SQLITE: LazyLock<Sql> = LazyLock::new(|| Sql::new(Flavour::Sqlite));
+        match flavour {
+            Flavour::Postgres => &POSTGRES,
+            Flavour::MariaDb => &MARIADB,
+            Flavour::Galera => &GALERA,
+            Flavour::MySql8 => &MYSQL8,
+            Flavour::Sqlite => &SQLITE,
+        }
+    }
+
+    /// Renders every statement of `flavour`.
+    fn new(flavour: Flavour) -> Sql {
+        let dialect = flavour.dialect();
+        // MariaDB's statements on the MySQL protocol (`RETURNING`, `SET STATEMENT`), unless
+        // the server is of the MySQL 8 family.
+        let mariadb = flavour != Flavour::MySql8;
+        let ledger = Ledger::new(dialect, mariadb);
+        Sql {
+            flavour,
+            dialect,
+            now: render::now(dialect),
+            ledger: if flavour == Flavour::Galera {
+                ledger.galera()
+            } else {
+                ledger
+            },
+            lease: Lease::new(dialect),
+            completer: Completer::new(dialect),
+            inspect: Inspect::new(dialect),
+            outbox: Outbox::new(dialect),
+            inbox: Inbox::new(dialect),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,207 @@
+//! The outbox: staged messages, their aggregates' heads, and the relay's claims.
+
+use crate::render::render;
+use crate::{Dialect, Tables};
+
+/// The outbox's statements for one server flavour.
+#[derive(Debug)]
+pub struct Outbox {
+    /// The outbox, its aggregates' heads, and the inbox's dead letters (created with the outbox).
+    pub tables: Tables,
+    /// Binds aggregate_key. Locks the aggregate's head row until commit, so messages of one
+    /// aggregate get their sequence numbers (and ids) in commit order.
+    pub bump_head: Option<String>,
+    /// Binds aggregate_key, message_id, topic, aggregate_key, headers, payload (PostgreSQL:
+    /// bumps the head and notifies relays in the same statement).
+    pub insert_message_in_aggregate: String,
+    /// Binds message_id, topic, headers, payload.
+    pub insert_message: String,
+    /// Binds lease_ms, token, batch. Claims due messages that are first in their aggregate
+    /// and returns `{claimed_columns}` (PostgreSQL, SQLite). MySQL uses the three statements
+    /// below in one transaction.
+    pub claim_messages: String,
+    /// MySQL: binds batch; ids of due messages that are first in their aggregate (plain read).
+    pub select_eligible: String,
+    /// MySQL: `{ids}` is the id list; locks those still claimable, skipping locked ones.
+    pub lock_claimable: String,
+    /// MySQL: binds lease_ms, token; `{ids}` is the id list.
+    pub lease_messages: String,
+    /// Binds token; `{ids}` is the id list.
+    pub mark_published: String,
+    /// Binds state, last_error, delay_ms, id, token.
+    pub mark_failed: String,
+    /// Binds retention_ms, batch.
+    pub purge_published: String,
+    /// Returns pending count, oldest pending created_at_ms, dead count, now_ms.
+    pub outbox_health: String,
+    /// Binds limit.
+    pub list_dead: String,
+    /// Binds message_id.
+    pub retry_dead: String,
+}
+
+impl Outbox {
+    pub(crate) fn new(backend: Dialect) -> Self {
+        use Dialect::{MySql, Postgres};
+        let r = |template: &str| render(backend, template);
+        // The outbox's two other tables, the same whatever the outbox table's indexes.
+        let heads_table = "CREATE TABLE IF NOT EXISTS {heads} (\
+        aggregate_key {string} NOT NULL PRIMARY KEY, last_seq {i64} NOT NULL){clustered}";
+        let dead_letters_table = "CREATE TABLE IF NOT EXISTS {dead_letters} (\
+        consumer {string} NOT NULL, message_id {string} NOT NULL, \
+        subject {string} NOT NULL, payload {blob} NOT NULL, error TEXT NOT NULL, \
+        deliveries {i64} NOT NULL, created_at_ms {i64} NOT NULL, \
+        PRIMARY KEY (consumer, message_id)){clustered}";
+        Self {
+            tables: Tables {
+                create: match backend {
+                    // MySQL has no partial indexes: its indexes are part of the table.
+                    MySql => vec![
+                        "CREATE TABLE IF NOT EXISTS {outbox} ({outbox_columns}, \
+                    INDEX {outbox_pending} (state, id), \
+                    INDEX {outbox_aggregate} (aggregate_key, id), \
+                    INDEX {outbox_published} (state, published_at_ms)){clustered}",
+                        heads_table,
+                        dead_letters_table,
+                    ],
+                    _ => vec![
+                        // Not `{clustered}` on SQLite: AUTOINCREMENT needs a rowid.
+                        "CREATE TABLE IF NOT EXISTS {outbox} ({outbox_columns})",
+                        // The relay's scan: unpublished messages in id order.
+                        "CREATE INDEX IF NOT EXISTS {outbox_pending} ON {outbox} (id) \
+                    WHERE state = {pending}",
+                        // First-in-aggregate checks look only at unpublished messages.
+                        "CREATE INDEX IF NOT EXISTS {outbox_aggregate} ON {outbox} \
+                    (aggregate_key, id) WHERE state <> {published}",
+                        "CREATE INDEX IF NOT EXISTS {outbox_published} ON {outbox} \
+                    (published_at_ms) WHERE state = {published}",
+                        heads_table,
+                        dead_letters_table,
+                    ],
+                }
+                .into_iter()
+                .map(r)
+                .collect(),
+                drop: [
+                    "DROP TABLE IF EXISTS {dead_letters}",
+                    "DROP TABLE IF EXISTS {heads}",
+                    "DROP TABLE IF EXISTS {outbox}",
+                ]
+                .map(r)
+                .to_vec(),
+            },
+            bump_head: match backend {
+                // The insert bumps the head itself.
+                Postgres => None,
+                MySql => Some(r(
+                    "INSERT INTO {heads} (aggregate_key, last_seq) VALUES (?, 1) \
+                ON DUPLICATE KEY UPDATE last_seq = last_seq + 1",
+                )),
+                _ => Some(r(
+                    "INSERT INTO {heads} (aggregate_key, last_seq) VALUES (?, 1) \
+                ON CONFLICT (aggregate_key) DO UPDATE SET last_seq = last_seq + 1",
+                )),
+            },
+            insert_message_in_aggregate: r(match backend {
+                // One round trip: bump the head, insert, and notify listening relays at commit.
+                Postgres => {
+                    "WITH head AS (INSERT INTO {heads} (aggregate_key, last_seq) VALUES (?, 1) \
+                    ON CONFLICT (aggregate_key) DO UPDATE SET last_seq = {heads}.last_seq + 1 \
+                    RETURNING last_seq) \
+                INSERT INTO {outbox} ({insert_columns}) \
+                SELECT ?, ?, ?, head.last_seq, ?, ?, {pending}, 0, {now}, 0, 0, {now} \
+                FROM head, (SELECT pg_notify('{wake_channel}', '')) AS wake"
+                }
+                _ => {
+                    "INSERT INTO {outbox} ({insert_columns}) VALUES (?, ?, ?, \
+                (SELECT last_seq FROM {heads} WHERE aggregate_key = ?), \
+                ?, ?, {pending}, 0, {now}, 0, 0, {now})"
+                }
+            }),
+            insert_message: r(match backend {
+                Postgres => {
+                    "INSERT INTO {outbox} ({insert_columns}) \
+                SELECT ?, ?, NULL, NULL, ?, ?, {pending}, 0, {now}, 0, 0, {now} \
+                FROM (SELECT pg_notify('{wake_channel}', '')) AS wake"
+                }
+                _ => {
+                    "INSERT INTO {outbox} ({insert_columns}) \
+                VALUES (?, ?, NULL, NULL, ?, ?, {pending}, 0, {now}, 0, 0, {now})"
+                }
+            }),
+            claim_messages: match backend {
+                Postgres => r("UPDATE {outbox} \
+                SET locked_until_ms = {now} + ?, locked_by = ?, attempts = attempts + 1 \
+                WHERE id IN (SELECT o.id FROM {outbox} o WHERE {due} AND {first_in_aggregate} \
+                    ORDER BY o.id LIMIT ? FOR UPDATE SKIP LOCKED) \
+                RETURNING {claimed_columns}"),
+                MySql => String::new(),
+                // One statement is atomic on SQLite's single writer: no row locks needed.
+                _ => r("UPDATE {outbox} \
+                SET locked_until_ms = {now} + ?, locked_by = ?, attempts = attempts + 1 \
+                WHERE id IN (SELECT o.id FROM {outbox} o WHERE {due} AND {first_in_aggregate} \
+                    ORDER BY o.id LIMIT ?) \
+                RETURNING {claimed_columns}"),
+            },
+            // InnoDB may lock (and so skip) the rows a subquery of a locking read visits, which
+            // would let a message overtake a locked predecessor: the first-in-aggregate check
+            // is a plain read, the lock a second statement.
+            select_eligible: match backend {
+                MySql => r(
+                    "SELECT o.id FROM {outbox} o WHERE {due} AND {first_in_aggregate} \
+                ORDER BY o.id LIMIT ?",
+                ),
+                _ => String::new(),
+            },
+            lock_claimable: match backend {
+                MySql => r(
+                    "SELECT {claimed_columns} FROM {outbox} o WHERE id IN ({ids}) AND {due} \
+                ORDER BY id FOR UPDATE SKIP LOCKED",
+                ),
+                _ => String::new(),
+            },
+            lease_messages: match backend {
+                MySql => r("UPDATE {outbox} \
+                SET locked_until_ms = {now} + ?, locked_by = ?, attempts = attempts + 1 \
+                WHERE id IN ({ids})"),
+                _ => String::new(),
+            },
+            mark_published: r(
+                "UPDATE {outbox} SET state = {published}, published_at_ms = {now}, \
+            locked_until_ms = 0 WHERE locked_by = ? AND state = {pending} AND id IN ({ids})",
+            ),
+            mark_failed: r(
+                "UPDATE {outbox} SET state = ?, last_error = ?, next_attempt_at_ms = {now} + ?, \
+            locked_until_ms = 0 WHERE id = ? AND locked_by = ? AND state = {pending}",
+            ),
+            purge_published: r(match backend {
+                Postgres => {
+                    "DELETE FROM {outbox} WHERE id IN (SELECT id FROM {outbox} \
+                WHERE state = {published} AND published_at_ms <= {now} - ? LIMIT ? \
+                FOR UPDATE SKIP LOCKED)"
+                }
+                MySql => {
+                    "DELETE FROM {outbox} \
+                WHERE state = {published} AND published_at_ms <= {now} - ? LIMIT ?"
+                }
+                _ => {
+                    "DELETE FROM {outbox} WHERE id IN (SELECT id FROM {outbox} \
+                WHERE state = {published} AND published_at_ms <= {now} - ? LIMIT ?)"
+                }
+            }),
+            outbox_health: r("SELECT \
+            (SELECT COUNT(*) FROM {outbox} WHERE state = {pending}) AS pending, \
+            (SELECT MIN(created_at_ms) FROM {outbox} WHERE state = {pending}) AS oldest_pending_ms, \
+            (SELECT COUNT(*) FROM {outbox} WHERE state = {dead}) AS dead, \
+            {now} AS now_ms"),
+            list_dead: r(
+                "SELECT message_id, topic, aggregate_key, aggregate_seq, attempts, last_error, \
+            created_at_ms FROM {outbox} WHERE state = {dead} ORDER BY id LIMIT ?",
+            ),
+            retry_dead: r(
+                "UPDATE {outbox} SET state = {pending}, attempts = 0, last_error = NULL, \
+            next_attempt_at_ms = {now}, locked_until_ms = 0 WHERE message_id = ? AND state = {dead}",
+            ),
+        }
+    }
+}
