@@ -10,7 +10,7 @@ use sea_orm::ConnectionTrait;
 
 use crate::error::store_error;
 
-use crate::store::statement;
+use crate::sql::statement;
 
 /// Records read per statement: the check pages through the scope by id.
 const PAGE: i64 = 500;
@@ -138,14 +138,9 @@ async fn check<T: Versioned, C: ConnectionTrait>(
     };
     let mut after: Vec<u8> = Vec::new();
     loop {
-        let values = vec![
-            scope.into(),
-            status.code().into(),
-            after.clone().into(),
-            PAGE.into(),
-        ];
+        let page = sql.ledger.live_answers(scope, status.code(), &after, PAGE);
         let rows = db
-            .query_all_raw(statement(sql, &sql.ledger.live_answers, values))
+            .query_all_raw(statement(sql, page))
             .await
             .map_err(|e| store_error("reading the scope's records for the answer check", e))?;
         for row in &rows {

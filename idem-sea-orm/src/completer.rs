@@ -6,22 +6,16 @@ use std::time::Duration;
 
 use idem_core::completer::{Due, ResumeStore, Steps, StoredCall};
 use idem_core::{BoxFuture, Error};
-use sea_orm::{ConnectionTrait, DbErr, QueryResult, Value};
+use sea_orm::{ConnectionTrait, DbErr, QueryResult};
 
 use crate::error::store_error;
 use crate::lease::SeaOrmLeaseStore;
-use crate::sql::{Sql, millis, with_ids};
-use crate::store::{begin, detached, statement};
+use crate::sql::{Bound, millis, statement};
+use crate::store::{begin, detached};
 
 /// A [`Completer`](idem_core::Completer) on the SeaORM ledger: finishes resumable lease-mode
 /// calls whose clients did not come back. `Completer::new(SeaOrmLeaseStore::new(db))`.
 pub type Completer = idem_core::Completer<SeaOrmLeaseStore>;
-
-/// A statement over the list of `scopes` (its `{ids}`), with their values.
-fn over_scopes(d: &Sql, sql: &str, scopes: &[&str]) -> (String, Vec<Value>) {
-    let values = scopes.iter().map(|&s| s.into()).collect();
-    (with_ids(crate::sql::backend(d), sql, scopes.len()), values)
-}
 
 fn stored_call(row: &QueryResult) -> Result<StoredCall, DbErr> {
     let (id, scope, principal, key, args) =
@@ -44,16 +38,16 @@ fn stored_call(row: &QueryResult) -> Result<StoredCall, DbErr> {
 }
 
 /// The attempts count a conditional update compares with: the one read.
-fn attempts(call: &StoredCall) -> Value {
-    i32::try_from(call.attempts).unwrap_or(i32::MAX).into()
+fn attempts(call: &StoredCall) -> i32 {
+    i32::try_from(call.attempts).unwrap_or(i32::MAX)
 }
 
 impl SeaOrmLeaseStore {
-    /// Runs `sql` with `values` and tells whether it changed exactly one row.
-    async fn changed_one(&self, sql: &str, values: Vec<Value>, doing: &str) -> Result<bool, Error> {
+    /// Runs `update` and tells whether it changed exactly one row.
+    async fn changed_one(&self, update: Bound<'_>, doing: &str) -> Result<bool, Error> {
         let d = crate::sql::of(self.db().get_database_backend());
         self.db()
-            .execute_raw(statement(d, sql, values))
+            .execute_raw(statement(d, update))
             .await
             .map(|done| done.rows_affected() == 1)
             .map_err(|e| store_error(doing, e))
@@ -67,14 +61,13 @@ impl ResumeStore for SeaOrmLeaseStore {
         limit: u32,
     ) -> BoxFuture<'a, Result<Due, Error>> {
         let d = crate::sql::of(self.db().get_database_backend());
-        let (due, values) = over_scopes(d, &d.completer.due_calls, scopes);
-        let due = due.replace("{limit}", &limit.max(1).to_string());
-        let (next, next_values) = over_scopes(d, &d.completer.next_due_in, scopes);
+        let due = d.completer.due_calls(scopes, limit);
+        let next = d.completer.next_due_in(scopes);
         let db = self.db().clone();
         Box::pin(detached(async move {
             let doing = "finding resumable calls";
             let rows = db
-                .query_all_raw(statement(d, &due, values))
+                .query_all_raw(statement(d, due))
                 .await
                 .map_err(|e| store_error(doing, e))?;
             let calls = rows
@@ -83,7 +76,7 @@ impl ResumeStore for SeaOrmLeaseStore {
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(|e| store_error(doing, e))?;
             let next_in = db
-                .query_one_raw(statement(d, &next, next_values))
+                .query_one_raw(statement(d, next))
                 .await
                 .and_then(|row| {
                     row.map(|r| r.try_get_by_index::<Option<i64>>(0))
@@ -102,15 +95,10 @@ impl ResumeStore for SeaOrmLeaseStore {
         backoff: Duration,
     ) -> BoxFuture<'a, Result<bool, Error>> {
         let d = crate::sql::of(self.db().get_database_backend());
-        let values = vec![
-            millis(backoff).into(),
-            call.id.clone().into(),
-            attempts(call),
-        ];
-        Box::pin(async move {
-            self.changed_one(&d.completer.begin_attempt, values, "claiming an attempt")
-                .await
-        })
+        let begin = d
+            .completer
+            .begin_attempt(&call.id, attempts(call), millis(backoff));
+        Box::pin(async move { self.changed_one(begin, "claiming an attempt").await })
     }
 
     fn note_failure<'a>(
@@ -121,15 +109,11 @@ impl ResumeStore for SeaOrmLeaseStore {
         let d = crate::sql::of(self.db().get_database_backend());
         // Bounded: an error text can be long (a response body); the start says what failed.
         let error: String = error.chars().take(2000).collect();
-        let values = vec![error.into(), call.id.clone().into()];
+        let note = d.completer.note_call_error(&call.id, error);
         Box::pin(async move {
-            self.changed_one(
-                &d.completer.note_call_error,
-                values,
-                "keeping an attempt's error",
-            )
-            .await
-            .map(drop)
+            self.changed_one(note, "keeping an attempt's error")
+                .await
+                .map(drop)
         })
     }
 
@@ -146,11 +130,7 @@ impl ResumeStore for SeaOrmLeaseStore {
             let d = crate::sql::of(db.get_database_backend());
             let tx = begin(&db).await.map_err(|e| store_error(doing, e))?;
             let gave_up = tx
-                .execute_raw(statement(
-                    d,
-                    &d.completer.give_up,
-                    vec![payload.into(), id.clone().into()],
-                ))
+                .execute_raw(statement(d, d.completer.give_up(&id, payload)))
                 .await
                 .map_err(|e| store_error(doing, e))?
                 .rows_affected()
@@ -160,13 +140,9 @@ impl ResumeStore for SeaOrmLeaseStore {
                 let _ = tx.rollback().await;
                 return Ok(false);
             }
-            tx.execute_raw(statement(
-                d,
-                &d.completer.owe_hook,
-                vec![millis(hook_retry).into(), id.into()],
-            ))
-            .await
-            .map_err(|e| store_error(doing, e))?;
+            tx.execute_raw(statement(d, d.completer.owe_hook(&id, millis(hook_retry))))
+                .await
+                .map_err(|e| store_error(doing, e))?;
             tx.commit().await.map_err(|e| store_error(doing, e))?;
             Ok(true)
         }))
@@ -174,11 +150,11 @@ impl ResumeStore for SeaOrmLeaseStore {
 
     fn steps<'a>(&'a self, call: &'a StoredCall) -> BoxFuture<'a, Result<Steps, Error>> {
         let d = crate::sql::of(self.db().get_database_backend());
-        let values = vec![call.id.clone().into()];
+        let select = d.lease.select_steps(&call.id);
         Box::pin(async move {
             let rows = self
                 .db()
-                .query_all_raw(statement(d, &d.lease.select_steps, values))
+                .query_all_raw(statement(d, select))
                 .await
                 .map_err(|e| store_error("reading a call's steps", e))?;
             rows.iter()
@@ -195,8 +171,8 @@ impl ResumeStore for SeaOrmLeaseStore {
             let doing = "forgetting a given-up call";
             let d = crate::sql::of(db.get_database_backend());
             let tx = begin(&db).await.map_err(|e| store_error(doing, e))?;
-            for forget in [&d.completer.forget_given_up, &d.lease.delete_steps] {
-                tx.execute_raw(statement(d, forget, vec![id.clone().into()]))
+            for forget in [d.completer.forget_given_up(&id), d.lease.delete_steps(&id)] {
+                tx.execute_raw(statement(d, forget))
                     .await
                     .map_err(|e| store_error(doing, e))?;
             }
@@ -209,17 +185,12 @@ impl ResumeStore for SeaOrmLeaseStore {
         scopes: &'a [&'a str],
     ) -> BoxFuture<'a, Result<Vec<(String, u64)>, Error>> {
         let d = crate::sql::of(self.db().get_database_backend());
-        // `NOT IN ()` is not SQL: with no scopes, match none.
-        let (sql, values) = if scopes.is_empty() {
-            over_scopes(d, &d.completer.unregistered_calls, &[""])
-        } else {
-            over_scopes(d, &d.completer.unregistered_calls, scopes)
-        };
+        let unregistered = d.completer.unregistered_calls(scopes);
         Box::pin(async move {
             let doing = "counting calls nobody resumes";
             let rows = self
                 .db()
-                .query_all_raw(statement(d, &sql, values))
+                .query_all_raw(statement(d, unregistered))
                 .await
                 .map_err(|e| store_error(doing, e))?;
             rows.iter()

@@ -48,8 +48,7 @@ pub(crate) async fn detect(db: &DatabaseConnection) {
     if WITHOUT_RETURNING.get().is_some() {
         return;
     }
-    // Only MariaDB knows the variable; elsewhere the query fails, which says "no".
-    let galera = scalar::<i64>(db, "SELECT @@wsrep_on")
+    let galera = scalar::<i64>(db, idem_sql::SELECT_WSREP_ON)
         .await
         .is_some_and(|on| on == 1)
         && std::env::var(GALERA_SYNC_WAIT_ENV).map_or(true, |v| v != "0");
@@ -57,9 +56,9 @@ pub(crate) async fn detect(db: &DatabaseConnection) {
     let without = *FORCED || {
         // Unknown (the query failed): MariaDB's statements, as before; a server without
         // `RETURNING` then fails the claim visibly instead of silently taking another path.
-        scalar::<String>(db, "SELECT VERSION()")
+        scalar::<String>(db, idem_sql::SELECT_VERSION)
             .await
-            .is_some_and(|v| !has_returning(&v))
+            .is_some_and(|v| !idem_sql::has_returning(&v))
     };
     let _ = WITHOUT_RETURNING.set(without);
 }
@@ -71,34 +70,4 @@ async fn scalar<T: sea_orm::TryGetable>(db: &DatabaseConnection, sql: &str) -> O
         .ok()
         .flatten()
         .and_then(|row| row.try_get_by_index::<T>(0).ok())
-}
-
-/// Whether a `VERSION()` string is MariaDB 10.5 or later (`10.11.19-MariaDB-0+deb12u1`).
-fn has_returning(version: &str) -> bool {
-    if !version.contains("MariaDB") {
-        return false;
-    }
-    // Some proxies still prefix the old replication marker.
-    let version = version.strip_prefix("5.5.5-").unwrap_or(version);
-    let mut parts = version
-        .split(['.', '-'])
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    (major, minor) >= (10, 5)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::has_returning;
-
-    #[test]
-    fn versions() {
-        assert!(has_returning("10.11.19-MariaDB-0+deb12u1"));
-        assert!(has_returning("11.4.2-MariaDB"));
-        assert!(has_returning("5.5.5-10.6.12-MariaDB"));
-        assert!(!has_returning("10.4.32-MariaDB"));
-        assert!(!has_returning("8.0.36"));
-        assert!(!has_returning("8.0.mysql_aurora.3.05.2"));
-        assert!(!has_returning("8.0.11-TiDB-v7.5.0"));
-    }
 }

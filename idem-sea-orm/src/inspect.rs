@@ -12,8 +12,8 @@ use sea_orm::{
 };
 
 use crate::error::store_error;
+use crate::sql::statement;
 use crate::sql::{ALL_TABLES, CALLS_TABLE, STEPS_TABLE};
-use crate::store::statement;
 
 /// One ledger record as it stands, read in one snapshot: the row, the steps of a call in
 /// progress, and its stored call if it is resumable.
@@ -109,7 +109,7 @@ pub async fn missing_tables<C: ConnectionTrait>(db: &C) -> Result<Vec<&'static s
 
 async fn existing_tables<C: ConnectionTrait>(db: &C) -> Result<Vec<String>, DbErr> {
     let sql = crate::sql::of(db.get_database_backend());
-    db.query_all_raw(statement(sql, &sql.inspect.existing_tables, Vec::new()))
+    db.query_all_raw(statement(sql, sql.inspect.existing_tables()))
         .await?
         .iter()
         .map(|row| row.try_get_by_index(0))
@@ -141,9 +141,8 @@ pub async fn record(db: &DatabaseConnection, id: &[u8]) -> Result<Option<RecordV
 
 async fn read_record(tx: &DatabaseTransaction, id: &[u8]) -> Result<Option<RecordView>, DbErr> {
     let sql = crate::sql::of(tx.get_database_backend());
-    let by_id = || vec![id.to_vec().into()];
     let Some(row) = tx
-        .query_one_raw(statement(sql, &sql.inspect.inspect_record, by_id()))
+        .query_one_raw(statement(sql, sql.inspect.record(id)))
         .await?
     else {
         return Ok(None);
@@ -153,7 +152,7 @@ async fn read_record(tx: &DatabaseTransaction, id: &[u8]) -> Result<Option<Recor
     let exists = |table: &str| existing.iter().any(|name| name == table);
     if exists(STEPS_TABLE) {
         record.steps = tx
-            .query_all_raw(statement(sql, &sql.inspect.inspect_steps, by_id()))
+            .query_all_raw(statement(sql, sql.inspect.steps(id)))
             .await?
             .iter()
             .map(|row| {
@@ -169,7 +168,7 @@ async fn read_record(tx: &DatabaseTransaction, id: &[u8]) -> Result<Option<Recor
     }
     if exists(CALLS_TABLE)
         && let Some(row) = tx
-            .query_one_raw(statement(sql, &sql.inspect.inspect_call, by_id()))
+            .query_one_raw(statement(sql, sql.inspect.call(id)))
             .await?
     {
         let (attempts, last_error, gave_up, next_attempt_at_ms, args, created_at_ms) =
@@ -243,12 +242,10 @@ pub async fn ids_with_prefix(
     limit: u32,
 ) -> Result<Vec<Vec<u8>>, Error> {
     let sql = crate::sql::of(db.get_database_backend());
-    let values = vec![
-        prefix.low.to_vec().into(),
-        prefix.high.to_vec().into(),
-        i64::from(limit).into(),
-    ];
-    db.query_all_raw(statement(sql, &sql.inspect.ids_in_range, values))
+    let range = sql
+        .inspect
+        .ids_in_range(&prefix.low, &prefix.high, i64::from(limit));
+    db.query_all_raw(statement(sql, range))
         .await
         .and_then(|rows| rows.iter().map(|row| row.try_get_by_index(0)).collect())
         .map_err(|e| store_error("looking up record ids by their first digits", e))
@@ -268,15 +265,13 @@ pub async fn recent_records(
 ) -> Result<Vec<RecordView>, Error> {
     let sql = crate::sql::of(db.get_database_backend());
     let since_ms = i64::try_from(since.as_millis()).unwrap_or(i64::MAX);
-    let state = status.map_or(-1, RecordStatus::code);
-    let values = vec![
-        scope.into(),
-        since_ms.into(),
-        state.into(),
-        state.into(),
-        i64::from(limit).into(),
-    ];
-    db.query_all_raw(statement(sql, &sql.inspect.list_records, values))
+    let list = sql.inspect.list_records(
+        scope,
+        since_ms,
+        status.map(RecordStatus::code),
+        i64::from(limit),
+    );
+    db.query_all_raw(statement(sql, list))
         .await
         .and_then(|rows| rows.iter().map(read_record_row).collect())
         .map_err(|e| store_error("listing a scope's recent records", e))

@@ -13,17 +13,15 @@ use idem_core::lease::{LeaseHandle, OpenPhase};
 use idem_core::{
     BoxFuture, Error, LeaseClaim, LeaseStore, RecordStatus, Recorded, Request, Ticket,
 };
-use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, Statement, Value,
-};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::store_error;
 use crate::group_commit::{self, Write, Written};
-use crate::sql::{Sql, millis, with_ids};
+use crate::sql::{Bound, NewCall, NewRecord, Sql, millis, statement};
 use crate::store::{
-    Row, begin_within, connection_wait, detached, ledger_row, list_rows, read_row, statement,
+    Row, begin_within, connection_wait, detached, ledger_row, list_rows, read_row,
     within_connection_wait,
 };
 
@@ -50,11 +48,7 @@ impl SeaOrmLeaseStore {
 async fn fence(tx: &DatabaseTransaction, ticket: &Ticket, scope: &str) -> Result<(), Error> {
     let d = crate::sql::of(tx.get_database_backend());
     let row = tx
-        .query_one_raw(statement(
-            d,
-            &d.ledger.read_locked,
-            vec![ticket.id.to_vec().into()],
-        ))
+        .query_one_raw(statement(d, d.ledger.read_locked(&ticket.id)))
         .await
         .map_err(|e| store_error("checking the lease", e))?;
     let holds = match row {
@@ -80,24 +74,15 @@ async fn insert_step(
     payload: &[u8],
 ) -> Result<(), Error> {
     let sql = crate::sql::of(tx.get_database_backend());
-    tx.execute_raw(Statement::from_sql_and_values(
-        tx.get_database_backend(),
-        &sql.lease.insert_step,
-        [
-            ticket.id.to_vec().into(),
-            name.into(),
-            ticket.token.into(),
-            payload.to_vec().into(),
-        ],
+    tx.execute_raw(statement(
+        sql,
+        sql.lease
+            .insert_step(&ticket.id, name, ticket.token, payload),
     ))
     .await
     .map(drop)
     .map_err(|e| store_error("recording a step", e))
 }
-
-/// A resumable call's row in the calls table, written with its claim: binds id, scope,
-/// args, ttl_ms.
-type StoredCallRow = Vec<Value>;
 
 /// The answer a ledger row gives another caller whatever commits next, if it has one: the
 /// key reused with other arguments, a live lease, a live record. `None` for a record or
@@ -138,7 +123,7 @@ fn settled(row: &Row, fingerprints: &idem_core::Fingerprints) -> Option<LeaseCla
 async fn claim_at_once(
     db: &DatabaseConnection,
     d: &Sql,
-    values: Vec<Value>,
+    row: &NewRecord,
     id: [u8; 32],
     owner: i64,
     fingerprints: &idem_core::Fingerprints,
@@ -148,8 +133,8 @@ async fn claim_at_once(
     // SQLite's `DO NOTHING` returns no row; nor does PostgreSQL's for a row committed while
     // its insert waited: then `read` reads it, committed.
     let claim = Write::Claim {
-        claim: statement(d, &d.ledger.claim, values),
-        read: statement(d, &d.ledger.read_row, vec![id.to_vec().into()]),
+        claim: statement(d, d.ledger.claim(row)),
+        read: statement(d, d.ledger.read_row(&id)),
     };
     let written = within_connection_wait(db, group_commit::write(db, claim))
         .await
@@ -169,8 +154,8 @@ async fn claim_at_once(
 
 async fn claim(
     db: DatabaseConnection,
-    values: Vec<Value>,
-    stored_call: Option<StoredCallRow>,
+    new_row: NewRecord,
+    stored_call: Option<NewCall>,
     id: [u8; 32],
     owner: i64,
     fingerprints: idem_core::Fingerprints,
@@ -186,7 +171,7 @@ async fn claim(
     if stored_call.is_none()
         && d.ledger.claim_at_once
         && let Some(answer) =
-            claim_at_once(&db, d, values.clone(), id, owner, &fingerprints, lease_ms).await?
+            claim_at_once(&db, d, &new_row, id, owner, &fingerprints, lease_ms).await?
     {
         return Ok(answer);
     }
@@ -195,15 +180,11 @@ async fn claim(
         .map_err(|e| store_error(doing, e))?;
     let failed = |e: DbErr| store_error(doing, e);
     // Inserted only if absent; then read the row back, locked, with the database's clock.
-    tx.execute_raw(statement(d, &d.ledger.claim, values))
+    tx.execute_raw(statement(d, d.ledger.claim(&new_row)))
         .await
         .map_err(failed)?;
     let row = tx
-        .query_one_raw(statement(
-            d,
-            &d.ledger.read_locked,
-            vec![id.to_vec().into()],
-        ))
+        .query_one_raw(statement(d, d.ledger.read_locked(&id)))
         .await
         .map_err(failed)?
         .ok_or_else(|| Error::store(doing, "the claimed ledger row is missing"))?;
@@ -213,7 +194,7 @@ async fn claim(
     // never a claim a completer cannot rebuild.
     let store_call = async |tx: &DatabaseTransaction| match stored_call {
         Some(row) => tx
-            .execute_raw(statement(d, &d.completer.insert_call, row))
+            .execute_raw(statement(d, d.completer.insert_call(&row)))
             .await
             .map(drop)
             .map_err(failed),
@@ -234,11 +215,7 @@ async fn claim(
             let token = row.owner.wrapping_add(1);
             take_over(&tx, d, token, fingerprint, lease_ms, &id).await?;
             let steps = tx
-                .query_all_raw(statement(
-                    d,
-                    &d.lease.select_steps,
-                    vec![id.to_vec().into()],
-                ))
+                .query_all_raw(statement(d, d.lease.select_steps(&id)))
                 .await
                 .and_then(|rows| {
                     rows.iter()
@@ -254,13 +231,9 @@ async fn claim(
         _ => {
             // An expired record (or an unknown state): a new execution.
             take_over(&tx, d, owner, fingerprint, lease_ms, &id).await?;
-            tx.execute_raw(statement(
-                d,
-                &d.lease.delete_steps,
-                vec![id.to_vec().into()],
-            ))
-            .await
-            .map_err(failed)?;
+            tx.execute_raw(statement(d, d.lease.delete_steps(&id)))
+                .await
+                .map_err(failed)?;
             store_call(&tx).await?;
             LeaseClaim::Execute {
                 ticket: ticket(owner, row.now_ms),
@@ -272,20 +245,21 @@ async fn claim(
     Ok(answer)
 }
 
-/// Binds the values of `complete_lease`.
-fn completion_values(
+/// The fenced completion of the call `ticket` holds.
+fn completion(
+    sql: &'static Sql,
     ticket: &Ticket,
     status: RecordStatus,
     payload: Vec<u8>,
     ttl: Duration,
-) -> Vec<Value> {
-    vec![
-        status.code().into(),
-        payload.into(),
-        millis(ttl).into(),
-        ticket.id.to_vec().into(),
-        ticket.token.into(),
-    ]
+) -> Bound<'static> {
+    sql.lease.complete(
+        &ticket.id,
+        ticket.token,
+        status.code(),
+        payload,
+        millis(ttl),
+    )
 }
 
 /// Records a lease-mode call's outcome in `tx` if `ticket` still holds the lease (kept for
@@ -304,8 +278,7 @@ async fn record_completion(
     let updated = tx
         .execute_raw(statement(
             sql,
-            &sql.lease.complete_lease,
-            completion_values(&ticket, status, payload, ttl),
+            completion(sql, &ticket, status, payload, ttl),
         ))
         .await
         .map_err(|e| store_error(doing, e))?;
@@ -317,13 +290,9 @@ async fn record_completion(
         .map_err(|e| store_error(doing, e))?;
     // Only a resumable call has a stored call: the others save the round trip.
     if resumable {
-        tx.execute_raw(statement(
-            sql,
-            &sql.completer.delete_call,
-            vec![ticket.id.to_vec().into()],
-        ))
-        .await
-        .map_err(|e| store_error(doing, e))?;
+        tx.execute_raw(statement(sql, sql.completer.delete_call(&ticket.id)))
+            .await
+            .map_err(|e| store_error(doing, e))?;
     }
     tx.commit().await.map_err(|e| store_error(doing, e))
 }
@@ -331,38 +300,22 @@ async fn record_completion(
 /// Deletes a finished call's steps: by primary key where a range delete would take gap locks
 /// (MySQL), after a plain read of their names.
 async fn forget_steps(tx: &DatabaseTransaction, sql: &Sql, id: &[u8]) -> Result<(), DbErr> {
-    let Some(by_key) = &sql.lease.delete_steps_by_key else {
+    if !sql.lease.deletes_steps_by_key() {
         return tx
-            .execute_raw(statement(
-                sql,
-                &sql.lease.delete_steps,
-                vec![id.to_vec().into()],
-            ))
+            .execute_raw(statement(sql, sql.lease.delete_steps(id)))
             .await
             .map(drop);
-    };
+    }
     let names: Vec<String> = tx
-        .query_all_raw(statement(
-            sql,
-            &sql.lease.select_steps,
-            vec![id.to_vec().into()],
-        ))
+        .query_all_raw(statement(sql, sql.lease.select_steps(id)))
         .await?
         .iter()
         .map(|row| row.try_get_by_index(0))
         .collect::<Result<_, _>>()?;
-    if names.is_empty() {
-        return Ok(());
+    match sql.lease.delete_steps_by_key(id, &names) {
+        Some(delete) if !names.is_empty() => tx.execute_raw(statement(sql, delete)).await.map(drop),
+        _ => Ok(()),
     }
-    let mut values: Vec<Value> = vec![id.to_vec().into()];
-    values.extend(names.iter().map(|name| name.as_str().into()));
-    tx.execute_raw(statement(
-        sql,
-        &with_ids(crate::sql::backend(sql), by_key, names.len()),
-        values,
-    ))
-    .await
-    .map(drop)
 }
 
 /// A final phase's transaction kept open for the call's result (P10), and whether the call
@@ -402,13 +355,7 @@ async fn take_over(
 ) -> Result<(), Error> {
     tx.execute_raw(statement(
         d,
-        &d.ledger.take_over,
-        vec![
-            owner.into(),
-            fingerprint.0.to_vec().into(),
-            lease_ms.into(),
-            id.to_vec().into(),
-        ],
+        d.ledger.take_over(id, owner, &fingerprint.0, lease_ms),
     ))
     .await
     .map(drop)
@@ -418,15 +365,10 @@ async fn take_over(
 /// Runs `update` (binds as given) and reports whether it changed the held record.
 async fn fenced_update(
     db: &DatabaseConnection,
-    sql: &str,
-    values: Vec<Value>,
+    update: Bound<'_>,
     doing: &'static str,
 ) -> Result<bool, Error> {
-    let update = Write::Update(Statement::from_sql_and_values(
-        db.get_database_backend(),
-        sql,
-        values,
-    ));
+    let update = Write::Update(statement(crate::sql::of(db.get_database_backend()), update));
     within_connection_wait(db, group_commit::write(db, update))
         .await
         .map(|written| matches!(written, Written::Changed(1)))
@@ -452,13 +394,11 @@ impl LeaseStore for SeaOrmLeaseStore {
             return Box::pin(async move { Err(e) });
         }
         let owner = random_token();
-        let stored_call = req.stored_args().map(|args| {
-            vec![
-                req.id().to_vec().into(),
-                req.scope().into(),
-                args.to_vec().into(),
-                millis(req.ttl()).into(),
-            ]
+        let stored_call = req.stored_args().map(|args| NewCall {
+            id: req.id().to_vec(),
+            scope: req.scope().to_owned(),
+            args: args.to_vec(),
+            ttl_ms: millis(req.ttl()),
         });
         let step = claim(
             self.db.clone(),
@@ -477,17 +417,14 @@ impl LeaseStore for SeaOrmLeaseStore {
         ticket: &'a Ticket,
         lease: Duration,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        let sql = &crate::sql::of(self.db.get_database_backend())
-            .lease
-            .renew_lease;
-        let values = vec![
-            millis(lease).into(),
-            ticket.id.to_vec().into(),
-            ticket.token.into(),
-        ];
+        let renew = crate::sql::of(self.db.get_database_backend()).lease.renew(
+            &ticket.id,
+            ticket.token,
+            millis(lease),
+        );
         let db = self.db.clone();
         Box::pin(detached(async move {
-            if fenced_update(&db, sql, values, "renewing a lease").await? {
+            if fenced_update(&db, renew, "renewing a lease").await? {
                 Ok(())
             } else {
                 Err(lost())
@@ -528,11 +465,9 @@ impl LeaseStore for SeaOrmLeaseStore {
         Box::pin(detached(async move {
             if !forget_steps && !resumable {
                 // Nothing else to delete: the fenced update alone, outside a transaction.
-                let sql = &crate::sql::of(db.get_database_backend())
-                    .lease
-                    .complete_lease;
-                let values = completion_values(&ticket, status, payload, ttl);
-                return if fenced_update(&db, sql, values, "recording the result").await? {
+                let sql = crate::sql::of(db.get_database_backend());
+                let update = completion(sql, &ticket, status, payload, ttl);
+                return if fenced_update(&db, update, "recording the result").await? {
                     Ok(())
                 } else {
                     Err(lost())
@@ -546,13 +481,12 @@ impl LeaseStore for SeaOrmLeaseStore {
     }
 
     fn release_lease<'a>(&'a self, ticket: &'a Ticket) -> BoxFuture<'a, Result<(), Error>> {
-        let sql = &crate::sql::of(self.db.get_database_backend())
+        let release = crate::sql::of(self.db.get_database_backend())
             .lease
-            .release_lease;
-        let values = vec![ticket.id.to_vec().into(), ticket.token.into()];
+            .release(&ticket.id, ticket.token);
         let db = self.db.clone();
         Box::pin(detached(async move {
-            fenced_update(&db, sql, values, "ending a lease")
+            fenced_update(&db, release, "ending a lease")
                 .await
                 .map(drop)
         }))
@@ -681,13 +615,9 @@ where
     if lease.is_resumable() {
         // A completer must complete this call, never give it up: its effects are done.
         let sql = crate::sql::of(tx.get_database_backend());
-        tx.execute_raw(statement(
-            sql,
-            &sql.completer.note_final_phase,
-            vec![ticket.id.to_vec().into()],
-        ))
-        .await
-        .map_err(|e| store_error("recording the final phase", e))?;
+        tx.execute_raw(statement(sql, sql.completer.note_final_phase(&ticket.id)))
+            .await
+            .map_err(|e| store_error("recording the final phase", e))?;
     }
     if keep_open {
         // The engine records the call's result in this transaction when the handler
@@ -731,10 +661,10 @@ pub async fn expired_leases<C: ConnectionTrait>(
     db: &C,
     limit: u32,
 ) -> Result<Vec<ExpiredLease>, Error> {
-    let sql = &crate::sql::of(db.get_database_backend())
+    let list = crate::sql::of(db.get_database_backend())
         .lease
-        .expired_leases;
-    list_rows(db, sql, limit, "listing expired leases", |row| {
+        .expired_leases(i64::from(limit));
+    list_rows(db, list, "listing expired leases", |row| {
         let (id, scope, key, token, expires_at_ms, now_ms, attempts) =
             row.try_get_many_by_index::<(_, _, _, _, i64, i64, Option<i32>)>()?;
         Ok(ExpiredLease {
@@ -758,11 +688,11 @@ pub(crate) async fn purge_orphaned_steps<C: ConnectionTrait>(db: &C) -> Result<u
     let sql = crate::sql::of(db.get_database_backend());
     let mut purged = 0;
     for orphans in [
-        &sql.lease.purge_orphaned_steps,
-        &sql.completer.purge_orphaned_calls,
+        sql.lease.purge_orphaned_steps(),
+        sql.completer.purge_orphaned_calls(),
     ] {
         purged += db
-            .execute_unprepared(orphans)
+            .execute_raw(statement(sql, orphans))
             .await
             .map(|r| r.rows_affected())
             .map_err(|e| store_error("purging the steps and calls of purged records", e))?;
@@ -783,11 +713,7 @@ pub(crate) async fn purge_orphaned_steps<C: ConnectionTrait>(db: &C) -> Result<u
 pub async fn release_lease<C: ConnectionTrait>(db: &C, id: &[u8]) -> Result<bool, Error> {
     let sql = crate::sql::of(db.get_database_backend());
     let released = db
-        .execute_raw(statement(
-            sql,
-            &sql.lease.release_by_hand,
-            vec![id.to_vec().into()],
-        ))
+        .execute_raw(statement(sql, sql.lease.release_by_hand(id)))
         .await
         .map_err(|e| store_error("releasing a lease", e))?;
     Ok(released.rows_affected() > 0)
@@ -825,8 +751,7 @@ pub async fn stuck_leases<C: ConnectionTrait>(
     let rows = db
         .query_all_raw(statement(
             sql,
-            &sql.lease.stuck_leases,
-            vec![millis(held_for).into(), i64::from(limit).into()],
+            sql.lease.stuck_leases(millis(held_for), i64::from(limit)),
         ))
         .await
         .map_err(|e| store_error(doing, e))?;

@@ -71,11 +71,11 @@ pub use store::{ClaimedTx, SeaOrmStore, set_connection_wait};
 pub use sea_orm;
 
 use idem_core::Error;
-use sea_orm::{ConnectionTrait, Statement, Value};
+use sea_orm::ConnectionTrait;
 
 use crate::error::store_error;
-use crate::sql::Purge;
-use crate::store::statement;
+use crate::sql::statement;
+use crate::sql::{Bound, Purge};
 
 /// Creates the ledger, the steps and calls tables of lease mode, and the outbox tables (with
 /// their indexes) where they do not exist. Call it once at startup (or use the migrations,
@@ -205,8 +205,8 @@ impl ExpiredPurge {
         }
         let batch = batch.max(1);
         let d = crate::sql::of(db.get_database_backend());
-        let delete = |sql: &str, values: Vec<Value>| {
-            let delete = statement(d, sql, values);
+        let delete = |bound: Bound<'static>| {
+            let delete = statement(d, bound);
             async move {
                 db.execute_raw(delete)
                     .await
@@ -214,24 +214,15 @@ impl ExpiredPurge {
                     .map_err(|e| store_error("purging expired records", e))
             }
         };
-        let deleted = match &d.ledger.purge {
-            Purge::ByIndex(sql) => {
-                let deleted = delete(sql, vec![i64::from(batch).into()]).await?;
+        let deleted = match d.ledger.purge() {
+            Purge::ByIndex(purge) => {
+                let deleted = delete(purge.delete(i64::from(batch))).await?;
                 self.finished = deleted < u64::from(batch);
                 deleted
             }
-            Purge::Sweep {
-                bound,
-                delete: delete_range,
-                delete_rest,
-            } => {
-                let after: Value = self.after.clone().into();
+            Purge::Sweep(sweep) => {
                 let last = db
-                    .query_one_raw(statement(
-                        d,
-                        bound,
-                        vec![after.clone(), i64::from(batch - 1).into()],
-                    ))
+                    .query_one_raw(statement(d, sweep.bound(&self.after, i64::from(batch - 1))))
                     .await
                     .and_then(|row| {
                         row.map(|row| row.try_get_by_index::<Vec<u8>>(0))
@@ -240,14 +231,13 @@ impl ExpiredPurge {
                     .map_err(|e| store_error("finding the next records to purge", e))?;
                 match last {
                     Some(last) => {
-                        let deleted =
-                            delete(delete_range, vec![after, last.clone().into()]).await?;
+                        let deleted = delete(sweep.delete(&self.after, &last)).await?;
                         self.after = last;
                         deleted
                     }
                     None => {
                         self.finished = true;
-                        delete(delete_rest, vec![after]).await?
+                        delete(sweep.delete_rest(&self.after)).await?
                     }
                 }
             }
@@ -285,10 +275,7 @@ pub async fn purge_expired<C: ConnectionTrait>(db: &C, batch: u32) -> Result<u64
 pub async fn database_now_ms<C: ConnectionTrait>(db: &C) -> Result<i64, Error> {
     let d = crate::sql::of(db.get_database_backend());
     let row = db
-        .query_one_raw(Statement::from_string(
-            crate::sql::backend(d),
-            d.ledger.select_now.clone(),
-        ))
+        .query_one_raw(statement(d, d.ledger.select_now()))
         .await
         .map_err(|e| store_error("reading the database clock", e))?;
     row.ok_or_else(|| Error::Store {

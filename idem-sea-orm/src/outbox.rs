@@ -20,12 +20,11 @@ use idem_core::outbox::{
     Message, OutboxHealth, OutboxMessage, RelayOptions, Sink, SinkError, random_token,
 };
 use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DbBackend, IsolationLevel, QueryResult, Statement,
-    TransactionTrait, Value,
+    ConnectionTrait, DatabaseConnection, DbBackend, IsolationLevel, QueryResult, TransactionTrait,
 };
 
 use crate::error::store_error;
-use crate::sql::{millis, outbox_state, with_ids};
+use crate::sql::{Bound, NewDeadLetter, NewMessage, Sql, millis, statement};
 use crate::store::{detached, list_rows};
 
 /// Staging messages in the transaction you are in: inside an `#[idempotent]` body, on the
@@ -56,45 +55,26 @@ impl<C: ConnectionTrait + Sync + ?Sized> Outbox for C {
         message.validate()?;
         let sql = crate::sql::of(self.get_database_backend());
         let id = uuid::Uuid::now_v7().to_string();
-        let topic = message.topic().to_owned();
-        let aggregate = message.aggregate_key().map(str::to_owned);
-        let headers: Value = if message.headers().is_empty() {
-            Option::<String>::None.into()
+        let headers = if message.headers().is_empty() {
+            None
         } else {
-            serde_json::to_string(message.headers())
-                .map_err(|e| Error::store("encoding message headers", e))?
-                .into()
+            Some(
+                serde_json::to_string(message.headers())
+                    .map_err(|e| Error::store("encoding message headers", e))?,
+            )
         };
-        let payload = message.into_payload();
-        let statement = match aggregate {
-            Some(aggregate) => {
-                if let Some(bump) = &sql.outbox.bump_head {
-                    exec(
-                        self,
-                        crate::sql::backend(sql),
-                        bump,
-                        vec![aggregate.clone().into()],
-                    )
-                    .await
-                    .map_err(|e| store_error("ordering the message in its aggregate", e))?;
-                }
-                let leading: Vec<Value> = if sql.outbox.bump_head.is_some() {
-                    vec![id.clone().into(), topic.into(), aggregate.clone().into()]
-                } else {
-                    vec![aggregate.clone().into(), id.clone().into(), topic.into()]
-                };
-                let mut values = leading;
-                values.extend([aggregate.into(), headers, payload.into()]);
-                (&sql.outbox.insert_message_in_aggregate, values)
-            }
-            None => (
-                &sql.outbox.insert_message,
-                vec![id.clone().into(), topic.into(), headers, payload.into()],
-            ),
+        let staged = NewMessage {
+            id: id.clone(),
+            topic: message.topic().to_owned(),
+            aggregate: message.aggregate_key().map(str::to_owned),
+            headers,
+            payload: message.into_payload(),
         };
-        exec(self, crate::sql::backend(sql), statement.0, statement.1)
-            .await
-            .map_err(|e| store_error("staging an outbox message", e))?;
+        for statement in sql.outbox.stage(&staged) {
+            exec(self, sql, statement)
+                .await
+                .map_err(|e| store_error("staging an outbox message", e))?;
+        }
         if !idem_core::outbox::note_staged() {
             // Not inside an `#[idempotent]` call: no commit to wait for that we can see.
             idem_core::outbox::wake();
@@ -105,11 +85,10 @@ impl<C: ConnectionTrait + Sync + ?Sized> Outbox for C {
 
 async fn exec<C: ConnectionTrait + ?Sized>(
     db: &C,
-    backend: DbBackend,
-    sql: &str,
-    values: Vec<Value>,
+    sql: &Sql,
+    statement: Bound<'_>,
 ) -> Result<u64, sea_orm::DbErr> {
-    db.execute_raw(Statement::from_sql_and_values(backend, sql, values))
+    db.execute_raw(crate::sql::statement(sql, statement))
         .await
         .map(|r| r.rows_affected())
 }
@@ -153,17 +132,13 @@ async fn claim(
 ) -> Result<Vec<Claimed>, Error> {
     let sql = crate::sql::of(db.get_database_backend());
     let doing = "claiming outbox messages";
-    let mut claimed = if crate::sql::backend(sql) == DbBackend::MySql {
+    let mut claimed = if sql.outbox.claims_in_three_steps() {
         let tx = db
             .begin_with_config(Some(IsolationLevel::ReadCommitted), None)
             .await
             .map_err(|e| store_error(doing, e))?;
         let eligible: Vec<i64> = tx
-            .query_all_raw(Statement::from_sql_and_values(
-                crate::sql::backend(sql),
-                &sql.outbox.select_eligible,
-                [i64::from(batch).into()],
-            ))
+            .query_all_raw(statement(sql, sql.outbox.select_eligible(i64::from(batch))))
             .await
             .and_then(|rows| rows.iter().map(|r| r.try_get_by_index(0)).collect())
             .map_err(|e| store_error(doing, e))?;
@@ -171,31 +146,16 @@ async fn claim(
             let _ = tx.rollback().await;
             return Ok(Vec::new());
         }
-        let ids: Vec<Value> = eligible.iter().map(|&id| id.into()).collect();
         let mut locked: Vec<Claimed> = tx
-            .query_all_raw(Statement::from_sql_and_values(
-                crate::sql::backend(sql),
-                with_ids(
-                    crate::sql::backend(sql),
-                    &sql.outbox.lock_claimable,
-                    ids.len(),
-                ),
-                ids,
-            ))
+            .query_all_raw(statement(sql, sql.outbox.lock_claimable(&eligible)))
             .await
             .and_then(|rows| rows.iter().map(read_claimed).collect())
             .map_err(|e| store_error(doing, e))?;
         if !locked.is_empty() {
-            let mut values: Vec<Value> = vec![millis(lease).into(), token.into()];
-            values.extend(locked.iter().map(|c| Value::from(c.row)));
-            tx.execute_raw(Statement::from_sql_and_values(
-                crate::sql::backend(sql),
-                with_ids(
-                    crate::sql::backend(sql),
-                    &sql.outbox.lease_messages,
-                    locked.len(),
-                ),
-                values,
+            let ids: Vec<i64> = locked.iter().map(|c| c.row).collect();
+            tx.execute_raw(statement(
+                sql,
+                sql.outbox.lease_messages(&ids, token, millis(lease)),
             ))
             .await
             .map_err(|e| store_error(doing, e))?;
@@ -206,10 +166,10 @@ async fn claim(
         tx.commit().await.map_err(|e| store_error(doing, e))?;
         locked
     } else {
-        db.query_all_raw(Statement::from_sql_and_values(
-            crate::sql::backend(sql),
-            &sql.outbox.claim_messages,
-            [millis(lease).into(), token.into(), i64::from(batch).into()],
+        db.query_all_raw(statement(
+            sql,
+            sql.outbox
+                .claim_messages(token, millis(lease), i64::from(batch)),
         ))
         .await
         .and_then(|rows| rows.iter().map(read_claimed).collect())
@@ -225,21 +185,10 @@ async fn mark_published(db: &DatabaseConnection, rows: &[i64], token: i64) -> Re
         return Ok(());
     }
     let sql = crate::sql::of(db.get_database_backend());
-    let mut values: Vec<Value> = vec![token.into()];
-    values.extend(rows.iter().map(|&r| Value::from(r)));
-    exec(
-        db,
-        crate::sql::backend(sql),
-        &with_ids(
-            crate::sql::backend(sql),
-            &sql.outbox.mark_published,
-            rows.len(),
-        ),
-        values,
-    )
-    .await
-    .map(drop)
-    .map_err(|e| store_error("marking outbox messages published", e))
+    exec(db, sql, sql.outbox.mark_published(rows, token))
+        .await
+        .map(drop)
+        .map_err(|e| store_error("marking outbox messages published", e))
 }
 
 /// Records a failed attempt: back to pending after `delay`, or dead.
@@ -252,24 +201,13 @@ async fn mark_failed(
     delay: Duration,
 ) -> Result<(), Error> {
     let sql = crate::sql::of(db.get_database_backend());
-    let state = if dead {
-        outbox_state::DEAD
-    } else {
-        outbox_state::PENDING
-    };
     // Keep the stored error short: it is for an operator's eyes, not a log archive.
     let error: String = error.chars().take(2000).collect();
     exec(
         db,
-        crate::sql::backend(sql),
-        &sql.outbox.mark_failed,
-        vec![
-            state.into(),
-            error.into(),
-            millis(delay).into(),
-            row.into(),
-            token.into(),
-        ],
+        sql,
+        sql.outbox
+            .mark_failed(row, token, dead, error, millis(delay)),
     )
     .await
     .map(drop)
@@ -588,10 +526,7 @@ pub async fn outbox_health<C: ConnectionTrait>(db: &C) -> Result<OutboxHealth, E
     let sql = crate::sql::of(db.get_database_backend());
     let doing = "reading the outbox's health";
     let row = db
-        .query_one_raw(Statement::from_string(
-            crate::sql::backend(sql),
-            sql.outbox.outbox_health.clone(),
-        ))
+        .query_one_raw(statement(sql, sql.outbox.outbox_health()))
         .await
         .map_err(|e| store_error(doing, e))?
         .ok_or_else(|| Error::store(doing, "no row"))?;
@@ -630,8 +565,10 @@ pub async fn dead_messages<C: ConnectionTrait>(
     db: &C,
     limit: u32,
 ) -> Result<Vec<DeadMessage>, Error> {
-    let sql = &crate::sql::of(db.get_database_backend()).outbox.list_dead;
-    list_rows(db, sql, limit, "listing dead outbox messages", |row| {
+    let list = crate::sql::of(db.get_database_backend())
+        .outbox
+        .list_dead(i64::from(limit));
+    list_rows(db, list, "listing dead outbox messages", |row| {
         let (id, topic, aggregate, aggregate_seq, attempts, last_error, created_at_ms) =
             row.try_get_many_by_index::<(_, _, _, _, i32, _, _)>()?;
         Ok(DeadMessage {
@@ -651,14 +588,9 @@ pub async fn dead_messages<C: ConnectionTrait>(
 /// id.
 pub async fn retry_dead<C: ConnectionTrait>(db: &C, message_id: &str) -> Result<bool, Error> {
     let sql = crate::sql::of(db.get_database_backend());
-    let retried = exec(
-        db,
-        crate::sql::backend(sql),
-        &sql.outbox.retry_dead,
-        vec![message_id.into()],
-    )
-    .await
-    .map_err(|e| store_error("retrying a dead outbox message", e))?;
+    let retried = exec(db, sql, sql.outbox.retry_dead(message_id))
+        .await
+        .map_err(|e| store_error("retrying a dead outbox message", e))?;
     if retried > 0 {
         idem_core::outbox::wake();
     }
@@ -679,9 +611,9 @@ pub async fn purge_published<C: ConnectionTrait>(
         let started = Instant::now();
         let deleted = exec(
             db,
-            crate::sql::backend(sql),
-            &sql.outbox.purge_published,
-            vec![millis(retention).into(), i64::from(batch).into()],
+            sql,
+            sql.outbox
+                .purge_published(millis(retention), i64::from(batch)),
         )
         .await
         .map_err(|e| store_error("purging published outbox messages", e))?;
@@ -710,19 +642,18 @@ impl DeadLetterTable {
 impl idem_core::outbox::DeadLetters for DeadLetterTable {
     async fn record(&self, letter: &idem_core::outbox::DeadLetter<'_>) -> Result<(), Error> {
         let sql = crate::sql::of(self.db.get_database_backend());
-        let values = vec![
-            letter.consumer.into(),
-            letter.message_id.into(),
-            letter.subject.into(),
-            letter.payload.to_vec().into(),
-            letter.error.chars().take(2000).collect::<String>().into(),
-            i64::try_from(letter.deliveries).unwrap_or(i64::MAX).into(),
-        ];
+        let record = sql.inbox.record_dead_letter(&NewDeadLetter {
+            consumer: letter.consumer.to_owned(),
+            message_id: letter.message_id.to_owned(),
+            subject: letter.subject.to_owned(),
+            payload: letter.payload.to_vec(),
+            // Bounded: an error text can be long; the start says what failed.
+            error: letter.error.chars().take(2000).collect(),
+            deliveries: i64::try_from(letter.deliveries).unwrap_or(i64::MAX),
+        });
         let db = self.db.clone();
-        let statement = sql.inbox.record_dead_letter.clone();
-        let backend = crate::sql::backend(sql);
         detached(async move {
-            exec(&db, backend, &statement, values)
+            exec(&db, sql, record)
                 .await
                 .map(drop)
                 .map_err(|e| store_error("recording a dead letter", e))

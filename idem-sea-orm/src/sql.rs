@@ -1,13 +1,16 @@
 //! The SeaORM store's side of [`idem_sql`], where every statement lives: which flavour a
 //! connection speaks ([`crate::flavour`]), and the dialect as SeaORM names it.
 
-use sea_orm::DbBackend;
+use sea_orm::{DbBackend, Statement, Value};
 
-pub(crate) use idem_sql::names::{ALL_TABLES, WAKE_CHANNEL, outbox_state};
+pub(crate) use idem_sql::names::{ALL_TABLES, WAKE_CHANNEL};
+pub(crate) use idem_sql::{
+    Bound, Dialect, Flavour, NewCall, NewDeadLetter, NewMessage, NewRecord, Param, Purge, Sql,
+    millis,
+};
 pub use idem_sql::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
 };
-pub(crate) use idem_sql::{Dialect, Flavour, Purge, Sql, millis};
 
 /// The statements of `backend` (on MySQL, of the server family this process talks to:
 /// [`crate::flavour`]).
@@ -43,14 +46,29 @@ fn dialect(backend: DbBackend) -> Dialect {
     }
 }
 
-/// Fills an `{ids}` list with `n` placeholders, numbered after those already in `sql`.
-pub(crate) fn with_ids(backend: DbBackend, sql: &str, n: usize) -> String {
-    idem_sql::with_ids(dialect(backend), sql, n)
-}
-
 /// Writes `?` placeholders the way `backend` wants them: PostgreSQL numbers them (`$1`,
 /// `$2`, …), MySQL and SQLite keep `?`. For raw SQL that runs on every backend; the template
 /// must not contain `?` anywhere but in placeholders.
 pub fn placeholders(backend: DbBackend, template: &str) -> String {
     idem_sql::placeholders(dialect(backend), template)
+}
+
+/// `bound` as SeaORM runs it, in the dialect of `sql`.
+pub(crate) fn statement(sql: &Sql, bound: Bound<'_>) -> Statement {
+    Statement::from_sql_and_values(
+        backend(sql),
+        bound.sql.into_owned(),
+        bound.params.into_iter().map(value),
+    )
+}
+
+/// A bound value as SeaORM binds it.
+fn value(param: Param) -> Value {
+    match param {
+        Param::I64(v) => v.into(),
+        Param::I32(v) => v.into(),
+        Param::I16(v) => v.into(),
+        Param::Bytes(v) => v.into(),
+        Param::Text(v) => v.into(),
+    }
 }

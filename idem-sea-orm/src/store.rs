@@ -10,11 +10,11 @@ use idem_core::ids::random_token;
 use idem_core::{Claim, Concurrency, Error, Fingerprint, RecordStatus, Recorded, Request, Store};
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, QueryResult,
-    SqliteTransactionMode, Statement, TransactionOptions, TransactionTrait, Value,
+    SqliteTransactionMode, TransactionOptions, TransactionTrait,
 };
 
 use crate::error::{Failure, classify, store_error};
-use crate::sql::{Sql, millis};
+use crate::sql::{Bound, NewRecord, Sql, millis, statement};
 
 /// The ledger on a SeaORM connection (SQLite, PostgreSQL, MySQL/MariaDB).
 ///
@@ -91,23 +91,17 @@ pub(crate) fn outside_open_claim(db: &DatabaseConnection, what: &str) -> Result<
     })
 }
 
-pub(crate) fn statement(statements: &Sql, sql: &str, values: Vec<Value>) -> Statement {
-    Statement::from_sql_and_values(crate::sql::backend(statements), sql, values)
-}
-
 /// Runs `sql`, which binds a row limit, and reads each row it returns with `read`; an error
 /// says it happened while `doing`.
 pub(crate) async fn list_rows<C: ConnectionTrait, T>(
     db: &C,
-    sql: &str,
-    limit: u32,
+    list: Bound<'_>,
     doing: &str,
     read: impl Fn(&QueryResult) -> Result<T, DbErr>,
 ) -> Result<Vec<T>, Error> {
-    let list =
-        Statement::from_sql_and_values(db.get_database_backend(), sql, [i64::from(limit).into()]);
+    let d = crate::sql::of(db.get_database_backend());
     let rows = db
-        .query_all_raw(list)
+        .query_all_raw(statement(d, list))
         .await
         .map_err(|e| store_error(doing, e))?;
     rows.iter()
@@ -119,16 +113,16 @@ pub(crate) async fn list_rows<C: ConnectionTrait, T>(
 /// A ledger row's values, in the order every statement that writes a whole row binds them:
 /// id, scope, principal, key, owner, fingerprint, and the time it lives from now (the TTL, or
 /// the lease). Built once per statement from the call's one request.
-pub(crate) fn ledger_row(req: &Request, owner: i64, lives: std::time::Duration) -> Vec<Value> {
-    vec![
-        req.id().to_vec().into(),
-        req.scope().into(),
-        req.principal().into(),
-        req.key().into(),
-        owner.into(),
-        req.fingerprint().0.to_vec().into(),
-        millis(lives).into(),
-    ]
+pub(crate) fn ledger_row(req: &Request, owner: i64, lives: std::time::Duration) -> NewRecord {
+    NewRecord {
+        id: req.id().to_vec(),
+        scope: req.scope().to_owned(),
+        principal: req.principal().to_owned(),
+        key: req.key().to_owned(),
+        owner,
+        fingerprint: req.fingerprint().0.to_vec(),
+        ttl_ms: millis(lives),
+    }
 }
 
 /// A key claimed on the SeaORM ledger: the claim's transaction (the handler body runs in it)
@@ -298,12 +292,8 @@ where
 /// its caller stops waiting ([`detached`]), so it cannot borrow the request.
 #[derive(Clone)]
 struct ClaimStep {
-    id: Vec<u8>,
-    /// The claim statement's values ([`ledger_row`]; empty where the claim is a read).
-    insert: Vec<Value>,
-    owner: i64,
-    fingerprint: Fingerprint,
-    ttl_ms: i64,
+    /// The row the claim inserts ([`ledger_row`]; SQLite's atomic claim only reads its id).
+    row: NewRecord,
     reject: bool,
     savepoint: bool,
     /// The longest wait for a connection.
@@ -376,11 +366,7 @@ async fn claim_in(
         // the key before this transaction ends. A plain read decides, and the record step
         // writes the whole row once (an upsert over an expired record).
         let row = tx
-            .query_one_raw(statement(
-                d,
-                &d.ledger.read_locked,
-                vec![step.id.clone().into()],
-            ))
+            .query_one_raw(statement(d, d.ledger.read_locked(&step.row.id)))
             .await
             .and_then(|row| row.map(|row| read_row(&row)).transpose())
             .map_err(|e| ("reading the key", e))?;
@@ -395,11 +381,10 @@ async fn claim_in(
     let insert = statement(
         d,
         if step.reject {
-            &d.ledger.claim_nowait
+            d.ledger.claim_nowait(&step.row)
         } else {
-            &d.ledger.claim
+            d.ledger.claim(&step.row)
         },
-        step.insert.clone(),
     );
     let seen = tx
         .query_one_raw(insert)
@@ -422,7 +407,7 @@ async fn claim_in(
     };
     match seen {
         // Our new row, or (MariaDB) the current row, locked: it decides.
-        Some(row) if row.owner == step.owner || d.ledger.claim_locks_row => {
+        Some(row) if row.owner == step.row.owner || d.ledger.claim_locks_row => {
             return settle(tx, d, row, step).await;
         }
         // A committed final record never changes before it expires: it answers as the
@@ -441,11 +426,7 @@ async fn claim_in(
     }
     // Another owner's row, seen without a lock: read it locked, as it is now.
     let row = tx
-        .query_one_raw(statement(
-            d,
-            &d.ledger.read_locked,
-            vec![step.id.clone().into()],
-        ))
+        .query_one_raw(statement(d, d.ledger.read_locked(&step.row.id)))
         .await
         .and_then(|row| match row {
             Some(row) => read_row(&row),
@@ -463,22 +444,18 @@ async fn settle(
     row: Row,
     step: &ClaimStep,
 ) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
-    if row.owner != step.owner {
+    if row.owner != step.row.owner {
         if row.expires_at_ms > row.now_ms {
             // A live record: nothing was written.
             end_locked(tx, step).await;
             return live_record(row);
         }
         // An expired record is a new execution: take it over in this transaction.
+        let row = &step.row;
         tx.execute_raw(statement(
             d,
-            &d.ledger.take_over,
-            vec![
-                step.owner.into(),
-                step.fingerprint.0.to_vec().into(),
-                step.ttl_ms.into(),
-                step.id.clone().into(),
-            ],
+            d.ledger
+                .take_over(&row.id, row.owner, &row.fingerprint, row.ttl_ms),
         ))
         .await
         .map_err(|e| ("taking over an expired key", e))?;
@@ -529,22 +506,22 @@ async fn savepoint(
     step: &ClaimStep,
 ) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
     if step.savepoint {
-        let sql = &crate::sql::of(tx.get_database_backend()).ledger.savepoint;
-        tx.execute_unprepared(sql)
+        let sql = crate::sql::of(tx.get_database_backend()).ledger.savepoint();
+        tx.execute_unprepared(&sql.sql)
             .await
             .map_err(|e| ("taking the claim savepoint", e))?;
     }
     Ok(Claim::Execute(ClaimedTx {
         body: None,
         tx,
-        owner: step.owner,
+        owner: step.row.owner,
     }))
 }
 
 async fn record_step(
     body: Option<DatabaseTransaction>,
     tx: DatabaseTransaction,
-    values: Vec<Value>,
+    record: Bound<'static>,
     undo_body: bool,
 ) -> Result<(), Error> {
     let d = crate::sql::of(tx.get_database_backend());
@@ -552,14 +529,14 @@ async fn record_step(
         Some(body) if undo_body => body.rollback().await,
         Some(body) => body.commit().await,
         None if undo_body => tx
-            .execute_unprepared(&d.ledger.rollback_to_savepoint)
+            .execute_unprepared(&d.ledger.rollback_to_savepoint().sql)
             .await
             .map(drop),
         None => Ok(()),
     };
     undone.map_err(|e| store_error("rolling back the handler's writes", e))?;
     let updated = tx
-        .execute_raw(statement(d, &d.ledger.record, values))
+        .execute_raw(statement(d, record))
         .await
         .map_err(|e| store_error("recording the result", e))?;
     if updated.rows_affected() != 1 {
@@ -587,16 +564,7 @@ impl Store for SeaOrmStore<'_> {
         }
         let owner = random_token();
         let step = ClaimStep {
-            id: req.id().to_vec(),
-            // SQLite claims by a read: its claim binds nothing but the id.
-            insert: if crate::sql::of(self.backend()).ledger.claim_by_read {
-                Vec::new()
-            } else {
-                ledger_row(req, owner, req.ttl())
-            },
-            owner,
-            fingerprint: req.fingerprint(),
-            ttl_ms: millis(req.ttl()),
+            row: ledger_row(req, owner, req.ttl()),
             reject: req.concurrency() == Concurrency::Reject,
             savepoint: req.savepoint(),
             connection_wait: connection_wait(match req.concurrency() {
@@ -621,19 +589,11 @@ impl Store for SeaOrmStore<'_> {
         status: RecordStatus,
         payload: &[u8],
     ) -> Result<(), Error> {
-        let values = if crate::sql::of(self.backend()).ledger.claim_by_read {
-            // The claim wrote nothing: the record writes the whole row.
-            let mut row = ledger_row(req, owner, req.ttl());
-            row.extend([status.code().into(), payload.to_vec().into()]);
-            row
-        } else {
-            vec![
-                status.code().into(),
-                payload.to_vec().into(),
-                req.id().to_vec().into(),
-                owner.into(),
-            ]
-        };
+        // Where the claim wrote nothing (SQLite), the record writes the whole row.
+        let row = ledger_row(req, owner, req.ttl());
+        let values = crate::sql::of(self.backend())
+            .ledger
+            .record(&row, status.code(), payload);
         // A final error keeps only the recorded error: back to the claim's savepoint first.
         let undo_body = status == RecordStatus::Failed;
         match self.db {
@@ -708,11 +668,7 @@ impl Store for SeaOrmStore<'_> {
         let d = crate::sql::of(backend);
         let read = claimed
             .tx
-            .query_one_raw(statement(
-                d,
-                &d.ledger.read_locked,
-                vec![req.id().to_vec().into()],
-            ))
+            .query_one_raw(statement(d, d.ledger.read_locked(req.id())))
             .await;
         match read {
             Ok(Some(row)) => read_row(&row).map_or(true, |row| row.owner != claimed.owner),

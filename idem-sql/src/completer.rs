@@ -2,45 +2,47 @@
 //! owed) have a row: the table stays small, and its scans need no index.
 
 use crate::render::{render, upsert};
-use crate::{Dialect, Tables};
+use crate::{Bound, Dialect, Param, Tables, with_ids};
 
 /// The completer's statements for one server flavour.
 #[derive(Debug)]
 pub struct Completer {
+    dialect: Dialect,
     /// The calls table.
     pub tables: Tables,
     /// Binds record_id, scope, args, ttl_ms: a new execution's stored call.
-    pub insert_call: String,
+    pub(crate) insert_call: String,
     /// Binds record_id.
-    pub delete_call: String,
+    pub(crate) delete_call: String,
     /// `{ids}` is the list of scopes; `{limit}` the batch. Returns record_id, scope,
     /// principal, idem_key, args, attempts, last_error, gave_up, final_phase_done of due calls.
-    pub due_calls: String,
+    pub(crate) due_calls: String,
     /// `{ids}` is the list of scopes. Returns milliseconds until the next call is due.
-    pub next_due_in: String,
+    pub(crate) next_due_in: String,
     /// `{ids}` is the list of scopes. Returns scope and count of calls due outside them.
-    pub unregistered_calls: String,
+    pub(crate) unregistered_calls: String,
     /// Binds backoff_ms, record_id, attempts.
-    pub begin_attempt: String,
+    pub(crate) begin_attempt: String,
     /// Binds last_error, record_id.
-    pub note_call_error: String,
+    pub(crate) note_call_error: String,
     /// Binds response, record_id. The give-up, fenced: the lease must have ended, and the
     /// final phase not have committed (such a call is completed, never given up).
-    pub give_up: String,
+    pub(crate) give_up: String,
     /// Binds record_id. Run in a final phase's transaction.
-    pub note_final_phase: String,
+    pub(crate) note_final_phase: String,
     /// Binds hook_retry_ms, record_id.
-    pub owe_hook: String,
+    pub(crate) owe_hook: String,
     /// Binds record_id.
-    pub forget_given_up: String,
+    pub(crate) forget_given_up: String,
     /// Deletes the stored calls of records that no longer exist (purged).
-    pub purge_orphaned_calls: String,
+    pub(crate) purge_orphaned_calls: String,
 }
 
 impl Completer {
     pub(crate) fn new(backend: Dialect) -> Self {
         let r = |template: &str| render(backend, template);
         Self {
+            dialect: backend,
             // Only calls in progress (and give-ups whose hook is owed) have a row: the table
             // stays small, and its scans need no index.
             tables: Tables {
@@ -110,5 +112,107 @@ impl Completer {
                 "DELETE FROM {calls} WHERE record_id NOT IN (SELECT id FROM {ledger})",
             ),
         }
+    }
+}
+
+/// A resumable call's row, written with its claim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewCall {
+    /// The record id.
+    pub id: Vec<u8>,
+    /// The handler's scope.
+    pub scope: String,
+    /// The call's stored arguments.
+    pub args: Vec<u8>,
+    /// The record's TTL, for a give-up's record.
+    pub ttl_ms: i64,
+}
+
+impl Completer {
+    /// `sql` with its `{ids}` list filled with `scopes`, bound after `before`.
+    fn over_scopes(&self, sql: &str, before: Vec<Param>, scopes: &[&str]) -> Bound<'static> {
+        let mut params = before;
+        params.extend(scopes.iter().map(|&scope| scope.into()));
+        Bound {
+            sql: with_ids(self.dialect, sql, scopes.len()).into(),
+            params,
+        }
+    }
+
+    /// Stores a new execution's call (over an earlier one of the record).
+    pub fn insert_call(&self, call: &NewCall) -> Bound<'_> {
+        Bound::new(
+            &self.insert_call,
+            [
+                call.id.as_slice().into(),
+                call.scope.as_str().into(),
+                call.args.as_slice().into(),
+                call.ttl_ms.into(),
+            ],
+        )
+    }
+
+    /// Deletes record `id`'s stored call.
+    pub fn delete_call(&self, id: &[u8]) -> Bound<'_> {
+        Bound::new(&self.delete_call, [id.into()])
+    }
+
+    /// Up to `limit` calls of `scopes` due for an attempt, earliest first: returns record_id,
+    /// scope, principal, idem_key, args, attempts, last_error, gave_up, final_phase_done.
+    pub fn due_calls(&self, scopes: &[&str], limit: u32) -> Bound<'static> {
+        let sql = self.due_calls.replace("{limit}", &limit.max(1).to_string());
+        self.over_scopes(&sql, Vec::new(), scopes)
+    }
+
+    /// Milliseconds until the next call of `scopes` is due (NULL: none).
+    pub fn next_due_in(&self, scopes: &[&str]) -> Bound<'static> {
+        self.over_scopes(&self.next_due_in, Vec::new(), scopes)
+    }
+
+    /// Scope and count of due calls outside `scopes` (none given: every scope).
+    pub fn unregistered_calls(&self, scopes: &[&str]) -> Bound<'static> {
+        // `NOT IN ()` is not SQL: with no scopes, match none.
+        let scopes = if scopes.is_empty() { &[""][..] } else { scopes };
+        self.over_scopes(&self.unregistered_calls, Vec::new(), scopes)
+    }
+
+    /// Claims the next attempt at record `id`'s call, if its count is still `attempts` and
+    /// it is due; the attempt after it is due `backoff_ms` from now.
+    pub fn begin_attempt(&self, id: &[u8], attempts: i32, backoff_ms: i64) -> Bound<'_> {
+        Bound::new(
+            &self.begin_attempt,
+            [backoff_ms.into(), id.into(), attempts.into()],
+        )
+    }
+
+    /// Keeps the last attempt's error of record `id`'s call.
+    pub fn note_call_error(&self, id: &[u8], error: String) -> Bound<'_> {
+        Bound::new(&self.note_call_error, [error.into(), id.into()])
+    }
+
+    /// Gives record `id`'s call up with `response`, fenced: the lease must have ended, and
+    /// the final phase not have committed (such a call is completed, never given up).
+    pub fn give_up(&self, id: &[u8], response: Vec<u8>) -> Bound<'_> {
+        Bound::new(&self.give_up, [response.into(), id.into()])
+    }
+
+    /// Notes that record `id`'s final phase committed (in the final phase's transaction).
+    pub fn note_final_phase(&self, id: &[u8]) -> Bound<'_> {
+        Bound::new(&self.note_final_phase, [id.into()])
+    }
+
+    /// Marks record `id`'s give-up hook owed, retried `hook_retry_ms` from now.
+    pub fn owe_hook(&self, id: &[u8], hook_retry_ms: i64) -> Bound<'_> {
+        Bound::new(&self.owe_hook, [hook_retry_ms.into(), id.into()])
+    }
+
+    /// Deletes record `id`'s stored call once given up (its hook ran).
+    pub fn forget_given_up(&self, id: &[u8]) -> Bound<'_> {
+        Bound::new(&self.forget_given_up, [id.into()])
+    }
+
+    /// Deletes the stored calls of records that no longer exist (purged).
+    pub fn purge_orphaned_calls(&self) -> Bound<'_> {
+        Bound::unbound(&self.purge_orphaned_calls)
     }
 }

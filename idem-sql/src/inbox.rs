@@ -1,13 +1,13 @@
 //! The inbox: the messages a consumer gave up on (its dead letters).
 
-use crate::Dialect;
 use crate::render::{render, upsert};
+use crate::{Bound, Dialect};
 
 /// The inbox's statements for one server flavour.
 #[derive(Debug)]
 pub struct Inbox {
     /// Binds consumer, message_id, subject, payload, error, deliveries.
-    pub record_dead_letter: String,
+    pub(crate) record_dead_letter: String,
 }
 
 impl Inbox {
@@ -23,5 +23,39 @@ impl Inbox {
                 &["error", "deliveries"],
             )),
         }
+    }
+}
+
+/// A message a consumer gave up on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewDeadLetter {
+    /// The consumer that gave up.
+    pub consumer: String,
+    /// The message's id.
+    pub message_id: String,
+    /// Its subject (topic).
+    pub subject: String,
+    /// Its payload.
+    pub payload: Vec<u8>,
+    /// The last error.
+    pub error: String,
+    /// Deliveries made.
+    pub deliveries: i64,
+}
+
+impl Inbox {
+    /// Records `letter` (over an earlier one of the same consumer and message).
+    pub fn record_dead_letter(&self, letter: &NewDeadLetter) -> Bound<'_> {
+        Bound::new(
+            &self.record_dead_letter,
+            [
+                letter.consumer.as_str().into(),
+                letter.message_id.as_str().into(),
+                letter.subject.as_str().into(),
+                letter.payload.as_slice().into(),
+                letter.error.as_str().into(),
+                letter.deliveries.into(),
+            ],
+        )
     }
 }

@@ -1,30 +1,30 @@
 //! Inspection (read only): what an operator's tools show of one record.
 
-use crate::Dialect;
 use crate::render::render;
+use crate::{Bound, Dialect};
 
 /// The inspection's statements for one server flavour.
 #[derive(Debug)]
 pub struct Inspect {
     /// Returns the names of those of idem's tables ([`ALL_TABLES`]) the connection sees, as
     /// its own statements would resolve them.
-    pub existing_tables: String,
+    pub(crate) existing_tables: String,
     /// Binds id. Returns id, scope, principal, idem_key, owner, fingerprint, state,
     /// response, created_at_ms, expires_at_ms, now_ms.
-    pub inspect_record: String,
+    pub(crate) inspect_record: String,
     /// Binds record_id. Returns name, token, result, created_at_ms, oldest first.
-    pub inspect_steps: String,
+    pub(crate) inspect_steps: String,
     /// Binds record_id. Returns attempts, last_error, gave_up, next_attempt_at_ms, args,
     /// created_at_ms.
-    pub inspect_call: String,
+    pub(crate) inspect_call: String,
     /// Binds the lowest and the highest id a prefix covers, and a limit. Returns the ids in
     /// that range, in order (a range of the primary key: no scan).
-    pub ids_in_range: String,
+    pub(crate) ids_in_range: String,
     /// Binds scope, since_ms, state (-1: any), state, limit. Returns what `inspect_record`
     /// returns for the scope's records claimed in the last since_ms, newest first. No index
     /// leads with the scope: the statement reads the whole ledger (an operator's look, not
     /// a service's query).
-    pub list_records: String,
+    pub(crate) list_records: String,
 }
 
 impl Inspect {
@@ -67,5 +67,59 @@ impl Inspect {
             ORDER BY created_at_ms DESC LIMIT ?",
             ),
         }
+    }
+}
+
+impl Inspect {
+    /// The names of those of idem's tables the connection sees, as its own statements would
+    /// resolve them.
+    pub fn existing_tables(&self) -> Bound<'_> {
+        Bound::unbound(&self.existing_tables)
+    }
+
+    /// Record `id`: returns id, scope, principal, idem_key, owner, fingerprint, state,
+    /// response, created_at_ms, expires_at_ms, now_ms.
+    pub fn record(&self, id: &[u8]) -> Bound<'_> {
+        Bound::new(&self.inspect_record, [id.into()])
+    }
+
+    /// Record `id`'s steps, oldest first: returns name, token, result, created_at_ms.
+    pub fn steps(&self, id: &[u8]) -> Bound<'_> {
+        Bound::new(&self.inspect_steps, [id.into()])
+    }
+
+    /// Record `id`'s stored call: returns attempts, last_error, gave_up, next_attempt_at_ms,
+    /// args, created_at_ms.
+    pub fn call(&self, id: &[u8]) -> Bound<'_> {
+        Bound::new(&self.inspect_call, [id.into()])
+    }
+
+    /// Up to `limit` ids from `low` to `high`, in order (a range of the primary key: no scan).
+    pub fn ids_in_range(&self, low: &[u8], high: &[u8], limit: i64) -> Bound<'_> {
+        Bound::new(&self.ids_in_range, [low.into(), high.into(), limit.into()])
+    }
+
+    /// Up to `limit` records of `scope` claimed in the last `since_ms`, of state `state`
+    /// (`None`: any), newest first: returns what [`Inspect::record`] returns. No index leads
+    /// with the scope: the statement reads the whole ledger (an operator's look, not a
+    /// service's query).
+    pub fn list_records(
+        &self,
+        scope: &str,
+        since_ms: i64,
+        state: Option<i16>,
+        limit: i64,
+    ) -> Bound<'_> {
+        let state = state.unwrap_or(-1);
+        Bound::new(
+            &self.list_records,
+            [
+                scope.into(),
+                since_ms.into(),
+                state.into(),
+                state.into(),
+                limit.into(),
+            ],
+        )
     }
 }

@@ -2,47 +2,49 @@
 //! reuses the ledger's own statements).
 
 use crate::render::{render, upsert};
-use crate::{Dialect, Tables};
+use crate::{Bound, Dialect, Param, Tables, with_ids};
 
 /// Lease mode's statements for one server flavour.
 #[derive(Debug)]
 pub struct Lease {
+    dialect: Dialect,
     /// The steps table.
     pub tables: Tables,
     /// Binds record_id.
-    pub select_steps: String,
+    pub(crate) select_steps: String,
     /// Binds record_id, name, token, result.
-    pub insert_step: String,
+    pub(crate) insert_step: String,
     /// Binds record_id.
-    pub delete_steps: String,
+    pub(crate) delete_steps: String,
     /// MySQL: binds record_id, then `{ids}` is the list of step names: deletes by primary key,
     /// so completion takes no gap lock (a range delete's next-key lock would meet another
     /// call's step insert, on Galera another node's, and abort one of them). Elsewhere `None`:
     /// `delete_steps` takes no gap locks.
-    pub delete_steps_by_key: Option<String>,
+    pub(crate) delete_steps_by_key: Option<String>,
     /// Binds lease_ms, id, token.
-    pub renew_lease: String,
+    pub(crate) renew_lease: String,
     /// Binds state, response, ttl_ms, id, token.
-    pub complete_lease: String,
+    pub(crate) complete_lease: String,
     /// Binds id, token.
-    pub release_lease: String,
+    pub(crate) release_lease: String,
     /// Binds id. An operator ends a live lease by hand, fenced: the next token (as a
     /// takeover's) refuses the holder's later writes, and the lease ends now.
-    pub release_by_hand: String,
+    pub(crate) release_by_hand: String,
     /// Binds limit. Returns id, scope, idem_key, owner, expires_at_ms, now_ms of leases that
     /// ended.
-    pub expired_leases: String,
+    pub(crate) expired_leases: String,
     /// Binds held_ms, limit. Returns id, scope, idem_key, owner, created_at_ms, expires_at_ms,
     /// now_ms, attempts (NULL unless resumable) of live leases held longer than held_ms.
-    pub stuck_leases: String,
+    pub(crate) stuck_leases: String,
     /// Deletes the steps of records that no longer exist (purged).
-    pub purge_orphaned_steps: String,
+    pub(crate) purge_orphaned_steps: String,
 }
 
 impl Lease {
     pub(crate) fn new(backend: Dialect) -> Self {
         let r = |template: &str| render(backend, template);
         Self {
+            dialect: backend,
             tables: Tables {
                 create: vec![r("CREATE TABLE IF NOT EXISTS {steps} (\
                 record_id {hash} NOT NULL, name {string} NOT NULL, token {i64} NOT NULL, \
@@ -89,5 +91,103 @@ impl Lease {
                 "DELETE FROM {steps} WHERE record_id NOT IN (SELECT id FROM {ledger})",
             ),
         }
+    }
+}
+
+impl Lease {
+    /// The recorded steps of record `id`: returns name, result.
+    pub fn select_steps(&self, id: &[u8]) -> Bound<'_> {
+        Bound::new(&self.select_steps, [id.into()])
+    }
+
+    /// Records step `name` of record `id` with its `result`, under the holder's `token` (over
+    /// a step of the same name).
+    pub fn insert_step(&self, id: &[u8], name: &str, token: i64, result: &[u8]) -> Bound<'_> {
+        Bound::new(
+            &self.insert_step,
+            [id.into(), name.into(), token.into(), result.into()],
+        )
+    }
+
+    /// Deletes the steps of record `id`.
+    pub fn delete_steps(&self, id: &[u8]) -> Bound<'_> {
+        Bound::new(&self.delete_steps, [id.into()])
+    }
+
+    /// Whether finished calls' steps are deleted by primary key ([`Lease::delete_steps_by_key`]),
+    /// after a plain read of their names: where a range delete would take gap locks (MySQL).
+    pub fn deletes_steps_by_key(&self) -> bool {
+        self.delete_steps_by_key.is_some()
+    }
+
+    /// Where a range delete would take gap locks (MySQL): deletes the steps `names` of record
+    /// `id` by primary key. `None` elsewhere: [`Lease::delete_steps`] takes no gap lock.
+    pub fn delete_steps_by_key(&self, id: &[u8], names: &[String]) -> Option<Bound<'static>> {
+        let sql = self.delete_steps_by_key.as_ref()?;
+        let mut params: Vec<Param> = vec![id.into()];
+        params.extend(names.iter().map(|name| name.as_str().into()));
+        Some(Bound {
+            sql: with_ids(self.dialect, sql, names.len()).into(),
+            params,
+        })
+    }
+
+    /// Renews the lease on record `id` for `lease_ms` from now, if `token` still holds it.
+    pub fn renew(&self, id: &[u8], token: i64, lease_ms: i64) -> Bound<'_> {
+        Bound::new(
+            &self.renew_lease,
+            [lease_ms.into(), id.into(), token.into()],
+        )
+    }
+
+    /// Records the outcome of the call holding record `id` (state code, response, kept for
+    /// `ttl_ms` from now), if `token` still holds the lease.
+    pub fn complete(
+        &self,
+        id: &[u8],
+        token: i64,
+        state: i16,
+        response: Vec<u8>,
+        ttl_ms: i64,
+    ) -> Bound<'_> {
+        Bound::new(
+            &self.complete_lease,
+            [
+                state.into(),
+                response.into(),
+                ttl_ms.into(),
+                id.into(),
+                token.into(),
+            ],
+        )
+    }
+
+    /// Ends the lease on record `id` now, if `token` still holds it.
+    pub fn release(&self, id: &[u8], token: i64) -> Bound<'_> {
+        Bound::new(&self.release_lease, [id.into(), token.into()])
+    }
+
+    /// An operator ends the live lease on record `id` by hand, fenced: the next token (as a
+    /// takeover's) refuses the holder's later writes, and the lease ends now.
+    pub fn release_by_hand(&self, id: &[u8]) -> Bound<'_> {
+        Bound::new(&self.release_by_hand, [id.into()])
+    }
+
+    /// Up to `limit` leases that ended without their call finishing, oldest first: returns
+    /// id, scope, idem_key, owner, expires_at_ms, now_ms, attempts (NULL unless resumable).
+    pub fn expired_leases(&self, limit: i64) -> Bound<'_> {
+        Bound::new(&self.expired_leases, [limit.into()])
+    }
+
+    /// Up to `limit` live leases held for longer than `held_ms`, longest held first: returns
+    /// id, scope, idem_key, owner, created_at_ms, expires_at_ms, now_ms, attempts (NULL
+    /// unless resumable).
+    pub fn stuck_leases(&self, held_ms: i64, limit: i64) -> Bound<'_> {
+        Bound::new(&self.stuck_leases, [held_ms.into(), limit.into()])
+    }
+
+    /// Deletes the steps of records that no longer exist (purged).
+    pub fn purge_orphaned_steps(&self) -> Bound<'_> {
+        Bound::unbound(&self.purge_orphaned_steps)
     }
 }

@@ -1,7 +1,7 @@
 //! The ledger: one row per key, claimed, taken over, recorded, purged.
 
 use crate::render::{render, upsert};
-use crate::{Dialect, Tables};
+use crate::{Bound, Dialect, Param, Tables};
 
 /// The ledger's statements for one server flavour.
 #[derive(Debug)]
@@ -12,7 +12,7 @@ pub struct Ledger {
     /// fingerprint, state, response, expires_at_ms, now_ms of the inserted row or of the row
     /// it ran into: locked and current on MariaDB, as the statement's snapshot saw it on
     /// PostgreSQL (SQLite claims by a read instead; its `claim` serves leases).
-    pub claim: String,
+    pub(crate) claim: String,
     /// Whether the row `claim` returns is locked and current, so it decides without a
     /// second read.
     pub claim_locks_row: bool,
@@ -21,7 +21,7 @@ pub struct Ledger {
     /// state and response).
     pub claim_by_read: bool,
     /// Same as `claim`, failing at once if another transaction holds the key.
-    pub claim_nowait: String,
+    pub(crate) claim_nowait: String,
     /// Run after `claim_nowait` (whatever it answered) where `before_nowait` changed the
     /// session.
     pub after_nowait: Option<&'static str>,
@@ -33,26 +33,26 @@ pub struct Ledger {
     /// the caller could read a row it did not end up inserting (seen in `tests/galera.rs`).
     pub claim_at_once: bool,
     /// Binds id; returns owner, fingerprint, state, response, expires_at_ms, now_ms.
-    pub read_locked: String,
+    pub(crate) read_locked: String,
     /// `read_locked` without the lock: a committed row, for answers a later commit cannot
     /// change (a completed record, a live lease).
-    pub read_row: String,
+    pub(crate) read_row: String,
     /// Binds owner, fingerprint, ttl_ms, id.
-    pub take_over: String,
+    pub(crate) take_over: String,
     /// Binds state, response, id, owner (with `claim_by_read`: see there).
-    pub record: String,
+    pub(crate) record: String,
     /// How expired records are found and deleted.
-    pub purge: Purge,
+    pub(crate) purge: Purge,
     /// Selects the database clock.
-    pub select_now: String,
+    pub(crate) select_now: String,
     /// Taken after the claim, so that a final error can undo the handler's writes.
-    pub savepoint: String,
+    pub(crate) savepoint: String,
     /// Undoes the handler's writes, keeping the claim.
-    pub rollback_to_savepoint: String,
+    pub(crate) rollback_to_savepoint: String,
     /// Binds scope, state, the last id read (empty bytes first), limit. Returns id, response
     /// of the scope's live records of that state after that id, in id order: the pages the
     /// pre-deploy check (`check_answers`) reads.
-    pub live_answers: String,
+    pub(crate) live_answers: String,
 }
 
 impl Ledger {
@@ -163,16 +163,18 @@ impl Ledger {
             purge: match backend {
                 // A row locked by a claim is skipped; one that a takeover made current again
                 // while it waited is re-checked under its lock and kept.
-                Postgres => Purge::ByIndex(r(
-                    "DELETE FROM {ledger} WHERE id IN (SELECT id FROM {ledger} \
-                WHERE {purgeable} LIMIT ? FOR UPDATE SKIP LOCKED)",
-                )),
-                MySql => Purge::ByIndex(r("DELETE FROM {ledger} WHERE {purgeable} LIMIT ?")),
-                _ => Purge::Sweep {
+                Postgres => Purge::ByIndex(PurgeByIndex {
+                    delete: r("DELETE FROM {ledger} WHERE id IN (SELECT id FROM {ledger} \
+                        WHERE {purgeable} LIMIT ? FOR UPDATE SKIP LOCKED)"),
+                }),
+                MySql => Purge::ByIndex(PurgeByIndex {
+                    delete: r("DELETE FROM {ledger} WHERE {purgeable} LIMIT ?"),
+                }),
+                _ => Purge::Sweep(PurgeSweep {
                     bound: r("SELECT id FROM {ledger} WHERE id > ? ORDER BY id LIMIT 1 OFFSET ?"),
                     delete: r("DELETE FROM {ledger} WHERE id > ? AND id <= ? AND {purgeable}"),
                     delete_rest: r("DELETE FROM {ledger} WHERE id > ? AND {purgeable}"),
-                },
+                }),
             },
             select_now: r("SELECT {now} AS now_ms"),
             savepoint: r("SAVEPOINT {claim_savepoint}"),
@@ -206,16 +208,168 @@ impl Ledger {
 /// How a backend's purge finds expired records.
 #[derive(Debug)]
 pub enum Purge {
-    /// By the expiry index. Binds batch size; deletes up to that many expired rows.
-    ByIndex(String),
+    /// By the expiry index.
+    ByIndex(PurgeByIndex),
     /// The ledger has no expiry index: sweep the table in key order, a bounded range of keys
     /// per statement.
-    Sweep {
-        /// Binds a key and a count `n`: the key `n + 1` places after it (the range's last).
-        bound: String,
-        /// Binds the keys a range runs after and up to; deletes the expired rows in it.
-        delete: String,
-        /// Binds the key the last range runs after; deletes the expired rows after it.
-        delete_rest: String,
-    },
+    Sweep(PurgeSweep),
+}
+
+/// The purge by the expiry index.
+#[derive(Debug)]
+pub struct PurgeByIndex {
+    pub(crate) delete: String,
+}
+
+impl PurgeByIndex {
+    /// Deletes up to `batch` purgeable records.
+    pub fn delete(&self, batch: i64) -> Bound<'_> {
+        Bound::new(&self.delete, [batch.into()])
+    }
+}
+
+/// The purge that sweeps the ledger in key order.
+#[derive(Debug)]
+pub struct PurgeSweep {
+    pub(crate) bound: String,
+    pub(crate) delete: String,
+    pub(crate) delete_rest: String,
+}
+
+impl PurgeSweep {
+    /// Returns the key `n + 1` places after key `after` (a range's last), if any.
+    pub fn bound(&self, after: &[u8], n: i64) -> Bound<'_> {
+        Bound::new(&self.bound, [after.into(), n.into()])
+    }
+
+    /// Deletes the purgeable records after key `after` up to key `last`.
+    pub fn delete(&self, after: &[u8], last: &[u8]) -> Bound<'_> {
+        Bound::new(&self.delete, [after.into(), last.into()])
+    }
+
+    /// Deletes the purgeable records after key `after` (the last range).
+    pub fn delete_rest(&self, after: &[u8]) -> Bound<'_> {
+        Bound::new(&self.delete_rest, [after.into()])
+    }
+}
+
+/// A claim's new ledger row: what [`Ledger::claim`] inserts, and what [`Ledger::record`]
+/// writes whole where the claim only read ([`Ledger::claim_by_read`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewRecord {
+    /// The record id (SHA-256 of scope, principal and key).
+    pub id: Vec<u8>,
+    /// The call's scope.
+    pub scope: String,
+    /// The principal the key belongs to (empty: none).
+    pub principal: String,
+    /// The idempotency key.
+    pub key: String,
+    /// The claim's owner token.
+    pub owner: i64,
+    /// The arguments' fingerprint.
+    pub fingerprint: Vec<u8>,
+    /// How long the record lives (atomic mode) or the lease lasts, from the database clock.
+    pub ttl_ms: i64,
+}
+
+impl NewRecord {
+    /// The row's values in `claim`'s order: id, scope, principal, key, owner, fingerprint,
+    /// ttl_ms.
+    fn params(&self) -> Vec<Param> {
+        vec![
+            self.id.as_slice().into(),
+            self.scope.as_str().into(),
+            self.principal.as_str().into(),
+            self.key.as_str().into(),
+            self.owner.into(),
+            self.fingerprint.as_slice().into(),
+            self.ttl_ms.into(),
+        ]
+    }
+}
+
+impl Ledger {
+    /// Inserts `row` unless its key has a row. Returns owner, fingerprint, state, response,
+    /// expires_at_ms, now_ms of the inserted row or of the row it ran into: locked and
+    /// current on MariaDB ([`Ledger::claim_locks_row`]), as the statement's snapshot saw it
+    /// on PostgreSQL, nothing on the MySQL 8 family (SQLite's atomic claim reads instead:
+    /// [`Ledger::claim_by_read`]; this serves its leases).
+    pub fn claim(&self, row: &NewRecord) -> Bound<'_> {
+        Bound::new(&self.claim, row.params())
+    }
+
+    /// [`Ledger::claim`], failing at once if another transaction holds the key (after
+    /// [`Ledger::before_nowait`], before [`Ledger::after_nowait`]).
+    pub fn claim_nowait(&self, row: &NewRecord) -> Bound<'_> {
+        Bound::new(&self.claim_nowait, row.params())
+    }
+
+    /// Reads record `id` locked (on SQLite, under the transaction's write lock). Returns
+    /// owner, fingerprint, state, response, expires_at_ms, now_ms.
+    pub fn read_locked(&self, id: &[u8]) -> Bound<'_> {
+        Bound::new(&self.read_locked, [id.into()])
+    }
+
+    /// [`Ledger::read_locked`] without the lock: the committed row, for answers a later
+    /// commit cannot change (a completed record, a live lease).
+    pub fn read_row(&self, id: &[u8]) -> Bound<'_> {
+        Bound::new(&self.read_row, [id.into()])
+    }
+
+    /// Makes expired record `id` a new execution of `owner`, living `ttl_ms`.
+    pub fn take_over(&self, id: &[u8], owner: i64, fingerprint: &[u8], ttl_ms: i64) -> Bound<'_> {
+        Bound::new(
+            &self.take_over,
+            [owner.into(), fingerprint.into(), ttl_ms.into(), id.into()],
+        )
+    }
+
+    /// Records the result of `row`'s execution: its state code and response, if `row.owner`
+    /// still holds it. Where the claim only read ([`Ledger::claim_by_read`]), writes the
+    /// whole row (over an expired one).
+    pub fn record(&self, row: &NewRecord, state: i16, response: &[u8]) -> Bound<'_> {
+        let params = if self.claim_by_read {
+            let mut params = row.params();
+            params.extend([state.into(), response.into()]);
+            params
+        } else {
+            vec![
+                state.into(),
+                response.into(),
+                row.id.as_slice().into(),
+                row.owner.into(),
+            ]
+        };
+        Bound::new(&self.record, params)
+    }
+
+    /// How expired records are found and deleted.
+    pub fn purge(&self) -> &Purge {
+        &self.purge
+    }
+
+    /// Selects the database clock, in epoch milliseconds.
+    pub fn select_now(&self) -> Bound<'_> {
+        Bound::unbound(&self.select_now)
+    }
+
+    /// Taken after the claim, so that a final error can undo the handler's writes.
+    pub fn savepoint(&self) -> Bound<'_> {
+        Bound::unbound(&self.savepoint)
+    }
+
+    /// Undoes the handler's writes, keeping the claim.
+    pub fn rollback_to_savepoint(&self) -> Bound<'_> {
+        Bound::unbound(&self.rollback_to_savepoint)
+    }
+
+    /// A page of the scope's live records of `state` after id `after` (empty first), in id
+    /// order: returns id, response. The pre-deploy check (`check_answers`) reads them.
+    pub fn live_answers(&self, scope: &str, state: i16, after: &[u8], limit: i64) -> Bound<'_> {
+        Bound::new(
+            &self.live_answers,
+            [scope.into(), state.into(), after.into(), limit.into()],
+        )
+    }
 }

@@ -19,7 +19,9 @@
 //! statements, and any other store can execute the same ones. It is an implementation crate
 //! of idem: its API follows idem's versions, with no promise of its own.
 
+mod bound;
 mod completer;
+mod flavour;
 mod inbox;
 mod inspect;
 mod lease;
@@ -30,56 +32,18 @@ mod render;
 
 use std::sync::LazyLock;
 
-pub use completer::Completer;
-pub use inbox::Inbox;
+pub use bound::{Bound, Param};
+pub use completer::{Completer, NewCall};
+pub use flavour::{Dialect, Flavour, SELECT_VERSION, SELECT_WSREP_ON, has_returning};
+pub use inbox::{Inbox, NewDeadLetter};
 pub use inspect::Inspect;
 pub use lease::Lease;
-pub use ledger::{Ledger, Purge};
+pub use ledger::{Ledger, NewRecord, Purge, PurgeByIndex, PurgeSweep};
 pub use names::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
 };
-pub use outbox::Outbox;
+pub use outbox::{NewMessage, Outbox};
 pub use render::{millis, placeholders, with_ids};
-
-/// The SQL dialect a statement is written in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Dialect {
-    /// PostgreSQL: numbered placeholders (`$1`), `RETURNING`, `FOR UPDATE SKIP LOCKED`.
-    Postgres,
-    /// The MySQL protocol: MariaDB and the MySQL 8 family ([`Flavour`] tells them apart).
-    MySql,
-    /// SQLite.
-    Sqlite,
-}
-
-/// The server a store talks to, as far as its statements differ.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Flavour {
-    /// PostgreSQL.
-    Postgres,
-    /// MariaDB 10.5 or later: the claim reads the row back with `RETURNING` in the same
-    /// statement, and `reject` waits 0 s with `SET STATEMENT`.
-    MariaDb,
-    /// A MariaDB node of a Galera cluster: MariaDB's statements, those that decide a claim
-    /// first waiting for the node to catch up with the cluster.
-    Galera,
-    /// The MySQL 8 family (MySQL 8.0/8.4, Aurora MySQL, TiDB, Vitess, MariaDB before 10.5):
-    /// an upsert, then a locked read; `reject` waits at most 1 s.
-    MySql8,
-    /// SQLite.
-    Sqlite,
-}
-
-impl Flavour {
-    /// The dialect the flavour's statements are written in.
-    pub const fn dialect(self) -> Dialect {
-        match self {
-            Flavour::Postgres => Dialect::Postgres,
-            Flavour::MariaDb | Flavour::Galera | Flavour::MySql8 => Dialect::MySql,
-            Flavour::Sqlite => Dialect::Sqlite,
-        }
-    }
-}
 
 /// Every statement of one server flavour, by feature. Placeholders are positional, in the
 /// order each field's documentation gives.

@@ -1,43 +1,45 @@
 //! The outbox: staged messages, their aggregates' heads, and the relay's claims.
 
+use crate::names::outbox_state;
 use crate::render::render;
-use crate::{Dialect, Tables};
+use crate::{Bound, Dialect, Param, Tables, with_ids};
 
 /// The outbox's statements for one server flavour.
 #[derive(Debug)]
 pub struct Outbox {
+    dialect: Dialect,
     /// The outbox, its aggregates' heads, and the inbox's dead letters (created with the outbox).
     pub tables: Tables,
     /// Binds aggregate_key. Locks the aggregate's head row until commit, so messages of one
     /// aggregate get their sequence numbers (and ids) in commit order.
-    pub bump_head: Option<String>,
+    pub(crate) bump_head: Option<String>,
     /// Binds aggregate_key, message_id, topic, aggregate_key, headers, payload (PostgreSQL:
     /// bumps the head and notifies relays in the same statement).
-    pub insert_message_in_aggregate: String,
+    pub(crate) insert_message_in_aggregate: String,
     /// Binds message_id, topic, headers, payload.
-    pub insert_message: String,
+    pub(crate) insert_message: String,
     /// Binds lease_ms, token, batch. Claims due messages that are first in their aggregate
     /// and returns `{claimed_columns}` (PostgreSQL, SQLite). MySQL uses the three statements
     /// below in one transaction.
-    pub claim_messages: String,
+    pub(crate) claim_messages: String,
     /// MySQL: binds batch; ids of due messages that are first in their aggregate (plain read).
-    pub select_eligible: String,
+    pub(crate) select_eligible: String,
     /// MySQL: `{ids}` is the id list; locks those still claimable, skipping locked ones.
-    pub lock_claimable: String,
+    pub(crate) lock_claimable: String,
     /// MySQL: binds lease_ms, token; `{ids}` is the id list.
-    pub lease_messages: String,
+    pub(crate) lease_messages: String,
     /// Binds token; `{ids}` is the id list.
-    pub mark_published: String,
+    pub(crate) mark_published: String,
     /// Binds state, last_error, delay_ms, id, token.
-    pub mark_failed: String,
+    pub(crate) mark_failed: String,
     /// Binds retention_ms, batch.
-    pub purge_published: String,
+    pub(crate) purge_published: String,
     /// Returns pending count, oldest pending created_at_ms, dead count, now_ms.
-    pub outbox_health: String,
+    pub(crate) outbox_health: String,
     /// Binds limit.
-    pub list_dead: String,
+    pub(crate) list_dead: String,
     /// Binds message_id.
-    pub retry_dead: String,
+    pub(crate) retry_dead: String,
 }
 
 impl Outbox {
@@ -53,6 +55,7 @@ impl Outbox {
         deliveries {i64} NOT NULL, created_at_ms {i64} NOT NULL, \
         PRIMARY KEY (consumer, message_id)){clustered}";
         Self {
+            dialect: backend,
             tables: Tables {
                 create: match backend {
                     // MySQL has no partial indexes: its indexes are part of the table.
@@ -203,5 +206,156 @@ impl Outbox {
             next_attempt_at_ms = {now}, locked_until_ms = 0 WHERE message_id = ? AND state = {dead}",
             ),
         }
+    }
+}
+
+/// A message to stage.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewMessage {
+    /// Its id (a UUID v7).
+    pub id: String,
+    /// Its topic.
+    pub topic: String,
+    /// Its aggregate: messages of one aggregate are published in staging order.
+    pub aggregate: Option<String>,
+    /// Its headers, as JSON (`None`: none).
+    pub headers: Option<String>,
+    /// Its payload.
+    pub payload: Vec<u8>,
+}
+
+impl Outbox {
+    /// `sql`'s `{ids}` list filled with `ids`, bound after `before`.
+    fn over_ids(&self, sql: &str, before: Vec<Param>, ids: &[i64]) -> Bound<'static> {
+        let mut params = before;
+        params.extend(ids.iter().map(|&id| id.into()));
+        Bound {
+            sql: with_ids(self.dialect, sql, ids.len()).into(),
+            params,
+        }
+    }
+
+    /// The statements that stage `message`, in order: bumping its aggregate's head where that
+    /// is a statement of its own, then the insert (on PostgreSQL one statement bumps the head,
+    /// inserts and notifies listening relays).
+    pub fn stage(&self, message: &NewMessage) -> Vec<Bound<'_>> {
+        let (id, topic, headers, payload) = (
+            Param::from(message.id.as_str()),
+            Param::from(message.topic.as_str()),
+            Param::Text(message.headers.clone()),
+            Param::from(message.payload.as_slice()),
+        );
+        let Some(aggregate) = &message.aggregate else {
+            return vec![Bound::new(
+                &self.insert_message,
+                [id, topic, headers, payload],
+            )];
+        };
+        let aggregate = Param::from(aggregate.as_str());
+        match &self.bump_head {
+            Some(bump) => vec![
+                Bound::new(bump, [aggregate.clone()]),
+                Bound::new(
+                    &self.insert_message_in_aggregate,
+                    [id, topic, aggregate.clone(), aggregate, headers, payload],
+                ),
+            ],
+            None => vec![Bound::new(
+                &self.insert_message_in_aggregate,
+                [aggregate.clone(), id, topic, aggregate, headers, payload],
+            )],
+        }
+    }
+
+    /// Whether the relay claims in three statements of one transaction
+    /// ([`Outbox::select_eligible`], [`Outbox::lock_claimable`], [`Outbox::lease_messages`]:
+    /// MySQL, where a locking read's subquery may lock and skip the rows it visits) rather
+    /// than with [`Outbox::claim_messages`].
+    pub fn claims_in_three_steps(&self) -> bool {
+        self.dialect == Dialect::MySql
+    }
+
+    /// Claims up to `batch` due messages that are first in their aggregate for `lease_ms`,
+    /// leased to `token`: returns id, message_id, topic, aggregate_key, aggregate_seq,
+    /// headers, payload, attempts (PostgreSQL, SQLite).
+    pub fn claim_messages(&self, token: i64, lease_ms: i64, batch: i64) -> Bound<'_> {
+        Bound::new(
+            &self.claim_messages,
+            [lease_ms.into(), token.into(), batch.into()],
+        )
+    }
+
+    /// MySQL: ids of up to `batch` due messages that are first in their aggregate (a plain
+    /// read).
+    pub fn select_eligible(&self, batch: i64) -> Bound<'_> {
+        Bound::new(&self.select_eligible, [batch.into()])
+    }
+
+    /// MySQL: locks those of `ids` still claimable, skipping locked ones; returns what
+    /// [`Outbox::claim_messages`] returns.
+    pub fn lock_claimable(&self, ids: &[i64]) -> Bound<'static> {
+        self.over_ids(&self.lock_claimable, Vec::new(), ids)
+    }
+
+    /// MySQL: leases `ids` to `token` for `lease_ms`.
+    pub fn lease_messages(&self, ids: &[i64], token: i64, lease_ms: i64) -> Bound<'static> {
+        self.over_ids(
+            &self.lease_messages,
+            vec![lease_ms.into(), token.into()],
+            ids,
+        )
+    }
+
+    /// Marks `ids` published, if `token` still holds their lease.
+    pub fn mark_published(&self, ids: &[i64], token: i64) -> Bound<'static> {
+        self.over_ids(&self.mark_published, vec![token.into()], ids)
+    }
+
+    /// Records a failed attempt at message `id` leased to `token`: back to pending after
+    /// `delay_ms`, or dead.
+    pub fn mark_failed(
+        &self,
+        id: i64,
+        token: i64,
+        dead: bool,
+        error: String,
+        delay_ms: i64,
+    ) -> Bound<'_> {
+        let state = if dead {
+            outbox_state::DEAD
+        } else {
+            outbox_state::PENDING
+        };
+        Bound::new(
+            &self.mark_failed,
+            [
+                state.into(),
+                error.into(),
+                delay_ms.into(),
+                id.into(),
+                token.into(),
+            ],
+        )
+    }
+
+    /// Deletes up to `batch` messages published more than `retention_ms` ago.
+    pub fn purge_published(&self, retention_ms: i64, batch: i64) -> Bound<'_> {
+        Bound::new(&self.purge_published, [retention_ms.into(), batch.into()])
+    }
+
+    /// Returns pending count, oldest pending created_at_ms, dead count, now_ms.
+    pub fn outbox_health(&self) -> Bound<'_> {
+        Bound::unbound(&self.outbox_health)
+    }
+
+    /// Up to `limit` dead messages, oldest first: returns message_id, topic, aggregate_key,
+    /// aggregate_seq, attempts, last_error, created_at_ms.
+    pub fn list_dead(&self, limit: i64) -> Bound<'_> {
+        Bound::new(&self.list_dead, [limit.into()])
+    }
+
+    /// Puts dead message `message_id` back in line with fresh attempts.
+    pub fn retry_dead(&self, message_id: &str) -> Bound<'_> {
+        Bound::new(&self.retry_dead, [message_id.into()])
     }
 }

@@ -17,12 +17,8 @@ fn every_table() -> Vec<Sql> {
 /// Every statement of `sql` as it runs (`{ids}` lists filled with two ids).
 fn every_statement(sql: &Sql) -> Vec<String> {
     let purge = match &sql.ledger.purge {
-        Purge::ByIndex(purge) => vec![purge],
-        Purge::Sweep {
-            bound,
-            delete,
-            delete_rest,
-        } => vec![bound, delete, delete_rest],
+        Purge::ByIndex(purge) => vec![&purge.delete],
+        Purge::Sweep(sweep) => vec![&sweep.bound, &sweep.delete, &sweep.delete_rest],
     };
     let statements = [
         &sql.ledger.claim,
@@ -148,12 +144,8 @@ fn expiry_and_leases_are_measured_on_the_database_clock() {
     for sql in &every_table() {
         let backend = sql.flavour;
         let purge = match &sql.ledger.purge {
-            Purge::ByIndex(purge) => vec![purge],
-            Purge::Sweep {
-                delete,
-                delete_rest,
-                ..
-            } => vec![delete, delete_rest],
+            Purge::ByIndex(purge) => vec![&purge.delete],
+            Purge::Sweep(sweep) => vec![&sweep.delete, &sweep.delete_rest],
         };
         let clocked = [
             &sql.ledger.claim,
@@ -217,4 +209,158 @@ fn dump_every_statement() {
         out.push_str(&format!("{name}\t{}\n", sql.ledger.live_answers));
     }
     std::fs::write(path, out).expect("dump");
+}
+
+/// Every binder of every flavour, with sample values.
+fn every_bound(sql: &Sql) -> Vec<(&'static str, Bound<'_>)> {
+    let row = NewRecord {
+        id: vec![1; 32],
+        scope: "s".into(),
+        principal: String::new(),
+        key: "k".into(),
+        owner: 7,
+        fingerprint: vec![2; 32],
+        ttl_ms: 1000,
+    };
+    let call = NewCall {
+        id: vec![1; 32],
+        scope: "s".into(),
+        args: vec![3],
+        ttl_ms: 1000,
+    };
+    let message = |aggregate: Option<&str>| NewMessage {
+        id: "m".into(),
+        topic: "t".into(),
+        aggregate: aggregate.map(str::to_owned),
+        headers: None,
+        payload: vec![4],
+    };
+    let letter = NewDeadLetter {
+        consumer: "c".into(),
+        message_id: "m".into(),
+        subject: "t".into(),
+        payload: vec![4],
+        error: "e".into(),
+        deliveries: 3,
+    };
+    let id = [1u8; 32];
+    let (l, le, c, i, o) = (
+        &sql.ledger,
+        &sql.lease,
+        &sql.completer,
+        &sql.inspect,
+        &sql.outbox,
+    );
+    let mut all = vec![
+        ("claim", l.claim(&row)),
+        ("claim_nowait", l.claim_nowait(&row)),
+        ("read_locked", l.read_locked(&id)),
+        ("read_row", l.read_row(&id)),
+        ("take_over", l.take_over(&id, 8, &id, 1000)),
+        ("record", l.record(&row, 1, b"r")),
+        ("select_now", l.select_now()),
+        ("savepoint", l.savepoint()),
+        ("rollback_to_savepoint", l.rollback_to_savepoint()),
+        ("live_answers", l.live_answers("s", 1, &id, 10)),
+        ("select_steps", le.select_steps(&id)),
+        ("insert_step", le.insert_step(&id, "n", 7, b"r")),
+        ("delete_steps", le.delete_steps(&id)),
+        ("renew", le.renew(&id, 7, 1000)),
+        ("complete", le.complete(&id, 7, 1, b"r".to_vec(), 1000)),
+        ("release", le.release(&id, 7)),
+        ("release_by_hand", le.release_by_hand(&id)),
+        ("expired_leases", le.expired_leases(10)),
+        ("stuck_leases", le.stuck_leases(1000, 10)),
+        ("purge_orphaned_steps", le.purge_orphaned_steps()),
+        ("insert_call", c.insert_call(&call)),
+        ("delete_call", c.delete_call(&id)),
+        ("due_calls", c.due_calls(&["a", "b"], 10)),
+        ("next_due_in", c.next_due_in(&["a", "b"])),
+        ("unregistered_calls", c.unregistered_calls(&[])),
+        ("begin_attempt", c.begin_attempt(&id, 2, 1000)),
+        ("note_call_error", c.note_call_error(&id, "e".into())),
+        ("give_up", c.give_up(&id, b"r".to_vec())),
+        ("note_final_phase", c.note_final_phase(&id)),
+        ("owe_hook", c.owe_hook(&id, 1000)),
+        ("forget_given_up", c.forget_given_up(&id)),
+        ("purge_orphaned_calls", c.purge_orphaned_calls()),
+        ("existing_tables", i.existing_tables()),
+        ("inspect record", i.record(&id)),
+        ("inspect steps", i.steps(&id)),
+        ("inspect call", i.call(&id)),
+        ("ids_in_range", i.ids_in_range(&id, &id, 10)),
+        ("list_records", i.list_records("s", 1000, None, 10)),
+        ("mark_published", o.mark_published(&[1, 2], 7)),
+        ("mark_failed", o.mark_failed(1, 7, false, "e".into(), 1000)),
+        ("purge_published", o.purge_published(1000, 10)),
+        ("outbox_health", o.outbox_health()),
+        ("list_dead", o.list_dead(10)),
+        ("retry_dead", o.retry_dead("m")),
+        ("record_dead_letter", sql.inbox.record_dead_letter(&letter)),
+    ];
+    if o.claims_in_three_steps() {
+        all.push(("select_eligible", o.select_eligible(10)));
+        all.push(("lock_claimable", o.lock_claimable(&[1, 2])));
+        all.push(("lease_messages", o.lease_messages(&[1, 2], 7, 1000)));
+    } else {
+        all.push(("claim_messages", o.claim_messages(7, 1000, 10)));
+    }
+    all.extend(o.stage(&message(None)).into_iter().map(|b| ("stage", b)));
+    all.extend(
+        o.stage(&message(Some("a")))
+            .into_iter()
+            .map(|b| ("stage in aggregate", b)),
+    );
+    if let Some(delete) = le.delete_steps_by_key(&id, &["a".into(), "b".into()]) {
+        all.push(("delete_steps_by_key", delete));
+    }
+    match l.purge() {
+        Purge::ByIndex(purge) => all.push(("purge", purge.delete(10))),
+        Purge::Sweep(sweep) => all.extend([
+            ("sweep bound", sweep.bound(&id, 10)),
+            ("sweep delete", sweep.delete(&id, &id)),
+            ("sweep delete_rest", sweep.delete_rest(&id)),
+        ]),
+    }
+    all
+}
+
+/// How many values `sql` takes: its `?`s, or on PostgreSQL its highest `$n` (a placeholder
+/// may be used twice).
+fn placeholders_in(dialect: Dialect, sql: &str) -> usize {
+    if dialect != Dialect::Postgres {
+        return sql.matches('?').count();
+    }
+    sql.split('$')
+        .skip(1)
+        .filter_map(|n| {
+            n.chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+                .parse::<usize>()
+                .ok()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+#[test]
+fn every_binder_binds_one_value_per_placeholder() {
+    for sql in every_table() {
+        for (name, bound) in every_bound(&sql) {
+            assert!(
+                !bound.sql.contains('{'),
+                "{:?} {name}: {}",
+                sql.flavour,
+                bound.sql
+            );
+            assert_eq!(
+                placeholders_in(sql.dialect, &bound.sql),
+                bound.params.len(),
+                "{:?} {name}: {}",
+                sql.flavour,
+                bound.sql
+            );
+        }
+    }
 }

@@ -1,0 +1,79 @@
+//! Which server a store talks to, as far as its statements differ, and the two questions
+//! that tell the MySQL-protocol servers apart.
+
+/// The SQL dialect a statement is written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dialect {
+    /// PostgreSQL: numbered placeholders (`$1`), `RETURNING`, `FOR UPDATE SKIP LOCKED`.
+    Postgres,
+    /// The MySQL protocol: MariaDB and the MySQL 8 family ([`Flavour`] tells them apart).
+    MySql,
+    /// SQLite.
+    Sqlite,
+}
+
+/// The server a store talks to, as far as its statements differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Flavour {
+    /// PostgreSQL.
+    Postgres,
+    /// MariaDB 10.5 or later: the claim reads the row back with `RETURNING` in the same
+    /// statement, and `reject` waits 0 s with `SET STATEMENT`.
+    MariaDb,
+    /// A MariaDB node of a Galera cluster: MariaDB's statements, those that decide a claim
+    /// first waiting for the node to catch up with the cluster.
+    Galera,
+    /// The MySQL 8 family (MySQL 8.0/8.4, Aurora MySQL, TiDB, Vitess, MariaDB before 10.5):
+    /// an upsert, then a locked read; `reject` waits at most 1 s.
+    MySql8,
+    /// SQLite.
+    Sqlite,
+}
+
+impl Flavour {
+    /// The dialect the flavour's statements are written in.
+    pub const fn dialect(self) -> Dialect {
+        match self {
+            Flavour::Postgres => Dialect::Postgres,
+            Flavour::MariaDb | Flavour::Galera | Flavour::MySql8 => Dialect::MySql,
+            Flavour::Sqlite => Dialect::Sqlite,
+        }
+    }
+}
+
+/// Asked of a MySQL-protocol server: `1` on a node of a Galera cluster (only MariaDB knows the
+/// variable; elsewhere the query fails, which says "no").
+pub const SELECT_WSREP_ON: &str = "SELECT @@wsrep_on";
+
+/// Asked of a MySQL-protocol server: its version, for [`has_returning`].
+pub const SELECT_VERSION: &str = "SELECT VERSION()";
+
+/// Whether a `VERSION()` string is MariaDB 10.5 or later (`10.11.19-MariaDB-0+deb12u1`).
+pub fn has_returning(version: &str) -> bool {
+    if !version.contains("MariaDB") {
+        return false;
+    }
+    // Some proxies still prefix the old replication marker.
+    let version = version.strip_prefix("5.5.5-").unwrap_or(version);
+    let mut parts = version
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (10, 5)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_returning;
+
+    #[test]
+    fn versions() {
+        assert!(has_returning("10.11.19-MariaDB-0+deb12u1"));
+        assert!(has_returning("11.4.2-MariaDB"));
+        assert!(has_returning("5.5.5-10.6.12-MariaDB"));
+        assert!(!has_returning("10.4.32-MariaDB"));
+        assert!(!has_returning("8.0.36"));
+        assert!(!has_returning("8.0.mysql_aurora.3.05.2"));
+        assert!(!has_returning("8.0.11-TiDB-v7.5.0"));
+    }
+}
