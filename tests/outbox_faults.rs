@@ -375,7 +375,7 @@ fn seed() -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn r9_relays_killed_at_a_hundred_points_lose_and_duplicate_nothing() {
+async fn relays_killed_at_a_hundred_points_lose_and_duplicate_nothing() {
     for kind in brokers() {
         for Isolated { name, db, url } in isolated().await {
             let broker = Broker::start(kind);
@@ -502,7 +502,7 @@ async fn r9_relays_killed_at_a_hundred_points_lose_and_duplicate_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn r10_a_consumer_killed_between_commit_and_ack_has_no_duplicate_effects() {
+async fn a_consumer_killed_between_commit_and_ack_has_no_duplicate_effects() {
     for kind in brokers() {
         for Isolated { name, db, url } in isolated().await {
             let broker = Broker::start(kind);
@@ -643,7 +643,7 @@ fn target_of(url: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn r11_the_broker_and_the_database_go_away_for_five_seconds_and_nothing_is_lost() {
+async fn the_broker_and_the_database_go_away_for_five_seconds_and_nothing_is_lost() {
     for kind in brokers() {
         for Isolated { name, db, url } in isolated().await {
             let mut broker = Broker::start(kind);
@@ -748,7 +748,7 @@ async fn r11_the_broker_and_the_database_go_away_for_five_seconds_and_nothing_is
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn r12_order_holds_per_aggregate_and_a_poison_message_holds_only_its_own() {
+async fn order_holds_per_aggregate_and_a_poison_message_holds_only_its_own() {
     for kind in brokers() {
         for Isolated { name, db, .. } in isolated().await {
             let broker = Broker::start(kind);

@@ -11,7 +11,7 @@
 //! the same invariants. Random schedules print their seed; replay one with
 //! `IDEM_RELIABILITY_SEED=<seed>`.
 //!
-//! One module per row of docs/RELIABILITY.md in `tests/reliability/` (`r1_storm.rs` …);
+//! One module per row of docs/RELIABILITY.md in `tests/reliability/` (`storm.rs` …);
 //! this file holds what several rows share (the child process of R2/R3, the exactly-once
 //! assertion) and `support.rs` the plumbing (backends from `tests/common`, the suite's
 //! tables, counts, the seeded PRNG, the shared handler, child processes).
@@ -20,26 +20,26 @@ mod common;
 #[path = "reliability/support.rs"]
 mod support;
 
-#[path = "reliability/r13_disconnects.rs"]
-mod r13_disconnects;
-#[path = "reliability/r14_completer.rs"]
-mod r14_completer;
-#[path = "reliability/r1_storm.rs"]
-mod r1_storm;
-#[path = "reliability/r2_processes.rs"]
-mod r2_processes;
-#[path = "reliability/r3_sigkill.rs"]
-mod r3_sigkill;
-#[path = "reliability/r4_cancellation.rs"]
-mod r4_cancellation;
-#[path = "reliability/r5_connection_faults.rs"]
-mod r5_connection_faults;
-#[path = "reliability/r6_bad_input.rs"]
-mod r6_bad_input;
-#[path = "reliability/r7_isolation.rs"]
-mod r7_isolation;
-#[path = "reliability/r8_properties.rs"]
-mod r8_properties;
+#[path = "reliability/bad_input.rs"]
+mod bad_input;
+#[path = "reliability/cancellation.rs"]
+mod cancellation;
+#[path = "reliability/completer_crashes.rs"]
+mod completer_crashes;
+#[path = "reliability/connection_faults.rs"]
+mod connection_faults;
+#[path = "reliability/disconnects.rs"]
+mod disconnects;
+#[path = "reliability/isolation.rs"]
+mod isolation;
+#[path = "reliability/processes.rs"]
+mod processes;
+#[path = "reliability/properties.rs"]
+mod properties;
+#[path = "reliability/sigkill.rs"]
+mod sigkill;
+#[path = "reliability/storm.rs"]
+mod storm;
 
 // The payments example, served over a socket by R13.
 mod shop;

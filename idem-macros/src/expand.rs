@@ -293,14 +293,19 @@ fn impl_trait_span(output: &ReturnType) -> Option<Span> {
 ///     let __idem_conn = &(db);
 ///     let mut __idem_call = Call::new(&__IDEM_SITE, key(&cmd.key));
 ///     Call::named_arg(&mut __idem_call, "cmd", &cmd);
+///     let __idem_arg_cmd = Rerun::new(cmd);
 ///     // claim; replay, or run the body in the claim's transaction; record + commit, or release
-///     run::<_, Result<Receipt, PayError>, _>(
+///     run::<_, Result<Receipt, PayError>, _, _>(
 ///         store(__idem_conn),
 ///         __idem_call,
 ///         (&&FinalProbe::<PayError>::new()).finality(),
-///         async move |db| -> Result<Receipt, PayError> {
-///             let __idem_out: Result<Receipt, PayError> = { BODY };
-///             __idem_out
+///         // a factory: each try (after a conflict) gets its own body and arguments
+///         move || {
+///             let cmd = match (&&RerunProbe(&__idem_arg_cmd)).next_try() { .. };
+///             Ok(body_for(__idem_conn, async move |db| -> Result<Receipt, PayError> {
+///                 let __idem_out: Result<Receipt, PayError> = { BODY };
+///                 __idem_out
+///             }))
 ///         }).await
 /// }
 /// ```

@@ -369,7 +369,7 @@ async fn serve(b: &Isolated, max: u32, app_name: &str) -> (SocketAddr, DatabaseC
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn r13_clients_hanging_up_at_random_points_never_poison_the_pool() {
+async fn clients_hanging_up_at_random_points_never_poison_the_pool() {
     let pays = if quick() { 300 } else { 1_000 };
     let clients = 32;
     let max = 8;

@@ -39,7 +39,7 @@ const NAMED_POINTS: [&str; 5] = [
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn r3_sigkill_at_random_points_loses_and_duplicates_nothing() {
+async fn sigkill_at_random_points_loses_and_duplicates_nothing() {
     let kills = if quick() { 40 } else { 100 };
     for b in backends(4).await {
         let started = Instant::now();

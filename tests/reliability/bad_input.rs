@@ -580,7 +580,7 @@ async fn run_case(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn r6_bad_input_gets_the_documented_typed_error() {
+async fn bad_input_gets_the_documented_typed_error() {
     assert!(CASES.len() >= 25);
     for b in backends(4).await {
         let started = Instant::now();

@@ -50,7 +50,7 @@ async fn iso_b(db: &DatabaseConnection, cmd: TenantCmd) -> Result<TenantAnswer, 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn r7_principals_and_scopes_are_isolated() {
+async fn principals_and_scopes_are_isolated() {
     const TENANTS: usize = 16;
     const DUPLICATES: usize = 4;
     for b in backends(16).await {

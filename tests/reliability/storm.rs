@@ -19,7 +19,7 @@ struct StormStats {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn r1_storm_executes_each_key_once() {
+async fn storm_executes_each_key_once() {
     let (calls, keys, tasks_n) = if quick() {
         (2_000, 200, 64)
     } else {

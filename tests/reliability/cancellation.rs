@@ -49,7 +49,7 @@ async fn poll_then_drop<F: Future>(future: F, n: usize) -> Result<Option<F::Outp
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn r4_dropping_the_future_after_any_poll_leaves_nothing_behind() {
+async fn dropping_the_future_after_any_poll_leaves_nothing_behind() {
     for b in backends(4).await {
         let started = Instant::now();
         // The calls run on a pool of their own; every count is read on `b.db`, so what is
@@ -215,7 +215,7 @@ async fn claim_only(
 /// transaction, and on MariaDB one dropped mid-prepare never returns its connection
 /// (docs/RELIABILITY.md, "Findings"); idem therefore runs each ledger step on a task of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn r4_dropped_calls_leave_the_pooled_connection_clean() {
+async fn dropped_calls_leave_the_pooled_connection_clean() {
     dropped_calls_leave_the_pool_clean(false).await;
 }
 
@@ -227,7 +227,7 @@ async fn r4_dropped_calls_leave_the_pooled_connection_clean() {
 /// that drops calls itself is still exposed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "sqlx 0.9.0 cancellation bugs in statements of a dropped call (intermittent): docs/RELIABILITY.md, finding 2"]
-async fn r4_dropped_bodies_mid_statement_leave_the_pooled_connection_clean() {
+async fn dropped_bodies_mid_statement_leave_the_pooled_connection_clean() {
     dropped_calls_leave_the_pool_clean(true).await;
 }
 
@@ -339,7 +339,7 @@ async fn short_wait(
 /// is blocked in the claim's locking statement). That must cost nothing: the duplicate's
 /// pooled connection comes back usable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn r4_duplicates_cut_off_by_the_wait_bound_return_their_connections() {
+async fn duplicates_cut_off_by_the_wait_bound_return_their_connections() {
     const DUPLICATES: usize = 6;
     for b in backends(4).await {
         let started = Instant::now();
@@ -408,7 +408,7 @@ async fn paused(db: &DatabaseConnection, key: String, pause: Duration) -> Result
 /// A call cancelled inside its body must not hide how a later call in the same
 /// `with_outcome` scope was answered (the HTTP adapter's replay header depends on it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn r4_a_cancelled_call_does_not_hide_the_next_outcome() {
+async fn a_cancelled_call_does_not_hide_the_next_outcome() {
     for b in backends(4).await {
         let (recorded, fresh) = (unique("outcome"), unique("outcome"));
         paused(&b.db, recorded.clone(), Duration::ZERO)

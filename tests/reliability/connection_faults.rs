@@ -187,7 +187,7 @@ async fn after_fault(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn r5_a_broken_connection_is_a_store_error_and_the_retry_succeeds_once() {
+async fn a_broken_connection_is_a_store_error_and_the_retry_succeeds_once() {
     for b in backends(4).await {
         let started = Instant::now();
         let run = unique("r5");

@@ -53,7 +53,7 @@ const MAX_ATTEMPTS: u32 = idem::completer::DEFAULT_MAX_ATTEMPTS;
 const ROUND_SPREAD_MS: u64 = 1_500;
 /// Completer processes alive at once while the calls are killed.
 const COMPLETERS: usize = 2;
-/// The environment variable that makes `r14_child` a child: its role (`call`, `completer`).
+/// The environment variable that makes `crash_child` a child: its role (`call`, `completer`).
 const CHILD: &str = "IDEM_R14_CHILD";
 /// Where call children are killed; "random" is the parent's kill at a random moment of the
 /// body (after the claim: the child announces its body).
@@ -248,7 +248,7 @@ fn completer(db: &DatabaseConnection, writer: &'static str, crash: Option<Crash>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a child process of R14: the parent runs it with IDEM_R14_CHILD set"]
-async fn r14_child() {
+async fn crash_child() {
     let Ok(role) = std::env::var(CHILD) else {
         return;
     };
@@ -297,7 +297,7 @@ fn child(role: &str, url: &str) -> Command {
     let mut command = Command::new(std::env::current_exe().expect("the test binary"));
     command
         .args([
-            "r14_completer::r14_child",
+            "completer_crashes::crash_child",
             "--exact",
             "--ignored",
             "--nocapture",
@@ -370,7 +370,7 @@ async fn call_child(
         let mut lines = BufReader::new(stdout).lines();
         let body = tokio::time::timeout(Duration::from_secs(60), async {
             while let Ok(Some(line)) = lines.next_line().await {
-                // libtest's `test r14_completer::r14_child ... ` may start the line.
+                // libtest's `test completer_crashes::crash_child ... ` may start the line.
                 if line.ends_with("@@ BODY") {
                     return true;
                 }
@@ -734,7 +734,7 @@ fn percentile(samples: &[i64], p: usize) -> i64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn r14_killed_calls_are_finished_by_killed_completers_once() {
+async fn killed_calls_are_finished_by_killed_completers_once() {
     let (rounds, per_round) = if quick() { (2, 20) } else { (4, 26) };
     for Isolated { name, db, url } in isolated::isolated().await {
         let started = Instant::now();

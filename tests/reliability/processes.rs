@@ -8,7 +8,7 @@ use crate::support::{Answer, Rng, answers, backends, spawn_child, unique};
 use crate::{assert_exactly_once, recorded_answers};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn r2_four_processes_execute_each_key_once() {
+async fn four_processes_execute_each_key_once() {
     const PROCESSES: usize = 4;
     const KEYS: usize = 500;
     for b in backends(4).await {
