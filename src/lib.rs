@@ -349,28 +349,14 @@ pub mod testing {
     pub use idem_core::testing::{DISABLED_ENV, disable, enable, is_disabled, run_disabled};
 }
 
-/// What `#[idempotent]` expands to. Not public API: it changes without notice.
+/// What `#[idempotent]` expands to: idem-core's `__private`, and the three functions that
+/// reach a store through the facade's connection traits. Not public API: it changes without
+/// notice.
 #[doc(hidden)]
 pub mod __private {
-    pub use core::time::Duration;
-    pub use idem_core::Concurrency;
-    pub use idem_core::atomic::run;
-    pub use idem_core::call::{Call, Site};
-    pub use idem_core::declared;
-    pub use idem_core::handler::{
-        FinalProbe, HandlerOutput, Rerun, RerunProbe, ViaClone, ViaFinal, ViaMove, ViaPlain,
-        not_rerunnable,
-    };
-    pub use idem_core::lease::run_lease;
-    pub use idem_core::versioned::{VersionProbe, Versioned, ViaUnversioned, ViaVersioned};
+    pub use idem_core::__private::*;
 
     use crate::store::{IntoLeaseStore, IntoStore};
-    use idem_core::{Error, Key, KeySource};
-
-    /// Validates the key (or principal) expression's value.
-    pub fn key<K: KeySource + ?Sized>(source: &K) -> Result<Key, Error> {
-        source.to_key()
-    }
 
     /// The store behind a connection expression.
     pub fn store<C: IntoStore + ?Sized>(connection: &C) -> C::Store<'_> {

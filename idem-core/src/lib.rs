@@ -11,13 +11,16 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod answers;
+#[doc(hidden)]
 pub mod atomic;
+#[doc(hidden)]
 pub mod call;
 pub mod completer;
 pub mod conflict;
 mod error;
 mod fingerprint;
 mod flight;
+#[doc(hidden)]
 pub mod handler;
 pub mod ids;
 pub mod inbox;
@@ -53,3 +56,29 @@ pub use call::Request;
 pub use completer::{Completer, GaveUp, ResumeStore, Resumed};
 pub use handler::FinalError;
 pub use versioned::{AnswerError, AnswerVersion, Versioned};
+
+/// What `#[idempotent]` and `#[derive(StateMachine)]` expand to, re-exported by the facade as
+/// `idem::__private` (serde's `__private` is the model). Not public API: it changes without
+/// notice. The modules it draws on (`atomic`, `call`, `handler`) are hidden for the same
+/// reason; the store crates and adapters reach the engine through them.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::Concurrency;
+    pub use crate::atomic::run;
+    pub use crate::call::{Call, Site};
+    pub use crate::declared;
+    pub use crate::handler::{
+        FinalProbe, HandlerOutput, Rerun, RerunProbe, ViaClone, ViaFinal, ViaMove, ViaPlain,
+        not_rerunnable,
+    };
+    pub use crate::lease::run_lease;
+    pub use crate::versioned::{VersionProbe, Versioned, ViaUnversioned, ViaVersioned};
+    pub use core::time::Duration;
+
+    use crate::{Error, Key, KeySource};
+
+    /// Validates the key (or principal) expression's value.
+    pub fn key<K: KeySource + ?Sized>(source: &K) -> Result<Key, Error> {
+        source.to_key()
+    }
+}

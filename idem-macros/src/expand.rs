@@ -1,5 +1,7 @@
 //! Signature checks and code generation for `#[idempotent]`. Only glue: every decision is a
-//! call into `::idem::__private`, which lives in idem-core.
+//! call into `::idem::__private`: idem-core's `__private` (the engine's entry points and
+//! probes), plus `store`, `body_for` and `lease_store`, which the facade defines because they
+//! go through its connection traits (`IntoStore`, `IntoLeaseStore`).
 
 use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
