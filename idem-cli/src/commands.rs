@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use idem_core::RecordStatus;
 use idem_sea_orm::inspect::RecordView;
 use idem_sea_orm::sea_orm::DatabaseConnection;
-use idem_sea_orm::{CALLS_TABLE, LEDGER_TABLE, OUTBOX_TABLE, STEPS_TABLE};
+use idem_sea_orm::{LEDGER_TABLE, OUTBOX_TABLE};
 use serde_json::{Value, json};
 
 use crate::database::require_tables;
@@ -450,7 +450,7 @@ pub(crate) async fn leases(
     stuck_after: Duration,
     json: bool,
 ) -> Result<Found, Failure> {
-    require_tables(db, &[LEDGER_TABLE, CALLS_TABLE]).await?;
+    require_tables(db, &[LEDGER_TABLE]).await?;
     let leases = idem_sea_orm::expired_leases(db, limit).await?;
     let stuck = idem_sea_orm::stuck_leases(db, stuck_after, limit).await?;
     let finisher = |resumable: bool| {
@@ -780,7 +780,7 @@ pub(crate) async fn purge(
     batch: u32,
     json: bool,
 ) -> Result<Found, Failure> {
-    require_tables(db, &[LEDGER_TABLE, STEPS_TABLE, CALLS_TABLE]).await?;
+    require_tables(db, &[LEDGER_TABLE]).await?;
     let started = Instant::now();
     let mut purge = idem_sea_orm::ExpiredPurge::new();
     let mut statements = 0u64;

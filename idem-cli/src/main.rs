@@ -87,6 +87,18 @@ enum Command {
         #[command(subcommand)]
         action: Option<OutboxAction>,
     },
+    /// Print the DDL of idem's tables for a backend, as a migration file for the service's
+    /// own migrations (`sqlx migrate`, refinery, Flyway, …); needs no database
+    Schema {
+        /// The database the DDL is for
+        #[arg(long, value_enum)]
+        backend: SchemaBackend,
+        /// Only these families of tables, comma-separated: ledger (every call; atomic mode needs
+        /// nothing else), lease (lease mode's steps), completer (resumable calls), outbox
+        /// (the outbox and the inbox's dead letters)
+        #[arg(long, value_delimiter = ',', value_parser = parse_family)]
+        only: Vec<idem_sea_orm::Family>,
+    },
     /// Delete records that ended (completed, failed, given up with no hook owed) and whose
     /// TTL passed, batch by batch; calls not finished are kept however old
     Purge {
@@ -94,6 +106,21 @@ enum Command {
         #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..))]
         batch: u32,
     },
+}
+
+/// The databases `idem schema` writes DDL for.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum SchemaBackend {
+    Postgres,
+    /// MariaDB and MySQL
+    Mysql,
+    Sqlite,
+}
+
+fn parse_family(name: &str) -> Result<idem_sea_orm::Family, String> {
+    idem_sea_orm::Family::named(name).ok_or_else(|| {
+        format!("`{name}` is not a family of idem's tables: ledger, lease, completer or outbox")
+    })
 }
 
 #[derive(Debug, Args)]
@@ -230,8 +257,29 @@ fn print_json(value: &serde_json::Value) -> Result<(), Failure> {
     print(&format!("{value}\n"))
 }
 
-/// The record id `args` name: `--id`, or the one of `--scope`, `--key` and `--principal`.
+/// `idem schema`: the DDL of the families asked for (all by default), in creation order.
+fn print_schema(backend: SchemaBackend, only: &[idem_sea_orm::Family]) -> Result<Found, Failure> {
+    use idem_sea_orm::sea_orm::DbBackend;
+    let backend = match backend {
+        SchemaBackend::Postgres => DbBackend::Postgres,
+        SchemaBackend::Mysql => DbBackend::MySql,
+        SchemaBackend::Sqlite => DbBackend::Sqlite,
+    };
+    let files: Vec<String> = idem_sea_orm::Family::ALL
+        .into_iter()
+        .filter(|family| only.is_empty() || only.contains(family))
+        .map(|family| idem_sea_orm::schema(backend, family))
+        .collect();
+    print(&files.join("\n"))?;
+    Ok(Found::Yes)
+}
+
+/// Runs the command `cli` names; every one but `schema` on the database `--url` names.
 async fn run(cli: Cli) -> Result<Found, Failure> {
+    // The one command that needs no database.
+    if let Command::Schema { backend, only } = &cli.command {
+        return print_schema(*backend, only);
+    }
     let url = cli.url.as_deref().ok_or_else(|| {
         Failure("no database: set DATABASE_URL or pass --url (see `idem --help`)".to_owned())
     })?;
@@ -263,6 +311,7 @@ async fn run(cli: Cli) -> Result<Found, Failure> {
             }
         },
         Command::Purge { batch } => commands::purge(&db, batch, json).await?,
+        Command::Schema { backend, only } => print_schema(backend, &only)?,
     };
     let _ = db.close().await;
     Ok(found)

@@ -677,14 +677,23 @@ async fn errors_are_one_line_with_exit_code_2() {
             .idem(&["inspect", "--scope", "shop.orders.pay", "--key", "K"])
             .fails_on_one_line("no `idem_ledger` table")
             .fails_on_one_line("idem::sea_orm::create_tables");
+        // The ledger is all `leases` and `purge` need (a schema of atomic calls has no other).
         database
             .idem(&["leases"])
-            .fails_on_one_line("no `idem_ledger`, `idem_calls` tables");
+            .fails_on_one_line("no `idem_ledger` table");
+        database
+            .idem(&["purge"])
+            .fails_on_one_line("no `idem_ledger` table");
         database
             .idem(&["outbox"])
             .fails_on_one_line("no `idem_outbox` table");
         database.drop_database().await;
     }
+    run_idem(
+        &["schema", "--backend", "postgres", "--only", "ledger,steps"],
+        "any",
+    )
+    .exits(2);
     run_idem(&["--url", "nonsense://somewhere", "leases"], "any")
         .fails_on_one_line("must start with postgres://");
     run_idem(
@@ -1010,6 +1019,103 @@ async fn an_operator_goes_from_a_log_line_to_its_record() {
             "{name}: {json}"
         );
         assert_eq!(json["answer"]["body"]["id"], 7, "{name}: {json}");
+        database.drop_database().await;
+    }
+}
+
+/// An atomic-mode call: it needs the ledger table and nothing else.
+#[idempotent(scope = "shop.orders.charge", key = key)]
+async fn charge(
+    db: &DatabaseConnection,
+    key: String,
+    amount_cents: i64,
+) -> Result<Receipt, PayError> {
+    let _ = db;
+    Ok(Receipt {
+        order: key,
+        amount_cents,
+    })
+}
+
+/// How many ledger rows `db` holds.
+async fn ledger_rows(db: &DatabaseConnection) -> i64 {
+    db.query_one_raw(sea_orm::Statement::from_string(
+        db.get_database_backend(),
+        "SELECT COUNT(*) FROM idem_ledger",
+    ))
+    .await
+    .expect("count")
+    .expect("a row")
+    .try_get_by_index::<i64>(0)
+    .expect("a count")
+}
+
+#[tokio::test]
+async fn a_service_of_atomic_calls_runs_on_the_ledger_alone() {
+    for database in isolated(false).await {
+        let name = database.backend;
+        // The DDL the service puts in its own migrations: the ledger alone, as shipped in
+        // idem-sql/schema/.
+        let ddl = run_idem(&["schema", "--backend", name, "--only", "ledger"], name);
+        ddl.exits(0)
+            .prints("CREATE TABLE IF NOT EXISTS idem_ledger");
+        let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../idem-sql/schema")
+            .join(name)
+            .join("ledger.sql");
+        assert_eq!(
+            ddl.stdout,
+            std::fs::read_to_string(&shipped).expect("the shipped schema file"),
+            "{name}: `idem schema` prints the shipped file"
+        );
+        for table in ["idem_steps", "idem_calls", "idem_outbox"] {
+            assert!(
+                !ddl.stdout.contains(table),
+                "{name}: {table} in {}",
+                ddl.stdout
+            );
+        }
+        for statement in ddl.stdout.split(";\n") {
+            let statement: String = statement
+                .lines()
+                .filter(|line| !line.starts_with("--"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            if !statement.trim().is_empty() {
+                database
+                    .db
+                    .execute_unprepared(&statement)
+                    .await
+                    .unwrap_or_else(|e| panic!("{name}: {statement}: {e}"));
+            }
+        }
+
+        // Calls claim, record and replay on it.
+        let first = charge(&database.db, "K-alone".into(), 700)
+            .await
+            .expect("charge");
+        let again = charge(&database.db, "K-alone".into(), 700)
+            .await
+            .expect("replay");
+        assert_eq!(first, again, "{name}");
+        assert_eq!(ledger_rows(&database.db).await, 1, "{name}");
+
+        // The operator's commands work on it: no leases, and the purge deletes the record
+        // once its TTL passed (it failed on the missing steps and calls tables before).
+        database
+            .idem(&["leases"])
+            .exits(0)
+            .prints("no leases ended");
+        database
+            .db
+            .execute_unprepared("UPDATE idem_ledger SET expires_at_ms = 0")
+            .await
+            .expect("expire");
+        database
+            .idem(&["purge"])
+            .exits(0)
+            .prints("purged 1 ended record");
+        assert_eq!(ledger_rows(&database.db).await, 0, "{name}: purged");
         database.drop_database().await;
     }
 }

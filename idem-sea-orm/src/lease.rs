@@ -661,9 +661,10 @@ pub async fn expired_leases<C: ConnectionTrait>(
     db: &C,
     limit: u32,
 ) -> Result<Vec<ExpiredLease>, Error> {
+    let calls_table = crate::inspect::has_calls_table(db).await?;
     let list = crate::sql::of(db.get_database_backend())
         .lease
-        .expired_leases(i64::from(limit));
+        .expired_leases(i64::from(limit), calls_table);
     list_rows(db, list, "listing expired leases", |row| {
         let (id, scope, key, token, expires_at_ms, now_ms, attempts) =
             row.try_get_many_by_index::<(_, _, _, _, i64, i64, Option<i32>)>()?;
@@ -684,13 +685,18 @@ pub async fn expired_leases<C: ConnectionTrait>(
 /// purge of versions that purged unfinished calls). `purge_expired` only deletes records
 /// with neither, so this finds nothing in a ledger it alone purged. The steps table only
 /// holds calls in progress, so this stays small.
-pub(crate) async fn purge_orphaned_steps<C: ConnectionTrait>(db: &C) -> Result<u64, Error> {
+pub(crate) async fn purge_orphaned_steps<C: ConnectionTrait>(
+    db: &C,
+    steps_table: bool,
+    calls_table: bool,
+) -> Result<u64, Error> {
     let sql = crate::sql::of(db.get_database_backend());
     let mut purged = 0;
-    for orphans in [
-        sql.lease.purge_orphaned_steps(),
-        sql.completer.purge_orphaned_calls(),
-    ] {
+    let orphans = [
+        steps_table.then(|| sql.lease.purge_orphaned_steps()),
+        calls_table.then(|| sql.completer.purge_orphaned_calls()),
+    ];
+    for orphans in orphans.into_iter().flatten() {
         purged += db
             .execute_raw(statement(sql, orphans))
             .await
@@ -748,10 +754,12 @@ pub async fn stuck_leases<C: ConnectionTrait>(
 ) -> Result<Vec<StuckLease>, Error> {
     let sql = crate::sql::of(db.get_database_backend());
     let doing = "listing stuck leases";
+    let calls_table = crate::inspect::has_calls_table(db).await?;
     let rows = db
         .query_all_raw(statement(
             sql,
-            sql.lease.stuck_leases(millis(held_for), i64::from(limit)),
+            sql.lease
+                .stuck_leases(millis(held_for), i64::from(limit), calls_table),
         ))
         .await
         .map_err(|e| store_error(doing, e))?;

@@ -50,6 +50,7 @@ mod migration;
 pub use check::{AnswerCheck, check_answers, check_final_errors};
 pub use completer::Completer;
 pub use flavour::{FORCE_MYSQL8_ENV, GALERA_SYNC_WAIT_ENV};
+pub use idem_sql::Family;
 pub use lease::{
     ExpiredLease, SeaOrmLeaseStore, StuckLease, expired_leases, final_step, finish, release_lease,
     stuck_leases,
@@ -171,6 +172,9 @@ pub async fn create_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
 pub struct ExpiredPurge {
     /// SQLite: the last key a step examined (empty before the first step: below every key).
     after: Vec<u8>,
+    /// Which of the steps and calls tables exist, learnt at the first step: a schema of
+    /// atomic calls has the ledger alone (`idem schema --only ledger`).
+    tables: Option<OptionalTables>,
     finished: bool,
     deleted: u64,
 }
@@ -205,6 +209,10 @@ impl ExpiredPurge {
         }
         let batch = batch.max(1);
         let d = crate::sql::of(db.get_database_backend());
+        let tables = match self.tables {
+            Some(tables) => tables,
+            None => *self.tables.insert(OptionalTables::of(db).await?),
+        };
         let delete = |bound: Bound<'static>| {
             let delete = statement(d, bound);
             async move {
@@ -214,7 +222,7 @@ impl ExpiredPurge {
                     .map_err(|e| store_error("purging expired records", e))
             }
         };
-        let deleted = match d.ledger.purge() {
+        let deleted = match d.ledger.purge(tables.calls) {
             Purge::ByIndex(purge) => {
                 let deleted = delete(purge.delete(i64::from(batch))).await?;
                 self.finished = deleted < u64::from(batch);
@@ -244,9 +252,39 @@ impl ExpiredPurge {
         };
         self.deleted += deleted;
         if self.finished {
-            lease::purge_orphaned_steps(db).await?;
+            lease::purge_orphaned_steps(db, tables.steps, tables.calls).await?;
         }
         Ok(Some(deleted))
+    }
+}
+
+/// The DDL of `family`'s tables for `backend`, as a migration file (comment, then each
+/// statement ending in `;`): what a service puts in its own migrations to create only the
+/// tables of the features it uses (`idem schema --backend … --only …` prints the same, and
+/// `idem-sql/schema/` holds every file). Atomic mode needs [`Family::Ledger`] alone.
+pub fn schema(backend: sea_orm::DbBackend, family: Family) -> String {
+    let dialect = match backend {
+        sea_orm::DbBackend::Postgres => idem_sql::Dialect::Postgres,
+        sea_orm::DbBackend::MySql => idem_sql::Dialect::MySql,
+        _ => idem_sql::Dialect::Sqlite,
+    };
+    idem_sql::schema(dialect, family)
+}
+
+/// Which of the tables that only some features use exist.
+#[derive(Debug, Clone, Copy)]
+struct OptionalTables {
+    steps: bool,
+    calls: bool,
+}
+
+impl OptionalTables {
+    async fn of<C: ConnectionTrait>(db: &C) -> Result<Self, Error> {
+        let missing = inspect::missing_tables(db).await?;
+        Ok(Self {
+            steps: !missing.contains(&STEPS_TABLE),
+            calls: !missing.contains(&CALLS_TABLE),
+        })
     }
 }
 

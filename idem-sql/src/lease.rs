@@ -1,8 +1,35 @@
 //! Lease mode: the steps table, and the fenced updates of a held ledger row (the claim
 //! reuses the ledger's own statements).
 
+use crate::names::{CALLS_TABLE, LEDGER_TABLE};
 use crate::render::{render, upsert};
 use crate::{Bound, Dialect, Param, Tables, with_ids};
+
+/// Live leases held too long (see `Lease::stuck_leases`).
+const STUCK_LEASES: &str = "SELECT l.id, l.scope, l.idem_key, l.owner, l.created_at_ms, \
+    l.expires_at_ms, {now} AS now_ms, c.attempts FROM {ledger} l \
+    LEFT JOIN {calls} c ON c.record_id = l.id \
+    WHERE l.state = 0 AND l.expires_at_ms > {now} AND l.created_at_ms <= {now} - ? \
+    ORDER BY l.created_at_ms LIMIT ?";
+
+/// Leases that ended unfinished (see `Lease::expired_leases`).
+const EXPIRED_LEASES: &str = "SELECT l.id, l.scope, l.idem_key, l.owner, l.expires_at_ms, \
+    {now} AS now_ms, c.attempts FROM {ledger} l LEFT JOIN {calls} c ON c.record_id = l.id \
+    WHERE l.state = 0 AND l.expires_at_ms <= {now} ORDER BY l.expires_at_ms LIMIT ?";
+
+/// A statement that reads `c.attempts` from the calls table, and the same for a schema
+/// without that table (a lease-mode service with no resumable calls): attempts NULL.
+fn with_and_without_calls(sql: &str) -> [String; 2] {
+    let without = sql.replacen(
+        &format!(
+            "c.attempts FROM {LEDGER_TABLE} l LEFT JOIN {CALLS_TABLE} c ON c.record_id = l.id"
+        ),
+        &format!("NULL AS attempts FROM {LEDGER_TABLE} l"),
+        1,
+    );
+    debug_assert_ne!(without, sql, "the join is spelt as expected");
+    [sql.to_owned(), without]
+}
 
 /// Lease mode's statements for one server flavour.
 #[derive(Debug)]
@@ -30,12 +57,13 @@ pub struct Lease {
     /// Binds id. An operator ends a live lease by hand, fenced: the next token (as a
     /// takeover's) refuses the holder's later writes, and the lease ends now.
     pub(crate) release_by_hand: String,
-    /// Binds limit. Returns id, scope, idem_key, owner, expires_at_ms, now_ms of leases that
-    /// ended.
-    pub(crate) expired_leases: String,
+    /// Binds limit. Returns id, scope, idem_key, owner, expires_at_ms, now_ms, attempts (NULL
+    /// unless resumable) of leases that ended. With the calls table, and without it.
+    pub(crate) expired_leases: [String; 2],
     /// Binds held_ms, limit. Returns id, scope, idem_key, owner, created_at_ms, expires_at_ms,
-    /// now_ms, attempts (NULL unless resumable) of live leases held longer than held_ms.
-    pub(crate) stuck_leases: String,
+    /// now_ms, attempts (NULL unless resumable) of live leases held longer than held_ms. With
+    /// the calls table, and without it.
+    pub(crate) stuck_leases: [String; 2],
     /// Deletes the steps of records that no longer exist (purged).
     pub(crate) purge_orphaned_steps: String,
 }
@@ -75,18 +103,8 @@ impl Lease {
                 "UPDATE {ledger} SET owner = owner + 1, expires_at_ms = {now} \
             WHERE id = ? AND state = 0 AND expires_at_ms > {now}",
             ),
-            stuck_leases: r(
-                "SELECT l.id, l.scope, l.idem_key, l.owner, l.created_at_ms, l.expires_at_ms, \
-            {now} AS now_ms, c.attempts FROM {ledger} l \
-            LEFT JOIN {calls} c ON c.record_id = l.id \
-            WHERE l.state = 0 AND l.expires_at_ms > {now} AND l.created_at_ms <= {now} - ? \
-            ORDER BY l.created_at_ms LIMIT ?",
-            ),
-            expired_leases: r(
-                "SELECT l.id, l.scope, l.idem_key, l.owner, l.expires_at_ms, {now} AS now_ms, \
-            c.attempts FROM {ledger} l LEFT JOIN {calls} c ON c.record_id = l.id \
-            WHERE l.state = 0 AND l.expires_at_ms <= {now} ORDER BY l.expires_at_ms LIMIT ?",
-            ),
+            stuck_leases: with_and_without_calls(&r(STUCK_LEASES)),
+            expired_leases: with_and_without_calls(&r(EXPIRED_LEASES)),
             purge_orphaned_steps: r(
                 "DELETE FROM {steps} WHERE record_id NOT IN (SELECT id FROM {ledger})",
             ),
@@ -174,16 +192,23 @@ impl Lease {
     }
 
     /// Up to `limit` leases that ended without their call finishing, oldest first: returns
-    /// id, scope, idem_key, owner, expires_at_ms, now_ms, attempts (NULL unless resumable).
-    pub fn expired_leases(&self, limit: i64) -> Bound<'_> {
-        Bound::new(&self.expired_leases, [limit.into()])
+    /// id, scope, idem_key, owner, expires_at_ms, now_ms, attempts (NULL unless resumable;
+    /// always NULL where the schema has no calls table: `calls_table` false).
+    pub fn expired_leases(&self, limit: i64, calls_table: bool) -> Bound<'_> {
+        Bound::new(
+            &self.expired_leases[usize::from(!calls_table)],
+            [limit.into()],
+        )
     }
 
     /// Up to `limit` live leases held for longer than `held_ms`, longest held first: returns
     /// id, scope, idem_key, owner, created_at_ms, expires_at_ms, now_ms, attempts (NULL
-    /// unless resumable).
-    pub fn stuck_leases(&self, held_ms: i64, limit: i64) -> Bound<'_> {
-        Bound::new(&self.stuck_leases, [held_ms.into(), limit.into()])
+    /// unless resumable; always NULL where the schema has no calls table).
+    pub fn stuck_leases(&self, held_ms: i64, limit: i64, calls_table: bool) -> Bound<'_> {
+        Bound::new(
+            &self.stuck_leases[usize::from(!calls_table)],
+            [held_ms.into(), limit.into()],
+        )
     }
 
     /// Deletes the steps of records that no longer exist (purged).

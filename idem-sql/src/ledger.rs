@@ -43,6 +43,8 @@ pub struct Ledger {
     pub(crate) record: String,
     /// How expired records are found and deleted.
     pub(crate) purge: Purge,
+    /// `purge` for a schema without the calls table.
+    pub(crate) purge_without_calls: Purge,
     /// Selects the database clock.
     pub(crate) select_now: String,
     /// Taken after the claim, so that a final error can undo the handler's writes.
@@ -160,22 +162,8 @@ impl Ledger {
                 // place (a HOT update).
                 _ => r("UPDATE {ledger} SET state = ?, response = ? WHERE id = ? AND owner = ?"),
             },
-            purge: match backend {
-                // A row locked by a claim is skipped; one that a takeover made current again
-                // while it waited is re-checked under its lock and kept.
-                Postgres => Purge::ByIndex(PurgeByIndex {
-                    delete: r("DELETE FROM {ledger} WHERE id IN (SELECT id FROM {ledger} \
-                        WHERE {purgeable} LIMIT ? FOR UPDATE SKIP LOCKED)"),
-                }),
-                MySql => Purge::ByIndex(PurgeByIndex {
-                    delete: r("DELETE FROM {ledger} WHERE {purgeable} LIMIT ?"),
-                }),
-                _ => Purge::Sweep(PurgeSweep {
-                    bound: r("SELECT id FROM {ledger} WHERE id > ? ORDER BY id LIMIT 1 OFFSET ?"),
-                    delete: r("DELETE FROM {ledger} WHERE id > ? AND id <= ? AND {purgeable}"),
-                    delete_rest: r("DELETE FROM {ledger} WHERE id > ? AND {purgeable}"),
-                }),
-            },
+            purge: purge(backend, "{purgeable}"),
+            purge_without_calls: purge(backend, "{purgeable_without_calls}"),
             select_now: r("SELECT {now} AS now_ms"),
             savepoint: r("SAVEPOINT {claim_savepoint}"),
             rollback_to_savepoint: r("ROLLBACK TO SAVEPOINT {claim_savepoint}"),
@@ -202,6 +190,27 @@ impl Ledger {
         self.read_row = format!("SET STATEMENT {WAIT} FOR {}", self.read_row);
         self.claim_at_once = false;
         self
+    }
+}
+
+/// The purge of `backend`, deleting the records `purgeable` (a fragment) admits.
+fn purge(backend: Dialect, purgeable: &str) -> Purge {
+    let r = |template: &str| render(backend, &template.replace("{purgeable}", purgeable));
+    match backend {
+        // A row locked by a claim is skipped; one that a takeover made current again while it
+        // waited is re-checked under its lock and kept.
+        Dialect::Postgres => Purge::ByIndex(PurgeByIndex {
+            delete: r("DELETE FROM {ledger} WHERE id IN (SELECT id FROM {ledger} \
+                WHERE {purgeable} LIMIT ? FOR UPDATE SKIP LOCKED)"),
+        }),
+        Dialect::MySql => Purge::ByIndex(PurgeByIndex {
+            delete: r("DELETE FROM {ledger} WHERE {purgeable} LIMIT ?"),
+        }),
+        Dialect::Sqlite => Purge::Sweep(PurgeSweep {
+            bound: r("SELECT id FROM {ledger} WHERE id > ? ORDER BY id LIMIT 1 OFFSET ?"),
+            delete: r("DELETE FROM {ledger} WHERE id > ? AND id <= ? AND {purgeable}"),
+            delete_rest: r("DELETE FROM {ledger} WHERE id > ? AND {purgeable}"),
+        }),
     }
 }
 
@@ -344,9 +353,15 @@ impl Ledger {
         Bound::new(&self.record, params)
     }
 
-    /// How expired records are found and deleted.
-    pub fn purge(&self) -> &Purge {
-        &self.purge
+    /// How expired records are found and deleted: `calls_table` says whether the schema has
+    /// the calls table (a record with a stored call is never purged; without the table there
+    /// is none).
+    pub fn purge(&self, calls_table: bool) -> &Purge {
+        if calls_table {
+            &self.purge
+        } else {
+            &self.purge_without_calls
+        }
     }
 
     /// Selects the database clock, in epoch milliseconds.

@@ -29,6 +29,7 @@ mod ledger;
 pub mod names;
 mod outbox;
 mod render;
+mod schema;
 
 use std::sync::LazyLock;
 
@@ -44,6 +45,7 @@ pub use names::{
 };
 pub use outbox::{NewMessage, Outbox};
 pub use render::{millis, placeholders, with_ids};
+pub use schema::{Family, SCHEMA_DIALECTS, schema};
 
 /// Every statement of one server flavour, by feature. Placeholders are positional, in the
 /// order each field's documentation gives.

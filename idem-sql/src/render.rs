@@ -9,7 +9,7 @@ use crate::names::{
 };
 
 /// Pieces several statements share, spliced before the names (they contain names).
-const FRAGMENTS: [(&str, &str); 10] = [
+const FRAGMENTS: [(&str, &str); 11] = [
     // Whether a ledger row may be purged: it ended (completed, failed or given up: never an
     // execution in progress, however long ago its lease ended), its TTL passed, and nothing
     // is owed on it (no stored call: a resumable call awaiting its completer, or a give-up
@@ -19,6 +19,12 @@ const FRAGMENTS: [(&str, &str); 10] = [
         "{purgeable}",
         "{ledger}.expires_at_ms <= {now} AND {ledger}.state <> 0 AND NOT EXISTS (\
         SELECT 1 FROM {calls} c WHERE c.record_id = {ledger}.id)",
+    ),
+    // `{purgeable}` where no calls table exists (a service of atomic calls only, whose
+    // schema has the ledger alone): then no call can be stored.
+    (
+        "{purgeable_without_calls}",
+        "{ledger}.expires_at_ms <= {now} AND {ledger}.state <> 0",
     ),
     // The ledger's columns.
     (

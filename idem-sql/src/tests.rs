@@ -16,10 +16,14 @@ fn every_table() -> Vec<Sql> {
 
 /// Every statement of `sql` as it runs (`{ids}` lists filled with two ids).
 fn every_statement(sql: &Sql) -> Vec<String> {
-    let purge = match &sql.ledger.purge {
-        Purge::ByIndex(purge) => vec![&purge.delete],
-        Purge::Sweep(sweep) => vec![&sweep.bound, &sweep.delete, &sweep.delete_rest],
-    };
+    fn purge_statements(purge: &Purge) -> Vec<&String> {
+        match purge {
+            Purge::ByIndex(purge) => vec![&purge.delete],
+            Purge::Sweep(sweep) => vec![&sweep.bound, &sweep.delete, &sweep.delete_rest],
+        }
+    }
+    let purge = purge_statements(&sql.ledger.purge);
+    let purge_without_calls = purge_statements(&sql.ledger.purge_without_calls);
     let statements = [
         &sql.ledger.claim,
         &sql.ledger.claim_nowait,
@@ -35,9 +39,9 @@ fn every_statement(sql: &Sql) -> Vec<String> {
         &sql.lease.renew_lease,
         &sql.lease.complete_lease,
         &sql.lease.release_lease,
-        &sql.lease.expired_leases,
+        &sql.lease.expired_leases[0],
         &sql.lease.release_by_hand,
-        &sql.lease.stuck_leases,
+        &sql.lease.stuck_leases[0],
         &sql.lease.purge_orphaned_steps,
         &sql.outbox.insert_message_in_aggregate,
         &sql.outbox.insert_message,
@@ -82,6 +86,8 @@ fn every_statement(sql: &Sql) -> Vec<String> {
     .chain(statements)
     .chain(purge)
     .chain(sql.outbox.bump_head.iter())
+    .chain(purge_without_calls)
+    .chain([&sql.lease.expired_leases[1], &sql.lease.stuck_leases[1]])
     .filter(|statement| !statement.is_empty())
     .map(|statement| with_ids(sql.dialect, statement, 2).replace("{limit}", "10"))
     .collect()
@@ -143,10 +149,12 @@ fn id_lists_are_numbered_after_the_leading_placeholders() {
 fn expiry_and_leases_are_measured_on_the_database_clock() {
     for sql in &every_table() {
         let backend = sql.flavour;
-        let purge = match &sql.ledger.purge {
-            Purge::ByIndex(purge) => vec![&purge.delete],
-            Purge::Sweep(sweep) => vec![&sweep.delete, &sweep.delete_rest],
-        };
+        let purge = [&sql.ledger.purge, &sql.ledger.purge_without_calls]
+            .into_iter()
+            .flat_map(|purge| match purge {
+                Purge::ByIndex(purge) => vec![&purge.delete],
+                Purge::Sweep(sweep) => vec![&sweep.delete, &sweep.delete_rest],
+            });
         let clocked = [
             &sql.ledger.claim,
             &sql.ledger.read_locked,
@@ -158,7 +166,7 @@ fn expiry_and_leases_are_measured_on_the_database_clock() {
             &sql.lease.renew_lease,
             &sql.lease.complete_lease,
             &sql.lease.release_lease,
-            &sql.lease.expired_leases,
+            &sql.lease.expired_leases[0],
         ]);
         for statement in clocked {
             assert!(statement.contains(sql.now), "{backend:?}: {statement}");
@@ -269,8 +277,13 @@ fn every_bound(sql: &Sql) -> Vec<(&'static str, Bound<'_>)> {
         ("complete", le.complete(&id, 7, 1, b"r".to_vec(), 1000)),
         ("release", le.release(&id, 7)),
         ("release_by_hand", le.release_by_hand(&id)),
-        ("expired_leases", le.expired_leases(10)),
-        ("stuck_leases", le.stuck_leases(1000, 10)),
+        ("expired_leases", le.expired_leases(10, true)),
+        ("stuck_leases", le.stuck_leases(1000, 10, true)),
+        ("expired_leases without calls", le.expired_leases(10, false)),
+        (
+            "stuck_leases without calls",
+            le.stuck_leases(1000, 10, false),
+        ),
         ("purge_orphaned_steps", le.purge_orphaned_steps()),
         ("insert_call", c.insert_call(&call)),
         ("delete_call", c.delete_call(&id)),
@@ -314,13 +327,15 @@ fn every_bound(sql: &Sql) -> Vec<(&'static str, Bound<'_>)> {
     if let Some(delete) = le.delete_steps_by_key(&id, &["a".into(), "b".into()]) {
         all.push(("delete_steps_by_key", delete));
     }
-    match l.purge() {
-        Purge::ByIndex(purge) => all.push(("purge", purge.delete(10))),
-        Purge::Sweep(sweep) => all.extend([
-            ("sweep bound", sweep.bound(&id, 10)),
-            ("sweep delete", sweep.delete(&id, &id)),
-            ("sweep delete_rest", sweep.delete_rest(&id)),
-        ]),
+    for calls_table in [true, false] {
+        match l.purge(calls_table) {
+            Purge::ByIndex(purge) => all.push(("purge", purge.delete(10))),
+            Purge::Sweep(sweep) => all.extend([
+                ("sweep bound", sweep.bound(&id, 10)),
+                ("sweep delete", sweep.delete(&id, &id)),
+                ("sweep delete_rest", sweep.delete_rest(&id)),
+            ]),
+        }
     }
     all
 }
@@ -361,6 +376,34 @@ fn every_binder_binds_one_value_per_placeholder() {
                 sql.flavour,
                 bound.sql
             );
+        }
+    }
+}
+
+/// The schema files under `idem-sql/schema/` are what [`schema`] renders: they cannot drift
+/// from the statements `create_tables` runs. `IDEM_SCHEMA_WRITE=1` rewrites them.
+#[test]
+fn the_schema_files_are_the_rendered_ddl() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("schema");
+    let write = std::env::var("IDEM_SCHEMA_WRITE").is_ok_and(|v| v == "1");
+    for (dialect, dir) in SCHEMA_DIALECTS {
+        for family in Family::ALL {
+            let path = root.join(dir).join(format!("{}.sql", family.name()));
+            let rendered = schema(dialect, family);
+            if write {
+                std::fs::create_dir_all(path.parent().expect("dir")).expect("mkdir");
+                std::fs::write(&path, &rendered).expect("write");
+            }
+            let file = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+                panic!("{}: {e} (IDEM_SCHEMA_WRITE=1 writes it)", path.display())
+            });
+            assert_eq!(
+                file,
+                rendered,
+                "{} is stale: IDEM_SCHEMA_WRITE=1 rewrites it",
+                path.display()
+            );
+            assert!(!file.contains('{'), "{}", path.display());
         }
     }
 }

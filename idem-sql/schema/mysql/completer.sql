@@ -1,0 +1,3 @@
+-- idem's completer tables (idem_calls): resumable lease-mode calls and their completer (`resumable`).
+
+CREATE TABLE IF NOT EXISTS idem_calls (record_id BINARY(32) NOT NULL PRIMARY KEY, scope VARCHAR(255) NOT NULL, args LONGBLOB NOT NULL, ttl_ms BIGINT NOT NULL, attempts INT NOT NULL, next_attempt_at_ms BIGINT NOT NULL, last_error TEXT NULL, gave_up SMALLINT NOT NULL, final_phase_done SMALLINT NOT NULL, created_at_ms BIGINT NOT NULL) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;

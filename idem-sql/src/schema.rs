@@ -1,0 +1,110 @@
+//! idem's tables as DDL a service puts in its own migrations: one file per family of tables
+//! and dialect (the files under `idem-sql/schema/`, or `idem schema --backend …`), so a
+//! service creates only the tables of the features it uses.
+
+use crate::names::{
+    CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
+};
+use crate::{Dialect, Flavour, Sql, Tables};
+
+/// A family of idem's tables, created together. Atomic mode needs the ledger alone; lease
+/// mode the ledger and the steps; resumable calls (and their completer) the calls table too;
+/// the outbox (and the inbox's dead letters) its own three.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// `idem_ledger`: one row per key.
+    Ledger,
+    /// `idem_steps`: lease mode's recorded steps.
+    Lease,
+    /// `idem_calls`: resumable calls, for the completer.
+    Completer,
+    /// `idem_outbox`, `idem_outbox_heads`, `idem_dead_letters`.
+    Outbox,
+}
+
+impl Family {
+    /// Every family, in the order they are created.
+    pub const ALL: [Family; 4] = [
+        Family::Ledger,
+        Family::Lease,
+        Family::Completer,
+        Family::Outbox,
+    ];
+
+    /// The family's name, as `idem schema --only` takes it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Family::Ledger => "ledger",
+            Family::Lease => "lease",
+            Family::Completer => "completer",
+            Family::Outbox => "outbox",
+        }
+    }
+
+    /// The family named `name` (see [`Family::name`]).
+    pub fn named(name: &str) -> Option<Family> {
+        Family::ALL.into_iter().find(|family| family.name() == name)
+    }
+
+    /// The tables the family creates.
+    pub const fn tables(self) -> &'static [&'static str] {
+        match self {
+            Family::Ledger => &[LEDGER_TABLE],
+            Family::Lease => &[STEPS_TABLE],
+            Family::Completer => &[CALLS_TABLE],
+            Family::Outbox => &[OUTBOX_TABLE, OUTBOX_HEADS_TABLE, DEAD_LETTERS_TABLE],
+        }
+    }
+
+    /// What the family is for, in a line.
+    const fn serves(self) -> &'static str {
+        match self {
+            Family::Ledger => "every #[idempotent] call (atomic and lease mode)",
+            Family::Lease => "lease mode's recorded steps (`lease = ...`)",
+            Family::Completer => "resumable lease-mode calls and their completer (`resumable`)",
+            Family::Outbox => "the outbox and its relay, and the inbox's dead letters",
+        }
+    }
+}
+
+/// The dialects schema files are written for, with the directory name of each.
+pub const SCHEMA_DIALECTS: [(Dialect, &str); 3] = [
+    (Dialect::Postgres, "postgres"),
+    (Dialect::MySql, "mysql"),
+    (Dialect::Sqlite, "sqlite"),
+];
+
+impl Sql {
+    /// The DDL of `family`'s tables.
+    pub fn tables(&self, family: Family) -> &Tables {
+        match family {
+            Family::Ledger => &self.ledger.tables,
+            Family::Lease => &self.lease.tables,
+            Family::Completer => &self.completer.tables,
+            Family::Outbox => &self.outbox.tables,
+        }
+    }
+}
+
+/// `family`'s tables for `dialect` as a migration file: a comment saying what they serve, then
+/// each statement ending in `;`. The same statements as `create_tables` runs; every one is
+/// idempotent (`IF NOT EXISTS`).
+pub fn schema(dialect: Dialect, family: Family) -> String {
+    let flavour = match dialect {
+        Dialect::Postgres => Flavour::Postgres,
+        Dialect::MySql => Flavour::MariaDb,
+        Dialect::Sqlite => Flavour::Sqlite,
+    };
+    let mut out = format!(
+        "-- idem's {} tables ({}): {}.\n",
+        family.name(),
+        family.tables().join(", "),
+        family.serves()
+    );
+    for statement in &Sql::of(flavour).tables(family).create {
+        out.push('\n');
+        out.push_str(statement);
+        out.push_str(";\n");
+    }
+    out
+}
