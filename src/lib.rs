@@ -343,6 +343,22 @@ pub mod sea_orm {
     pub use idem_sea_orm::{StuckLease, release_lease, stuck_leases};
 }
 
+/// The HTTP contract (IETF Idempotency-Key draft, RFC 9457 problems, RFC 9110 `If-Match`) on
+/// the `http` crate's types, for a service on any web framework (feature `http`; `axum` turns
+/// it on): `Problem::from(&e).to_response()` answers an [`Error`] with its status, problem
+/// document and `Retry-After`; `idempotency_key(headers)` reads the key; `json_answer` and
+/// `mark_replayed` answer values and replays; `run_to_completion` keeps a call running when
+/// its client hangs up. `idem::axum` is the axum adapter over it.
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub mod http {
+    pub use idem_http::{
+        IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Problem, ReplayStatus, canonical, etag_value,
+        idempotency_key, if_match, json_answer, mark_replayed, parse_entity_tag, parse_if_match,
+        parse_key, run_to_completion, spawn_and_wait,
+    };
+}
+
 /// Switching idem off in tests of a service that uses it: [`run_disabled`](testing::run_disabled)
 /// for one future, [`disable`](testing::disable) for the process, or `IDEM_DISABLED=1`. See
 /// the README's "Testing a service that uses idem".

@@ -2,22 +2,18 @@
 //! [`respond`], which answers an idempotent call (and marks its replays).
 
 use std::future::Future;
-use std::pin::Pin;
-use std::time::Duration;
 
 use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
 use axum_core::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
-use http::header::{CONTENT_TYPE, ETAG, IF_MATCH, RETRY_AFTER};
+use http::StatusCode;
+use http::header::ETAG;
 use http::request::Parts;
-use http::{HeaderName, HeaderValue, StatusCode};
 use serde::Serialize;
 
-use idem_core::{EntityTag, Error, ErrorKind, Key, KeyProblem, KeySource, Outcome, with_outcome};
-
-/// The request header carrying the key.
-pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
-/// The response header marking a replayed answer.
-pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+use idem_core::{EntityTag, Error, Key, KeySource, Outcome, with_outcome};
+pub use idem_http::{
+    IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Problem, ReplayStatus, run_to_completion,
+};
 
 /// The validated `Idempotency-Key` of a request. As an extractor it rejects a missing key
 /// with 400 (`missing-key`) and a malformed one with 400 (`invalid-key`); use
@@ -33,29 +29,7 @@ impl IdempotencyKey {
     /// Parses a header value: an RFC 8941 string (quoted, `\"` and `\\` escapes) or a bare
     /// token; either way the result must be a valid [`Key`].
     pub fn parse(value: &[u8]) -> Result<Self, Error> {
-        let invalid = |problem| Error::InvalidKey { problem };
-        let text = std::str::from_utf8(value)
-            .map_err(|_| invalid(KeyProblem::NotUtf8))?
-            .trim_matches(' ');
-        let Some(inner) = text
-            .strip_prefix('"')
-            .and_then(|rest| rest.strip_suffix('"'))
-        else {
-            return Key::new(text).map(Self);
-        };
-        let mut out = String::with_capacity(inner.len());
-        let mut chars = inner.char_indices();
-        while let Some((at, c)) = chars.next() {
-            match c {
-                '\\' => match chars.next() {
-                    Some((_, escaped @ ('"' | '\\'))) => out.push(escaped),
-                    _ => return Err(invalid(KeyProblem::ControlCharacter { at })),
-                },
-                '"' => return Err(invalid(KeyProblem::ControlCharacter { at })),
-                c => out.push(c),
-            }
-        }
-        Key::new(out).map(Self)
+        idem_http::parse_key(value).map(Self)
     }
 
     /// The key.
@@ -74,17 +48,7 @@ impl IdempotencyKey {
     /// The key of a request: `None` without the header, an error for a malformed or repeated
     /// one.
     pub(crate) fn of_request(parts: &Parts) -> Result<Option<Self>, Error> {
-        let mut fields = parts.headers.get_all(IDEMPOTENCY_KEY).iter();
-        let Some(value) = fields.next() else {
-            return Ok(None);
-        };
-        let more = fields.count();
-        if more > 0 {
-            return Err(Error::InvalidKey {
-                problem: KeyProblem::Repeated { count: more + 1 },
-            });
-        }
-        Self::parse(value.as_bytes()).map(Some)
+        Ok(idem_http::idempotency_key(&parts.headers)?.map(Self))
     }
 }
 
@@ -164,21 +128,7 @@ impl<S: Send + Sync> OptionalFromRequestParts<S> for IfMatch {
 
 /// The `If-Match` of a request: `None` without the header.
 fn if_match_of(parts: &Parts) -> Result<Option<idem_core::IfMatch>, Error> {
-    let mut lines = Vec::new();
-    for value in parts.headers.get_all(IF_MATCH) {
-        lines.push(
-            value
-                .to_str()
-                .map_err(|_| Error::InvalidPrecondition {
-                    problem: "the `If-Match` header is not visible ASCII".to_owned(),
-                })?
-                .to_owned(),
-        );
-    }
-    if lines.is_empty() {
-        return Ok(None);
-    }
-    idem_core::IfMatch::parse(&lines.join(", ")).map(Some)
+    idem_http::if_match(&parts.headers)
 }
 
 /// The `ETag` header of a response, as a response part:
@@ -196,154 +146,10 @@ impl IntoResponseParts for ETag {
     type Error = std::convert::Infallible;
 
     fn into_response_parts(self, mut parts: ResponseParts) -> Result<ResponseParts, Self::Error> {
-        if let Some(value) = etag_value(&self.0) {
+        if let Some(value) = idem_http::etag_value(&self.0) {
             parts.headers_mut().insert(ETAG, value);
         }
         Ok(parts)
-    }
-}
-
-/// The header value of `tag`; always `Some`, since a tag holds visible ASCII only, checked
-/// when it was made.
-fn etag_value(tag: &EntityTag) -> Option<HeaderValue> {
-    HeaderValue::from_str(&tag.to_string()).ok()
-}
-
-/// An RFC 9457 problem document: how an [`Error`] (or any error of yours) is answered over
-/// HTTP, as `application/problem+json`.
-///
-/// `Problem::from(e).into_response()` answers an idem [`Error`] with the status of its kind
-/// (and `Retry-After` for [`Error::InFlight`]); a handler's own error type does that in its
-/// `IntoResponse` for its idem variant.
-#[derive(Debug, Clone, Serialize)]
-pub struct Problem {
-    /// A stable URI for the kind of problem: `urn:idem:problem:<kind>`.
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// A short summary of the kind.
-    pub title: String,
-    /// The HTTP status.
-    pub status: u16,
-    /// What happened in this case; never SQL or driver text.
-    pub detail: String,
-    /// When the client should retry, sent as `Retry-After` (whole seconds, at least 1); not
-    /// part of the document.
-    #[serde(skip)]
-    pub retry_after: Option<Duration>,
-}
-
-impl Problem {
-    /// A problem of kind `kind` (kebab-case), e.g. `Problem::new(404, "not-found", "Not found", "no order o-9")`.
-    pub fn new(
-        status: u16,
-        kind: &str,
-        title: impl Into<String>,
-        detail: impl Into<String>,
-    ) -> Self {
-        Self {
-            kind: format!("urn:idem:problem:{kind}"),
-            title: title.into(),
-            status,
-            detail: detail.into(),
-            retry_after: None,
-        }
-    }
-}
-
-impl IntoResponse for Problem {
-    fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let body = serde_json::to_vec(&self).unwrap_or_default();
-        let mut response = (
-            status,
-            [(
-                CONTENT_TYPE,
-                HeaderValue::from_static("application/problem+json"),
-            )],
-            body,
-        )
-            .into_response();
-        if let Some(retry_after) = self.retry_after {
-            let seconds = retry_after.as_secs_f64().ceil().max(1.0) as u64;
-            response
-                .headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from(seconds));
-        }
-        response
-    }
-}
-
-impl From<&Error> for Problem {
-    fn from(e: &Error) -> Self {
-        let kind = e.kind();
-        if !matches!(
-            kind,
-            ErrorKind::InvalidKey
-                | ErrorKind::MissingKey
-                | ErrorKind::PreconditionRequired
-                | ErrorKind::InvalidPrecondition
-        ) {
-            // Not a malformed request: worth a line when debugging a service (the detail
-            // sent to the client leaves store errors out).
-            tracing::debug!(error = %e, "idem error answered over HTTP");
-        }
-        let (title, detail) = match kind {
-            ErrorKind::InvalidKey => ("Invalid idempotency key", e.to_string()),
-            ErrorKind::MissingKey => (
-                "Missing idempotency key",
-                "this request requires an `Idempotency-Key` header".to_owned(),
-            ),
-            ErrorKind::KeyReused => ("Idempotency key reused", e.to_string()),
-            ErrorKind::InFlight => ("Request in flight", e.to_string()),
-            ErrorKind::InvalidTransition => ("Invalid state transition", e.to_string()),
-            ErrorKind::PreconditionRequired => ("Precondition required", e.to_string()),
-            ErrorKind::PreconditionFailed => ("Precondition failed", e.to_string()),
-            ErrorKind::InvalidPrecondition => ("Invalid precondition", e.to_string()),
-            ErrorKind::ArgumentsTooLarge => ("Request too large to resume", e.to_string()),
-            ErrorKind::GaveUp => ("Request given up", e.to_string()),
-            // Neither detail names the key or the types' fields: the client learns what to do.
-            ErrorKind::AnswerTooNew => (
-                "Answer recorded by a newer version",
-                "this request was carried out by a newer version of the service, whose answer this one cannot read; retry it with the same key (after Retry-After) to reach a newer one".to_owned(),
-            ),
-            ErrorKind::AnswerUnreadable => (
-                "Recorded answer unreadable",
-                "this request was carried out, but the service can no longer read the answer it recorded; do not send it again under a new key: it would be carried out again".to_owned(),
-            ),
-            ErrorKind::Unavailable => (
-                "Service unavailable",
-                "the idempotency store could not be reached in time; retry later".to_owned(),
-            ),
-            ErrorKind::Conflict => (
-                "Conflict with a concurrent request",
-                "the database kept aborting this request for conflicts with concurrent ones; nothing was done: retry later".to_owned(),
-            ),
-            ErrorKind::DeadlineExceeded => ("Request ran past its deadline", e.to_string()),
-            ErrorKind::Store => (
-                "Service unavailable",
-                "the idempotency store is unavailable; retry later".to_owned(),
-            ),
-            _ => (
-                "Internal error",
-                "the request could not be processed".to_owned(),
-            ),
-        };
-        let mut problem = Self::new(e.http_status(), kind.as_str(), title, detail);
-        if let Error::InFlight { retry_after, .. }
-        | Error::Unavailable { retry_after, .. }
-        | Error::Conflict { retry_after, .. }
-        | Error::AnswerTooNew { retry_after, .. }
-        | Error::DeadlineExceeded { retry_after, .. } = e
-        {
-            problem.retry_after = Some(*retry_after);
-        }
-        problem
-    }
-}
-
-impl From<Error> for Problem {
-    fn from(e: Error) -> Self {
-        Self::from(&e)
     }
 }
 
@@ -400,68 +206,6 @@ where
     E: IntoResponse,
 {
     Respond::new(status).run_inline(call).await
-}
-
-/// Runs `future` to completion on a tokio task of its own (inside the current tracing span)
-/// and waits for its output: dropping the returned future stops the wait, never the work.
-/// [`respond`] runs calls this way; use it for other handler work that must not be cut off
-/// mid-statement when a client disconnects, such as a read that shares the pool.
-///
-/// A panic in `future` is resumed in the caller. Outside a tokio runtime `future` runs in
-/// place.
-pub fn run_to_completion<F>(future: F) -> impl Future<Output = F::Output> + Send + 'static
-where
-    F: Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    // Boxed at once: a call's future can be large (tens of KiB in debug builds), and holding
-    // it inline in every wrapping future, or moving it by value down the spawn path,
-    // multiplies that and overflows small stacks (test threads).
-    let future = Box::pin(future);
-    async move {
-        match spawn_and_wait(future).await {
-            Ok(output) => output,
-            Err(e) => match e.try_into_panic() {
-                Ok(panic) => std::panic::resume_unwind(panic),
-                // Nothing aborts the task; only a runtime shutting down cancels it, and that
-                // drops the waiting handler too.
-                Err(e) => unreachable!("a call's task was cancelled: {e}"),
-            },
-        }
-    }
-}
-
-/// Runs `future` on a tokio task (inside the current tracing span) and waits for it: the
-/// work finishes even if the wait is dropped. `Err` is the task's panic. Outside a tokio
-/// runtime `future` runs in place.
-pub(crate) async fn spawn_and_wait<F>(
-    future: Pin<Box<F>>,
-) -> Result<F::Output, tokio::task::JoinError>
-where
-    F: Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return Ok(future.await);
-    };
-    runtime
-        .spawn(tracing::Instrument::in_current_span(future))
-        .await
-}
-
-/// Which status a replayed value is answered with.
-///
-/// Replayed final errors always keep their own status (a recorded 409 stays a 409).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ReplayStatus {
-    /// The status of the first execution, e.g. 201 again for a replayed create: the IETF
-    /// Idempotency-Key draft and Stripe. The default.
-    #[default]
-    Original,
-    /// `200 OK` whatever the first execution answered: "201 Created" once, then "200 OK" with
-    /// the same body for every replay, for clients that treat 201 as "created just now".
-    Ok,
 }
 
 /// How to answer an idempotent call over HTTP: [`respond`] with options.
@@ -548,45 +292,19 @@ impl<T: Serialize> Respond<T> {
     {
         let (result, outcome) = with_outcome(call).await;
         let replayed = outcome == Some(Outcome::Replayed);
-        let mut response = match result {
-            Ok(value) => self.render(&value, replayed),
-            Err(e) => e.into_response(),
-        };
-        if replayed {
-            response
-                .headers_mut()
-                .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-        }
-        response
-    }
-
-    fn render(&self, value: &T, replayed: bool) -> Response {
-        let body = match serde_json::to_vec(value) {
-            Ok(body) => body,
-            Err(e) => {
-                return Problem::from(Error::Encode {
-                    scope: "http response".to_owned(),
-                    source: Box::new(e),
-                })
-                .into_response();
+        match result {
+            Ok(value) => {
+                idem_http::json_answer(&value, self.status, self.replay_status, replayed, self.etag)
+                    .map(axum_core::body::Body::from)
             }
-        };
-        let status = match (replayed, self.replay_status) {
-            (true, ReplayStatus::Ok) => StatusCode::OK,
-            _ => self.status,
-        };
-        let mut response = (
-            status,
-            [(CONTENT_TYPE, HeaderValue::from_static("application/json"))],
-            body,
-        )
-            .into_response();
-        if let Some(etag) = self.etag
-            && let Some(value) = etag_value(&etag(value))
-        {
-            response.headers_mut().insert(ETAG, value);
+            Err(e) => {
+                let mut response = e.into_response();
+                if replayed {
+                    idem_http::mark_replayed(response.headers_mut());
+                }
+                response
+            }
         }
-        response
     }
 }
 
@@ -596,6 +314,10 @@ mod tests {
     use idem_core::call::{Call, Site};
     use idem_core::handler::{FinalProbe, ViaFinal};
     use idem_core::{Concurrency, FinalError, MemoryStore, MemoryTx};
+    use std::time::Duration;
+
+    use http::HeaderValue;
+    use http::header::{IF_MATCH, RETRY_AFTER};
 
     use super::*;
 
@@ -702,7 +424,7 @@ mod tests {
         assert_eq!(if_match_of(&parts_with(&[])).expect("absent"), None);
         assert_eq!(
             if_match_of(&parts_with(&["\"1\"", "W/\"2\", \"3\""])).expect("lines"),
-            Some(idem_core::IfMatch::parse("\"1\", W/\"2\", \"3\"").expect("list"))
+            Some(idem_http::parse_if_match("\"1\", W/\"2\", \"3\"").expect("list"))
         );
         let mixed = if_match_of(&parts_with(&["*", "\"1\""])).expect_err("`*` and a tag");
         assert_eq!(mixed.http_status(), 400);
@@ -820,7 +542,7 @@ mod tests {
 
     #[test]
     fn the_if_match_extractor_is_fingerprinted_as_the_precondition() {
-        let precondition = idem_core::IfMatch::parse("\"1\", W/\"2\"").expect("list");
+        let precondition = idem_http::parse_if_match("\"1\", W/\"2\"").expect("list");
         let extracted = IfMatch(precondition.clone());
         assert_eq!(
             serde_json::to_string(&extracted).expect("json"),

@@ -22,8 +22,8 @@ use idem_core::call::{Call, Site};
 use idem_core::lease::run_lease;
 use idem_core::{Concurrency, Error, Key, LeaseStore, RecentAnswers};
 
-use crate::canonical;
-use crate::http::{IDEMPOTENT_REPLAYED, IdempotencyKey, Problem, spawn_and_wait};
+use crate::http::{IDEMPOTENT_REPLAYED, IdempotencyKey, Problem};
+use idem_http::{canonical, spawn_and_wait};
 
 /// Records the whole response of an axum route on the idem ledger, so a retry with the same
 /// `Idempotency-Key` gets the recorded response instead of running the route again: the

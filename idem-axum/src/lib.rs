@@ -14,9 +14,10 @@
 //! | store failure | 503 (no SQL in the body) |
 //! | replay | the recorded status (or 200, see [`ReplayStatus`]) and body + `Idempotent-Replayed: true` |
 //!
-//! An [`idem_core::Error`] becomes a response through [`Problem`]:
-//! `Problem::from(e).into_response()` (the error type lives in the transport-free core, so it
-//! cannot implement axum's traits itself).
+//! The contract itself (the header's grammar, the problem+json answer of every error, the
+//! replay marker, `If-Match`, run-to-completion) lives in `idem-http` on the `http` crate's
+//! types; this crate adds axum's extractors and responses. An [`idem_core::Error`] becomes a
+//! response through [`Problem`]: `Problem::from(e).into_response()`.
 //!
 //! [`IdempotencyLayer`] gives plain routes (not `#[idempotent]` functions) the same contract by
 //! recording their whole responses.
@@ -24,7 +25,6 @@
 //! [`respond`] runs the call to completion on a task of its own, so a client that hangs up
 //! cannot cut it off mid-statement; its retry replays the recorded answer.
 
-mod canonical;
 mod http;
 mod layer;
 

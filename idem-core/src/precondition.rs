@@ -4,10 +4,10 @@
 //! A resource with an integer version column gets the strong tag `"<version>"`
 //! ([`EntityTag::from_version`]); a write names the tag it expects in `If-Match`, and the store
 //! compares it in the same statement that writes (`idem::sea_orm::Stateful::update_if_match`).
-//! No HTTP types here: the axum extractor lives in `idem::axum`.
+//! No HTTP here: the header grammar (parsing `If-Match` and `ETag` values) lives in
+//! `idem-http`, the extractor in `idem::axum`; a tag's `Display` is its header form.
 
 use std::fmt;
-use std::str::FromStr;
 
 use serde::{Serialize, Serializer};
 
@@ -16,7 +16,8 @@ use crate::error::Error;
 /// An entity tag: an opaque validator of one representation of a resource, strong (`"3"`) or
 /// weak (`W/"3"`).
 ///
-/// Its `Display` is the header form (`"3"`, `W/"3"`), and [`FromStr`] parses it back.
+/// Its `Display` is the header form (`"3"`, `W/"3"`); `idem_http::parse_entity_tag` parses
+/// it back.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct EntityTag {
     weak: bool,
@@ -106,28 +107,6 @@ impl fmt::Display for EntityTag {
     }
 }
 
-impl FromStr for EntityTag {
-    type Err = Error;
-
-    /// Parses `"…"` or `W/"…"` (the `W/` is case-sensitive), surrounding spaces ignored.
-    fn from_str(text: &str) -> Result<Self, Error> {
-        let text = text.trim_matches([' ', '\t']);
-        let (weak, quoted) = match text.strip_prefix("W/") {
-            Some(rest) => (true, rest),
-            None => (false, text),
-        };
-        let Some(opaque) = quoted
-            .strip_prefix('"')
-            .and_then(|rest| rest.strip_suffix('"'))
-        else {
-            return Err(invalid(format!(
-                "`{text}` is not an entity tag; send it as the `ETag` header gave it, quotes included (e.g. `\"3\"`)"
-            )));
-        };
-        Self::new(weak, opaque.to_owned())
-    }
-}
-
 /// Fingerprinted (and logged) in its header form.
 impl Serialize for EntityTag {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -155,58 +134,6 @@ impl IfMatch {
     /// The precondition that the current version is `version` (`If-Match: "<version>"`).
     pub fn version(version: i64) -> Self {
         Self::Tags(vec![EntityTag::from_version(version)])
-    }
-
-    /// Parses a field value: `*` or a comma-separated list of entity tags. Several field
-    /// lines of one request are one list: join them with `", "` first. Empty list elements
-    /// are ignored, as RFC 9110 §5.6.1 asks; a list with no tag at all is refused. A comma
-    /// inside a tag's quotes belongs to the tag (`"a,b"` is one tag).
-    pub fn parse(value: &str) -> Result<Self, Error> {
-        const OWS: [char; 2] = [' ', '\t'];
-        if value.trim_matches(OWS) == "*" {
-            return Ok(Self::Any);
-        }
-        let mut tags = Vec::new();
-        let mut rest = value;
-        loop {
-            rest = rest.trim_start_matches([' ', '\t', ',']);
-            if rest.is_empty() {
-                break;
-            }
-            let element = rest.split(',').next().unwrap_or(rest).trim_end_matches(OWS);
-            if element == "*" {
-                return Err(invalid(
-                    "`If-Match` mixes `*` with entity tags; send either `*` or tags".to_owned(),
-                ));
-            }
-            let (weak, quoted) = match rest.strip_prefix("W/") {
-                Some(after) => (true, after),
-                None => (false, rest),
-            };
-            let Some((opaque, after)) = quoted
-                .strip_prefix('"')
-                .and_then(|inner| inner.split_once('"'))
-            else {
-                return Err(invalid(format!(
-                    "`{element}` is not an entity tag; send it as the `ETag` header gave it, quotes included (e.g. `\"3\"`)"
-                )));
-            };
-            tags.push(EntityTag::new(weak, opaque.to_owned())?);
-            rest = after.trim_start_matches(OWS);
-            if !rest.is_empty() && !rest.starts_with(',') {
-                return Err(invalid(format!(
-                    "`If-Match` has `{}` after an entity tag; separate tags with commas",
-                    rest.split(',').next().unwrap_or(rest).trim_end_matches(OWS)
-                )));
-            }
-        }
-        if tags.is_empty() {
-            return Err(invalid(
-                "the `If-Match` header is empty; send the `ETag` of your last read, or `*`"
-                    .to_owned(),
-            ));
-        }
-        Ok(Self::Tags(tags))
     }
 
     /// Whether a resource whose current tag is `current` satisfies the precondition; `None`
@@ -246,14 +173,6 @@ impl fmt::Display for IfMatch {
     }
 }
 
-impl FromStr for IfMatch {
-    type Err = Error;
-
-    fn from_str(value: &str) -> Result<Self, Error> {
-        Self::parse(value)
-    }
-}
-
 /// Fingerprinted (and logged) in its header form.
 impl Serialize for IfMatch {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -264,41 +183,21 @@ impl Serialize for IfMatch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ErrorKind;
-
-    fn tag(text: &str) -> EntityTag {
-        text.parse().expect("a valid entity tag")
-    }
-
-    #[test]
-    fn parses_strong_and_weak_tags() {
-        assert_eq!(tag("\"3\""), EntityTag::from_version(3));
-        assert!(!tag("\"3\"").is_weak());
-        assert!(tag("W/\"3\"").is_weak());
-        assert_eq!(tag("W/\"xyzzy\"").opaque(), "xyzzy");
-        assert_eq!(tag("\"\"").opaque(), "", "an empty opaque tag is valid");
-        assert_eq!(tag(" \"a!#~\" ").opaque(), "a!#~");
-        assert_eq!(tag("W/\"3\"").to_string(), "W/\"3\"");
-        for bad in [
-            "3", "\"3", "3\"", "w/\"3\"", "W/3", "\"a b\"", "\"a\"b\"", "\"é\"", "\"a\tb\"",
-        ] {
-            let err = bad.parse::<EntityTag>().expect_err(bad);
-            assert_eq!(err.kind(), ErrorKind::InvalidPrecondition, "{bad}");
-        }
-    }
 
     #[test]
     fn comparison_follows_rfc_9110() {
         // The table of RFC 9110 §8.8.3.2.
+        let weak = |o: &str| EntityTag::weak(o).expect("weak");
+        let strong = |o: &str| EntityTag::strong(o).expect("strong");
         let cases = [
-            ("W/\"1\"", "W/\"1\"", false, true),
-            ("W/\"1\"", "W/\"2\"", false, false),
-            ("W/\"1\"", "\"1\"", false, true),
-            ("\"1\"", "\"1\"", true, true),
+            (weak("1"), weak("1"), false, true),
+            (weak("1"), weak("2"), false, false),
+            (weak("1"), strong("1"), false, true),
+            (strong("1"), strong("1"), true, true),
         ];
-        for (a, b, strong, weak) in cases {
-            assert_eq!(tag(a).strong_eq(&tag(b)), strong, "{a} {b}");
-            assert_eq!(tag(a).weak_eq(&tag(b)), weak, "{a} {b}");
+        for (a, b, is_strong, is_weak) in cases {
+            assert_eq!(a.strong_eq(&b), is_strong, "{a} {b}");
+            assert_eq!(a.weak_eq(&b), is_weak, "{a} {b}");
         }
     }
 
@@ -306,42 +205,15 @@ mod tests {
     fn versions_read_back_only_from_their_own_tags() {
         assert_eq!(EntityTag::from_version(7).version(), Some(7));
         assert_eq!(EntityTag::from_version(7).to_string(), "\"7\"");
-        assert_eq!(tag("W/\"7\"").version(), None, "weak");
-        assert_eq!(tag("\"07\"").version(), None, "another tag than \"7\"");
-        assert_eq!(tag("\"+7\"").version(), None);
-        assert_eq!(tag("\"v7\"").version(), None);
-    }
-
-    #[test]
-    fn if_match_parses_lists_and_star() {
-        assert_eq!(IfMatch::parse("*").expect("star"), IfMatch::Any);
-        assert_eq!(IfMatch::parse(" * ").expect("star"), IfMatch::Any);
-        assert_eq!(
-            IfMatch::parse("\"1\", W/\"2\",,\t\"3\"").expect("list"),
-            IfMatch::Tags(vec![tag("\"1\""), tag("W/\"2\""), tag("\"3\"")])
-        );
-        assert_eq!(IfMatch::parse("\"4\"").expect("one"), IfMatch::version(4));
-        assert_eq!(
-            IfMatch::parse("\"a,b\", \"c\"").expect("a comma inside quotes"),
-            IfMatch::Tags(vec![tag("\"a,b\""), tag("\"c\"")])
-        );
-        for bad in [
-            "",
-            " , ",
-            "*, \"1\"",
-            "\"1\", *",
-            "1",
-            "\"1\" \"2\"",
-            "\"1\"x",
-            "\"1",
-            "w/\"1\"",
-            "**",
-            "\"a b\"",
-        ] {
-            let err = IfMatch::parse(bad).expect_err(bad);
-            assert_eq!(err.kind(), ErrorKind::InvalidPrecondition, "{bad:?}");
-            assert_eq!(err.http_status(), 400);
+        assert_eq!(EntityTag::weak("7").expect("weak").version(), None, "weak");
+        for other in ["07", "+7", "v7"] {
+            assert_eq!(
+                EntityTag::strong(other).expect("tag").version(),
+                None,
+                "{other}"
+            );
         }
+        assert!(EntityTag::strong("a b").is_err(), "a space is not etagc");
     }
 
     #[test]
@@ -352,26 +224,24 @@ mod tests {
             !IfMatch::Any.matches(None),
             "`*` needs a current representation"
         );
+        let tags = |tags: Vec<EntityTag>| IfMatch::Tags(tags);
         assert!(
-            IfMatch::parse("\"1\", \"2\"")
-                .expect("list")
+            tags(vec![EntityTag::from_version(1), EntityTag::from_version(2)])
                 .matches(Some(&current))
         );
+        assert!(!IfMatch::version(1).matches(Some(&current)));
         assert!(
-            !IfMatch::parse("\"1\"")
-                .expect("one")
-                .matches(Some(&current))
-        );
-        assert!(
-            !IfMatch::parse("W/\"2\"")
-                .expect("weak")
-                .matches(Some(&current)),
+            !tags(vec![EntityTag::weak("2").expect("weak")]).matches(Some(&current)),
             "a weak tag never satisfies If-Match"
         );
         assert_eq!(
-            IfMatch::parse("\"1\", W/\"2\", \"x\", \"3\"")
-                .expect("list")
-                .versions(),
+            tags(vec![
+                EntityTag::from_version(1),
+                EntityTag::weak("2").expect("weak"),
+                EntityTag::strong("x").expect("x"),
+                EntityTag::from_version(3),
+            ])
+            .versions(),
             Some(vec![1, 3])
         );
         assert_eq!(IfMatch::Any.versions(), None);
@@ -379,7 +249,10 @@ mod tests {
 
     #[test]
     fn fingerprints_and_displays_in_header_form() {
-        let value = IfMatch::parse("\"1\",W/\"2\"").expect("list");
+        let value = IfMatch::Tags(vec![
+            EntityTag::from_version(1),
+            EntityTag::weak("2").expect("weak"),
+        ]);
         assert_eq!(value.to_string(), "\"1\", W/\"2\"");
         assert_eq!(
             serde_json::to_string(&value).expect("json"),

@@ -19,7 +19,7 @@ const MAX_DEPTH: usize = 128;
 
 /// The path and query, the query's parameters in order of name (a repeated name keeps the
 /// order of its values, which may mean a list).
-pub(crate) fn target(path_and_query: &str) -> String {
+pub fn target(path_and_query: &str) -> String {
     let Some((path, query)) = path_and_query.split_once('?') else {
         return path_and_query.to_owned();
     };
@@ -30,7 +30,7 @@ pub(crate) fn target(path_and_query: &str) -> String {
 
 /// A request body as the layer fingerprints it.
 #[derive(Debug, PartialEq)]
-pub(crate) enum Body<'a> {
+pub enum Body<'a> {
     /// A JSON body (by its content type) that parses: compared as JSON.
     Json(Json<'a>),
     /// Any other body: compared byte for byte.
@@ -40,7 +40,7 @@ pub(crate) enum Body<'a> {
 impl<'a> Body<'a> {
     /// The body as JSON when `headers` say it is (`application/json`, or a `+json` type) and
     /// it parses; its bytes otherwise.
-    pub(crate) fn of(headers: &HeaderMap, bytes: &'a [u8]) -> Self {
+    pub fn of(headers: &HeaderMap, bytes: &'a [u8]) -> Self {
         let json = headers
             .get(CONTENT_TYPE)
             .and_then(|value| value.to_str().ok())
@@ -63,7 +63,8 @@ impl Serialize for Body<'_> {
 }
 
 /// Bytes serialized as bytes, not as a sequence of numbers.
-pub(crate) struct Raw<'a>(pub(crate) &'a [u8]);
+#[derive(Debug)]
+pub struct Raw<'a>(pub &'a [u8]);
 
 impl Serialize for Raw<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -87,13 +88,18 @@ fn is_json(content_type: &str) -> bool {
 
 /// A JSON value with its members sorted (a map), numbers as written.
 #[derive(Debug, PartialEq)]
-pub(crate) enum Json<'a> {
+pub enum Json<'a> {
+    /// `null`.
     Null,
+    /// `true` or `false`.
     Bool(bool),
     /// A number's text, exactly as sent: `1` and `1.0` stay apart.
     Number(&'a str),
+    /// A string, unescaped.
     String(String),
+    /// An array, in order.
     Array(Vec<Json<'a>>),
+    /// An object, its members by name.
     Object(BTreeMap<String, Json<'a>>),
 }
 
