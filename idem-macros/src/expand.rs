@@ -73,8 +73,12 @@ fn plan(args: &Args, sig: &Signature, errors: &mut Vec<syn::Error>) -> Option<Pl
             "`#[idempotent]` cannot wrap a `const fn`: claiming a key needs the database; remove `const`",
         ),
         (
-            sig.asyncness.is_none().then_some(sig.fn_token.span),
+            (sig.asyncness.is_none() && !returns_boxed_future(sig)).then_some(sig.fn_token.span),
             "`#[idempotent]` requires an `async fn`: the claim awaits the database; write `async fn`",
+        ),
+        (
+            (sig.asyncness.is_none() && returns_boxed_future(sig)).then_some(sig.ident.span()),
+            "`#[idempotent]` cannot wrap a method of an `#[async_trait]` impl (tonic's `#[tonic::async_trait]` too): that attribute runs first and turns the `async fn` into a `fn` returning a boxed future; put `#[idempotent]` on an inherent `async fn` of the type (`impl MyService { #[idempotent(...)] async fn pay_once(&self, ...) -> Result<T, E> { ... } }`) and have the trait method call it (`self.pay_once(...).await`)",
         ),
         (
             sig.variadic.as_ref().map(Spanned::span),
@@ -175,17 +179,40 @@ fn plan(args: &Args, sig: &Signature, errors: &mut Vec<syn::Error>) -> Option<Pl
     })
 }
 
+/// Whether `sig` returns `Pin<Box<...>>`: an `async fn` that `#[async_trait]` has already
+/// rewritten (it returns `Pin<Box<dyn Future<Output = T> + Send + 'async_trait>>`).
+pub(crate) fn returns_boxed_future(sig: &Signature) -> bool {
+    let ReturnType::Type(_, ty) = &sig.output else {
+        return false;
+    };
+    let Type::Path(path) = &**ty else {
+        return false;
+    };
+    path.path
+        .segments
+        .last()
+        .is_some_and(|last| last.ident == "Pin")
+}
+
 /// The function as written, for when the attribute has errors: only what the reported errors
 /// already cover is adjusted, so they are not repeated. Parameters are marked used (the
 /// attribute would have used them: no "unused variable" for `key`), and `const` is dropped
 /// from a `const async fn` (rustc would reject the pair again).
 pub(crate) fn fallback(mut item: ItemFn) -> TokenStream {
-    if item.sig.asyncness.is_some() {
-        item.sig.constness = None;
-    }
+    // An `#[async_trait]` method: its body names what the attribute would have bound (`db`);
+    // the signature alone keeps the impl whole without errors the real one already explains.
     let names: Vec<Ident> = typed_params(&item.sig)
         .flat_map(|(pat, _)| bindings(pat))
         .collect();
+    if returns_boxed_future(&item.sig) {
+        if let Ok(block) = syn::parse2(quote!({ #(let _ = &#names;)* ::core::unimplemented!() })) {
+            item.block = block;
+        }
+        return item.into_token_stream();
+    }
+    if item.sig.asyncness.is_some() {
+        item.sig.constness = None;
+    }
     let body = &item.block;
     if let Ok(block) = syn::parse2(quote!({ #(let _ = &#names;)* #body })) {
         item.block = block;
