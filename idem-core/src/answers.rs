@@ -11,7 +11,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::store::{RecordStatus, Recorded};
+use crate::ledger::{RecordStatus, Recorded};
 
 /// What one copy costs besides its payload: the id twice, the fingerprint, the map's slot.
 const ENTRY_OVERHEAD: usize = 128;

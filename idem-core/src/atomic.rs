@@ -8,9 +8,10 @@ use crate::conflict::Tries;
 use crate::error::Error;
 use crate::flight;
 use crate::handler::{Finality, HandlerError, HandlerOutput, Replayable};
+use crate::ledger::{Claim, Concurrency, Recorded};
 use crate::metrics::{self, Label};
 use crate::outcome;
-use crate::store::{Claim, Concurrency, Recorded, Store};
+use crate::store::Store;
 
 /// What `#[idempotent]` expands to: claims the key on `store`, runs the body in the claim's
 /// transaction (inside the call's tracing span), then records or releases. A replay or an idem

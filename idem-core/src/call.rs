@@ -16,10 +16,16 @@ use crate::handler::{
 };
 use crate::ids::{KeyHash, derived_key, record_id};
 use crate::key::Key;
+use crate::ledger::{Concurrency, RecordStatus, Recorded};
 use crate::metrics::{self, Label};
 use crate::outcome::{self, Outcome};
-use crate::store::{Concurrency, RecordStatus, Recorded};
 use crate::versioned::{AnswerError, AnswerVersion, NEWER_RETRY_AFTER};
+
+/// A lease-mode call's deadline when its attribute gives none, in leases: 5 minutes for a
+/// 30 s lease. Past its deadline a call's body is dropped and its lease ended
+/// ([`Error::DeadlineExceeded`]): a body that hangs (a step awaiting a call without a timeout)
+/// would otherwise renew its lease, and hold its key, for as long as its process lives.
+pub const DEFAULT_DEADLINE_LEASES: u32 = 10;
 
 /// How long a caller should wait before retrying a key that is in flight in atomic mode.
 pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -117,7 +123,7 @@ impl Call {
     /// Sets how long a lease-mode call's body may run in all, from its claim: past it the
     /// body is dropped and its lease ended, and the caller gets
     /// [`Error::DeadlineExceeded`] (`#[idempotent(..., deadline = "5m")]`). Without it,
-    /// [`DEFAULT_DEADLINE_LEASES`](crate::lease::DEFAULT_DEADLINE_LEASES) leases.
+    /// [`DEFAULT_DEADLINE_LEASES`](DEFAULT_DEADLINE_LEASES) leases.
     pub fn deadline(&mut self, deadline: Duration) {
         self.deadline = Some(deadline);
     }
@@ -125,7 +131,7 @@ impl Call {
     /// The deadline of a lease-mode call whose lease is `lease`.
     pub(crate) fn deadline_for(&self, lease: Duration) -> Duration {
         self.deadline
-            .unwrap_or_else(|| lease.saturating_mul(crate::lease::DEFAULT_DEADLINE_LEASES))
+            .unwrap_or_else(|| lease.saturating_mul(DEFAULT_DEADLINE_LEASES))
     }
 
     /// Sets the versions the call's answers are recorded and read as: its value's and its

@@ -29,9 +29,9 @@ use serde::de::DeserializeOwned;
 
 use crate::error::Error;
 use crate::ids::derived_key;
+use crate::ledger::BoxFuture;
 use crate::outcome::with_outcome;
 use crate::retry::{Backoff, Jitter};
-use crate::store::BoxFuture;
 
 /// The most bytes a resumable call's stored arguments may take (a JSON array).
 pub const MAX_STORED_ARGS: usize = 64 * 1024;

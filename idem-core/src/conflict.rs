@@ -33,7 +33,7 @@ pub fn set_max_attempts(attempts: u32) {
 }
 
 /// The `Retry-After` of a conflict that reached the caller.
-pub const RETRY_AFTER: Duration = Duration::from_secs(1);
+pub use crate::retry::CONFLICT_RETRY_AFTER as RETRY_AFTER;
 
 /// The bound of the wait before a conflict's retry: 4 ms, doubling with every try, at most
 /// 200 ms; the wait is uniform below it (full jitter).

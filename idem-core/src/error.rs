@@ -443,7 +443,7 @@ impl Error {
             scope: String::new(),
             message: doing.into(),
             attempts: 1,
-            retry_after: crate::conflict::RETRY_AFTER,
+            retry_after: crate::retry::CONFLICT_RETRY_AFTER,
         }
     }
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use tokio::sync::watch;
 
-use crate::store::Recorded;
+use crate::ledger::Recorded;
 
 /// How a flight ended: `None` while it runs; then the recorded answer, or `None` inside when
 /// the leader recorded nothing (released, failed, cancelled): followers go to the store.
@@ -91,7 +91,7 @@ pub(crate) async fn landing(mut flight: watch::Receiver<Landing>) -> Option<Reco
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::RecordStatus;
+    use crate::ledger::RecordStatus;
 
     fn recorded() -> Recorded {
         Recorded {

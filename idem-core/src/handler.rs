@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::Error;
-use crate::store::RecordStatus;
+use crate::ledger::RecordStatus;
 
 /// The return type of a handler: `Result<T, E>`.
 pub trait HandlerOutput: Sized {
@@ -209,7 +209,7 @@ pub fn not_rerunnable(scope: &str, arg: &str) -> Error {
             "the call cannot run again in this process: its argument `{arg}` is not `Clone` (derive `Clone` for it so a conflicting call is run again instead of answered with this error)"
         ),
         attempts: 1,
-        retry_after: crate::conflict::RETRY_AFTER,
+        retry_after: crate::retry::CONFLICT_RETRY_AFTER,
     }
 }
 

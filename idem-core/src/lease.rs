@@ -20,15 +20,12 @@ use crate::call::{Call, Request};
 use crate::conflict::{Tries, retried};
 use crate::error::Error;
 use crate::handler::{Finality, HandlerError, HandlerOutput, Replayable};
+use crate::ledger::{BoxFuture, LeaseClaim, RecordStatus, Ticket};
 use crate::metrics;
 use crate::outcome;
-use crate::store::{BoxFuture, LeaseClaim, LeaseStore, RecordStatus, Ticket};
+use crate::store::LeaseStore;
 
-/// A lease-mode call's deadline when its attribute gives none, in leases: 5 minutes for a
-/// 30 s lease. Past its deadline a call's body is dropped and its lease ended
-/// ([`Error::DeadlineExceeded`]): a body that hangs (a step awaiting a call without a timeout)
-/// would otherwise renew its lease, and hold its key, for as long as its process lives.
-pub const DEFAULT_DEADLINE_LEASES: u32 = 10;
+pub use crate::call::DEFAULT_DEADLINE_LEASES;
 
 /// How long a final phase's transaction is kept open for the call's result: a handler
 /// returns right after its final phase, and one that does more work first (which may need

@@ -26,6 +26,7 @@ pub mod ids;
 pub mod inbox;
 mod key;
 pub mod lease;
+mod ledger;
 mod memory;
 pub mod metrics;
 pub mod outbox;
@@ -43,13 +44,12 @@ pub use fingerprint::{
     Fingerprints, canonical_bytes, canonical_bytes_v1,
 };
 pub use key::{Key, KeySource, MAX_KEY_LEN};
+pub use ledger::{BoxFuture, Claim, Concurrency, LeaseClaim, RecordStatus, Recorded, Ticket};
 pub use memory::{MemoryStore, MemoryTx};
 pub use outcome::{CallReport, Outcome, with_outcome, with_report};
 pub use precondition::{EntityTag, IfMatch};
 pub use state::{StateMachine, Transition, TransitionOutcome, declared};
-pub use store::{
-    BoxFuture, Claim, Concurrency, LeaseClaim, LeaseStore, RecordStatus, Recorded, Store, Ticket,
-};
+pub use store::{LeaseStore, Store};
 
 pub use answers::RecentAnswers;
 pub use call::Request;

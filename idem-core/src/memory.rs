@@ -14,9 +14,8 @@ use tokio::sync::OwnedMutexGuard;
 use crate::call::Request;
 use crate::error::Error;
 use crate::ids::random_token;
-use crate::store::{
-    BoxFuture, Claim, Concurrency, LeaseClaim, LeaseStore, RecordStatus, Recorded, Store, Ticket,
-};
+use crate::ledger::{BoxFuture, Claim, Concurrency, LeaseClaim, RecordStatus, Recorded, Ticket};
+use crate::store::{LeaseStore, Store};
 
 /// An in-memory ledger. Cloning shares it.
 #[derive(Debug, Clone, Default)]

@@ -5,6 +5,9 @@
 
 use std::time::Duration;
 
+/// The `Retry-After` of a conflict that reached the caller.
+pub const CONFLICT_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// Exponential backoff: `initial · 2^(attempt − 1)`, at most `max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {

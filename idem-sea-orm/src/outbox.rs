@@ -19,9 +19,7 @@ use idem_core::Error;
 use idem_core::outbox::{
     Message, OutboxHealth, OutboxMessage, RelayOptions, Sink, SinkError, random_token,
 };
-use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DbBackend, IsolationLevel, QueryResult, TransactionTrait,
-};
+use sea_orm::{ConnectionTrait, DatabaseConnection, IsolationLevel, QueryResult, TransactionTrait};
 
 use crate::error::store_error;
 use crate::sql::{Bound, NewDeadLetter, NewMessage, Sql, millis, statement};
@@ -493,7 +491,7 @@ impl<S: Sink> Relay<S> {
 #[allow(unused_variables)]
 fn listen_for_notifications(db: &DatabaseConnection) -> Option<tokio::task::JoinHandle<()>> {
     #[cfg(feature = "postgres")]
-    if db.get_database_backend() == DbBackend::Postgres {
+    if db.get_database_backend() == sea_orm::DbBackend::Postgres {
         let pool = db.get_postgres_connection_pool().clone();
         return Some(tokio::spawn(async move {
             use sea_orm::sqlx::postgres::PgListener;
@@ -501,7 +499,7 @@ fn listen_for_notifications(db: &DatabaseConnection) -> Option<tokio::task::Join
             loop {
                 let listening = async {
                     let mut listener = PgListener::connect_with(&pool).await?;
-                    listener.listen(crate::sql::WAKE_CHANNEL).await?;
+                    listener.listen(idem_sql::names::WAKE_CHANNEL).await?;
                     loop {
                         listener.recv().await?;
                         idem_core::outbox::wake();

@@ -3,7 +3,7 @@
 
 use sea_orm::{DbBackend, Statement, Value};
 
-pub(crate) use idem_sql::names::{ALL_TABLES, WAKE_CHANNEL};
+pub(crate) use idem_sql::names::ALL_TABLES;
 pub(crate) use idem_sql::{
     Bound, Dialect, Flavour, NewCall, NewDeadLetter, NewMessage, NewRecord, Param, Purge, Sql,
     millis,
