@@ -36,7 +36,7 @@ where
     R::Ok: Replayable,
     R::Error: HandlerError,
     F: FnMut() -> Result<B, Error>,
-    B: AsyncFnOnce(&S::Tx) -> R,
+    B: for<'t> AsyncFnOnce(S::Tx<'t>) -> R,
 {
     // Counted once, when the answer is known (feature `metrics`; without it, `observe` hands
     // the call back as it is: no extra future around it).
@@ -104,13 +104,13 @@ where
     R: HandlerOutput,
     R::Error: HandlerError,
     F: FnMut() -> Result<B, Error>,
-    B: AsyncFnOnce(&S::Tx) -> R,
+    B: for<'t> AsyncFnOnce(S::Tx<'t>) -> R,
 {
     let body = match bodies() {
         Ok(body) => body,
         Err(e) => return R::from_result(Err(e.into())),
     };
-    let tx = match store.begin().await {
+    let mut tx = match store.begin().await {
         Ok(tx) => tx,
         Err(e) => return R::from_result(Err(e.into())),
     };
@@ -118,7 +118,7 @@ where
         ledger: store.ledger_identity(),
     };
     let (output, hooks) = OPEN_CLAIM
-        .scope(open, collecting_hooks(body(S::tx(&tx))))
+        .scope(open, collecting_hooks(body(S::tx(&mut tx))))
         .await;
     let output = output.into_result();
     let ended = if output.is_ok() {
@@ -179,13 +179,13 @@ where
     R::Ok: Replayable,
     R::Error: HandlerError,
     F: FnMut() -> Result<B, Error>,
-    B: AsyncFnOnce(&S::Tx) -> R,
+    B: for<'t> AsyncFnOnce(S::Tx<'t>) -> R,
 {
     let claimed = match tokio::time::timeout_at(deadline, store.claim(request)).await {
         Ok(claimed) => claimed,
         Err(_elapsed) => Ok(Claim::InFlight),
     };
-    let claimed = match claimed {
+    let mut claimed = match claimed {
         Ok(Claim::Execute(claimed)) => claimed,
         Ok(Claim::Recorded(recorded)) => {
             let answer = request.replay(&recorded, finality);
@@ -206,7 +206,8 @@ where
         }
     };
     let nested = outcome::Nested::enter();
-    let running = tracing::Instrument::instrument(body(S::tx(&claimed)), request.span().clone());
+    let running =
+        tracing::Instrument::instrument(body(S::tx(&mut claimed)), request.span().clone());
     let open = OpenClaim {
         ledger: store
             .ledger_identity()
@@ -217,7 +218,7 @@ where
     let output = output.into_result();
     if let Err(error) = &output
         && !finality.is_some_and(|f| (f.is_final)(error))
-        && store.aborted(&claimed, request).await
+        && store.aborted(&mut claimed, request).await
     {
         // The body's error reports the conflict that aborted its transaction.
         let _ = store.release(claimed).await;

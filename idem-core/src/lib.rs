@@ -49,7 +49,7 @@ pub use memory::{MemoryStore, MemoryTx};
 pub use outcome::{CallReport, Outcome, with_outcome, with_report};
 pub use precondition::{EntityTag, IfMatch};
 pub use state::{StateMachine, Transition, TransitionOutcome, declared};
-pub use store::{LeaseStore, Store};
+pub use store::{LeaseStore, Store, detached};
 
 pub use answers::RecentAnswers;
 pub use call::Request;

@@ -93,10 +93,10 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
-    type Tx = MemoryTx;
+    type Tx<'t> = &'t MemoryTx;
     type Claimed = MemoryTx;
 
-    fn tx(claimed: &MemoryTx) -> &MemoryTx {
+    fn tx(claimed: &mut MemoryTx) -> &MemoryTx {
         claimed
     }
 

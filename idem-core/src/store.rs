@@ -2,6 +2,8 @@
 //! atomic-mode [`Store`], the lease-mode [`LeaseStore`], and what their claims answer.
 
 use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::call::Request;
@@ -11,18 +13,20 @@ use crate::ledger::{BoxFuture, Claim, LeaseClaim, RecordStatus, Ticket};
 /// A ledger store for atomic mode. The engine drives it; handlers never call it directly.
 ///
 /// A claim opens a transaction and returns it, claimed, in [`Claim::Execute`]; the handler's
-/// body runs in [`Store::tx`] of it; then exactly one of [`record`](Store::record) (commit) or
+/// body runs in what [`Store::tx`] lends of it; then exactly one of [`record`](Store::record) (commit) or
 /// [`release`](Store::release) (roll back) ends it. Dropping a claimed transaction must roll
 /// back. The claimed value carries whatever the store needs to finish (its owner token, say),
 /// and the call's [`Request`] is passed by reference to every step, so nothing is rebuilt.
 pub trait Store: Sync {
-    /// The transaction the handler body runs in.
-    type Tx: Send + Sync;
+    /// What the handler's body gets as its connection, borrowed from the claim for as long
+    /// as the body runs: the claim's transaction, shared (`&DatabaseTransaction` for SeaORM)
+    /// or exclusive (`&mut PgConnection` for sqlx, whose executors take `&mut`).
+    type Tx<'t>: Send;
     /// A claimed key: the transaction and what recording needs besides the request.
-    type Claimed: Send + Sync;
+    type Claimed: Send;
 
-    /// The transaction inside a claimed key.
-    fn tx(claimed: &Self::Claimed) -> &Self::Tx;
+    /// Lends the transaction inside a claimed key to the body.
+    fn tx(claimed: &mut Self::Claimed) -> Self::Tx<'_>;
 
     /// Claims `req.id()`: either hands out a transaction that owns the key, or reports the
     /// live record. Expired records count as absent. With [`Request::savepoint`] the store
@@ -51,13 +55,17 @@ pub trait Store: Sync {
     /// brute-force abort by another node's write), which the body's error then only reports.
     /// If so the engine runs the call again, as for any [`Error::Conflict`]. The default,
     /// `false`, answers with the body's error.
-    fn aborted(&self, claimed: &Self::Claimed, req: &Request) -> impl Future<Output = bool> + Send {
+    fn aborted(
+        &self,
+        claimed: &mut Self::Claimed,
+        req: &Request,
+    ) -> impl Future<Output = bool> + Send {
         let _ = (claimed, req);
         async { false }
     }
 
     /// Opens a transaction that claims nothing, for a call run with idem switched off
-    /// ([`testing`](crate::testing)): the body runs in [`Store::tx`] of it, then
+    /// ([`testing`](crate::testing)): the body runs in what [`Store::tx`] lends of it, then
     /// [`commit`](Store::commit) or [`release`](Store::release) ends it. The default answers
     /// that this store cannot run bodies switched off.
     fn begin(&self) -> impl Future<Output = Result<Self::Claimed, Error>> + Send {
@@ -126,4 +134,54 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// Ends the lease now, keeping the steps: a retry takes over at once and resumes.
     fn release_lease<'a>(&'a self, ticket: &'a Ticket) -> BoxFuture<'a, Result<(), Error>>;
+}
+
+/// Runs one store step to completion, whatever its caller does: for store authors, around
+/// every step that holds a pooled connection.
+///
+/// A caller may stop waiting at any point (a timeout, a client that disconnects, the wait
+/// bound). If the step's future were dropped with it, sqlx 0.9 can leave the pooled
+/// connection inside a transaction (a `BEGIN` cut off in flight) or, on MySQL, with a
+/// half-prepared statement. So the step runs in place while its caller waits (no task
+/// hand-off on the common path), and if the caller goes away first, the unfinished step is
+/// handed to a task that finishes it; if nobody takes its transaction, it is dropped after its
+/// last statement completed, which rolls it back cleanly.
+pub async fn detached<T: Send + 'static>(
+    step: impl Future<Output = Result<T, Error>> + Send + 'static,
+) -> Result<T, Error> {
+    FinishOnDrop(Some(Box::pin(step))).await
+}
+
+/// A step that, dropped before it completed, finishes on a task of its own.
+struct FinishOnDrop<F: Future + Send + 'static>(Option<Pin<Box<F>>>)
+where
+    F::Output: Send + 'static;
+
+impl<F: Future + Send + 'static> Future for FinishOnDrop<F>
+where
+    F::Output: Send + 'static,
+{
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let Some(step) = self.0.as_mut() else {
+            return Poll::Pending; // polled after completion: never again ready
+        };
+        let output = std::task::ready!(step.as_mut().poll(cx));
+        self.0 = None;
+        Poll::Ready(output)
+    }
+}
+
+impl<F: Future + Send + 'static> Drop for FinishOnDrop<F>
+where
+    F::Output: Send + 'static,
+{
+    fn drop(&mut self) {
+        if let Some(step) = self.0.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(step);
+        }
+    }
 }

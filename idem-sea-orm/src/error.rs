@@ -5,20 +5,7 @@ use sea_orm::DbErr;
 
 use crate::LEDGER_TABLE;
 
-/// What kind of failure a database error is, as far as the ledger cares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Failure {
-    /// The ledger table does not exist.
-    MissingTable,
-    /// No connection: the pool could not get one in time, or the server went away.
-    Unavailable,
-    /// A lock wait gave up (PostgreSQL 55P03, MySQL 1205): another transaction holds the key.
-    LockTimeout,
-    /// A serialization failure, deadlock or busy database: retrying may succeed.
-    Transient,
-    /// Anything else.
-    Other,
-}
+pub(crate) use idem_sql::Failure;
 
 #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
 fn database_code(_: &DbErr) -> Option<(String, Option<u16>)> {
@@ -71,24 +58,12 @@ pub(crate) fn classify(e: &DbErr) -> Failure {
     if matches!(e, DbErr::ConnectionAcquire(_) | DbErr::Conn(_)) || connection_lost(e) {
         return Failure::Unavailable;
     }
-    if let Some((code, number)) = database_code(e) {
-        match (code.as_str(), number) {
-            ("42P01", _) | (_, Some(1146)) => return Failure::MissingTable,
-            ("55P03", _) | (_, Some(1205)) => return Failure::LockTimeout,
-            // A deadlock victim, a serialization failure, and on Galera a certification
-            // failure at COMMIT or a brute-force abort by another node's write (all 1213).
-            ("40001" | "40P01", _) | (_, Some(1213)) => return Failure::Transient,
-            // Galera: the node is not part of the primary component (being restarted,
-            // partitioned away, or still joining): no service on this node for now.
-            (_, Some(1047)) => return Failure::Unavailable,
-            // SQLite: SQLITE_BUSY and SQLITE_LOCKED, with their extended codes.
-            ("5" | "6" | "261" | "262" | "517", None) => return Failure::Transient,
-            _ => {}
-        }
-    }
-    if e.to_string()
-        .contains(&format!("no such table: {LEDGER_TABLE}"))
+    if let Some(failure) =
+        database_code(e).and_then(|(code, number)| Failure::of_code(&code, number))
     {
+        return failure;
+    }
+    if Failure::names_missing_ledger(&e.to_string()) {
         return Failure::MissingTable;
     }
     Failure::Other

@@ -19,12 +19,8 @@ use std::sync::{LazyLock, OnceLock};
 
 use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
 
-/// Set to `1` to use the MySQL 8 family's statements on any MySQL-protocol server.
-pub const FORCE_MYSQL8_ENV: &str = "IDEM_MYSQL_WITHOUT_RETURNING";
-
-/// Set to `0` to claim on a Galera node without waiting for it to catch up: for deployments
-/// that send every request of a key to the same node (and to measure what the wait costs).
-pub const GALERA_SYNC_WAIT_ENV: &str = "IDEM_GALERA_SYNC_WAIT";
+use idem_sql::Flavour;
+pub use idem_sql::{FORCE_MYSQL8_ENV, GALERA_SYNC_WAIT_ENV};
 
 static WITHOUT_RETURNING: OnceLock<bool> = OnceLock::new();
 static GALERA: OnceLock<bool> = OnceLock::new();
@@ -48,19 +44,11 @@ pub(crate) async fn detect(db: &DatabaseConnection) {
     if WITHOUT_RETURNING.get().is_some() {
         return;
     }
-    let galera = scalar::<i64>(db, idem_sql::SELECT_WSREP_ON)
-        .await
-        .is_some_and(|on| on == 1)
-        && std::env::var(GALERA_SYNC_WAIT_ENV).map_or(true, |v| v != "0");
-    let _ = GALERA.set(galera);
-    let without = *FORCED || {
-        // Unknown (the query failed): MariaDB's statements, as before; a server without
-        // `RETURNING` then fails the claim visibly instead of silently taking another path.
-        scalar::<String>(db, idem_sql::SELECT_VERSION)
-            .await
-            .is_some_and(|v| !idem_sql::has_returning(&v))
-    };
-    let _ = WITHOUT_RETURNING.set(without);
+    let wsrep_on = scalar::<i64>(db, idem_sql::SELECT_WSREP_ON).await;
+    let version = scalar::<String>(db, idem_sql::SELECT_VERSION).await;
+    let flavour = idem_sql::mysql_flavour(version.as_deref(), wsrep_on);
+    let _ = GALERA.set(flavour == Flavour::Galera);
+    let _ = WITHOUT_RETURNING.set(flavour == Flavour::MySql8);
 }
 
 /// The one value `sql` selects, or `None` when the query fails or returns nothing.

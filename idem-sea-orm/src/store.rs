@@ -1,20 +1,19 @@
 //! The SeaORM [`Store`]: the claim, record and release steps on a [`DatabaseConnection`].
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use idem_core::ids::random_token;
-use idem_core::{Claim, Concurrency, Error, Fingerprint, RecordStatus, Recorded, Request, Store};
+use idem_core::{Claim, Concurrency, Error, RecordStatus, Request, Store};
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, QueryResult,
     SqliteTransactionMode, TransactionOptions, TransactionTrait,
 };
 
 use crate::error::{Failure, classify, store_error};
-use crate::sql::{Bound, NewRecord, Sql, millis, statement};
+use crate::sql::{Bound, NewRecord, statement};
+use idem_sql::{ClaimConnection, Claimed};
 
 /// The ledger on a SeaORM connection (SQLite, PostgreSQL, MySQL/MariaDB).
 ///
@@ -110,19 +109,10 @@ pub(crate) async fn list_rows<C: ConnectionTrait, T>(
         .map_err(|e| store_error(doing, e))
 }
 
-/// A ledger row's values, in the order every statement that writes a whole row binds them:
-/// id, scope, principal, key, owner, fingerprint, and the time it lives from now (the TTL, or
-/// the lease). Built once per statement from the call's one request.
+/// A ledger row's values, in the order every statement that writes a whole row binds them
+/// ([`NewRecord::of`]).
 pub(crate) fn ledger_row(req: &Request, owner: i64, lives: std::time::Duration) -> NewRecord {
-    NewRecord {
-        id: req.id().to_vec(),
-        scope: req.scope().to_owned(),
-        principal: req.principal().to_owned(),
-        key: req.key().to_owned(),
-        owner,
-        fingerprint: req.fingerprint().0.to_vec(),
-        ttl_ms: millis(lives),
-    }
+    NewRecord::of(req, owner, lives)
 }
 
 /// A key claimed on the SeaORM ledger: the claim's transaction (the handler body runs in it)
@@ -217,85 +207,27 @@ pub(crate) async fn begin(db: &DatabaseConnection) -> Result<DatabaseTransaction
 use sea_orm::DbErr;
 
 /// A row of the ledger, as the claim reads it back.
-pub(crate) struct Row {
-    pub(crate) owner: i64,
-    pub(crate) fingerprint: Fingerprint,
-    pub(crate) status: Option<RecordStatus>,
-    pub(crate) response: Option<Vec<u8>>,
-    pub(crate) expires_at_ms: i64,
-    pub(crate) now_ms: i64,
-}
+pub(crate) use idem_sql::ClaimRow as Row;
 
 pub(crate) fn read_row(row: &QueryResult) -> Result<Row, DbErr> {
-    let fingerprint: Vec<u8> = row.try_get_by_index(1)?;
-    let state: i16 = row.try_get_by_index(2)?;
-    Ok(Row {
-        owner: row.try_get_by_index(0)?,
-        fingerprint: Fingerprint(fingerprint.try_into().unwrap_or([0; 32])),
-        status: RecordStatus::from_code(state),
-        response: row.try_get_by_index(3)?,
-        expires_at_ms: row.try_get_by_index(4)?,
-        now_ms: row.try_get_by_index(5)?,
-    })
+    Ok(Row::from_columns(
+        row.try_get_by_index(0)?,
+        row.try_get_by_index(1)?,
+        row.try_get_by_index(2)?,
+        row.try_get_by_index(3)?,
+        row.try_get_by_index(4)?,
+        row.try_get_by_index(5)?,
+    ))
 }
 
-/// Runs one store step to completion, whatever its caller does.
-///
-/// A caller may stop waiting at any point (a timeout, a client that disconnects, the wait
-/// bound). If the step's future were dropped with it, sqlx 0.9 can leave the pooled
-/// connection inside a transaction (a `BEGIN` cut off in flight) or, on MySQL, with a
-/// half-prepared statement. So the step runs in place while its caller waits (no task
-/// hand-off on the common path), and if the caller goes away first, the unfinished step is
-/// handed to a task that finishes it; if nobody takes its transaction, it is dropped after its
-/// last statement completed, which rolls it back cleanly.
-pub(crate) async fn detached<T: Send + 'static>(
-    step: impl Future<Output = Result<T, Error>> + Send + 'static,
-) -> Result<T, Error> {
-    FinishOnDrop(Some(Box::pin(step))).await
-}
-
-/// A step that, dropped before it completed, finishes on a task of its own.
-struct FinishOnDrop<F: Future + Send + 'static>(Option<Pin<Box<F>>>)
-where
-    F::Output: Send + 'static;
-
-impl<F: Future + Send + 'static> Future for FinishOnDrop<F>
-where
-    F::Output: Send + 'static,
-{
-    type Output = F::Output;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let Some(step) = self.0.as_mut() else {
-            return Poll::Pending; // polled after completion: never again ready
-        };
-        let output = std::task::ready!(step.as_mut().poll(cx));
-        self.0 = None;
-        Poll::Ready(output)
-    }
-}
-
-impl<F: Future + Send + 'static> Drop for FinishOnDrop<F>
-where
-    F::Output: Send + 'static,
-{
-    fn drop(&mut self) {
-        if let Some(step) = self.0.take()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            runtime.spawn(step);
-        }
-    }
-}
+pub(crate) use idem_core::detached;
 
 /// The claim's statement values and decisions, owned: a claim runs to completion even when
 /// its caller stops waiting ([`detached`]), so it cannot borrow the request.
 #[derive(Clone)]
 struct ClaimStep {
-    /// The row the claim inserts ([`ledger_row`]; SQLite's atomic claim only reads its id).
-    row: NewRecord,
-    reject: bool,
-    savepoint: bool,
+    /// The row, `reject` and `savepoint` ([`idem_sql::claim`]).
+    claim: idem_sql::ClaimStep,
     /// The longest wait for a connection.
     connection_wait: Duration,
 }
@@ -316,7 +248,7 @@ async fn try_claim(
     let tx = begin_within(db, step.connection_wait)
         .await
         .map_err(|e| ("beginning the claim transaction", e))?;
-    claim_in(tx, step).await
+    claim_in(tx, &step.claim).await
 }
 
 /// A nested claim: a savepoint in the outer call's transaction, then the claim as usual. The
@@ -329,12 +261,12 @@ async fn try_claim_nested(
         .begin()
         .await
         .map_err(|e| ("beginning the nested claim's savepoint", e))?;
-    let step_in = ClaimStep {
+    let step_in = idem_sql::ClaimStep {
         savepoint: false,
-        ..step.clone()
+        ..step.claim.clone()
     };
     match claim_in(tx, &step_in).await? {
-        Claim::Execute(mut claimed) if step.savepoint => {
+        Claim::Execute(mut claimed) if step.claim.savepoint => {
             let body = claimed
                 .tx
                 .begin()
@@ -347,120 +279,64 @@ async fn try_claim_nested(
     }
 }
 
-/// The claim in `tx`, which has just begun.
+/// The claim ([`idem_sql::claim`]) in `tx`, which has just begun, and the end of `tx` its
+/// decision asks for.
 async fn claim_in(
     tx: DatabaseTransaction,
-    step: &ClaimStep,
+    step: &idem_sql::ClaimStep,
 ) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
     // After `begin`, which learns which MySQL family the server is.
     let d = crate::sql::of(tx.get_database_backend());
-    if step.reject
-        && let Some(sql) = d.ledger.before_nowait
-    {
-        tx.execute_unprepared(sql)
-            .await
-            .map_err(|e| ("setting the lock timeout", e))?;
-    }
-    if d.ledger.claim_by_read {
-        // SQLite: `BEGIN IMMEDIATE` already holds the only write lock, so nobody can claim
-        // the key before this transaction ends. A plain read decides, and the record step
-        // writes the whole row once (an upsert over an expired record).
-        let row = tx
-            .query_one_raw(statement(d, d.ledger.read_locked(&step.row.id)))
-            .await
-            .and_then(|row| row.map(|row| read_row(&row)).transpose())
-            .map_err(|e| ("reading the key", e))?;
-        if let Some(row) = row
-            && row.expires_at_ms > row.now_ms
-        {
+    match idem_sql::claim(&mut InClaim(&tx), d, step).await? {
+        Claimed::Execute => Ok(Claim::Execute(ClaimedTx {
+            body: None,
+            tx,
+            owner: step.row.owner,
+        })),
+        Claimed::Live(row) => {
             end_unwritten(tx);
-            return live_record(row);
+            live_record(row)
         }
-        return savepoint(tx, step).await;
-    }
-    let insert = statement(
-        d,
-        if step.reject {
-            d.ledger.claim_nowait(&step.row)
-        } else {
-            d.ledger.claim(&step.row)
-        },
-    );
-    let seen = tx
-        .query_one_raw(insert)
-        .await
-        .and_then(|row| row.map(|row| read_row(&row)).transpose());
-    if step.reject
-        && let Some(sql) = d.ledger.after_nowait
-    {
-        tx.execute_unprepared(sql)
-            .await
-            .map_err(|e| ("resetting the lock timeout", e))?;
-    }
-    let seen = match seen {
-        Ok(seen) => seen,
-        Err(e) if classify(&e) == Failure::LockTimeout => {
+        Claimed::LiveLocked(row) => {
+            end_locked(tx, step).await;
+            live_record(row)
+        }
+        Claimed::InFlight => {
             end_unwritten(tx);
-            return Ok(Claim::InFlight);
+            Ok(Claim::InFlight)
         }
-        Err(e) => return Err(("claiming the key", e)),
-    };
-    match seen {
-        // Our new row, or (MariaDB) the current row, locked: it decides.
-        Some(row) if row.owner == step.row.owner || d.ledger.claim_locks_row => {
-            return settle(tx, d, row, step).await;
-        }
-        // A committed final record never changes before it expires: it answers as the
-        // statement saw it, without a lock or a second read.
-        Some(row)
-            if row.expires_at_ms > row.now_ms
-                && matches!(
-                    row.status,
-                    Some(RecordStatus::Completed | RecordStatus::Failed | RecordStatus::GaveUp)
-                ) =>
-        {
-            end_unwritten(tx);
-            return live_record(row);
-        }
-        _ => {}
     }
-    // Another owner's row, seen without a lock: read it locked, as it is now.
-    let row = tx
-        .query_one_raw(statement(d, d.ledger.read_locked(&step.row.id)))
-        .await
-        .and_then(|row| match row {
-            Some(row) => read_row(&row),
-            None => Err(DbErr::RecordNotFound("the claimed ledger row".into())),
-        })
-        .map_err(|e| ("reading the claimed key", e))?;
-    settle(tx, d, row, step).await
 }
 
-/// Decides on the current, locked row of the key: ours, another owner's live record, or an
-/// expired record this claim takes over.
-async fn settle(
-    tx: DatabaseTransaction,
-    d: &Sql,
-    row: Row,
-    step: &ClaimStep,
-) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
-    if row.owner != step.row.owner {
-        if row.expires_at_ms > row.now_ms {
-            // A live record: nothing was written.
-            end_locked(tx, step).await;
-            return live_record(row);
-        }
-        // An expired record is a new execution: take it over in this transaction.
-        let row = &step.row;
-        tx.execute_raw(statement(
-            d,
-            d.ledger
-                .take_over(&row.id, row.owner, &row.fingerprint, row.ttl_ms),
-        ))
-        .await
-        .map_err(|e| ("taking over an expired key", e))?;
+/// A claim's transaction, as [`idem_sql::claim`] runs its statements.
+struct InClaim<'t>(&'t DatabaseTransaction);
+
+impl ClaimConnection for InClaim<'_> {
+    type Error = DbErr;
+
+    async fn fetch_row(&mut self, bound: Bound<'static>) -> Result<Option<Row>, DbErr> {
+        let d = crate::sql::of(self.0.get_database_backend());
+        let row = self.0.query_one_raw(statement(d, bound)).await?;
+        row.map(|row| read_row(&row)).transpose()
     }
-    savepoint(tx, step).await
+
+    async fn execute_unprepared(&mut self, sql: &str) -> Result<(), DbErr> {
+        self.0.execute_unprepared(sql).await.map(drop)
+    }
+
+    async fn execute(&mut self, bound: Bound<'static>) -> Result<u64, DbErr> {
+        let d = crate::sql::of(self.0.get_database_backend());
+        let done = self.0.execute_raw(statement(d, bound)).await?;
+        Ok(done.rows_affected())
+    }
+
+    fn is_lock_timeout(error: &DbErr) -> bool {
+        classify(error) == Failure::LockTimeout
+    }
+
+    fn row_not_found(what: &'static str) -> DbErr {
+        DbErr::RecordNotFound(what.into())
+    }
 }
 
 /// Ends a claim transaction that wrote nothing but holds the key's row lock (MySQL's claim
@@ -468,7 +344,7 @@ async fn settle(
 /// next call for the key, on another pooled connection, must not meet this call's lock and be
 /// told "in flight" (a lock wait of 0 s). Otherwise it is dropped ([`end_unwritten`]); a
 /// waiting claim waits the moment it takes.
-async fn end_locked(tx: DatabaseTransaction, step: &ClaimStep) {
+async fn end_locked(tx: DatabaseTransaction, step: &idem_sql::ClaimStep) {
     if step.reject && tx.get_database_backend() == DbBackend::MySql {
         let _ = tx.rollback().await;
     } else {
@@ -486,36 +362,10 @@ fn end_unwritten(tx: DatabaseTransaction) {
 
 /// What a live record found by the claim answers.
 fn live_record(row: Row) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
-    match row.status {
-        Some(RecordStatus::Pending) => Ok(Claim::InFlight),
-        Some(status) => Ok(Claim::Recorded(Recorded {
-            fingerprint: row.fingerprint,
-            status,
-            payload: row.response.unwrap_or_default(),
-        })),
-        None => Err((
-            "reading a ledger row with an unknown state",
-            DbErr::Custom("the ledger row has an unknown state".into()),
-        )),
-    }
-}
-
-/// Hands out the claimed transaction, after a savepoint if a final error may need one.
-async fn savepoint(
-    tx: DatabaseTransaction,
-    step: &ClaimStep,
-) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
-    if step.savepoint {
-        let sql = crate::sql::of(tx.get_database_backend()).ledger.savepoint();
-        tx.execute_unprepared(&sql.sql)
-            .await
-            .map_err(|e| ("taking the claim savepoint", e))?;
-    }
-    Ok(Claim::Execute(ClaimedTx {
-        body: None,
-        tx,
-        owner: step.row.owner,
-    }))
+    row.answer().ok_or((
+        "reading a ledger row with an unknown state",
+        DbErr::Custom("the ledger row has an unknown state".into()),
+    ))
 }
 
 async fn record_step(
@@ -551,10 +401,10 @@ async fn record_step(
 }
 
 impl Store for SeaOrmStore<'_> {
-    type Tx = DatabaseTransaction;
+    type Tx<'t> = &'t DatabaseTransaction;
     type Claimed = ClaimedTx;
 
-    fn tx(claimed: &ClaimedTx) -> &DatabaseTransaction {
+    fn tx(claimed: &mut ClaimedTx) -> &DatabaseTransaction {
         claimed.body.as_ref().unwrap_or(&claimed.tx)
     }
 
@@ -564,9 +414,11 @@ impl Store for SeaOrmStore<'_> {
         }
         let owner = random_token();
         let step = ClaimStep {
-            row: ledger_row(req, owner, req.ttl()),
-            reject: req.concurrency() == Concurrency::Reject,
-            savepoint: req.savepoint(),
+            claim: idem_sql::ClaimStep {
+                row: ledger_row(req, owner, req.ttl()),
+                reject: req.concurrency() == Concurrency::Reject,
+                savepoint: req.savepoint(),
+            },
             connection_wait: connection_wait(match req.concurrency() {
                 Concurrency::Wait { bound } => Some(bound),
                 _ => None,
@@ -656,7 +508,7 @@ impl Store for SeaOrmStore<'_> {
         }
     }
 
-    async fn aborted(&self, claimed: &ClaimedTx, req: &Request) -> bool {
+    async fn aborted(&self, claimed: &mut ClaimedTx, req: &Request) -> bool {
         // MySQL and MariaDB roll a deadlock victim's (or a Galera brute-force abort's) whole
         // transaction back, and other statement errors only the statement: the claim's own
         // uncommitted row is gone exactly when the transaction is. PostgreSQL aborts the

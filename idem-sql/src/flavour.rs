@@ -48,6 +48,31 @@ pub const SELECT_WSREP_ON: &str = "SELECT @@wsrep_on";
 /// Asked of a MySQL-protocol server: its version, for [`has_returning`].
 pub const SELECT_VERSION: &str = "SELECT VERSION()";
 
+/// Set to `1` to use the MySQL 8 family's statements on any MySQL-protocol server: that is how
+/// that path is tested on MariaDB.
+pub const FORCE_MYSQL8_ENV: &str = "IDEM_MYSQL_WITHOUT_RETURNING";
+
+/// Set to `0` to claim on a Galera node without waiting for it to catch up: for deployments
+/// that send every request of a key to the same node (and to measure what the wait costs).
+pub const GALERA_SYNC_WAIT_ENV: &str = "IDEM_GALERA_SYNC_WAIT";
+
+/// The flavour of a MySQL-protocol server, from the answers to [`SELECT_VERSION`] and
+/// [`SELECT_WSREP_ON`] (`None` where the query failed) and the two environment switches.
+/// An unknown version keeps MariaDB's statements: a server without `RETURNING` then fails
+/// the claim visibly instead of silently taking another path.
+pub fn mysql_flavour(version: Option<&str>, wsrep_on: Option<i64>) -> Flavour {
+    let forced = std::env::var(FORCE_MYSQL8_ENV).is_ok_and(|v| v == "1");
+    if forced || version.is_some_and(|v| !has_returning(v)) {
+        return Flavour::MySql8;
+    }
+    let sync_wait = std::env::var(GALERA_SYNC_WAIT_ENV).map_or(true, |v| v != "0");
+    if wsrep_on == Some(1) && sync_wait {
+        Flavour::Galera
+    } else {
+        Flavour::MariaDb
+    }
+}
+
 /// Whether a `VERSION()` string is MariaDB 10.5 or later (`10.11.19-MariaDB-0+deb12u1`).
 pub fn has_returning(version: &str) -> bool {
     if !version.contains("MariaDB") {

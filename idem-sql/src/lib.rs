@@ -20,7 +20,9 @@
 //! of idem: its API follows idem's versions, with no promise of its own.
 
 mod bound;
+mod claim;
 mod completer;
+mod failure;
 mod flavour;
 mod inbox;
 mod inspect;
@@ -34,8 +36,13 @@ mod schema;
 use std::sync::LazyLock;
 
 pub use bound::{Bound, Param};
+pub use claim::{ClaimConnection, ClaimRow, ClaimStep, Claimed, claim};
 pub use completer::{Completer, NewCall};
-pub use flavour::{Dialect, Flavour, SELECT_VERSION, SELECT_WSREP_ON, has_returning};
+pub use failure::Failure;
+pub use flavour::{
+    Dialect, FORCE_MYSQL8_ENV, Flavour, GALERA_SYNC_WAIT_ENV, SELECT_VERSION, SELECT_WSREP_ON,
+    has_returning, mysql_flavour,
+};
 pub use inbox::{Inbox, NewDeadLetter};
 pub use inspect::Inspect;
 pub use lease::Lease;

@@ -1,0 +1,256 @@
+//! The atomic-mode claim, once for every store: which of the ledger's statements run, in
+//! which order, and what their rows decide. A store supplies the connection
+//! ([`ClaimConnection`]: its claim transaction, begun) and ends the transaction as the
+//! [`Claimed`] it gets back says.
+
+use std::future::Future;
+
+use idem_core::{Claim, Fingerprint, RecordStatus, Recorded, Request};
+
+use crate::{Bound, NewRecord, Sql, millis};
+
+/// A ledger row as a claim reads it back: the columns every claim statement returns, in
+/// their order (owner, fingerprint, state, response, expires_at_ms, now_ms).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimRow {
+    /// The owner token of the claim that wrote the row.
+    pub owner: i64,
+    /// The arguments' fingerprint.
+    pub fingerprint: Fingerprint,
+    /// The record's state (`None`: a code this version does not know).
+    pub status: Option<RecordStatus>,
+    /// The recorded answer, if any.
+    pub response: Option<Vec<u8>>,
+    /// When the record (or lease) ends, in the database clock's epoch milliseconds.
+    pub expires_at_ms: i64,
+    /// The database clock when the row was read.
+    pub now_ms: i64,
+}
+
+impl ClaimRow {
+    /// The row from its columns as a driver decodes them.
+    pub fn from_columns(
+        owner: i64,
+        fingerprint: Vec<u8>,
+        state: i16,
+        response: Option<Vec<u8>>,
+        expires_at_ms: i64,
+        now_ms: i64,
+    ) -> Self {
+        ClaimRow {
+            owner,
+            fingerprint: Fingerprint(fingerprint.try_into().unwrap_or([0; 32])),
+            status: RecordStatus::from_code(state),
+            response,
+            expires_at_ms,
+            now_ms,
+        }
+    }
+
+    /// Whether the record was still live when read.
+    pub fn is_live(&self) -> bool {
+        self.expires_at_ms > self.now_ms
+    }
+
+    /// What a live record answers a claim: in flight, or its recorded outcome; `None` for a
+    /// state this version does not know.
+    pub fn answer<T>(self) -> Option<Claim<T>> {
+        match self.status? {
+            RecordStatus::Pending => Some(Claim::InFlight),
+            status => Some(Claim::Recorded(Recorded {
+                fingerprint: self.fingerprint,
+                status,
+                payload: self.response.unwrap_or_default(),
+            })),
+        }
+    }
+}
+
+impl NewRecord {
+    /// The row a claim of `req` by `owner` writes, living `lives` from the database clock.
+    pub fn of(req: &Request, owner: i64, lives: std::time::Duration) -> Self {
+        NewRecord {
+            id: req.id().to_vec(),
+            scope: req.scope().to_owned(),
+            principal: req.principal().to_owned(),
+            key: req.key().to_owned(),
+            owner,
+            fingerprint: req.fingerprint().0.to_vec(),
+            ttl_ms: millis(lives),
+        }
+    }
+}
+
+/// A claim transaction, begun, as the claim runs statements in it.
+pub trait ClaimConnection: Send {
+    /// The driver's error.
+    type Error: Send;
+
+    /// Runs `statement` and reads the ledger row it returns, if any.
+    fn fetch_row(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> impl Future<Output = Result<Option<ClaimRow>, Self::Error>> + Send;
+
+    /// Runs `statement`, which takes no values, unprepared (a `SAVEPOINT`, a session setting).
+    fn execute_unprepared(
+        &mut self,
+        sql: &str,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Runs `statement` and returns the number of rows it changed.
+    fn execute(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
+
+    /// Whether `error` is a lock wait that gave up (another transaction holds the key).
+    fn is_lock_timeout(error: &Self::Error) -> bool;
+
+    /// The error for a row a statement should have found and did not.
+    fn row_not_found(what: &'static str) -> Self::Error;
+}
+
+/// What a claim decided, and so how its store ends the transaction.
+#[derive(Debug)]
+pub enum Claimed {
+    /// The key is this claim's: the body runs in the transaction.
+    Execute,
+    /// A live record answers (see [`ClaimRow::answer`]); the transaction wrote nothing and
+    /// can be dropped.
+    Live(ClaimRow),
+    /// A live record answers, and the transaction holds its row lock: under `reject` on the
+    /// MySQL protocol the store rolls back before answering, so the client's next call does
+    /// not meet this call's lock.
+    LiveLocked(ClaimRow),
+    /// Another transaction holds the key and the claim would not wait (`reject`).
+    InFlight,
+}
+
+/// One claim's values and decisions.
+#[derive(Clone, Debug)]
+pub struct ClaimStep {
+    /// The row the claim inserts ([`NewRecord::of`]; SQLite's atomic claim only reads its id).
+    pub row: NewRecord,
+    /// `on_concurrent = reject`: fail at once instead of waiting for the key's lock.
+    pub reject: bool,
+    /// Take a savepoint after the claim, so a final error can undo the body's writes.
+    pub savepoint: bool,
+}
+
+/// Claims `step.row` in `conn`, a transaction that has just begun, with `d`'s statements.
+/// An error says what the claim was doing.
+pub async fn claim<C: ClaimConnection>(
+    conn: &mut C,
+    d: &'static Sql,
+    step: &ClaimStep,
+) -> Result<Claimed, (&'static str, C::Error)> {
+    if step.reject
+        && let Some(sql) = d.ledger.before_nowait
+    {
+        conn.execute_unprepared(sql)
+            .await
+            .map_err(|e| ("setting the lock timeout", e))?;
+    }
+    if d.ledger.claim_by_read {
+        // SQLite: `BEGIN IMMEDIATE` already holds the only write lock, so nobody can claim
+        // the key before this transaction ends. A plain read decides, and the record step
+        // writes the whole row once (an upsert over an expired record).
+        let row = conn
+            .fetch_row(d.ledger.read_locked(&step.row.id))
+            .await
+            .map_err(|e| ("reading the key", e))?;
+        if let Some(row) = row
+            && row.is_live()
+        {
+            return Ok(Claimed::Live(row));
+        }
+        return savepoint(conn, d, step).await;
+    }
+    let insert = if step.reject {
+        d.ledger.claim_nowait(&step.row)
+    } else {
+        d.ledger.claim(&step.row)
+    };
+    let seen = conn.fetch_row(insert).await;
+    if step.reject
+        && let Some(sql) = d.ledger.after_nowait
+    {
+        conn.execute_unprepared(sql)
+            .await
+            .map_err(|e| ("resetting the lock timeout", e))?;
+    }
+    let seen = match seen {
+        Ok(seen) => seen,
+        Err(e) if C::is_lock_timeout(&e) => return Ok(Claimed::InFlight),
+        Err(e) => return Err(("claiming the key", e)),
+    };
+    match seen {
+        // Our new row, or (MariaDB) the current row, locked: it decides.
+        Some(row) if row.owner == step.row.owner || d.ledger.claim_locks_row => {
+            return settle(conn, d, row, step).await;
+        }
+        // A committed final record never changes before it expires: it answers as the
+        // statement saw it, without a lock or a second read.
+        Some(row)
+            if row.is_live()
+                && matches!(
+                    row.status,
+                    Some(RecordStatus::Completed | RecordStatus::Failed | RecordStatus::GaveUp)
+                ) =>
+        {
+            return Ok(Claimed::Live(row));
+        }
+        _ => {}
+    }
+    // Another owner's row, seen without a lock: read it locked, as it is now.
+    let row = match conn.fetch_row(d.ledger.read_locked(&step.row.id)).await {
+        Ok(Some(row)) => row,
+        Ok(None) => {
+            return Err((
+                "reading the claimed key",
+                C::row_not_found("the claimed ledger row"),
+            ));
+        }
+        Err(e) => return Err(("reading the claimed key", e)),
+    };
+    settle(conn, d, row, step).await
+}
+
+/// Decides on the current, locked row of the key: ours, another owner's live record, or an
+/// expired record this claim takes over.
+async fn settle<C: ClaimConnection>(
+    conn: &mut C,
+    d: &'static Sql,
+    row: ClaimRow,
+    step: &ClaimStep,
+) -> Result<Claimed, (&'static str, C::Error)> {
+    if row.owner != step.row.owner {
+        if row.is_live() {
+            return Ok(Claimed::LiveLocked(row));
+        }
+        // An expired record is a new execution: take it over in this transaction.
+        let new = &step.row;
+        conn.execute(
+            d.ledger
+                .take_over(&new.id, new.owner, &new.fingerprint, new.ttl_ms),
+        )
+        .await
+        .map_err(|e| ("taking over an expired key", e))?;
+    }
+    savepoint(conn, d, step).await
+}
+
+/// The key is the claim's: a savepoint first if a final error may need one.
+async fn savepoint<C: ClaimConnection>(
+    conn: &mut C,
+    d: &'static Sql,
+    step: &ClaimStep,
+) -> Result<Claimed, (&'static str, C::Error)> {
+    if step.savepoint {
+        conn.execute_unprepared(&d.ledger.savepoint().sql)
+            .await
+            .map_err(|e| ("taking the claim savepoint", e))?;
+    }
+    Ok(Claimed::Execute)
+}

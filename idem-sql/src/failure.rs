@@ -1,0 +1,63 @@
+//! What a database error means for a claim, from the codes the servers give it: the same for
+//! every store, whichever driver carried the error.
+
+/// What kind of failure a database error is, as far as the ledger cares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// The ledger table does not exist.
+    MissingTable,
+    /// No connection: the pool could not get one in time, or the server went away.
+    Unavailable,
+    /// A lock wait gave up (PostgreSQL 55P03, MySQL 1205): another transaction holds the key.
+    LockTimeout,
+    /// A serialization failure, deadlock or busy database: retrying may succeed.
+    Transient,
+    /// Anything else.
+    Other,
+}
+
+impl Failure {
+    /// The failure an error with SQLSTATE (or SQLite result code) `code` and, on the MySQL
+    /// protocol, error number `number` is; `None` when the codes say nothing idem knows.
+    pub fn of_code(code: &str, number: Option<u16>) -> Option<Failure> {
+        Some(match (code, number) {
+            ("42P01", _) | (_, Some(1146)) => Failure::MissingTable,
+            ("55P03", _) | (_, Some(1205)) => Failure::LockTimeout,
+            // A deadlock victim, a serialization failure, and on Galera a certification
+            // failure at COMMIT or a brute-force abort by another node's write (all 1213).
+            ("40001" | "40P01", _) | (_, Some(1213)) => Failure::Transient,
+            // Galera: the node is not part of the primary component (being restarted,
+            // partitioned away, or still joining): no service on this node for now.
+            (_, Some(1047)) => Failure::Unavailable,
+            // SQLite: SQLITE_BUSY and SQLITE_LOCKED, with their extended codes.
+            ("5" | "6" | "261" | "262" | "517", None) => Failure::Transient,
+            _ => return None,
+        })
+    }
+
+    /// Whether an error's message says the ledger table is missing (SQLite gives no code).
+    pub fn names_missing_ledger(message: &str) -> bool {
+        message.contains(&format!("no such table: {}", crate::LEDGER_TABLE))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Failure;
+
+    #[test]
+    fn codes() {
+        assert_eq!(Failure::of_code("40P01", None), Some(Failure::Transient));
+        assert_eq!(
+            Failure::of_code("HY000", Some(1213)),
+            Some(Failure::Transient)
+        );
+        assert_eq!(
+            Failure::of_code("HY000", Some(1205)),
+            Some(Failure::LockTimeout)
+        );
+        assert_eq!(Failure::of_code("42P01", None), Some(Failure::MissingTable));
+        assert_eq!(Failure::of_code("517", None), Some(Failure::Transient));
+        assert_eq!(Failure::of_code("23505", None), None);
+    }
+}
