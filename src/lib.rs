@@ -114,13 +114,13 @@ pub mod store {
     };
 
     /// What the connection of an atomic-mode `#[idempotent]` function is: something that
-    /// lends a [`Store`]. Implemented for `sea_orm::DatabaseConnection` (feature `sea-orm`)
-    /// and [`MemoryStore`](crate::MemoryStore); implement it for your own store's handle and
+    /// lends a [`Store`]. Implemented for `sea_orm::DatabaseConnection` (feature `sea-orm`),
+    /// sqlx's pools (feature `sqlx`) and [`MemoryStore`](crate::MemoryStore); implement it for your own store's handle and
     /// the attribute works with it the same way.
     #[diagnostic::on_unimplemented(
         message = "`{Self}` is not a connection `#[idempotent]` can claim keys on",
         label = "expected the connection here",
-        note = "the first parameter of an `#[idempotent]` fn is its connection (`db: &sea_orm::DatabaseConnection`); put it first, or name it with `conn = <param>` or `conn = self.db as db`"
+        note = "the first parameter of an `#[idempotent]` fn is its connection (`db: &sea_orm::DatabaseConnection`, or a sqlx pool such as `db: &sqlx::PgPool` with feature `sqlx-postgres`); put it first, or name it with `conn = <param>` or `conn = self.db as db`"
     )]
     pub trait IntoStore {
         /// The store over this connection.
@@ -166,6 +166,18 @@ pub mod store {
         type Store<'a> = idem_sea_orm::SeaOrmStore<'a>;
         fn store(&self) -> Self::Store<'_> {
             idem_sea_orm::SeaOrmStore::nested(self)
+        }
+    }
+
+    /// A sqlx pool (feature `sqlx-postgres`, `sqlx-mysql` or `sqlx-sqlite`): the body's
+    /// connection is the claim's transaction as sqlx's executors take it (`&mut
+    /// PgConnection`), so `query.execute(&mut *db)` commits with the recorded answer.
+    #[cfg(feature = "sqlx")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
+    impl<DB: idem_sqlx::Backend> IntoStore for idem_sqlx::sqlx::Pool<DB> {
+        type Store<'a> = idem_sqlx::SqlxStore<'a, DB>;
+        fn store(&self) -> Self::Store<'_> {
+            idem_sqlx::SqlxStore::new(self)
         }
     }
 
@@ -343,6 +355,17 @@ pub mod sea_orm {
     pub use idem_sea_orm::{StuckLease, release_lease, stuck_leases};
 }
 
+/// The sqlx ledger store (feature `sqlx-postgres`, `sqlx-mysql` or `sqlx-sqlite`; the
+/// `idem-sqlx` crate, sqlx 0.9): an `#[idempotent]` function whose connection is a sqlx pool
+/// runs its body in the claim's transaction, lent as `&mut PgConnection` (`&mut
+/// MySqlConnection`, `&mut SqliteConnection`). [`create_tables`](sqlx::create_tables) makes
+/// the tables at start-up, or `idem schema` prints them for your migrations.
+#[cfg(feature = "sqlx")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
+pub mod sqlx {
+    pub use idem_sqlx::{Backend, ClaimedTx, Family, SqlxStore, create_tables};
+}
+
 /// The HTTP contract (IETF Idempotency-Key draft, RFC 9457 problems, RFC 9110 `If-Match`) on
 /// the `http` crate's types, for a service on any web framework (feature `http`; `axum` turns
 /// it on): `Problem::from(&e).to_response()` answers an [`Error`] with its status, problem
@@ -380,13 +403,13 @@ pub mod __private {
         connection.store()
     }
 
-    /// Hands `body` back, with its signature given: it borrows a transaction of the store
-    /// behind `connection` (atomic mode builds the body inside a factory, where no other
-    /// expected signature reaches it).
+    /// Hands `body` back, with its signature given: it takes what the store behind
+    /// `connection` lends of its claim (atomic mode builds the body inside a factory, where
+    /// no other expected signature reaches it).
     pub fn body_for<'c, C, R, B>(_connection: &'c C, body: B) -> B
     where
         C: IntoStore + ?Sized,
-        B: AsyncFnOnce(&<C::Store<'c> as idem_core::Store>::Tx) -> R,
+        B: for<'t> AsyncFnOnce(<C::Store<'c> as idem_core::Store>::Tx<'t>) -> R,
     {
         body
     }

@@ -1,0 +1,242 @@
+//! What differs between sqlx's drivers, as far as the store cares: how a claim begins, how a
+//! statement's values are bound and its ledger row decoded, which server flavour a pool
+//! talks to. One impl per database, written once by a macro over the concrete types (sqlx's
+//! generic bounds for "any database whose connection executes queries" do not normalise).
+
+use std::future::Future;
+use std::pin::Pin;
+
+use idem_sql::{Bound, ClaimRow, Dialect, Flavour};
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+use {idem_sql::Param, std::borrow::Cow};
+use sqlx::{Pool, Transaction};
+
+/// A boxed future the store's generic code awaits.
+pub(crate) type Step<'a, T> = Pin<Box<dyn Future<Output = Result<T, sqlx::Error>> + Send + 'a>>;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A sqlx database idem's store runs on: `sqlx::Postgres` (feature `postgres`),
+/// `sqlx::MySql` (`mysql`) and `sqlx::Sqlite` (`sqlite`). Sealed; its items are the
+/// store's plumbing.
+pub trait Backend: sqlx::Database + sealed::Sealed {
+    /// The dialect of the database's statements.
+    #[doc(hidden)]
+    const DIALECT: Dialect;
+
+    /// The flavour of the server `pool` talks to (on the MySQL protocol, learnt once per
+    /// server from its version).
+    #[doc(hidden)]
+    fn flavour(pool: &Pool<Self>) -> impl Future<Output = Flavour> + Send;
+
+    /// Begins a claim's transaction (SQLite takes its write lock up front).
+    #[doc(hidden)]
+    fn begin_claim(pool: &Pool<Self>) -> Step<'_, Transaction<'static, Self>>;
+
+    /// Runs `statement` and decodes the ledger row it returns, if any.
+    #[doc(hidden)]
+    fn fetch_row<'c>(
+        conn: &'c mut Self::Connection,
+        statement: Bound<'static>,
+    ) -> Step<'c, Option<ClaimRow>>;
+
+    /// Runs `statement` and returns how many rows it changed.
+    #[doc(hidden)]
+    fn execute<'c>(conn: &'c mut Self::Connection, statement: Bound<'static>) -> Step<'c, u64>;
+
+    /// Runs `sql`, which takes no values, as a simple (unprepared) query.
+    #[doc(hidden)]
+    fn execute_unprepared<'c>(conn: &'c mut Self::Connection, sql: &'c str) -> Step<'c, ()>;
+}
+
+/// The SQL of `statement` as sqlx takes it: the statements are `'static`, so not copied.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+fn sql_of(statement: &Bound<'static>) -> sqlx::SqlStr {
+    use sqlx::SqlSafeStr;
+    match &statement.sql {
+        Cow::Borrowed(sql) => sql.into_sql_str(),
+        Cow::Owned(sql) => sqlx::AssertSqlSafe(sql.clone()).into_sql_str(),
+    }
+}
+
+// Unused when no database feature is on.
+#[allow(unused_macros)]
+macro_rules! backend {
+    ($db:ty, $dialect:expr, flavour = |$pool:ident| $flavour:expr, begin = |$bpool:ident| $begin:expr) => {
+        impl sealed::Sealed for $db {}
+
+        impl Backend for $db {
+            const DIALECT: Dialect = $dialect;
+
+            #[allow(clippy::manual_async_fn)]
+            fn flavour($pool: &Pool<Self>) -> impl Future<Output = Flavour> + Send {
+                async move { $flavour }
+            }
+
+            fn begin_claim($bpool: &Pool<Self>) -> Step<'_, Transaction<'static, Self>> {
+                Box::pin(async move { $begin })
+            }
+
+            fn fetch_row<'c>(
+                conn: &'c mut Self::Connection,
+                statement: Bound<'static>,
+            ) -> Step<'c, Option<ClaimRow>> {
+                Box::pin(async move {
+                    use sqlx::Row as _;
+                    let query = bind(sqlx::query(sql_of(&statement)), statement.params);
+                    let Some(row) = query.fetch_optional(&mut *conn).await? else {
+                        return Ok(None);
+                    };
+                    Ok(Some(ClaimRow::from_columns(
+                        row.try_get(0)?,
+                        row.try_get(1)?,
+                        row.try_get(2)?,
+                        row.try_get(3)?,
+                        row.try_get(4)?,
+                        row.try_get(5)?,
+                    )))
+                })
+            }
+
+            fn execute<'c>(
+                conn: &'c mut Self::Connection,
+                statement: Bound<'static>,
+            ) -> Step<'c, u64> {
+                Box::pin(async move {
+                    let query = bind(sqlx::query(sql_of(&statement)), statement.params);
+                    Ok(query.execute(&mut *conn).await?.rows_affected())
+                })
+            }
+
+            fn execute_unprepared<'c>(
+                conn: &'c mut Self::Connection,
+                sql: &'c str,
+            ) -> Step<'c, ()> {
+                Box::pin(async move {
+                    use sqlx::Executor as _;
+                    conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(sql)))
+                        .await?;
+                    Ok(())
+                })
+            }
+        }
+
+        impl Binds for $db {
+            fn bind_one<'q>(
+                query: sqlx::query::Query<'q, Self, <Self as sqlx::Database>::Arguments>,
+                param: Param,
+            ) -> sqlx::query::Query<'q, Self, <Self as sqlx::Database>::Arguments> {
+                match param {
+                    Param::I64(v) => query.bind(v),
+                    Param::I32(v) => query.bind(v),
+                    Param::I16(v) => query.bind(v),
+                    Param::Bytes(v) => query.bind(v),
+                    Param::Text(v) => query.bind(v),
+                }
+            }
+        }
+    };
+}
+
+/// Binds a [`Param`] the way one database takes it.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+trait Binds: sqlx::Database {
+    fn bind_one<'q>(
+        query: sqlx::query::Query<'q, Self, <Self as sqlx::Database>::Arguments>,
+        param: Param,
+    ) -> sqlx::query::Query<'q, Self, <Self as sqlx::Database>::Arguments>;
+}
+
+/// `query` with `params` bound in placeholder order.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+fn bind<'q, DB: Binds>(
+    query: sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>,
+    params: Vec<Param>,
+) -> sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments> {
+    params.into_iter().fold(query, DB::bind_one)
+}
+
+#[cfg(feature = "postgres")]
+backend!(
+    sqlx::Postgres,
+    Dialect::Postgres,
+    flavour = |pool| {
+        let _ = pool;
+        Flavour::Postgres
+    },
+    // PostgreSQL stays at READ COMMITTED (REPEATABLE READ turns the race into 40001).
+    begin = |pool| pool.begin().await
+);
+
+#[cfg(feature = "mysql")]
+backend!(
+    sqlx::MySql,
+    Dialect::MySql,
+    flavour = |pool| mysql::flavour(pool).await,
+    // MySQL's REPEATABLE READ is fine: the claim reads with FOR UPDATE.
+    begin = |pool| pool.begin().await
+);
+
+#[cfg(feature = "sqlite")]
+backend!(
+    sqlx::Sqlite,
+    Dialect::Sqlite,
+    flavour = |pool| {
+        let _ = pool;
+        Flavour::Sqlite
+    },
+    // Take SQLite's write lock up front: a deferred transaction that reads and then writes
+    // fails with SQLITE_BUSY instead of waiting.
+    begin = |pool| pool.begin_with("BEGIN IMMEDIATE").await
+);
+
+#[cfg(feature = "mysql")]
+mod mysql {
+    //! Which MySQL-protocol family a pool's server is, learnt once per server.
+
+    use std::sync::Mutex;
+
+    use idem_sql::Flavour;
+    use sqlx::{MySql, Pool};
+
+    /// The flavour of each server this process asked, by `host:port/database`.
+    static FLAVOURS: Mutex<Vec<(String, Flavour)>> = Mutex::new(Vec::new());
+
+    pub(super) async fn flavour(pool: &Pool<MySql>) -> Flavour {
+        let options = pool.connect_options();
+        let server = format!(
+            "{}:{}/{}",
+            options.get_host(),
+            options.get_port(),
+            options.get_database().unwrap_or_default()
+        );
+        let known = |flavours: &Vec<(String, Flavour)>| {
+            flavours
+                .iter()
+                .find(|(s, _)| *s == server)
+                .map(|(_, flavour)| *flavour)
+        };
+        if let Some(flavour) = known(&FLAVOURS.lock().unwrap_or_else(|e| e.into_inner())) {
+            return flavour;
+        }
+        let version: Option<String> = sqlx::query_scalar(idem_sql::SELECT_VERSION)
+            .fetch_one(pool)
+            .await
+            .ok();
+        let wsrep_on: Option<i64> = sqlx::query_scalar(idem_sql::SELECT_WSREP_ON)
+            .fetch_one(pool)
+            .await
+            .ok();
+        let flavour = idem_sql::mysql_flavour(version.as_deref(), wsrep_on);
+        // Kept only once the server answered: a server that is down now says nothing yet.
+        if version.is_some() {
+            FLAVOURS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((server, flavour));
+        }
+        flavour
+    }
+}

@@ -1,0 +1,24 @@
+//! The sqlx ledger store of [`idem`](https://docs.rs/idempotence): `#[idempotent]` on a
+//! function whose connection is a sqlx pool (`&PgPool`, `&MySqlPool`, `&SqlitePool`). Inside
+//! the body that name is the claim's transaction, as sqlx's executors take it (`&mut
+//! PgConnection`): `sqlx::query!(..).execute(&mut *db)` runs in the transaction that claims
+//! the key and records the answer, so they commit together or not at all.
+//!
+//! The statements are idem-sql's, the same as the SeaORM store runs; this crate only
+//! executes them. Applications use it through the facade's feature `sqlx` (with
+//! `sqlx-postgres`, `sqlx-mysql` or `sqlx-sqlite`); it needs no SeaORM.
+//!
+//! This is an implementation crate of idem: its API follows idem's versions.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod backend;
+mod error;
+mod schema;
+mod store;
+
+pub use backend::Backend;
+pub use idem_sql::Family;
+pub use schema::create_tables;
+pub use sqlx;
+pub use store::{ClaimedTx, SqlxStore};

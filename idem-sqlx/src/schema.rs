@@ -1,0 +1,37 @@
+//! Creating idem's tables from the application, for services that do not keep them in their
+//! own migrations (`idem schema` prints the same statements as files).
+
+use idem_core::Error;
+use idem_sql::{Family, Sql};
+use sqlx::Pool;
+
+use crate::backend::Backend;
+use crate::error::store_error;
+
+/// Creates the tables of `families` (atomic mode needs [`Family::Ledger`] alone; see
+/// [`Family`]) if they are missing. Every statement is idempotent (`IF NOT EXISTS`), so it
+/// can run at every start.
+///
+/// ```
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// idem_sqlx::create_tables(&pool, &[idem_sqlx::Family::Ledger]).await?;
+/// idem_sqlx::create_tables(&pool, &[idem_sqlx::Family::Ledger]).await?; // already there
+/// # Ok(()) }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(run()).unwrap();
+/// ```
+pub async fn create_tables<DB: Backend>(pool: &Pool<DB>, families: &[Family]) -> Result<(), Error> {
+    let sql = Sql::of(DB::flavour(pool).await);
+    let mut conn = pool
+        .acquire()
+        .await
+        .map_err(|e| store_error("creating idem's tables", e))?;
+    for &family in families {
+        for statement in &sql.tables(family).create {
+            DB::execute_unprepared(&mut *conn, statement)
+                .await
+                .map_err(|e| store_error("creating idem's tables", e))?;
+        }
+    }
+    Ok(())
+}

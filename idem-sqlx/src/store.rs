@@ -1,0 +1,278 @@
+//! The sqlx [`Store`]: the claim, record and release steps on a sqlx pool.
+
+use std::time::Duration;
+
+use idem_core::ids::random_token;
+use idem_core::{Claim, Concurrency, Error, RecordStatus, Request, Store, detached};
+use idem_sql::{Bound, ClaimConnection, ClaimRow, ClaimStep, Claimed, Dialect, Failure};
+use idem_sql::{NewRecord, Sql};
+use sqlx::{Pool, Transaction};
+
+use crate::backend::Backend;
+use crate::error::{classify, store_error};
+
+/// The ledger on a sqlx pool (PostgreSQL, MySQL/MariaDB, SQLite).
+///
+/// `#[idempotent]` builds one from the handler's `&PgPool` (`&MySqlPool`, `&SqlitePool`);
+/// you rarely name it. The handler's body runs in the claim's transaction, lent to it as
+/// `&mut PgConnection` (what sqlx's executors take: `query.execute(&mut *db)`), so the claim,
+/// the body's writes and the recorded result commit together or not at all.
+pub struct SqlxStore<'p, DB: Backend> {
+    pool: &'p Pool<DB>,
+}
+
+impl<'p, DB: Backend> SqlxStore<'p, DB> {
+    /// A store on `pool`. The ledger table must exist ([`crate::create_tables`], or
+    /// `idem schema` in your migrations).
+    pub fn new(pool: &'p Pool<DB>) -> Self {
+        SqlxStore { pool }
+    }
+}
+
+impl<DB: Backend> Clone for SqlxStore<'_, DB> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<DB: Backend> Copy for SqlxStore<'_, DB> {}
+
+impl<DB: Backend> std::fmt::Debug for SqlxStore<'_, DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlxStore")
+            .field("database", &DB::NAME)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A key claimed on the sqlx ledger: the claim's transaction (the handler body runs in it),
+/// the owner token its record is written under, and the statements of its server.
+pub struct ClaimedTx<DB: Backend> {
+    tx: Transaction<'static, DB>,
+    owner: i64,
+    sql: &'static Sql,
+}
+
+impl<DB: Backend> std::fmt::Debug for ClaimedTx<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClaimedTx")
+            .field("database", &DB::NAME)
+            .field("owner", &self.owner)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A claim's transaction, as [`idem_sql::claim`] runs its statements.
+struct InClaim<'t, DB: Backend>(&'t mut DB::Connection);
+
+impl<DB: Backend> ClaimConnection for InClaim<'_, DB> {
+    type Error = sqlx::Error;
+
+    async fn fetch_row(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> Result<Option<ClaimRow>, sqlx::Error> {
+        DB::fetch_row(self.0, statement).await
+    }
+
+    async fn execute_unprepared(&mut self, sql: &str) -> Result<(), sqlx::Error> {
+        DB::execute_unprepared(self.0, sql).await
+    }
+
+    async fn execute(&mut self, statement: Bound<'static>) -> Result<u64, sqlx::Error> {
+        DB::execute(self.0, statement).await
+    }
+
+    fn is_lock_timeout(error: &sqlx::Error) -> bool {
+        classify(error) == Failure::LockTimeout
+    }
+
+    fn row_not_found(_what: &'static str) -> sqlx::Error {
+        sqlx::Error::RowNotFound
+    }
+}
+
+/// How long a claim waits for a connection: the pool's own acquire timeout, kept under the
+/// call's wait bound (`on_concurrent = wait("…")`) so that a missing connection is an outage
+/// (503), told promptly, never mistaken for another call holding the key. SQLite is not
+/// bounded: an embedded database cannot go away, and its connections are queued for.
+fn connection_wait<DB: Backend>(pool: &Pool<DB>, call_bound: Option<Duration>) -> Option<Duration> {
+    if DB::DIALECT == Dialect::Sqlite {
+        return None;
+    }
+    let wait = pool.options().get_acquire_timeout();
+    // Leave a fifth of the call's bound for the lock wait that follows.
+    Some(call_bound.map_or(wait, |bound| wait.min(bound.mul_f64(0.8))))
+}
+
+/// Refuses a claim through the pool while an atomic-mode body runs in this task on the same
+/// pool: the call would commit on its own instead of with the body, or wait for the body's
+/// own lock.
+fn outside_open_claim<DB: Backend>(store: &SqlxStore<'_, DB>, what: &str) -> Result<(), Error> {
+    let Some(open) = idem_core::atomic::open_claim() else {
+        return Ok(());
+    };
+    if open.ledger.is_some() && open.ledger != store.ledger_identity() {
+        return Ok(()); // another database: nothing shared with the open claim
+    }
+    Err(Error::Store {
+        message: format!(
+            "{what} was called through the pool inside the body of another `#[idempotent]` call, whose transaction is open: it would commit on its own, or wait for the body's own lock; call it before or after the outer call (nested calls in a sqlx transaction are not supported yet)"
+        ),
+        source: None,
+    })
+}
+
+/// The claim, owned: it runs to completion even when its caller stops waiting
+/// ([`detached`]), so it cannot borrow the request.
+async fn claim_step<DB: Backend>(
+    pool: Pool<DB>,
+    step: ClaimStep,
+    wait: Option<Duration>,
+) -> Result<Claim<ClaimedTx<DB>>, Error> {
+    let sql = Sql::of(DB::flavour(&pool).await);
+    let begin = DB::begin_claim(&pool);
+    let begun = match wait {
+        Some(wait) => tokio::time::timeout(wait, begin)
+            .await
+            .unwrap_or(Err(sqlx::Error::PoolTimedOut)),
+        None => begin.await,
+    };
+    let mut tx = begun.map_err(|e| store_error("beginning the claim transaction", e))?;
+    let claimed = idem_sql::claim(&mut InClaim::<DB>(&mut tx), sql, &step)
+        .await
+        .map_err(|(doing, e)| store_error(doing, e))?;
+    let row = match claimed {
+        Claimed::Execute => {
+            return Ok(Claim::Execute(ClaimedTx {
+                tx,
+                owner: step.row.owner,
+                sql,
+            }));
+        }
+        Claimed::InFlight => return Ok(Claim::InFlight),
+        // Under `reject`, MySQL's claim holds the key's row lock: roll back before answering,
+        // so the client's next call (another pooled connection) does not meet it and hear "in
+        // flight". Otherwise dropping the transaction queues its rollback on the connection.
+        Claimed::LiveLocked(row) if step.reject && sql.dialect == Dialect::MySql => {
+            let _ = tx.rollback().await;
+            row
+        }
+        Claimed::Live(row) | Claimed::LiveLocked(row) => row,
+    };
+    row.answer().ok_or_else(|| Error::Store {
+        message: "the ledger row has an unknown state (written by a newer version of idem?)"
+            .to_owned(),
+        source: None,
+    })
+}
+
+impl<DB: Backend> Store for SqlxStore<'_, DB> {
+    type Tx<'t> = &'t mut DB::Connection;
+    type Claimed = ClaimedTx<DB>;
+
+    fn tx(claimed: &mut ClaimedTx<DB>) -> &mut DB::Connection {
+        &mut claimed.tx
+    }
+
+    async fn claim(&self, req: &Request) -> Result<Claim<ClaimedTx<DB>>, Error> {
+        outside_open_claim(self, &format!("`{}`", req.scope()))?;
+        let step = ClaimStep {
+            row: NewRecord::of(req, random_token(), req.ttl()),
+            reject: req.concurrency() == Concurrency::Reject,
+            savepoint: req.savepoint(),
+        };
+        let wait = connection_wait(
+            self.pool,
+            match req.concurrency() {
+                Concurrency::Wait { bound } => Some(bound),
+                _ => None,
+            },
+        );
+        detached(claim_step(self.pool.clone(), step, wait)).await
+    }
+
+    async fn record(
+        &self,
+        ClaimedTx { mut tx, owner, sql }: ClaimedTx<DB>,
+        req: &Request,
+        status: RecordStatus,
+        payload: &[u8],
+    ) -> Result<(), Error> {
+        // Where the claim wrote nothing (SQLite), the record writes the whole row.
+        let row = NewRecord::of(req, owner, req.ttl());
+        let record = sql.ledger.record(&row, status.code(), payload);
+        // A final error keeps only the recorded error: back to the claim's savepoint first.
+        let undo_body = status == RecordStatus::Failed;
+        detached(async move {
+            if undo_body {
+                let undo = sql.ledger.rollback_to_savepoint();
+                DB::execute_unprepared(&mut tx, &undo.sql)
+                    .await
+                    .map_err(|e| store_error("rolling back the handler's writes", e))?;
+            }
+            let updated = DB::execute(&mut tx, record)
+                .await
+                .map_err(|e| store_error("recording the result", e))?;
+            if updated != 1 {
+                return Err(Error::Store {
+                    message: "the claim was lost before its result was recorded".to_owned(),
+                    source: None,
+                });
+            }
+            tx.commit()
+                .await
+                .map_err(|e| store_error("committing the result", e))
+        })
+        .await
+    }
+
+    async fn release(&self, claimed: ClaimedTx<DB>) -> Result<(), Error> {
+        detached(async move {
+            claimed
+                .tx
+                .rollback()
+                .await
+                .map_err(|e| store_error("releasing the key", e))
+        })
+        .await
+    }
+
+    async fn aborted(&self, claimed: &mut ClaimedTx<DB>, req: &Request) -> bool {
+        // MySQL and MariaDB roll a deadlock victim's (or a Galera brute-force abort's) whole
+        // transaction back, and other statement errors only the statement: the claim's own
+        // uncommitted row is gone exactly when the transaction is. PostgreSQL aborts the
+        // transaction on any error and SQLite's writers never conflict: no question there.
+        if claimed.sql.dialect != Dialect::MySql {
+            return false;
+        }
+        let read = claimed.sql.ledger.read_locked(req.id());
+        match DB::fetch_row(&mut claimed.tx, read).await {
+            Ok(Some(row)) => row.owner != claimed.owner,
+            Ok(None) => true,
+            Err(e) => classify(&e) == Failure::Transient,
+        }
+    }
+
+    async fn begin(&self) -> Result<ClaimedTx<DB>, Error> {
+        outside_open_claim(self, "a call run with idem switched off")?;
+        let sql = Sql::of(DB::flavour(self.pool).await);
+        let tx = DB::begin_claim(self.pool)
+            .await
+            .map_err(|e| store_error("beginning the handler's transaction", e))?;
+        Ok(ClaimedTx { tx, owner: 0, sql })
+    }
+
+    async fn commit(&self, claimed: ClaimedTx<DB>) -> Result<(), Error> {
+        claimed
+            .tx
+            .commit()
+            .await
+            .map_err(|e| store_error("committing the handler's writes", e))
+    }
+
+    fn ledger_identity(&self) -> Option<usize> {
+        // The pool's shared options live once per pool, whichever clone reaches them.
+        Some(std::ptr::from_ref(self.pool.options()) as usize)
+    }
+}

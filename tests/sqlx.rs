@@ -1,0 +1,322 @@
+//! The sqlx store (issue 31 item 1): `#[idempotent]` on functions whose connection is a sqlx
+//! pool, the body's `sqlx::query(..).execute(&mut *db)` in the claim's transaction. The same
+//! cases on every backend of the run (SQLite always; PostgreSQL and MariaDB when their URL is
+//! set), each counting the effect rows that committed, never trusting return values.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{Gate, server_urls, sqlite_url, unique};
+use idem::{ErrorKind, FinalError, idempotent};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Pay {
+    key: String,
+    run: String,
+    amount: i64,
+}
+
+#[derive(Debug, Serialize, Deserialize, PartialEq)]
+enum PayError {
+    #[serde(skip)]
+    Idem(ErrorKind),
+    /// Final: recorded and replayed, the body's writes undone.
+    Declined,
+    /// Transient: rolls back, a retry runs again.
+    Flaky,
+}
+
+impl From<idem::Error> for PayError {
+    fn from(e: idem::Error) -> Self {
+        Self::Idem(e.kind())
+    }
+}
+
+impl FinalError for PayError {
+    fn is_final(&self) -> bool {
+        matches!(self, Self::Declined)
+    }
+}
+
+/// What the body does after its write.
+#[derive(Clone, Copy, Debug, Serialize)]
+enum Then {
+    Answer,
+    Decline,
+    Fail,
+}
+
+/// The cases, once, for the pool type `$pool` whose statements use `$p1`..`$p3` as their
+/// placeholders; `$connect` makes the pool for a test.
+macro_rules! suite {
+    ($name:ident, $pool:ty, [$p1:literal, $p2:literal, $p3:literal], $effects_ddl:literal, $connect:expr) => {
+        mod $name {
+            use super::*;
+
+            const INSERT: &str = concat!(
+                "INSERT INTO idem_sqlx_effects (run_id, label, amount) VALUES (",
+                $p1, ", ", $p2, ", ", $p3, ")"
+            );
+            const COUNT: &str =
+                concat!("SELECT COUNT(*) FROM idem_sqlx_effects WHERE run_id = ", $p1);
+
+            async fn pool() -> Option<$pool> {
+                let pool: $pool = $connect?;
+                idem::sqlx::create_tables(&pool, &[idem::sqlx::Family::Ledger])
+                    .await
+                    .expect("create the ledger");
+                sqlx::query($effects_ddl).execute(&pool).await.expect("effects table");
+                Some(pool)
+            }
+
+            /// Committed effect rows of `run`.
+            async fn effects(pool: &$pool, run: &str) -> i64 {
+                sqlx::query_scalar::<_, i64>(COUNT)
+                    .bind(run)
+                    .fetch_one(pool)
+                    .await
+                    .expect("count")
+            }
+
+            #[idempotent(scope = "sqlx.pay", key = cmd.key, skip(then, runs, gate))]
+            async fn pay(
+                db: &$pool,
+                cmd: Pay,
+                then: Then,
+                runs: &AtomicUsize,
+                gate: Option<&Gate>,
+            ) -> Result<i64, PayError> {
+                runs.fetch_add(1, Ordering::SeqCst);
+                // The body's own query, in the claim's transaction.
+                sqlx::query(INSERT)
+                    .bind(&cmd.run)
+                    .bind("charge")
+                    .bind(cmd.amount)
+                    .execute(&mut *db)
+                    .await
+                    .expect("insert in the claim's transaction");
+                // A read in the same transaction sees the uncommitted write.
+                let seen: i64 = sqlx::query_scalar(COUNT)
+                    .bind(&cmd.run)
+                    .fetch_one(&mut *db)
+                    .await
+                    .expect("count in the claim's transaction");
+                if let Some(gate) = gate {
+                    gate.pass().await;
+                }
+                match then {
+                    Then::Answer => Ok(seen * 1000 + cmd.amount),
+                    Then::Decline => Err(PayError::Declined),
+                    Then::Fail => Err(PayError::Flaky),
+                }
+            }
+
+            #[idempotent(scope = "sqlx.pay.reject", key = cmd.key, on_concurrent = reject, skip(runs, gate))]
+            async fn pay_or_reject(
+                db: &$pool,
+                cmd: Pay,
+                runs: &AtomicUsize,
+                gate: &Gate,
+            ) -> Result<i64, PayError> {
+                runs.fetch_add(1, Ordering::SeqCst);
+                sqlx::query(INSERT)
+                    .bind(&cmd.run)
+                    .bind("charge")
+                    .bind(cmd.amount)
+                    .execute(&mut *db)
+                    .await
+                    .expect("insert");
+                gate.pass().await;
+                Ok(cmd.amount)
+            }
+
+            fn cmd(amount: i64) -> Pay {
+                Pay { key: unique("key"), run: unique("run"), amount }
+            }
+
+            #[tokio::test]
+            async fn a_retry_replays_and_the_body_commits_with_the_record() {
+                let Some(pool) = pool().await else { return };
+                let runs = AtomicUsize::new(0);
+                let c = cmd(7);
+                let first = pay(&pool, c.clone(), Then::Answer, &runs, None).await;
+                assert_eq!(first, Ok(1007), "the body saw its own uncommitted row");
+                let again = pay(&pool, c.clone(), Then::Answer, &runs, None).await;
+                assert_eq!(again, first, "replayed");
+                assert_eq!(runs.load(Ordering::SeqCst), 1, "the body ran once");
+                assert_eq!(effects(&pool, &c.run).await, 1, "one committed effect");
+                let other = Pay { amount: 8, ..c.clone() };
+                let reused = pay(&pool, other, Then::Answer, &runs, None).await;
+                assert_eq!(reused, Err(PayError::Idem(ErrorKind::KeyReused)));
+                assert_eq!(effects(&pool, &c.run).await, 1, "a reused key wrote nothing");
+            }
+
+            #[tokio::test]
+            async fn a_transient_error_rolls_the_body_back_and_a_retry_runs_again() {
+                let Some(pool) = pool().await else { return };
+                let runs = AtomicUsize::new(0);
+                let c = cmd(3);
+                let failed = pay(&pool, c.clone(), Then::Fail, &runs, None).await;
+                assert_eq!(failed, Err(PayError::Flaky));
+                assert_eq!(effects(&pool, &c.run).await, 0, "rolled back with the claim");
+                let retried = pay(&pool, c.clone(), Then::Answer, &runs, None).await;
+                assert_eq!(retried, Ok(1003));
+                assert_eq!(runs.load(Ordering::SeqCst), 2);
+                assert_eq!(effects(&pool, &c.run).await, 1);
+            }
+
+            #[tokio::test]
+            async fn a_final_error_is_recorded_without_the_bodys_writes() {
+                let Some(pool) = pool().await else { return };
+                let runs = AtomicUsize::new(0);
+                let c = cmd(4);
+                let declined = pay(&pool, c.clone(), Then::Decline, &runs, None).await;
+                assert_eq!(declined, Err(PayError::Declined));
+                let again = pay(&pool, c.clone(), Then::Answer, &runs, None).await;
+                assert_eq!(again, Err(PayError::Declined), "the final error replays");
+                assert_eq!(runs.load(Ordering::SeqCst), 1);
+                assert_eq!(effects(&pool, &c.run).await, 0, "back to the claim's savepoint");
+            }
+
+            #[tokio::test]
+            async fn concurrent_duplicates_run_the_body_once() {
+                let Some(pool) = pool().await else { return };
+                let runs = Arc::new(AtomicUsize::new(0));
+                let c = cmd(5);
+                let calls = (0..10).map(|_| {
+                    let (pool, c, runs) = (pool.clone(), c.clone(), Arc::clone(&runs));
+                    tokio::spawn(async move { pay(&pool, c, Then::Answer, &runs, None).await })
+                });
+                let answers = futures_util::future::join_all(calls).await;
+                for answer in answers {
+                    assert_eq!(answer.expect("task"), Ok(1005));
+                }
+                assert_eq!(runs.load(Ordering::SeqCst), 1, "the body ran once");
+                assert_eq!(effects(&pool, &c.run).await, 1, "one committed effect");
+            }
+
+            #[tokio::test]
+            async fn reject_answers_in_flight_while_the_first_call_runs() {
+                let Some(pool) = pool().await else { return };
+                let runs = Arc::new(AtomicUsize::new(0));
+                let gate = Gate::default();
+                let c = cmd(6);
+                let first = {
+                    let (pool, c, runs, gate) =
+                        (pool.clone(), c.clone(), Arc::clone(&runs), gate.clone());
+                    tokio::spawn(async move { pay_or_reject(&pool, c, &runs, &gate).await })
+                };
+                gate.entered().await;
+                // SQLite has one writer: the duplicate's claim waits for the lock; elsewhere
+                // the row lock is met at once.
+                let second = tokio::time::timeout(
+                    Duration::from_secs(10),
+                    pay_or_reject(&pool, c.clone(), &runs, &gate),
+                )
+                .await;
+                gate.release();
+                assert_eq!(first.await.expect("task"), Ok(6));
+                if let Ok(second) = second {
+                    assert_eq!(second, Err(PayError::Idem(ErrorKind::InFlight)));
+                }
+                assert_eq!(runs.load(Ordering::SeqCst), 1);
+                assert_eq!(effects(&pool, &c.run).await, 1);
+            }
+        }
+    };
+}
+
+suite!(
+    sqlite,
+    sqlx::SqlitePool,
+    ["?", "?", "?"],
+    "CREATE TABLE IF NOT EXISTS idem_sqlx_effects (id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL, label TEXT NOT NULL, amount INTEGER NOT NULL)",
+    Some(
+        sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect(&sqlite_url("idem-sqlx"))
+            .await
+            .expect("sqlite")
+    )
+);
+
+suite!(
+    postgres,
+    sqlx::PgPool,
+    ["$1", "$2", "$3"],
+    "CREATE TABLE IF NOT EXISTS idem_sqlx_effects (id BIGSERIAL PRIMARY KEY, run_id VARCHAR(200) NOT NULL, label VARCHAR(255) NOT NULL, amount BIGINT NOT NULL)",
+    match server_url("postgres") {
+        Some(url) => Some(sqlx::PgPool::connect(&url).await.unwrap_or_else(|e| {
+            panic!("cannot connect to {url} (set by the environment, so this fails): {e}")
+        })),
+        None => None,
+    }
+);
+
+suite!(
+    mysql,
+    sqlx::MySqlPool,
+    ["?", "?", "?"],
+    "CREATE TABLE IF NOT EXISTS idem_sqlx_effects (id BIGINT AUTO_INCREMENT PRIMARY KEY, run_id VARCHAR(200) NOT NULL, label VARCHAR(255) NOT NULL, amount BIGINT NOT NULL, INDEX (run_id))",
+    match server_url("mysql") {
+        Some(url) => Some(sqlx::MySqlPool::connect(&url).await.unwrap_or_else(|e| {
+            panic!("cannot connect to {url} (set by the environment, so this fails): {e}")
+        })),
+        None => None,
+    }
+);
+
+/// The URL of server `name` when this run covers it.
+fn server_url(name: &str) -> Option<String> {
+    server_urls()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, url)| url)
+}
+
+#[idempotent(scope = "sqlx.bare", key = key)]
+async fn bare(db: &sqlx::SqlitePool, key: String) -> Result<u8, idem::Error> {
+    let _ = &mut *db;
+    Ok(1)
+}
+
+#[tokio::test]
+async fn a_missing_ledger_is_named_with_the_fix() {
+    let pool = sqlx::SqlitePool::connect(&sqlite_url("idem-sqlx-bare"))
+        .await
+        .expect("sqlite");
+    let e = bare(&pool, "k-1".into()).await.expect_err("no ledger");
+    let message = e.to_string();
+    assert!(message.contains("idem_ledger"), "{message}");
+    assert!(message.contains("create_tables"), "{message}");
+    assert!(message.contains("idem schema"), "{message}");
+}
+
+#[idempotent(scope = "sqlx.outage", key = key)]
+async fn during_outage(db: &sqlx::PgPool, key: String) -> Result<u8, idem::Error> {
+    let _ = &mut *db;
+    Ok(1)
+}
+
+#[tokio::test]
+async fn a_database_that_cannot_be_reached_is_an_outage_told_promptly() {
+    // Nothing listens on port 1: every connection attempt is refused.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(500))
+        .connect_lazy("postgres://postgres@127.0.0.1:1/test")
+        .expect("lazy pool");
+    let started = Instant::now();
+    let e = during_outage(&pool, "k-1".into())
+        .await
+        .expect_err("no server");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
