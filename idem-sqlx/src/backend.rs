@@ -7,9 +7,9 @@ use std::future::Future;
 use std::pin::Pin;
 
 use idem_sql::{Bound, ClaimRow, Dialect, Flavour};
+use sqlx::{Pool, Transaction};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use {idem_sql::Param, std::borrow::Cow};
-use sqlx::{Pool, Transaction};
 
 /// A boxed future the store's generic code awaits.
 pub(crate) type Step<'a, T> = Pin<Box<dyn Future<Output = Result<T, sqlx::Error>> + Send + 'a>>;
@@ -45,6 +45,13 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     /// Runs `statement` and returns how many rows it changed.
     #[doc(hidden)]
     fn execute<'c>(conn: &'c mut Self::Connection, statement: Bound<'static>) -> Step<'c, u64>;
+
+    /// Runs `statement` and reads the one text column of each row it returns.
+    #[doc(hidden)]
+    fn fetch_texts<'c>(
+        conn: &'c mut Self::Connection,
+        statement: Bound<'static>,
+    ) -> Step<'c, Vec<String>>;
 
     /// Runs `sql`, which takes no values, as a simple (unprepared) query.
     #[doc(hidden)]
@@ -107,6 +114,18 @@ macro_rules! backend {
                 Box::pin(async move {
                     let query = bind(sqlx::query(sql_of(&statement)), statement.params);
                     Ok(query.execute(&mut *conn).await?.rows_affected())
+                })
+            }
+
+            fn fetch_texts<'c>(
+                conn: &'c mut Self::Connection,
+                statement: Bound<'static>,
+            ) -> Step<'c, Vec<String>> {
+                Box::pin(async move {
+                    use sqlx::Row as _;
+                    let query = bind(sqlx::query(sql_of(&statement)), statement.params);
+                    let rows = query.fetch_all(&mut *conn).await?;
+                    rows.iter().map(|row| row.try_get(0)).collect()
                 })
             }
 

@@ -9,8 +9,9 @@ use crate::backend::Backend;
 use crate::error::store_error;
 
 /// Creates the tables of `families` (atomic mode needs [`Family::Ledger`] alone; see
-/// [`Family`]) if they are missing. Every statement is idempotent (`IF NOT EXISTS`), so it
-/// can run at every start.
+/// [`Family`]) if they are missing. It reads the catalogue first and runs DDL only for a
+/// family with a missing table, so a restart runs no DDL against a live ledger (on a Galera
+/// cluster even `CREATE TABLE IF NOT EXISTS` aborts transactions cluster-wide).
 ///
 /// ```
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -26,7 +27,14 @@ pub async fn create_tables<DB: Backend>(pool: &Pool<DB>, families: &[Family]) ->
         .acquire()
         .await
         .map_err(|e| store_error("creating idem's tables", e))?;
+    let existing = DB::fetch_texts(&mut *conn, sql.inspect.existing_tables())
+        .await
+        .map_err(|e| store_error("listing idem's tables", e))?;
     for &family in families {
+        let present = |table: &&str| existing.iter().any(|name| name == table);
+        if family.tables().iter().all(|table| present(table)) {
+            continue;
+        }
         for statement in &sql.tables(family).create {
             DB::execute_unprepared(&mut *conn, statement)
                 .await
