@@ -363,7 +363,9 @@ pub mod sea_orm {
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub mod sqlx {
-    pub use idem_sqlx::{Backend, ClaimedTx, Family, SqlxStore, create_tables};
+    pub use idem_sqlx::{
+        Backend, ClaimedTx, Family, SqlxStore, create_tables, through_transaction_pooler,
+    };
 }
 
 /// The HTTP contract (IETF Idempotency-Key draft, RFC 9457 problems, RFC 9110 `If-Match`) on

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use common::pgbouncer::PgBouncer;
 use common::{Gate, server_urls, sqlite_url, unique};
 use idem::{ErrorKind, FinalError, idempotent};
 use serde::{Deserialize, Serialize};
@@ -323,4 +324,107 @@ async fn a_database_that_cannot_be_reached_is_an_outage_told_promptly() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// A handler for a pool behind a transaction pooler: its own query runs unnamed too.
+#[idempotent(scope = "sqlx.pooled", key = cmd.key, skip(runs))]
+async fn pay_pooled(db: &sqlx::PgPool, cmd: Pay, runs: &AtomicUsize) -> Result<i64, PayError> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    sqlx::query("INSERT INTO idem_sqlx_effects (run_id, label, amount) VALUES ($1, $2, $3)")
+        .bind(&cmd.run)
+        .bind("charge")
+        .bind(cmd.amount)
+        .persistent(false)
+        .execute(&mut *db)
+        .await
+        .map_err(|_| PayError::Flaky)?;
+    Ok(cmd.amount)
+}
+
+/// 8 concurrent calls of one run (keys `k-0`..`k-3`, each twice) on `pool`: their answers.
+async fn pooled_storm(
+    pool: &sqlx::PgPool,
+    run: &str,
+    runs: &Arc<AtomicUsize>,
+) -> Vec<Result<i64, PayError>> {
+    let calls = (0..8).map(|i| {
+        let (pool, runs) = (pool.clone(), Arc::clone(runs));
+        let cmd = Pay {
+            key: format!("{run}-k-{}", i % 4),
+            run: run.to_owned(),
+            amount: 10,
+        };
+        tokio::spawn(async move { pay_pooled(&pool, cmd, &runs).await })
+    });
+    futures_util::future::join_all(calls)
+        .await
+        .into_iter()
+        .map(|answer| answer.expect("task"))
+        .collect()
+}
+
+#[tokio::test]
+async fn behind_pgbouncer_in_transaction_mode_the_store_runs_unnamed_statements() {
+    let Some(url) = server_url("postgres") else {
+        return;
+    };
+    let direct = sqlx::PgPool::connect(&url).await.expect("PostgreSQL");
+    idem::sqlx::create_tables(&direct, &[idem::sqlx::Family::Ledger])
+        .await
+        .expect("ledger");
+    if sqlx::query("SELECT 1 FROM idem_sqlx_effects WHERE 1 = 0")
+        .execute(&direct)
+        .await
+        .is_err()
+    {
+        sqlx::query("CREATE TABLE IF NOT EXISTS idem_sqlx_effects (id BIGSERIAL PRIMARY KEY, run_id VARCHAR(200) NOT NULL, label VARCHAR(255) NOT NULL, amount BIGINT NOT NULL)")
+            .execute(&direct)
+            .await
+            .expect("effects table");
+    }
+    let count = async |run: &str| -> i64 {
+        sqlx::query_scalar("SELECT COUNT(*) FROM idem_sqlx_effects WHERE run_id = $1")
+            .bind(run)
+            .fetch_one(&direct)
+            .await
+            .expect("count")
+    };
+    // One server connection: every client connection's statements meet on it.
+    let bouncer = PgBouncer::start(&url, 1);
+    let connect = || {
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .connect(&bouncer.url)
+    };
+
+    // idem's statements named, sqlx's default: two client connections both name their first
+    // statement `sqlx_s_1` on the one server connection.
+    let named = connect().await.expect("through pgbouncer");
+    let run = unique("named");
+    let answers = pooled_storm(&named, &run, &Arc::new(AtomicUsize::new(0))).await;
+    assert!(
+        answers.iter().any(|a| matches!(
+            a,
+            Err(PayError::Idem(ErrorKind::Store | ErrorKind::Conflict))
+        )),
+        "named statements collide behind a transaction pooler: {answers:?}"
+    );
+
+    // The same, marked: every call answers, each key's body ran once, retries replay.
+    let pooled = connect().await.expect("through pgbouncer");
+    idem::sqlx::through_transaction_pooler(&pooled);
+    let run = unique("unnamed");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let answers = pooled_storm(&pooled, &run, &runs).await;
+    assert!(answers.iter().all(|a| *a == Ok(10)), "{answers:?}");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        4,
+        "each of the 4 keys ran once"
+    );
+    assert_eq!(count(&run).await, 4, "4 committed effects");
+    let again = pooled_storm(&pooled, &run, &runs).await;
+    assert!(again.iter().all(|a| *a == Ok(10)), "{again:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 4, "replayed");
+    assert_eq!(count(&run).await, 4);
 }

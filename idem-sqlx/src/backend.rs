@@ -35,22 +35,30 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     #[doc(hidden)]
     fn begin_claim(pool: &Pool<Self>) -> Step<'_, Transaction<'static, Self>>;
 
-    /// Runs `statement` and decodes the ledger row it returns, if any.
+    /// Runs `statement` and decodes the ledger row it returns, if any. `named`: as a named
+    /// (cached) prepared statement, or unnamed ([`crate::through_transaction_pooler`]); the
+    /// same for every statement below.
     #[doc(hidden)]
     fn fetch_row<'c>(
         conn: &'c mut Self::Connection,
         statement: Bound<'static>,
+        named: bool,
     ) -> Step<'c, Option<ClaimRow>>;
 
     /// Runs `statement` and returns how many rows it changed.
     #[doc(hidden)]
-    fn execute<'c>(conn: &'c mut Self::Connection, statement: Bound<'static>) -> Step<'c, u64>;
+    fn execute<'c>(
+        conn: &'c mut Self::Connection,
+        statement: Bound<'static>,
+        named: bool,
+    ) -> Step<'c, u64>;
 
     /// Runs `statement` and reads the one text column of each row it returns.
     #[doc(hidden)]
     fn fetch_texts<'c>(
         conn: &'c mut Self::Connection,
         statement: Bound<'static>,
+        named: bool,
     ) -> Step<'c, Vec<String>>;
 
     /// Runs `sql`, which takes no values, as a simple (unprepared) query.
@@ -89,10 +97,12 @@ macro_rules! backend {
             fn fetch_row<'c>(
                 conn: &'c mut Self::Connection,
                 statement: Bound<'static>,
+                named: bool,
             ) -> Step<'c, Option<ClaimRow>> {
                 Box::pin(async move {
                     use sqlx::Row as _;
-                    let query = bind(sqlx::query(sql_of(&statement)), statement.params);
+                    let query =
+                        bind(sqlx::query(sql_of(&statement)), statement.params).persistent(named);
                     let Some(row) = query.fetch_optional(&mut *conn).await? else {
                         return Ok(None);
                     };
@@ -110,9 +120,11 @@ macro_rules! backend {
             fn execute<'c>(
                 conn: &'c mut Self::Connection,
                 statement: Bound<'static>,
+                named: bool,
             ) -> Step<'c, u64> {
                 Box::pin(async move {
-                    let query = bind(sqlx::query(sql_of(&statement)), statement.params);
+                    let query =
+                        bind(sqlx::query(sql_of(&statement)), statement.params).persistent(named);
                     Ok(query.execute(&mut *conn).await?.rows_affected())
                 })
             }
@@ -120,10 +132,12 @@ macro_rules! backend {
             fn fetch_texts<'c>(
                 conn: &'c mut Self::Connection,
                 statement: Bound<'static>,
+                named: bool,
             ) -> Step<'c, Vec<String>> {
                 Box::pin(async move {
                     use sqlx::Row as _;
-                    let query = bind(sqlx::query(sql_of(&statement)), statement.params);
+                    let query =
+                        bind(sqlx::query(sql_of(&statement)), statement.params).persistent(named);
                     let rows = query.fetch_all(&mut *conn).await?;
                     rows.iter().map(|row| row.try_get(0)).collect()
                 })

@@ -14,11 +14,13 @@
 
 mod backend;
 mod error;
+mod pooler;
 mod schema;
 mod store;
 
 pub use backend::Backend;
 pub use idem_sql::Family;
+pub use pooler::through_transaction_pooler;
 pub use schema::create_tables;
 pub use sqlx;
 pub use store::{ClaimedTx, SqlxStore};

@@ -27,12 +27,13 @@ pub async fn create_tables<DB: Backend>(pool: &Pool<DB>, families: &[Family]) ->
         .acquire()
         .await
         .map_err(|e| store_error("creating idem's tables", e))?;
-    let existing = DB::fetch_texts(&mut *conn, sql.inspect.existing_tables())
+    let named = crate::pooler::named(pool);
+    let existing = DB::fetch_texts(&mut *conn, sql.inspect.existing_tables(), named)
         .await
         .map_err(|e| store_error("listing idem's tables", e))?;
     for &family in families {
         let present = |table: &&str| existing.iter().any(|name| name == table);
-        if family.tables().iter().all(|table| present(table)) {
+        if family.tables().iter().all(present) {
             continue;
         }
         for statement in &sql.tables(family).create {

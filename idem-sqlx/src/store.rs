@@ -51,6 +51,8 @@ pub struct ClaimedTx<DB: Backend> {
     tx: Transaction<'static, DB>,
     owner: i64,
     sql: &'static Sql,
+    /// Whether statements are named ([`crate::through_transaction_pooler`]).
+    named: bool,
 }
 
 impl<DB: Backend> std::fmt::Debug for ClaimedTx<DB> {
@@ -63,7 +65,10 @@ impl<DB: Backend> std::fmt::Debug for ClaimedTx<DB> {
 }
 
 /// A claim's transaction, as [`idem_sql::claim`] runs its statements.
-struct InClaim<'t, DB: Backend>(&'t mut DB::Connection);
+struct InClaim<'t, DB: Backend> {
+    conn: &'t mut DB::Connection,
+    named: bool,
+}
 
 impl<DB: Backend> ClaimConnection for InClaim<'_, DB> {
     type Error = sqlx::Error;
@@ -72,15 +77,15 @@ impl<DB: Backend> ClaimConnection for InClaim<'_, DB> {
         &mut self,
         statement: Bound<'static>,
     ) -> Result<Option<ClaimRow>, sqlx::Error> {
-        DB::fetch_row(self.0, statement).await
+        DB::fetch_row(self.conn, statement, self.named).await
     }
 
     async fn execute_unprepared(&mut self, sql: &str) -> Result<(), sqlx::Error> {
-        DB::execute_unprepared(self.0, sql).await
+        DB::execute_unprepared(self.conn, sql).await
     }
 
     async fn execute(&mut self, statement: Bound<'static>) -> Result<u64, sqlx::Error> {
-        DB::execute(self.0, statement).await
+        DB::execute(self.conn, statement, self.named).await
     }
 
     fn is_lock_timeout(error: &sqlx::Error) -> bool {
@@ -131,6 +136,7 @@ async fn claim_step<DB: Backend>(
     wait: Option<Duration>,
 ) -> Result<Claim<ClaimedTx<DB>>, Error> {
     let sql = Sql::of(DB::flavour(&pool).await);
+    let named = crate::pooler::named(&pool);
     let begin = DB::begin_claim(&pool);
     let begun = match wait {
         Some(wait) => tokio::time::timeout(wait, begin)
@@ -139,7 +145,11 @@ async fn claim_step<DB: Backend>(
         None => begin.await,
     };
     let mut tx = begun.map_err(|e| store_error("beginning the claim transaction", e))?;
-    let claimed = idem_sql::claim(&mut InClaim::<DB>(&mut tx), sql, &step)
+    let mut conn = InClaim::<DB> {
+        conn: &mut tx,
+        named,
+    };
+    let claimed = idem_sql::claim(&mut conn, sql, &step)
         .await
         .map_err(|(doing, e)| store_error(doing, e))?;
     let row = match claimed {
@@ -148,6 +158,7 @@ async fn claim_step<DB: Backend>(
                 tx,
                 owner: step.row.owner,
                 sql,
+                named,
             }));
         }
         Claimed::InFlight => return Ok(Claim::InFlight),
@@ -194,7 +205,12 @@ impl<DB: Backend> Store for SqlxStore<'_, DB> {
 
     async fn record(
         &self,
-        ClaimedTx { mut tx, owner, sql }: ClaimedTx<DB>,
+        ClaimedTx {
+            mut tx,
+            owner,
+            sql,
+            named,
+        }: ClaimedTx<DB>,
         req: &Request,
         status: RecordStatus,
         payload: &[u8],
@@ -211,7 +227,7 @@ impl<DB: Backend> Store for SqlxStore<'_, DB> {
                     .await
                     .map_err(|e| store_error("rolling back the handler's writes", e))?;
             }
-            let updated = DB::execute(&mut tx, record)
+            let updated = DB::execute(&mut tx, record, named)
                 .await
                 .map_err(|e| store_error("recording the result", e))?;
             if updated != 1 {
@@ -247,7 +263,7 @@ impl<DB: Backend> Store for SqlxStore<'_, DB> {
             return false;
         }
         let read = claimed.sql.ledger.read_locked(req.id());
-        match DB::fetch_row(&mut claimed.tx, read).await {
+        match DB::fetch_row(&mut claimed.tx, read, claimed.named).await {
             Ok(Some(row)) => row.owner != claimed.owner,
             Ok(None) => true,
             Err(e) => classify(&e) == Failure::Transient,
@@ -260,7 +276,12 @@ impl<DB: Backend> Store for SqlxStore<'_, DB> {
         let tx = DB::begin_claim(self.pool)
             .await
             .map_err(|e| store_error("beginning the handler's transaction", e))?;
-        Ok(ClaimedTx { tx, owner: 0, sql })
+        Ok(ClaimedTx {
+            tx,
+            owner: 0,
+            sql,
+            named: crate::pooler::named(self.pool),
+        })
     }
 
     async fn commit(&self, claimed: ClaimedTx<DB>) -> Result<(), Error> {
@@ -272,7 +293,6 @@ impl<DB: Backend> Store for SqlxStore<'_, DB> {
     }
 
     fn ledger_identity(&self) -> Option<usize> {
-        // The pool's shared options live once per pool, whichever clone reaches them.
-        Some(std::ptr::from_ref(self.pool.options()) as usize)
+        Some(crate::pooler::identity(self.pool))
     }
 }
