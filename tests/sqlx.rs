@@ -54,7 +54,7 @@ enum Then {
 /// The cases, once, for the pool type `$pool` whose statements use `$p1`..`$p3` as their
 /// placeholders; `$connect` makes the pool for a test.
 macro_rules! suite {
-    ($name:ident, $pool:ty, [$p1:literal, $p2:literal, $p3:literal], $effects_ddl:literal, $connect:expr) => {
+    ($name:ident, $pool:ty, [$p1:literal, $p2:literal, $p3:literal], $effects_ddl:literal, $connect:expr, schema = $schema:literal, fresh = $fresh:expr) => {
         mod $name {
             use super::*;
 
@@ -141,6 +141,35 @@ macro_rules! suite {
 
             fn cmd(amount: i64) -> Pay {
                 Pay { key: unique("key"), run: unique("run"), amount }
+            }
+
+            /// A database of the test's own without idem's tables, or `None` when the run does
+            /// not cover this backend.
+            async fn fresh() -> Option<$pool> {
+                $fresh
+            }
+
+            #[tokio::test]
+            async fn idem_schema_applies_as_a_sqlx_migration_and_serves_calls() {
+                let Some(pool) = fresh().await else { return };
+                // What `idem schema --backend … --only ledger` prints, as the app's first
+                // migration; the app's own table as its second.
+                let dir = std::env::temp_dir().join(unique("idem-migrations"));
+                std::fs::create_dir_all(&dir).expect("dir");
+                let ledger = include_str!(concat!("../idem-sql/schema/", $schema, "/ledger.sql"));
+                std::fs::write(dir.join("0001_idem_ledger.sql"), ledger).expect("write");
+                std::fs::write(dir.join("0002_effects.sql"), $effects_ddl).expect("write");
+                let migrator = sqlx::migrate::Migrator::new(dir.as_path()).await.expect("migrations");
+                migrator.run(&pool).await.expect("sqlx migrate run");
+                let _ = std::fs::remove_dir_all(&dir);
+                let runs = AtomicUsize::new(0);
+                let c = cmd(9);
+                let first = pay(&pool, c.clone(), Then::Answer, &runs, None).await;
+                let again = pay(&pool, c.clone(), Then::Answer, &runs, None).await;
+                assert_eq!(first, Ok(1009));
+                assert_eq!(again, first, "replayed");
+                assert_eq!(runs.load(Ordering::SeqCst), 1);
+                assert_eq!(effects(&pool, &c.run).await, 1);
             }
 
             #[tokio::test]
@@ -246,6 +275,12 @@ suite!(
             .connect(&sqlite_url("idem-sqlx"))
             .await
             .expect("sqlite")
+    ),
+    schema = "sqlite",
+    fresh = Some(
+        sqlx::SqlitePool::connect(&sqlite_url("idem-sqlx-fresh"))
+            .await
+            .expect("sqlite")
     )
 );
 
@@ -259,6 +294,26 @@ suite!(
             panic!("cannot connect to {url} (set by the environment, so this fails): {e}")
         })),
         None => None,
+    },
+    schema = "postgres",
+    fresh = match server_url("postgres") {
+        // A schema of the test's own, first on the search path.
+        Some(url) => {
+            let admin = sqlx::PgPool::connect(&url).await.expect("PostgreSQL");
+            let schema = unique("mig").replace('-', "_");
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+                .execute(&admin)
+                .await
+                .expect("schema");
+            let options: sqlx::postgres::PgConnectOptions = url.parse().expect("url");
+            let options = options.options([("search_path", schema.as_str())]);
+            Some(
+                sqlx::PgPool::connect_with(options)
+                    .await
+                    .expect("PostgreSQL"),
+            )
+        }
+        None => None,
     }
 );
 
@@ -271,6 +326,25 @@ suite!(
         Some(url) => Some(sqlx::MySqlPool::connect(&url).await.unwrap_or_else(|e| {
             panic!("cannot connect to {url} (set by the environment, so this fails): {e}")
         })),
+        None => None,
+    },
+    schema = "mysql",
+    fresh = match server_url("mysql") {
+        // A database of the test's own.
+        Some(url) => {
+            let admin = sqlx::MySqlPool::connect(&url).await.expect("MySQL");
+            let database = unique("mig").replace('-', "_");
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
+                .execute(&admin)
+                .await
+                .expect("database");
+            let options: sqlx::mysql::MySqlConnectOptions = url.parse().expect("url");
+            Some(
+                sqlx::MySqlPool::connect_with(options.database(&database))
+                    .await
+                    .expect("MySQL"),
+            )
+        }
         None => None,
     }
 );
