@@ -25,6 +25,7 @@
 //! | P10 lease mode against atomic mode | [`lease`] |
 //! | P11 the HTTP layer against the peer crate axum-idempotent (Redis at `REDIS_URL`) | [`http_layer`] (client: [`http_client`]) |
 //! | P12 claims and replays as the ledger grows (`--ledger-records`) | [`growth`] |
+//! | P13 the sqlx store against hand-written sqlx idempotency and the SeaORM store (`--p13`) | [`sqlx_floor`] |
 //!
 //! The bench owns its tables: `bench_*` business tables and a ledger, lease steps and outbox of
 //! its own (a SQLite file in the temp directory; schema `bench_idem` on PostgreSQL; database
@@ -45,6 +46,7 @@ mod outbox;
 mod profile;
 mod report;
 mod setup;
+mod sqlx_floor;
 mod storm;
 mod throughput;
 mod variants;
@@ -75,6 +77,9 @@ async fn main() -> Res<()> {
     } else {
         mode
     };
+    if args.p13_only {
+        return sqlx_floor::run(args.backend, args.url.as_deref(), args.quick).await;
+    }
     if args.p5_only {
         // The request every call of the bench sends, with its 36-character key.
         let cost = fingerprint::measure(&workload::template(), &plan)?;

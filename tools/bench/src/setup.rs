@@ -18,7 +18,7 @@ use crate::workload::{PayOrder, Receipt, Sql, now_ms, template};
 
 const USAGE: &str = "usage: cargo run --release -p idem-bench -- \
 [--backend sqlite|postgres|mysql] [--quick] [--json] [--url URL] [--p7-records N] [--p11]
-[--ledger-records N[,N...]] [--p5]
+[--ledger-records N[,N...]] [--p5] [--p13]
 
 --p5                  P5 alone (the fingerprint of the 1 KiB request against SHA-256 of its
                       bytes), no database: what a change to the fingerprint is measured with
@@ -88,6 +88,8 @@ pub(crate) struct Args {
     pub(crate) ledger_records: Vec<u64>,
     /// P5 alone, without a database (what a change to the fingerprint is measured with).
     pub(crate) p5_only: bool,
+    /// `--p13`: only P13, the sqlx store against hand-written sqlx idempotency.
+    pub(crate) p13_only: bool,
 }
 
 /// A count from the command line: digits, with `_` or `,` between thousands allowed.
@@ -121,6 +123,7 @@ pub(crate) fn parse_args() -> Res<Args> {
         p7_records: None,
         p11_full: false,
         p5_only: false,
+        p13_only: false,
         ledger_records: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
@@ -142,6 +145,7 @@ pub(crate) fn parse_args() -> Res<Args> {
             }
             "--p11" => args.p11_full = true,
             "--p5" => args.p5_only = true,
+            "--p13" => args.p13_only = true,
             "--quick" => args.quick = true,
             "--json" => args.json = true,
             "-h" | "--help" => {
