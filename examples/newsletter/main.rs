@@ -1,0 +1,371 @@
+//! A newsletter service on sqlx and axum, the shape zero2prod's readers know:
+//! `cargo run --example newsletter` (SQLite; `--addr` picks the listen address, default
+//! 127.0.0.1:3001).
+//!
+//! An editor logs in (`POST /login`, a cookie naming the user; a real service checks a
+//! session), opens the form (`GET /admin/newsletters`, which carries a fresh idempotency key
+//! in a hidden field) and publishes an issue (`POST /admin/newsletters`): the issue and one
+//! delivery per confirmed subscriber are written in one transaction, and the answer is a
+//! `303 See Other` back to the form. Publishing must not happen twice: a double click, a
+//! resubmitted page or a retry after a timeout sends the same key and gets the same 303
+//! without a second issue. Keys are scoped to the logged-in user (`principal`), so two editors
+//! cannot collide; a key reused with another form is `422` (problem+json).
+//!
+//! The schema is the app's own migrations (`examples/newsletter/migrations/`, run with sqlx's
+//! migrator at start-up or `sqlx migrate run`); idem's ledger is one of them, as
+//! `idem schema --backend sqlite --only ledger` prints it.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use axum::Router;
+use axum::extract::{Form, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use idem::idempotent;
+use serde::{Deserialize, Serialize};
+use sqlx::SqlitePool;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The form an editor submits; the key is the hidden field the form page rendered.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct PublishForm {
+    title: String,
+    content: String,
+    idempotency_key: String,
+}
+
+/// Why publishing failed.
+#[derive(Debug)]
+enum PublishError {
+    /// idem's answer: a reused key (422), a duplicate still running (409), no database (503).
+    Idem(idem::Error),
+    /// The database failed: the call rolled back, a retry publishes.
+    Database(sqlx::Error),
+}
+
+impl From<idem::Error> for PublishError {
+    fn from(e: idem::Error) -> Self {
+        PublishError::Idem(e)
+    }
+}
+
+impl From<sqlx::Error> for PublishError {
+    fn from(e: sqlx::Error) -> Self {
+        PublishError::Database(e)
+    }
+}
+
+/// Publishes an issue: the issue and its deliveries in the claim's transaction (`db` is its
+/// `&mut SqliteConnection`), so they commit with the recorded answer or not at all. Its key
+/// belongs to the editor.
+#[idempotent(scope = "newsletter.publish", key = form.idempotency_key, principal = editor)]
+async fn publish_issue(
+    db: &SqlitePool,
+    editor: &str,
+    form: PublishForm,
+) -> Result<i64, PublishError> {
+    let issue_id: i64 = sqlx::query_scalar(
+        "INSERT INTO newsletter_issues (title, content, published_by) VALUES (?, ?, ?) RETURNING id",
+    )
+    .bind(&form.title)
+    .bind(&form.content)
+    .bind(editor)
+    .fetch_one(&mut *db)
+    .await?;
+    sqlx::query(
+        "INSERT INTO issue_delivery_queue (issue_id, subscriber_email) \
+         SELECT ?, email FROM subscriptions WHERE status = 'confirmed'",
+    )
+    .bind(issue_id)
+    .execute(&mut *db)
+    .await?;
+    Ok(issue_id)
+}
+
+#[derive(Clone)]
+struct AppState {
+    pool: SqlitePool,
+}
+
+/// The editor the request's cookie names.
+fn editor(headers: &HeaderMap) -> Option<String> {
+    let cookies = headers.get(header::COOKIE)?.to_str().ok()?;
+    cookies
+        .split(';')
+        .find_map(|c| c.trim().strip_prefix("editor="))
+        .filter(|name| !name.is_empty())
+        .map(str::to_owned)
+}
+
+#[derive(Deserialize)]
+struct Login {
+    username: String,
+}
+
+async fn login(Form(login): Form<Login>) -> Response {
+    let cookie = format!(
+        "editor={}; Path=/; HttpOnly; SameSite=Strict",
+        login.username
+    );
+    (
+        [(header::SET_COOKIE, cookie)],
+        Redirect::to("/admin/newsletters"),
+    )
+        .into_response()
+}
+
+async fn form_page(State(app): State<AppState>, headers: HeaderMap) -> Response {
+    let Some(editor) = editor(&headers) else {
+        return Redirect::to("/login").into_response();
+    };
+    let published: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM newsletter_issues")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap_or(0);
+    let key = uuid::Uuid::new_v4();
+    Html(format!(
+        "<p>Logged in as {editor}. {published} issues published.</p>\
+         <form method=\"post\" action=\"/admin/newsletters\">\
+         <input name=\"title\"><textarea name=\"content\"></textarea>\
+         <input type=\"hidden\" name=\"idempotency_key\" value=\"{key}\">\
+         <button>Publish</button></form>"
+    ))
+    .into_response()
+}
+
+async fn publish(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Form(form): Form<PublishForm>,
+) -> Response {
+    let Some(editor) = editor(&headers) else {
+        return Redirect::to("/login").into_response();
+    };
+    // A browser that gives up does not cut the publication off half-way: it runs to its end
+    // on a task of its own, and the retry replays it.
+    let published =
+        idem::http::run_to_completion(async move { publish_issue(&app.pool, &editor, form).await })
+            .await;
+    match published {
+        // 303: the browser GETs the form again; a replay answers the same.
+        Ok(_) => Redirect::to("/admin/newsletters").into_response(),
+        Err(PublishError::Idem(e)) => idem::axum::Problem::from(e).into_response(),
+        Err(PublishError::Database(e)) => {
+            tracing::error!(error = %e, "publishing failed");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "publishing failed; try again",
+            )
+                .into_response()
+        }
+    }
+}
+
+fn router(pool: SqlitePool) -> Router {
+    Router::new()
+        .route("/login", post(login))
+        .route("/admin/newsletters", get(form_page).post(publish))
+        .with_state(AppState { pool })
+}
+
+/// The database at `url`, migrated: the app's tables and idem's ledger.
+async fn database(url: &str) -> Result<SqlitePool, BoxError> {
+    let options: sqlx::sqlite::SqliteConnectOptions = url.parse()?;
+    let pool = SqlitePool::connect_with(options.create_if_missing(true)).await?;
+    let migrations = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/newsletter/migrations");
+    sqlx::migrate::Migrator::new(migrations)
+        .await?
+        .run(&pool)
+        .await?;
+    Ok(pool)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let addr: SocketAddr = match std::env::args().skip_while(|a| a != "--addr").nth(1) {
+        Some(addr) => addr.parse()?,
+        None => "127.0.0.1:3001".parse()?,
+    };
+    let path = std::env::temp_dir().join("idem-newsletter.db");
+    let pool = database(&format!("sqlite://{}", path.display())).await?;
+    sqlx::query(
+        "INSERT OR IGNORE INTO subscriptions (email, name, status) VALUES \
+         ('ada@example.com', 'Ada', 'confirmed'), ('alan@example.com', 'Alan', 'confirmed'), \
+         ('grace@example.com', 'Grace', 'pending_confirmation')",
+    )
+    .execute(&pool)
+    .await?;
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    println!("newsletter on http://{addr} (database {})", path.display());
+    println!("  curl -i -c jar -d username=ada http://{addr}/login");
+    println!("  curl -s -b jar http://{addr}/admin/newsletters   # the form, with its key");
+    axum::serve(listener, router(pool)).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A served app on a fresh database with two confirmed subscribers and a pending one.
+    async fn serve() -> (String, SqlitePool) {
+        let path =
+            std::env::temp_dir().join(format!("idem-newsletter-{}.db", uuid::Uuid::new_v4()));
+        let pool = database(&format!("sqlite://{}", path.display()))
+            .await
+            .expect("database");
+        sqlx::query(
+            "INSERT INTO subscriptions (email, name, status) VALUES \
+             ('a@example.com', 'A', 'confirmed'), ('b@example.com', 'B', 'confirmed'), \
+             ('c@example.com', 'C', 'pending_confirmation')",
+        )
+        .execute(&pool)
+        .await
+        .expect("subscribers");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        let app = router(pool.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (base, pool)
+    }
+
+    fn client() -> reqwest::Client {
+        reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("client")
+    }
+
+    /// Submits the form as `editor` would.
+    async fn submit(base: &str, editor: &str, title: &str, key: &str) -> reqwest::Response {
+        client()
+            .post(format!("{base}/admin/newsletters"))
+            .header(header::COOKIE, format!("editor={editor}"))
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(format!("title={title}&content=Hello&idempotency_key={key}"))
+            .send()
+            .await
+            .expect("send")
+    }
+
+    async fn issues(pool: &SqlitePool) -> (i64, i64) {
+        let issues = sqlx::query_scalar("SELECT COUNT(*) FROM newsletter_issues")
+            .fetch_one(pool)
+            .await
+            .expect("count");
+        let deliveries = sqlx::query_scalar("SELECT COUNT(*) FROM issue_delivery_queue")
+            .fetch_one(pool)
+            .await
+            .expect("count");
+        (issues, deliveries)
+    }
+
+    /// The key the form page renders, after logging in.
+    async fn form_key(base: &str) -> String {
+        let login = client()
+            .post(format!("{base}/login"))
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body("username=ada")
+            .send()
+            .await
+            .expect("login");
+        assert_eq!(login.status(), StatusCode::SEE_OTHER);
+        let cookie = login.headers()[header::SET_COOKIE]
+            .to_str()
+            .expect("cookie")
+            .to_owned();
+        let page = client()
+            .get(format!("{base}/admin/newsletters"))
+            .header(header::COOKIE, cookie.split(';').next().expect("pair"))
+            .send()
+            .await
+            .expect("page")
+            .text()
+            .await
+            .expect("html");
+        let (_, rest) = page
+            .split_once("name=\"idempotency_key\" value=\"")
+            .expect("key field");
+        rest.split('"').next().expect("key").to_owned()
+    }
+
+    #[tokio::test]
+    async fn a_double_submit_publishes_once() {
+        let (base, pool) = serve().await;
+        let key = form_key(&base).await;
+        let (first, second) = tokio::join!(
+            submit(&base, "ada", "Issue-1", &key),
+            submit(&base, "ada", "Issue-1", &key)
+        );
+        for answer in [first, second] {
+            assert_eq!(answer.status(), StatusCode::SEE_OTHER);
+            assert_eq!(answer.headers()[header::LOCATION], "/admin/newsletters");
+        }
+        assert_eq!(
+            issues(&pool).await,
+            (1, 2),
+            "one issue, one delivery per confirmed subscriber"
+        );
+        // A resubmit after the fact answers the same and publishes nothing.
+        let again = submit(&base, "ada", "Issue-1", &key).await;
+        assert_eq!(again.status(), StatusCode::SEE_OTHER);
+        assert_eq!(issues(&pool).await, (1, 2));
+    }
+
+    #[tokio::test]
+    async fn a_key_reused_with_another_form_is_refused() {
+        let (base, pool) = serve().await;
+        let key = form_key(&base).await;
+        assert_eq!(
+            submit(&base, "ada", "Issue-1", &key).await.status(),
+            StatusCode::SEE_OTHER
+        );
+        let reused = submit(&base, "ada", "Issue-2", &key).await;
+        assert_eq!(reused.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(
+            reused.headers()[header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+        assert_eq!(
+            issues(&pool).await,
+            (1, 2),
+            "the second form published nothing"
+        );
+    }
+
+    #[tokio::test]
+    async fn keys_belong_to_their_editor() {
+        let (base, pool) = serve().await;
+        let key = form_key(&base).await;
+        assert_eq!(
+            submit(&base, "ada", "Issue-1", &key).await.status(),
+            StatusCode::SEE_OTHER
+        );
+        // Another editor's form with the same key is another publication.
+        assert_eq!(
+            submit(&base, "alan", "Issue-1", &key).await.status(),
+            StatusCode::SEE_OTHER
+        );
+        assert_eq!(issues(&pool).await, (2, 4));
+    }
+
+    #[tokio::test]
+    async fn logged_out_editors_are_sent_to_log_in() {
+        let (base, pool) = serve().await;
+        let answer = client()
+            .post(format!("{base}/admin/newsletters"))
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body("title=T&content=C&idempotency_key=k-1")
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(answer.status(), StatusCode::SEE_OTHER);
+        assert_eq!(answer.headers()[header::LOCATION], "/login");
+        assert_eq!(issues(&pool).await, (0, 0));
+    }
+}

@@ -1,0 +1,5 @@
+CREATE TABLE subscriptions (
+    email TEXT NOT NULL PRIMARY KEY,
+    name TEXT NOT NULL,
+    status TEXT NOT NULL
+);
