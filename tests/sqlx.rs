@@ -143,15 +143,15 @@ macro_rules! suite {
                 Pay { key: unique("key"), run: unique("run"), amount }
             }
 
-            /// A database of the test's own without idem's tables, or `None` when the run does
-            /// not cover this backend.
-            async fn fresh() -> Option<$pool> {
+            /// A database of the test's own without idem's tables, and the statement that drops
+            /// it; `None` when the run does not cover this backend.
+            async fn fresh() -> Option<($pool, Option<String>)> {
                 $fresh
             }
 
             #[tokio::test]
             async fn idem_schema_applies_as_a_sqlx_migration_and_serves_calls() {
-                let Some(pool) = fresh().await else { return };
+                let Some((pool, drop_it)) = fresh().await else { return };
                 // What `idem schema --backend … --only ledger` prints, as the app's first
                 // migration; the app's own table as its second.
                 let dir = std::env::temp_dir().join(unique("idem-migrations"));
@@ -170,6 +170,9 @@ macro_rules! suite {
                 assert_eq!(again, first, "replayed");
                 assert_eq!(runs.load(Ordering::SeqCst), 1);
                 assert_eq!(effects(&pool, &c.run).await, 1);
+                if let Some(drop_it) = drop_it {
+                    sqlx::raw_sql(sqlx::AssertSqlSafe(drop_it)).execute(&pool).await.expect("drop");
+                }
             }
 
             #[tokio::test]
@@ -277,11 +280,12 @@ suite!(
             .expect("sqlite")
     ),
     schema = "sqlite",
-    fresh = Some(
+    fresh = Some((
         sqlx::SqlitePool::connect(&sqlite_url("idem-sqlx-fresh"))
             .await
-            .expect("sqlite")
-    )
+            .expect("sqlite"),
+        None
+    ))
 );
 
 suite!(
@@ -307,11 +311,10 @@ suite!(
                 .expect("schema");
             let options: sqlx::postgres::PgConnectOptions = url.parse().expect("url");
             let options = options.options([("search_path", schema.as_str())]);
-            Some(
-                sqlx::PgPool::connect_with(options)
-                    .await
-                    .expect("PostgreSQL"),
-            )
+            let pool = sqlx::PgPool::connect_with(options)
+                .await
+                .expect("PostgreSQL");
+            Some((pool, Some(format!("DROP SCHEMA {schema} CASCADE"))))
         }
         None => None,
     }
@@ -339,11 +342,10 @@ suite!(
                 .await
                 .expect("database");
             let options: sqlx::mysql::MySqlConnectOptions = url.parse().expect("url");
-            Some(
-                sqlx::MySqlPool::connect_with(options.database(&database))
-                    .await
-                    .expect("MySQL"),
-            )
+            let pool = sqlx::MySqlPool::connect_with(options.database(&database))
+                .await
+                .expect("MySQL");
+            Some((pool, Some(format!("DROP DATABASE {database}"))))
         }
         None => None,
     }

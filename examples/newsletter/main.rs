@@ -358,8 +358,13 @@ mod tests {
     fn the_ledger_migration_is_what_idem_schema_prints() {
         let migration = include_str!("migrations/0003_idem_ledger.sql");
         let printed = include_str!("../../idem-sql/schema/sqlite/ledger.sql");
-        let (_, rest) = migration.split_once('\n').expect("the first line says where it is from");
-        assert_eq!(rest, printed, "regenerate: idem schema --backend sqlite --only ledger");
+        let (_, rest) = migration
+            .split_once('\n')
+            .expect("the first line says where it is from");
+        assert_eq!(
+            rest, printed,
+            "regenerate: idem schema --backend sqlite --only ledger"
+        );
     }
 
     #[tokio::test]

@@ -3,8 +3,6 @@
 use idem_core::Error;
 use sea_orm::DbErr;
 
-use crate::LEDGER_TABLE;
-
 pub(crate) use idem_sql::Failure;
 
 #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
@@ -69,30 +67,14 @@ pub(crate) fn classify(e: &DbErr) -> Failure {
     Failure::Other
 }
 
-/// Converts a database error met while `doing` something into [`Error::Store`].
+/// Converts a database error met while `doing` something into an idem error.
 pub(crate) fn store_error(doing: &str, e: DbErr) -> Error {
-    let message = match classify(&e) {
-        Failure::MissingTable => {
-            return Error::Store {
-                message: format!(
-                    "the ledger table `{LEDGER_TABLE}` is missing: call \
-                    `idem::sea_orm::create_tables(&db)` at startup, or add \
-                    `idem::sea_orm::Migration` to your sea-orm-migration Migrator"
-                ),
-                source: Some(Box::new(e)),
-            };
-        }
-        Failure::Unavailable => {
-            return Error::Unavailable {
-                message: format!("no database connection while {doing} ({e})"),
-                retry_after: std::time::Duration::from_secs(1),
-            };
-        }
-        Failure::Transient => return Error::conflict(doing),
-        Failure::LockTimeout => format!("lock wait timed out while {doing}"),
-        Failure::Other => format!("database error while {doing}"),
-    };
-    Error::store(message, e)
+    classify(&e).error(
+        doing,
+        e,
+        "call `idem::sea_orm::create_tables(&db)` at startup, or add \
+         `idem::sea_orm::Migration` to your sea-orm-migration Migrator",
+    )
 }
 
 #[cfg(test)]
@@ -100,6 +82,7 @@ mod tests {
     use sea_orm::{ConnectionTrait, Database};
 
     use super::*;
+    use crate::LEDGER_TABLE;
 
     #[tokio::test]
     async fn a_missing_ledger_is_named_with_the_fix() {

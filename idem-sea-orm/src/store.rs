@@ -390,10 +390,7 @@ async fn record_step(
         .await
         .map_err(|e| store_error("recording the result", e))?;
     if updated.rows_affected() != 1 {
-        return Err(Error::Store {
-            message: "the claim was lost before its result was recorded".to_owned(),
-            source: None,
-        });
+        return Err(idem_sql::claim_lost());
     }
     tx.commit()
         .await

@@ -1,6 +1,8 @@
 //! What a database error means for a claim, from the codes the servers give it: the same for
 //! every store, whichever driver carried the error.
 
+use idem_core::Error;
+
 /// What kind of failure a database error is, as far as the ledger cares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Failure {
@@ -38,6 +40,48 @@ impl Failure {
     /// Whether an error's message says the ledger table is missing (SQLite gives no code).
     pub fn names_missing_ledger(message: &str) -> bool {
         message.contains(&format!("no such table: {}", crate::LEDGER_TABLE))
+    }
+}
+
+impl Failure {
+    /// The idem error for database error `e`, of this kind, met while `doing` something:
+    /// [`Error::Unavailable`] for a lost connection, [`Error::Conflict`] for a transient
+    /// failure (the engine runs the call again), else [`Error::Store`]. A missing ledger
+    /// names the fix, `create_tables` (how this store's users create it).
+    pub fn error<E>(self, doing: &str, e: E, create_tables: &str) -> Error
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let message = match self {
+            Failure::MissingTable => {
+                return Error::store(
+                    format!(
+                        "the ledger table `{}` is missing: {create_tables}",
+                        crate::LEDGER_TABLE
+                    ),
+                    e,
+                );
+            }
+            Failure::Unavailable => {
+                return Error::Unavailable {
+                    message: format!("no database connection while {doing} ({e})"),
+                    retry_after: std::time::Duration::from_secs(1),
+                };
+            }
+            Failure::Transient => return Error::conflict(doing),
+            Failure::LockTimeout => format!("lock wait timed out while {doing}"),
+            Failure::Other => format!("database error while {doing}"),
+        };
+        Error::store(message, e)
+    }
+}
+
+/// The error of a record whose claim another call took over before it was written (its
+/// fenced update changed no row).
+pub fn claim_lost() -> Error {
+    Error::Store {
+        message: "the claim was lost before its result was recorded".to_owned(),
+        source: None,
     }
 }
 

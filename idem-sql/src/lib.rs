@@ -38,7 +38,7 @@ use std::sync::LazyLock;
 pub use bound::{Bound, Param};
 pub use claim::{ClaimConnection, ClaimRow, ClaimStep, Claimed, claim};
 pub use completer::{Completer, NewCall};
-pub use failure::Failure;
+pub use failure::{Failure, claim_lost};
 pub use flavour::{
     Dialect, FORCE_MYSQL8_ENV, Flavour, GALERA_SYNC_WAIT_ENV, SELECT_VERSION, SELECT_WSREP_ON,
     has_returning, mysql_flavour,

@@ -231,10 +231,7 @@ impl<DB: Backend> Store for SqlxStore<'_, DB> {
                 .await
                 .map_err(|e| store_error("recording the result", e))?;
             if updated != 1 {
-                return Err(Error::Store {
-                    message: "the claim was lost before its result was recorded".to_owned(),
-                    source: None,
-                });
+                return Err(idem_sql::claim_lost());
             }
             tx.commit()
                 .await
