@@ -331,6 +331,18 @@ pub mod axum {
     };
 }
 
+/// actix-web 4 glue (feature `actix`; the `idem-actix` crate), the same contract as
+/// `idem::axum`, over [`idem::http`](crate::http): the [`IdempotencyKey`](actix::IdempotencyKey) extractor (400
+/// without a valid key), [`Problem`](actix::Problem) as actix's `ResponseError` (every
+/// [`Error`] with its status, problem+json and `Retry-After`), and
+/// [`respond`](actix::respond), which runs the call to completion on a task of its own and
+/// marks replays with `Idempotent-Replayed: true`.
+#[cfg(feature = "actix")]
+#[cfg_attr(docsrs, doc(cfg(feature = "actix")))]
+pub mod actix {
+    pub use idem_actix::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, Problem, respond};
+}
+
 /// The SeaORM ledger store: schema, migration, purge.
 #[cfg(feature = "sea-orm")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sea-orm")))]

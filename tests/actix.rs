@@ -1,0 +1,187 @@
+//! The actix-web front door (issue 32 item 2): a real actix-web server and a real HTTP client,
+//! on every backend of the run: the key header (400 without it), a replay marked
+//! `Idempotent-Replayed`, a reused key answered 422, concurrent duplicates run once, and a
+//! client that hangs up mid-call finds it finished and replayed on retry. Every case counts
+//! the effect rows. (actix-web keeps polling a handler whose client left, so that case passes
+//! without `respond`'s task too: the task guards the call where actix drops the handler, at
+//! a worker's shutdown.)
+
+mod common;
+
+use actix_web::http::StatusCode;
+use actix_web::{App, HttpResponse, HttpServer, web};
+use common::{Gate, backends, effects, insert_effect, unique};
+use idem::actix::{IdempotencyKey, Problem, respond};
+use idem::idempotent;
+use sea_orm::DatabaseConnection;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Pay {
+    run: String,
+    amount: i64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Receipt {
+    run: String,
+    amount: i64,
+}
+
+#[idempotent(scope = "actix.pay", key = key, skip(gate))]
+async fn pay_order(
+    db: &DatabaseConnection,
+    key: IdempotencyKey,
+    cmd: Pay,
+    gate: Option<Gate>,
+) -> Result<Receipt, Problem> {
+    insert_effect(db, &cmd.run, "pay", cmd.amount).await;
+    if let Some(gate) = gate {
+        gate.pass().await;
+    }
+    Ok(Receipt {
+        run: cmd.run,
+        amount: cmd.amount,
+    })
+}
+
+async fn pay(
+    db: web::Data<DatabaseConnection>,
+    gate: web::Data<Option<Gate>>,
+    key: IdempotencyKey,
+    body: web::Json<Pay>,
+) -> HttpResponse {
+    let (db, gate, cmd) = (
+        db.get_ref().clone(),
+        gate.get_ref().clone(),
+        body.into_inner(),
+    );
+    respond(StatusCode::CREATED, async move {
+        pay_order(&db, key, cmd, gate).await
+    })
+    .await
+}
+
+/// An actix-web server on a free port; its base URL.
+fn serve(db: &DatabaseConnection, gate: Option<Gate>) -> String {
+    let (db, gate) = (web::Data::new(db.clone()), web::Data::new(gate));
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(db.clone())
+            .app_data(gate.clone())
+            .route("/pay", web::post().to(pay))
+    })
+    .workers(2)
+    .disable_signals()
+    .bind(("127.0.0.1", 0))
+    .expect("bind");
+    let addr = server.addrs()[0];
+    tokio::spawn(server.run());
+    format!("http://{addr}/pay")
+}
+
+async fn post(url: &str, key: Option<&str>, body: &Value) -> reqwest::Response {
+    let mut request = reqwest::Client::new().post(url).json(body);
+    if let Some(key) = key {
+        request = request.header("Idempotency-Key", key);
+    }
+    request.send().await.expect("send")
+}
+
+#[tokio::test]
+async fn the_contract_over_a_real_actix_server() {
+    for b in backends().await {
+        let url = serve(&b.db, None);
+        let run = unique("actix");
+        let body = json!({"run": run, "amount": 5});
+
+        let missing = post(&url, None, &body).await;
+        assert_eq!(missing.status(), 400, "{}", b.name);
+        assert_eq!(
+            missing.headers()["content-type"],
+            "application/problem+json"
+        );
+        assert_eq!(effects(&b.db, &run).await, 0, "{}: no key, no call", b.name);
+
+        let key = unique("k");
+        let first = post(&url, Some(&key), &body).await;
+        assert_eq!(first.status(), 201, "{}", b.name);
+        assert!(first.headers().get("idempotent-replayed").is_none());
+        let first: Value = first.json().await.expect("json");
+        let again = post(&url, Some(&key), &body).await;
+        assert_eq!(
+            again.status(),
+            201,
+            "{}: a replay answers as the first",
+            b.name
+        );
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        assert_eq!(again.json::<Value>().await.expect("json"), first);
+        assert_eq!(
+            effects(&b.db, &run).await,
+            1,
+            "{}: replayed, not run",
+            b.name
+        );
+
+        let other = json!({"run": run, "amount": 6});
+        let reused = post(&url, Some(&key), &other).await;
+        assert_eq!(reused.status(), 422, "{}", b.name);
+        assert_eq!(reused.headers()["content-type"], "application/problem+json");
+        assert_eq!(
+            effects(&b.db, &run).await,
+            1,
+            "{}: a reused key runs nothing",
+            b.name
+        );
+
+        let storm_run = unique("actix-storm");
+        let storm_body = json!({"run": storm_run, "amount": 7});
+        let storm_key = unique("k");
+        let answers = futures_util::future::join_all(
+            (0..10).map(|_| post(&url, Some(&storm_key), &storm_body)),
+        )
+        .await;
+        for answer in answers {
+            assert_eq!(answer.status(), 201, "{}", b.name);
+        }
+        assert_eq!(
+            effects(&b.db, &storm_run).await,
+            1,
+            "{}: 10 duplicates, one run",
+            b.name
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_mid_call_finds_it_finished_on_retry() {
+    for b in backends().await {
+        let gate = Gate::default();
+        let url = serve(&b.db, Some(gate.clone()));
+        let run = unique("actix-hangup");
+        let body = json!({"run": run, "amount": 8});
+        let key = unique("k");
+        let gone = {
+            let (url, key, body) = (url.clone(), key.clone(), body.clone());
+            tokio::spawn(async move {
+                reqwest::Client::new()
+                    .post(&url)
+                    .header("Idempotency-Key", key)
+                    .json(&body)
+                    .timeout(std::time::Duration::from_millis(300))
+                    .send()
+                    .await
+            })
+        };
+        gate.entered().await;
+        assert!(gone.await.expect("task").is_err(), "the client gave up");
+        gate.release();
+        // The call finishes on its own; the retry waits for it or replays it.
+        let retry = post(&url, Some(&key), &body).await;
+        assert_eq!(retry.status(), 201, "{}", b.name);
+        assert_eq!(retry.headers()["idempotent-replayed"], "true", "{}", b.name);
+        assert_eq!(effects(&b.db, &run).await, 1, "{}: ran once", b.name);
+    }
+}
