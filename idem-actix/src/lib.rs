@@ -54,19 +54,8 @@ impl serde::Serialize for IdempotencyKey {
 
 /// The key of `request`: `None` without the header, an error for a malformed or repeated one.
 fn key_of(request: &HttpRequest) -> Result<Option<IdempotencyKey>, Error> {
-    let mut values = request.headers().get_all(IDEMPOTENCY_KEY.as_str());
-    let Some(value) = values.next() else {
-        return Ok(None);
-    };
-    let more = values.count();
-    if more > 0 {
-        return Err(Error::InvalidKey {
-            problem: idem_core::KeyProblem::Repeated { count: more + 1 },
-        });
-    }
-    idem_http::parse_key(value.as_bytes())
-        .map(IdempotencyKey)
-        .map(Some)
+    let fields = request.headers().get_all(IDEMPOTENCY_KEY.as_str());
+    Ok(idem_http::key_of_fields(fields.map(|value| value.as_bytes()))?.map(IdempotencyKey))
 }
 
 impl FromRequest for IdempotencyKey {

@@ -155,6 +155,14 @@ pub fn open_claim() -> Option<OpenClaim> {
     OPEN_CLAIM.try_with(|c| *c).ok()
 }
 
+/// Whether an atomic-mode body runs in this task with its claim open on the ledger `ledger`
+/// ([`Store::ledger_identity`] of a pool), or on a ledger it cannot tell apart: a claim
+/// through that pool now would commit on its own instead of with the body, or wait for the
+/// body's own lock. The pooled stores refuse such a claim.
+pub fn inside_open_claim(ledger: Option<usize>) -> bool {
+    open_claim().is_some_and(|open| open.ledger.is_none() || open.ledger == ledger)
+}
+
 /// How one try of a call ended.
 enum Try<R> {
     /// With the caller's answer.

@@ -34,6 +34,17 @@ impl Concurrency {
     pub const DEFAULT: Self = Self::Wait {
         bound: Self::DEFAULT_BOUND,
     };
+
+    /// How long a store's claim may wait for a pooled connection, at most `wait`: under
+    /// `Wait`, four fifths of its bound at most, leaving a fifth for the lock wait that
+    /// follows, so that a missing connection is an outage told promptly, never mistaken for
+    /// another call holding the key.
+    pub fn connection_wait(self, wait: Duration) -> Duration {
+        match self {
+            Self::Wait { bound } => wait.min(bound.mul_f64(0.8)),
+            Self::Reject => wait,
+        }
+    }
 }
 
 /// What a claim found.

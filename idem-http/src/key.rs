@@ -1,6 +1,6 @@
 //! The `Idempotency-Key` request header and the `Idempotent-Replayed` response header.
 
-use http::{HeaderMap, HeaderName};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use idem_core::{Error, Key, KeyProblem};
 
 /// The request header carrying the key.
@@ -41,7 +41,17 @@ pub fn parse_key(value: &[u8]) -> Result<Key, Error> {
 /// or repeated one (`Error::InvalidKey`, answered 400). Where the key is required, `None` is
 /// `Error::MissingKey` (400 too).
 pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<Key>, Error> {
-    let mut fields = headers.get_all(IDEMPOTENCY_KEY).iter();
+    key_of_fields(
+        headers
+            .get_all(IDEMPOTENCY_KEY)
+            .iter()
+            .map(HeaderValue::as_bytes),
+    )
+}
+
+/// [`idempotency_key`] from the values of a request's `Idempotency-Key` fields, for a
+/// framework whose header map is not the `http` crate's (actix-web 4).
+pub fn key_of_fields<'v>(mut fields: impl Iterator<Item = &'v [u8]>) -> Result<Option<Key>, Error> {
     let Some(value) = fields.next() else {
         return Ok(None);
     };
@@ -51,5 +61,5 @@ pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<Key>, Error> {
             problem: KeyProblem::Repeated { count: more + 1 },
         });
     }
-    parse_key(value.as_bytes()).map(Some)
+    parse_key(value).map(Some)
 }

@@ -21,8 +21,7 @@ use crate::error::store_error;
 use crate::group_commit::{self, Write, Written};
 use crate::sql::{Bound, NewCall, NewRecord, Sql, millis, statement};
 use crate::store::{
-    Row, begin_within, connection_wait, detached, ledger_row, list_rows, read_row,
-    within_connection_wait,
+    Row, begin_within, connection_wait, detached, list_rows, read_row, within_connection_wait,
 };
 
 /// The ledger in lease mode on a SeaORM connection; `#[idempotent(..., lease = "…")]` builds
@@ -175,7 +174,7 @@ async fn claim(
     {
         return Ok(answer);
     }
-    let tx = begin_within(&db, connection_wait(None))
+    let tx = begin_within(&db, connection_wait())
         .await
         .map_err(|e| store_error(doing, e))?;
     let failed = |e: DbErr| store_error(doing, e);
@@ -402,7 +401,7 @@ impl LeaseStore for SeaOrmLeaseStore {
         });
         let step = claim(
             self.db.clone(),
-            ledger_row(req, owner, lease),
+            NewRecord::of(req, owner, lease),
             stored_call,
             *req.id(),
             owner,
@@ -441,7 +440,7 @@ impl LeaseStore for SeaOrmLeaseStore {
         let (db, ticket, name, payload) =
             (self.db.clone(), *ticket, name.to_owned(), payload.to_vec());
         Box::pin(detached(async move {
-            let tx = begin_within(&db, connection_wait(None))
+            let tx = begin_within(&db, connection_wait())
                 .await
                 .map_err(|e| store_error("recording a step", e))?;
             fence(&tx, &ticket, "").await?;
@@ -473,7 +472,7 @@ impl LeaseStore for SeaOrmLeaseStore {
                     Err(lost())
                 };
             }
-            let tx = begin_within(&db, connection_wait(None))
+            let tx = begin_within(&db, connection_wait())
                 .await
                 .map_err(|e| store_error("recording the result", e))?;
             record_completion(tx, ticket, status, payload, ttl, resumable).await
@@ -552,7 +551,7 @@ where
         &'t DatabaseTransaction,
     ) -> Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>,
 {
-    let tx = begin_within(db, connection_wait(None))
+    let tx = begin_within(db, connection_wait())
         .await
         .map_err(|e| store_error("beginning the final phase", e))?;
     let value = writes(&tx).await?;
@@ -590,7 +589,7 @@ where
         return Err(lease.lose().into());
     }
     let ticket = lease.ticket();
-    let tx = begin_within(db, connection_wait(None))
+    let tx = begin_within(db, connection_wait())
         .await
         .map_err(|e| store_error("beginning the final phase", e))?;
     if let Err(e) = fence(&tx, &ticket, "").await {

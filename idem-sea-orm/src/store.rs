@@ -12,7 +12,7 @@ use sea_orm::{
 };
 
 use crate::error::{Failure, classify, store_error};
-use crate::sql::{Bound, NewRecord, statement};
+use crate::sql::{Bound, NewRecord, Sql, statement};
 use idem_sql::{ClaimConnection, Claimed};
 
 /// The ledger on a SeaORM connection (SQLite, PostgreSQL, MySQL/MariaDB).
@@ -75,12 +75,8 @@ pub(crate) fn outside_open_claim_sqlite(db: &DatabaseConnection, scope: &str) ->
 /// same pool: the call would commit on its own instead of with the body (PostgreSQL, MySQL),
 /// or wait for the body's own write lock (SQLite). `what` names the call's kind.
 pub(crate) fn outside_open_claim(db: &DatabaseConnection, what: &str) -> Result<(), Error> {
-    let Some(open) = idem_core::atomic::open_claim() else {
-        return Ok(());
-    };
-    let pool = SeaOrmStore::new(db).ledger_identity();
-    if open.ledger.is_some() && open.ledger != pool {
-        return Ok(()); // another database: nothing shared with the open claim
+    if !idem_core::atomic::inside_open_claim(SeaOrmStore::new(db).ledger_identity()) {
+        return Ok(()); // no open claim, or one on another database
     }
     Err(Error::Store {
         message: format!(
@@ -109,12 +105,6 @@ pub(crate) async fn list_rows<C: ConnectionTrait, T>(
         .map_err(|e| store_error(doing, e))
 }
 
-/// A ledger row's values, in the order every statement that writes a whole row binds them
-/// ([`NewRecord::of`]).
-pub(crate) fn ledger_row(req: &Request, owner: i64, lives: std::time::Duration) -> NewRecord {
-    NewRecord::of(req, owner, lives)
-}
-
 /// A key claimed on the SeaORM ledger: the claim's transaction (the handler body runs in it)
 /// and the owner token its record is written under.
 #[derive(Debug)]
@@ -141,11 +131,10 @@ pub fn set_connection_wait(wait: Duration) {
     CONNECTION_WAIT_MS.store(ms, Ordering::Relaxed);
 }
 
-/// The connection wait of a call whose own bound is `call_bound`.
-pub(crate) fn connection_wait(call_bound: Option<Duration>) -> Duration {
-    let wait = Duration::from_millis(CONNECTION_WAIT_MS.load(Ordering::Relaxed));
-    // Leave a fifth of the call's bound for the lock wait that follows.
-    call_bound.map_or(wait, |bound| wait.min(bound.mul_f64(0.8)))
+/// The connection wait ([`set_connection_wait`]) of a call with no bound of its own (lease
+/// mode); an atomic call keeps it under its bound ([`Concurrency::connection_wait`]).
+pub(crate) fn connection_wait() -> Duration {
+    Duration::from_millis(CONNECTION_WAIT_MS.load(Ordering::Relaxed))
 }
 
 /// Begins a claim's transaction, waiting at most `wait` for a connection.
@@ -163,7 +152,7 @@ pub(crate) async fn within_connection_wait<T>(
     db: &DatabaseConnection,
     work: impl Future<Output = Result<T, DbErr>>,
 ) -> Result<T, DbErr> {
-    bounded(db, connection_wait(None), work).await
+    bounded(db, connection_wait(), work).await
 }
 
 /// `work`, failing as a connection timeout after `wait`. SQLite is not bounded: an embedded
@@ -287,7 +276,7 @@ async fn claim_in(
 ) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
     // After `begin`, which learns which MySQL family the server is.
     let d = crate::sql::of(tx.get_database_backend());
-    match idem_sql::claim(&mut InClaim(&tx), d, step).await? {
+    match idem_sql::claim(&mut InClaim { tx: &tx, sql: d }, d, step).await? {
         Claimed::Execute => Ok(Claim::Execute(ClaimedTx {
             body: None,
             tx,
@@ -308,25 +297,27 @@ async fn claim_in(
     }
 }
 
-/// A claim's transaction, as [`idem_sql::claim`] runs its statements.
-struct InClaim<'t>(&'t DatabaseTransaction);
+/// A claim's transaction, as [`idem_sql::claim`] runs its statements, and the statements'
+/// dialect.
+struct InClaim<'t> {
+    tx: &'t DatabaseTransaction,
+    sql: &'static Sql,
+}
 
 impl ClaimConnection for InClaim<'_> {
     type Error = DbErr;
 
     async fn fetch_row(&mut self, bound: Bound<'static>) -> Result<Option<Row>, DbErr> {
-        let d = crate::sql::of(self.0.get_database_backend());
-        let row = self.0.query_one_raw(statement(d, bound)).await?;
+        let row = self.tx.query_one_raw(statement(self.sql, bound)).await?;
         row.map(|row| read_row(&row)).transpose()
     }
 
     async fn execute_unprepared(&mut self, sql: &str) -> Result<(), DbErr> {
-        self.0.execute_unprepared(sql).await.map(drop)
+        self.tx.execute_unprepared(sql).await.map(drop)
     }
 
     async fn execute(&mut self, bound: Bound<'static>) -> Result<u64, DbErr> {
-        let d = crate::sql::of(self.0.get_database_backend());
-        let done = self.0.execute_raw(statement(d, bound)).await?;
+        let done = self.tx.execute_raw(statement(self.sql, bound)).await?;
         Ok(done.rows_affected())
     }
 
@@ -412,14 +403,11 @@ impl Store for SeaOrmStore<'_> {
         let owner = random_token();
         let step = ClaimStep {
             claim: idem_sql::ClaimStep {
-                row: ledger_row(req, owner, req.ttl()),
+                row: NewRecord::of(req, owner, req.ttl()),
                 reject: req.concurrency() == Concurrency::Reject,
                 savepoint: req.savepoint(),
             },
-            connection_wait: connection_wait(match req.concurrency() {
-                Concurrency::Wait { bound } => Some(bound),
-                _ => None,
-            }),
+            connection_wait: req.concurrency().connection_wait(connection_wait()),
         };
         match self.db {
             Conn::Pool(db) => detached(claim_step(db.clone(), step)).await,
@@ -439,7 +427,7 @@ impl Store for SeaOrmStore<'_> {
         payload: &[u8],
     ) -> Result<(), Error> {
         // Where the claim wrote nothing (SQLite), the record writes the whole row.
-        let row = ledger_row(req, owner, req.ttl());
+        let row = NewRecord::of(req, owner, req.ttl());
         let values = crate::sql::of(self.backend())
             .ledger
             .record(&row, status.code(), payload);

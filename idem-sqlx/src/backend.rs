@@ -66,16 +66,6 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     fn execute_unprepared<'c>(conn: &'c mut Self::Connection, sql: &'c str) -> Step<'c, ()>;
 }
 
-/// The SQL of `statement` as sqlx takes it: the statements are `'static`, so not copied.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-fn sql_of(statement: &Bound<'static>) -> sqlx::SqlStr {
-    use sqlx::SqlSafeStr;
-    match &statement.sql {
-        Cow::Borrowed(sql) => sql.into_sql_str(),
-        Cow::Owned(sql) => sqlx::AssertSqlSafe(sql.clone()).into_sql_str(),
-    }
-}
-
 // Unused when no database feature is on.
 #[allow(unused_macros)]
 macro_rules! backend {
@@ -101,8 +91,7 @@ macro_rules! backend {
             ) -> Step<'c, Option<ClaimRow>> {
                 Box::pin(async move {
                     use sqlx::Row as _;
-                    let query =
-                        bind(sqlx::query(sql_of(&statement)), statement.params).persistent(named);
+                    let query = query::<Self>(statement, named);
                     let Some(row) = query.fetch_optional(&mut *conn).await? else {
                         return Ok(None);
                     };
@@ -123,8 +112,7 @@ macro_rules! backend {
                 named: bool,
             ) -> Step<'c, u64> {
                 Box::pin(async move {
-                    let query =
-                        bind(sqlx::query(sql_of(&statement)), statement.params).persistent(named);
+                    let query = query::<Self>(statement, named);
                     Ok(query.execute(&mut *conn).await?.rows_affected())
                 })
             }
@@ -136,8 +124,7 @@ macro_rules! backend {
             ) -> Step<'c, Vec<String>> {
                 Box::pin(async move {
                     use sqlx::Row as _;
-                    let query =
-                        bind(sqlx::query(sql_of(&statement)), statement.params).persistent(named);
+                    let query = query::<Self>(statement, named);
                     let rows = query.fetch_all(&mut *conn).await?;
                     rows.iter().map(|row| row.try_get(0)).collect()
                 })
@@ -175,20 +162,27 @@ macro_rules! backend {
 
 /// Binds a [`Param`] the way one database takes it.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-trait Binds: sqlx::Database {
+trait Binds: sqlx::Database + sqlx::database::HasStatementCache {
     fn bind_one<'q>(
         query: sqlx::query::Query<'q, Self, <Self as sqlx::Database>::Arguments>,
         param: Param,
     ) -> sqlx::query::Query<'q, Self, <Self as sqlx::Database>::Arguments>;
 }
 
-/// `query` with `params` bound in placeholder order.
+/// `statement` as a sqlx query: its text (`'static`, so not copied), its values bound in
+/// placeholder order, named ([`crate::through_transaction_pooler`]) or not.
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-fn bind<'q, DB: Binds>(
-    query: sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments>,
-    params: Vec<Param>,
+fn query<'q, DB: Binds>(
+    statement: Bound<'static>,
+    named: bool,
 ) -> sqlx::query::Query<'q, DB, <DB as sqlx::Database>::Arguments> {
-    params.into_iter().fold(query, DB::bind_one)
+    use sqlx::SqlSafeStr;
+    let sql = match statement.sql {
+        Cow::Borrowed(sql) => sql.into_sql_str(),
+        Cow::Owned(sql) => sqlx::AssertSqlSafe(sql).into_sql_str(),
+    };
+    let query = sqlx::query(sql).persistent(named);
+    statement.params.into_iter().fold(query, DB::bind_one)
 }
 
 #[cfg(feature = "postgres")]

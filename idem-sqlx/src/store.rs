@@ -98,27 +98,19 @@ impl<DB: Backend> ClaimConnection for InClaim<'_, DB> {
 }
 
 /// How long a claim waits for a connection: the pool's own acquire timeout, kept under the
-/// call's wait bound (`on_concurrent = wait("…")`) so that a missing connection is an outage
-/// (503), told promptly, never mistaken for another call holding the key. SQLite is not
-/// bounded: an embedded database cannot go away, and its connections are queued for.
-fn connection_wait<DB: Backend>(pool: &Pool<DB>, call_bound: Option<Duration>) -> Option<Duration> {
-    if DB::DIALECT == Dialect::Sqlite {
-        return None;
-    }
-    let wait = pool.options().get_acquire_timeout();
-    // Leave a fifth of the call's bound for the lock wait that follows.
-    Some(call_bound.map_or(wait, |bound| wait.min(bound.mul_f64(0.8))))
+/// call's wait bound ([`Concurrency::connection_wait`]). SQLite is not bounded: an embedded
+/// database cannot go away, and its connections are queued for.
+fn connection_wait<DB: Backend>(pool: &Pool<DB>, concurrency: Concurrency) -> Option<Duration> {
+    (DB::DIALECT != Dialect::Sqlite)
+        .then(|| concurrency.connection_wait(pool.options().get_acquire_timeout()))
 }
 
 /// Refuses a claim through the pool while an atomic-mode body runs in this task on the same
 /// pool: the call would commit on its own instead of with the body, or wait for the body's
 /// own lock.
 fn outside_open_claim<DB: Backend>(store: &SqlxStore<'_, DB>, what: &str) -> Result<(), Error> {
-    let Some(open) = idem_core::atomic::open_claim() else {
-        return Ok(());
-    };
-    if open.ledger.is_some() && open.ledger != store.ledger_identity() {
-        return Ok(()); // another database: nothing shared with the open claim
+    if !idem_core::atomic::inside_open_claim(store.ledger_identity()) {
+        return Ok(()); // no open claim, or one on another database
     }
     Err(Error::Store {
         message: format!(
@@ -193,13 +185,7 @@ impl<DB: Backend> Store for SqlxStore<'_, DB> {
             reject: req.concurrency() == Concurrency::Reject,
             savepoint: req.savepoint(),
         };
-        let wait = connection_wait(
-            self.pool,
-            match req.concurrency() {
-                Concurrency::Wait { bound } => Some(bound),
-                _ => None,
-            },
-        );
+        let wait = connection_wait(self.pool, req.concurrency());
         detached(claim_step(self.pool.clone(), step, wait)).await
     }
 
