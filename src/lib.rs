@@ -343,6 +343,21 @@ pub mod actix {
     pub use idem_actix::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, Problem, respond};
 }
 
+/// tonic (gRPC) glue (feature `tonic`; the `idem-tonic` crate): the contract of `idem::http`
+/// mapped onto gRPC. [`IdempotencyKey`](tonic::IdempotencyKey) reads the `idempotency-key`
+/// metadata, [`status`](tonic::status) answers every idem error with its gRPC code (the table
+/// in [`idem_tonic`]), [`respond`](tonic::respond) runs a call to completion and marks replays
+/// `idempotent-replayed: true`, and [`IdempotencyLayer`](tonic::IdempotencyLayer) records
+/// whole unary calls, fingerprinting their decoded messages.
+#[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+pub mod tonic {
+    pub use idem_tonic::{
+        GRPC_RETRY_PUSHBACK_MS, IDEM_PROBLEM, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey,
+        IdempotencyLayer, IdempotencyService, IntoStatus, RETRY_AFTER, code, respond, status,
+    };
+}
+
 /// The SeaORM ledger store: schema, migration, purge.
 #[cfg(feature = "sea-orm")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sea-orm")))]

@@ -5,7 +5,7 @@ use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -126,7 +126,7 @@ impl IdempotencyLayer {
         Self {
             config: Arc::new(Config {
                 scope,
-                site: site(scope, ttl, Concurrency::Reject),
+                site: Site::interned(scope, ttl, Concurrency::Reject),
                 store: Arc::new(store),
                 ttl,
                 concurrency: Concurrency::Reject,
@@ -149,7 +149,7 @@ impl IdempotencyLayer {
     fn with(mut self, change: impl FnOnce(&mut Config)) -> Self {
         let config = Arc::make_mut(&mut self.config);
         change(config);
-        config.site = site(config.scope, config.ttl, config.concurrency);
+        config.site = Site::interned(config.scope, config.ttl, config.concurrency);
         self
     }
 
@@ -263,23 +263,6 @@ where
         let inner = self.inner.clone();
         Box::pin(async move { Ok(answer(config, inner, request).await) })
     }
-}
-
-/// The interned [`Site`] of a layer's configuration: one per distinct scope, TTL and policy
-/// in the process, made when a layer is configured (at startup), so the engine's
-/// `&'static Site` holds without a leak per layer.
-fn site(scope: &'static str, ttl: Duration, concurrency: Concurrency) -> &'static Site {
-    static SITES: Mutex<Vec<&'static Site>> = Mutex::new(Vec::new());
-    let mut sites = SITES.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(site) = sites
-        .iter()
-        .find(|s| s.scope() == scope && s.ttl() == ttl && s.concurrency() == concurrency)
-    {
-        return site;
-    }
-    let site: &'static Site = Box::leak(Box::new(Site::new(scope, ttl, concurrency)));
-    sites.push(site);
-    site
 }
 
 /// Reads `body` whole if it has at most `limit` bytes; else the chunks read so far and the

@@ -4,7 +4,7 @@
 //! shape from then on: claims, records, leases and steps read it by reference.
 
 use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::answers::RecentAnswers;
@@ -61,6 +61,28 @@ impl Site {
     /// How a concurrent duplicate is treated.
     pub const fn concurrency(&self) -> Concurrency {
         self.concurrency
+    }
+
+    /// The site of a call configured at run time (a tower layer's route or gRPC method):
+    /// one per distinct scope, TTL and policy in the process, made once and kept for the
+    /// process's life, so the engine's `&'static Site` holds without a leak per layer or
+    /// request. Call it when configuring, not per request (it takes a lock).
+    pub fn interned(scope: &str, ttl: Duration, concurrency: Concurrency) -> &'static Site {
+        static SITES: Mutex<Vec<&'static Site>> = Mutex::new(Vec::new());
+        let mut sites = SITES.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(site) = sites
+            .iter()
+            .find(|s| s.scope == scope && s.ttl == ttl && s.concurrency == concurrency)
+        {
+            return site;
+        }
+        let scope: &'static str = match sites.iter().find(|s| s.scope == scope) {
+            Some(known) => known.scope,
+            None => Box::leak(scope.to_owned().into_boxed_str()),
+        };
+        let site: &'static Site = Box::leak(Box::new(Site::new(scope, ttl, concurrency)));
+        sites.push(site);
+        site
     }
 }
 
