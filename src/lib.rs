@@ -344,9 +344,10 @@ pub mod actix {
 }
 
 /// tonic (gRPC) glue (feature `tonic`; the `idem-tonic` crate): the contract of `idem::http`
-/// mapped onto gRPC. [`IdempotencyKey`](tonic::IdempotencyKey) reads the `idempotency-key`
-/// metadata, [`status`](tonic::status) answers every idem error with its gRPC code (the table
-/// in [`idem_tonic`]), [`respond`](tonic::respond) runs a call to completion and marks replays
+/// mapped onto gRPC. [`idempotency_key`](tonic::idempotency_key) reads the `idempotency-key`
+/// metadata (as idem's one [`IdempotencyKey`](tonic::IdempotencyKey)),
+/// [`status`](tonic::status) answers every idem error with its gRPC code (the table in
+/// [`idem_tonic`]), [`respond`](tonic::respond) runs a call to completion and marks replays
 /// `idempotent-replayed: true`, and [`IdempotencyLayer`](tonic::IdempotencyLayer) records
 /// whole unary calls, fingerprinting their decoded messages.
 #[cfg(feature = "tonic")]
@@ -354,7 +355,8 @@ pub mod actix {
 pub mod tonic {
     pub use idem_tonic::{
         GRPC_RETRY_PUSHBACK_MS, IDEM_PROBLEM, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey,
-        IdempotencyLayer, IdempotencyService, IntoStatus, RETRY_AFTER, code, respond, status,
+        IdempotencyLayer, IdempotencyService, IntoStatus, RETRY_AFTER, code, idempotency_key,
+        key_of_metadata, optional_idempotency_key, respond, status,
     };
 }
 
@@ -405,9 +407,9 @@ pub mod sqlx {
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http {
     pub use idem_http::{
-        IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Problem, ReplayStatus, canonical, etag_value,
-        idempotency_key, if_match, json_answer, mark_replayed, parse_entity_tag, parse_if_match,
-        parse_key, run_to_completion, spawn_and_wait,
+        IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, Problem, ReplayStatus, canonical,
+        etag_value, idempotency_key, if_match, json_answer, mark_replayed, parse_entity_tag,
+        parse_if_match, parse_key, run_to_completion, spawn_and_wait,
     };
 }
 

@@ -10,63 +10,10 @@ use http::header::ETAG;
 use http::request::Parts;
 use serde::Serialize;
 
-use idem_core::{EntityTag, Error, Key, KeySource, Outcome, with_outcome};
+use idem_core::{EntityTag, Error, Outcome, with_outcome};
 pub use idem_http::{
-    IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Problem, ReplayStatus, run_to_completion,
+    IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, Problem, ReplayStatus, run_to_completion,
 };
-
-/// The validated `Idempotency-Key` of a request. As an extractor it rejects a missing key
-/// with 400 (`missing-key`) and a malformed one with 400 (`invalid-key`); use
-/// `Option<IdempotencyKey>` where the key is optional.
-///
-/// The draft defines the header as a structured-field string (`Idempotency-Key: "8e03…"`);
-/// bare tokens (`Idempotency-Key: 8e03…`) are accepted too, as most clients send them.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
-#[serde(transparent)]
-pub struct IdempotencyKey(pub Key);
-
-impl IdempotencyKey {
-    /// Parses a header value: an RFC 8941 string (quoted, `\"` and `\\` escapes) or a bare
-    /// token; either way the result must be a valid [`Key`].
-    pub fn parse(value: &[u8]) -> Result<Self, Error> {
-        idem_http::parse_key(value).map(Self)
-    }
-
-    /// The key.
-    pub fn key(&self) -> &Key {
-        &self.0
-    }
-}
-
-impl KeySource for IdempotencyKey {
-    fn to_key(&self) -> Result<Key, Error> {
-        Ok(self.0.clone())
-    }
-}
-
-impl IdempotencyKey {
-    /// The key of a request: `None` without the header, an error for a malformed or repeated
-    /// one.
-    pub(crate) fn of_request(parts: &Parts) -> Result<Option<Self>, Error> {
-        Ok(idem_http::idempotency_key(&parts.headers)?.map(Self))
-    }
-}
-
-impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
-    type Rejection = Problem;
-
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Problem> {
-        Ok(Self::of_request(parts)?.ok_or(Error::MissingKey)?)
-    }
-}
-
-impl<S: Send + Sync> OptionalFromRequestParts<S> for IdempotencyKey {
-    type Rejection = Problem;
-
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Option<Self>, Problem> {
-        Ok(Self::of_request(parts)?)
-    }
-}
 
 /// The `If-Match` precondition of a request, as an extractor: a route that takes `IfMatch`
 /// requires the header (428 `precondition-required` without it) and refuses a malformed one
@@ -313,7 +260,7 @@ mod tests {
     use idem_core::atomic::run;
     use idem_core::call::{Call, Site};
     use idem_core::handler::{FinalProbe, ViaFinal};
-    use idem_core::{Concurrency, FinalError, MemoryStore, MemoryTx};
+    use idem_core::{Concurrency, FinalError, Key, MemoryStore, MemoryTx};
     use std::time::Duration;
 
     use http::HeaderValue;

@@ -387,7 +387,7 @@ where
     S::Future: Send + 'static,
 {
     let (parts, body) = request.into_parts();
-    let key = match IdempotencyKey::of_request(&parts) {
+    let key = match IdempotencyKey::of_headers(&parts.headers) {
         Ok(Some(key)) => Ok(key.0),
         Ok(None) => Err(Error::MissingKey),
         Err(e) => Err(e),

@@ -1,7 +1,7 @@
 //! The `Idempotency-Key` request header and the `Idempotent-Replayed` response header.
 
 use http::{HeaderMap, HeaderName, HeaderValue};
-use idem_core::{Error, Key, KeyProblem};
+use idem_core::{Error, Key, KeyProblem, KeySource};
 
 /// The request header carrying the key.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -62,4 +62,41 @@ pub fn key_of_fields<'v>(mut fields: impl Iterator<Item = &'v [u8]>) -> Result<O
         });
     }
     parse_key(value).map(Some)
+}
+
+/// The validated idempotency key of a request, the same type behind every idem front door
+/// (`idem::axum`, `idem::actix`, `idem::tonic`), so one `#[idempotent]` function can serve an
+/// HTTP route and a gRPC method. As an axum or actix-web extractor (features `axum`, `actix`)
+/// it rejects a missing key with 400 (`missing-key`) and a malformed one with 400
+/// (`invalid-key`); take `Option<IdempotencyKey>` where the key is optional.
+///
+/// The draft defines the header as a structured-field string (`Idempotency-Key: "8e03…"`);
+/// bare tokens (`Idempotency-Key: 8e03…`) are accepted too, as most clients send them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct IdempotencyKey(pub Key);
+
+impl IdempotencyKey {
+    /// Parses a header value: an RFC 8941 string (quoted, `\"` and `\\` escapes) or a bare
+    /// token; either way the result must be a valid [`Key`].
+    pub fn parse(value: &[u8]) -> Result<Self, Error> {
+        parse_key(value).map(Self)
+    }
+
+    /// The key of a request with `headers` (or gRPC metadata, which are headers): `None`
+    /// without it, an error for a malformed or repeated one.
+    pub fn of_headers(headers: &HeaderMap) -> Result<Option<Self>, Error> {
+        Ok(idempotency_key(headers)?.map(Self))
+    }
+
+    /// The key.
+    pub fn key(&self) -> &Key {
+        &self.0
+    }
+}
+
+impl KeySource for IdempotencyKey {
+    fn to_key(&self) -> Result<Key, Error> {
+        Ok(self.0.clone())
+    }
 }

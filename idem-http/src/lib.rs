@@ -23,13 +23,16 @@
 
 pub mod canonical;
 mod completion;
+pub mod frameworks;
 mod key;
 mod precondition;
 mod problem;
 mod replay;
 
 pub use completion::{run_to_completion, spawn_and_wait};
-pub use key::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, idempotency_key, key_of_fields, parse_key};
+pub use key::{
+    IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, idempotency_key, key_of_fields, parse_key,
+};
 pub use precondition::{etag_value, if_match, parse_entity_tag, parse_if_match};
 pub use problem::Problem;
 pub use replay::{ReplayStatus, json_answer, mark_replayed};

@@ -76,13 +76,6 @@ impl Problem {
     }
 }
 
-#[cfg(feature = "axum")]
-impl axum_core::response::IntoResponse for Problem {
-    fn into_response(self) -> axum_core::response::Response {
-        self.to_response().map(axum_core::body::Body::from)
-    }
-}
-
 impl From<&Error> for Problem {
     fn from(e: &Error) -> Self {
         let kind = e.kind();

@@ -1,6 +1,7 @@
 //! tonic (gRPC) glue for [`idem`](https://docs.rs/idempotence): the contract of the IETF
 //! Idempotency-Key draft, mapped onto gRPC. The key travels as request metadata
-//! (`idempotency-key`); [`IdempotencyKey::of`] reads and validates it; [`status`] answers
+//! (`idempotency-key`); [`idempotency_key`] reads and validates it (as idem's one
+//! [`IdempotencyKey`] type, shared with the HTTP front doors); [`status`] answers
 //! every idem error with its gRPC code; [`respond`] runs a call to completion on a task of
 //! its own (a client that cancels cannot cut it off) and marks replays with
 //! `idempotent-replayed: true`; [`IdempotencyLayer`] records whole unary calls for methods
@@ -29,14 +30,14 @@
 //! trait method.
 //!
 //! ```no_run
-//! use idem_tonic::{IdempotencyKey, respond};
+//! use idem_tonic::{IdempotencyKey, idempotency_key, respond};
 //! use tonic::{Request, Response, Status};
 //! # struct PayRequest; struct PayReply; struct Payments;
 //! # impl Payments { async fn pay_once(&self, key: IdempotencyKey, r: PayRequest) -> Result<PayReply, idem_core::Error> { Ok(PayReply) } }
 //!
 //! // inside `#[tonic::async_trait] impl payments_server::Payments for Payments`:
 //! async fn pay(this: std::sync::Arc<Payments>, request: Request<PayRequest>) -> Result<Response<PayReply>, Status> {
-//!     let key = IdempotencyKey::of(&request)?;
+//!     let key = idempotency_key(&request)?;
 //!     respond(async move { this.pay_once(key, request.into_inner()).await }).await
 //! }
 //! ```
@@ -51,7 +52,10 @@ mod layer;
 mod respond;
 mod status;
 
-pub use key::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey};
+pub use key::{
+    IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, idempotency_key, key_of_metadata,
+    optional_idempotency_key,
+};
 pub use layer::{IdempotencyLayer, IdempotencyService};
 pub use respond::respond;
 pub use status::{GRPC_RETRY_PUSHBACK_MS, IDEM_PROBLEM, IntoStatus, RETRY_AFTER, code, status};
@@ -86,22 +90,19 @@ mod tests {
     #[test]
     fn the_key_is_one_valid_metadata_value() {
         let mut request = tonic::Request::new(());
-        let missing = IdempotencyKey::of(&request).expect_err("no key");
+        let missing = idempotency_key(&request).expect_err("no key");
         assert_eq!(missing.code(), Code::InvalidArgument);
         assert!(
-            IdempotencyKey::optional(&request)
+            optional_idempotency_key(&request)
                 .expect("absent")
                 .is_none()
         );
         let metadata = request.metadata_mut();
         metadata.insert(IDEMPOTENCY_KEY, "\"k-1\"".parse().expect("ascii"));
-        assert_eq!(
-            IdempotencyKey::of(&request).expect("a key").0.as_str(),
-            "k-1"
-        );
+        assert_eq!(idempotency_key(&request).expect("a key").0.as_str(), "k-1");
         let metadata = request.metadata_mut();
         metadata.append(IDEMPOTENCY_KEY, "k-2".parse().expect("ascii"));
-        let repeated = IdempotencyKey::of(&request).expect_err("two keys");
+        let repeated = idempotency_key(&request).expect_err("two keys");
         assert_eq!(repeated.code(), Code::InvalidArgument);
         assert_eq!(
             repeated.metadata().get(IDEM_PROBLEM).expect("kind"),

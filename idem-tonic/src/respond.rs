@@ -15,7 +15,7 @@ use crate::status::IntoStatus;
 /// # struct PayRequest; struct PayReply;
 /// # async fn pay_once(key: idem_tonic::IdempotencyKey, r: PayRequest) -> Result<PayReply, idem_core::Error> { Ok(PayReply) }
 /// async fn pay(request: tonic::Request<PayRequest>) -> Result<tonic::Response<PayReply>, tonic::Status> {
-///     let key = idem_tonic::IdempotencyKey::of(&request)?;
+///     let key = idem_tonic::idempotency_key(&request)?;
 ///     idem_tonic::respond(pay_once(key, request.into_inner())).await
 /// }
 /// ```

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use idem::idempotent;
 use idem::sea_orm::{SeaOrmLeaseStore, placeholders};
-use idem::tonic::{IdempotencyKey, IdempotencyLayer, respond};
+use idem::tonic::{IdempotencyKey, IdempotencyLayer, idempotency_key, respond};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, Value};
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
@@ -58,7 +58,7 @@ impl Shop {
 #[tonic::async_trait]
 impl Payments for Shop {
     async fn pay(&self, request: Request<PayRequest>) -> Result<Response<PayReply>, Status> {
-        let key = IdempotencyKey::of(&request)?;
+        let key = idempotency_key(&request)?;
         let shop = self.clone();
         respond(async move { shop.pay_once(key, request.into_inner()).await }).await
     }

@@ -122,9 +122,7 @@ where
     B::Error: Into<BoxError>,
 {
     let (parts, body) = request.into_parts();
-    let key = match IdempotencyKey::of_metadata(&tonic::metadata::MetadataMap::from_headers(
-        parts.headers.clone(),
-    )) {
+    let key = match IdempotencyKey::of_headers(&parts.headers) {
         Ok(Some(key)) => key.0,
         Ok(None) => return status(&Error::MissingKey).into_http(),
         Err(e) => return status(&e).into_http(),
