@@ -15,15 +15,15 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use http::header::{CONTENT_LANGUAGE, CONTENT_TYPE, ETAG, LAST_MODIFIED, LOCATION};
 use http::request::Parts;
-use http::{HeaderName, HeaderValue, Request, StatusCode};
-use serde::{Deserialize, Serialize};
+use http::{HeaderName, Request};
 
-use idem_core::call::{Call, Site};
+use idem_core::call::Site;
 use idem_core::lease::run_lease;
-use idem_core::{Concurrency, Error, Key, LeaseStore, RecentAnswers};
+use idem_core::{Concurrency, Error, LeaseStore};
 
-use crate::http::{IDEMPOTENT_REPLAYED, IdempotencyKey, Problem};
-use idem_http::{canonical, spawn_and_wait};
+use crate::http::{IdempotencyKey, Problem};
+use idem_http::recording::{Recording, fingerprint_request};
+use idem_http::{RecordedBody, RecordedResponse, spawn_and_wait};
 
 /// Records the whole response of an axum route on the idem ledger, so a retry with the same
 /// `Idempotency-Key` gets the recorded response instead of running the route again: the
@@ -71,16 +71,9 @@ struct Config {
     scope: &'static str,
     /// The engine's description of the route, kept in step with scope, TTL and policy.
     site: &'static Site,
-    store: Arc<dyn LeaseStore>,
-    ttl: Duration,
-    concurrency: Concurrency,
-    lease: Duration,
-    max_request_body: usize,
-    max_response_body: usize,
+    recording: Recording,
     headers: Vec<HeaderName>,
     principal: Option<Principal>,
-    /// Responses this layer recorded, replayed from memory while they live.
-    answers: Option<Arc<RecentAnswers>>,
 }
 
 type Principal = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
@@ -88,29 +81,21 @@ type Principal = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 impl fmt::Debug for IdempotencyLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let c = &self.config;
-        f.debug_struct("IdempotencyLayer")
-            .field("scope", &c.scope)
-            .field("ttl", &c.ttl)
-            .field("concurrency", &c.concurrency)
-            .field("lease", &c.lease)
-            .field("max_request_body", &c.max_request_body)
-            .field("max_response_body", &c.max_response_body)
-            .field("headers", &c.headers)
+        let mut f = f.debug_struct("IdempotencyLayer");
+        f.field("scope", &c.scope);
+        c.recording.debug_fields(&mut f);
+        f.field("headers", &c.headers)
             .field("principal", &c.principal.is_some())
-            .field(
-                "remember_answers",
-                &c.answers.as_ref().map_or(0, |a| a.budget()),
-            )
             .finish_non_exhaustive()
     }
 }
 
 impl IdempotencyLayer {
     /// The default limit of a recorded response body and of a fingerprinted request body: 1 MiB.
-    pub const DEFAULT_MAX_BODY: usize = 1 << 20;
+    pub const DEFAULT_MAX_BODY: usize = Recording::DEFAULT_MAX_BODY;
 
     /// The default memory for responses replayed without reading the ledger: 8 MiB.
-    pub const DEFAULT_REMEMBERED: usize = 8 << 20;
+    pub const DEFAULT_REMEMBERED: usize = Recording::DEFAULT_REMEMBERED;
 
     /// A layer recording responses under `scope` (a name for the route's operation, stable
     /// across refactors, e.g. `"shop.refunds"`) in `store`, the ledger's lease store (with
@@ -122,17 +107,12 @@ impl IdempotencyLayer {
     /// [`DEFAULT_REMEMBERED`](Self::DEFAULT_REMEMBERED) of recent responses replayed from
     /// memory.
     pub fn new(store: impl LeaseStore, scope: &'static str) -> Self {
-        let ttl = Duration::from_secs(24 * 60 * 60);
+        let recording = Recording::new(store);
         Self {
             config: Arc::new(Config {
                 scope,
-                site: Site::interned(scope, ttl, Concurrency::Reject),
-                store: Arc::new(store),
-                ttl,
-                concurrency: Concurrency::Reject,
-                lease: Duration::from_secs(30),
-                max_request_body: Self::DEFAULT_MAX_BODY,
-                max_response_body: Self::DEFAULT_MAX_BODY,
+                site: recording.site(scope),
+                recording,
                 headers: vec![
                     CONTENT_TYPE,
                     CONTENT_LANGUAGE,
@@ -141,7 +121,6 @@ impl IdempotencyLayer {
                     LAST_MODIFIED,
                 ],
                 principal: None,
-                answers: Some(Arc::new(RecentAnswers::new(Self::DEFAULT_REMEMBERED))),
             }),
         }
     }
@@ -149,39 +128,39 @@ impl IdempotencyLayer {
     fn with(mut self, change: impl FnOnce(&mut Config)) -> Self {
         let config = Arc::make_mut(&mut self.config);
         change(config);
-        config.site = Site::interned(config.scope, config.ttl, config.concurrency);
+        config.site = config.recording.site(config.scope);
         self
     }
 
     /// How long a recorded response is replayed (measured on the database's clock).
     pub fn ttl(self, ttl: Duration) -> Self {
-        self.with(|c| c.ttl = ttl)
+        self.with(|c| c.recording.ttl = ttl)
     }
 
     /// How long a request holds its key before a retry may take it over (renewed while the
     /// route runs). After a crash, a retry waits at most this long.
     pub fn lease(self, lease: Duration) -> Self {
-        self.with(|c| c.lease = lease)
+        self.with(|c| c.recording.lease = lease)
     }
 
     /// How a duplicate of a running request is answered: [`Concurrency::Reject`] (the default,
     /// 409 + `Retry-After`) or [`Concurrency::Wait`] (poll until the first response is
     /// recorded, then replay it; 409 after the bound).
     pub fn on_concurrent(self, concurrency: Concurrency) -> Self {
-        self.with(|c| c.concurrency = concurrency)
+        self.with(|c| c.recording.concurrency = concurrency)
     }
 
     /// The largest request body the layer reads to fingerprint it; a larger one is refused
     /// with 413 before anything is claimed.
     pub fn max_request_body(self, bytes: usize) -> Self {
-        self.with(|c| c.max_request_body = bytes)
+        self.with(|c| c.recording.max_request_body = bytes)
     }
 
     /// The largest response body the layer records. A larger response still reaches its
     /// client whole, but only the fact that the key was used is recorded: a retry gets 500
     /// `response-not-recorded`, and the route does not run again.
     pub fn max_response_body(self, bytes: usize) -> Self {
-        self.with(|c| c.max_response_body = bytes)
+        self.with(|c| c.recording.max_response_body = bytes)
     }
 
     /// Records response header `name` too (besides the defaults of [`new`](Self::new)). Other
@@ -201,7 +180,7 @@ impl IdempotencyLayer {
     /// is the one the ledger would give. The oldest copies go first; a response over an
     /// eighth of the budget is not kept. Retries reaching another process read the ledger.
     pub fn remember_answers(self, bytes: usize) -> Self {
-        self.with(|c| c.answers = (bytes > 0).then(|| Arc::new(RecentAnswers::new(bytes))))
+        self.with(|c| c.recording.remember_answers(bytes))
     }
 
     /// Who the key belongs to (tenant, user, API client), read from the request: keys of two
@@ -295,72 +274,15 @@ enum Read {
     },
 }
 
-/// A response as the ledger keeps it.
-#[derive(Serialize, Deserialize)]
-struct Recorded {
-    status: u16,
-    headers: Vec<(String, Vec<u8>)>,
-    body: RecordedBody,
-    /// The route's own response, for the client of the first execution: every header the
-    /// route set, and the whole body even when it was too large to record. Never recorded.
-    #[serde(skip)]
-    live: Option<Response>,
-}
+/// A response as the ledger keeps it, with the route's own response for its first client.
+type Recorded = RecordedResponse<Response>;
 
-#[derive(Serialize, Deserialize)]
-enum RecordedBody {
-    /// A UTF-8 body (JSON, text), kept as text.
-    Text(String),
-    /// Any other body.
-    Bytes(Vec<u8>),
-    /// The body was over the layer's limit (in bytes) and was not recorded.
-    TooLarge { limit: usize },
-}
-
-impl Recorded {
-    /// The first client's response, or the replay of the recorded one.
-    fn into_response(self) -> Response {
-        if let Some(live) = self.live {
-            return live;
-        }
-        let mut response = match self.body {
-            RecordedBody::Text(text) => Response::new(Body::from(text)),
-            RecordedBody::Bytes(bytes) => Response::new(Body::from(bytes)),
-            RecordedBody::TooLarge { limit } => {
-                let mut response = Problem::new(
-                    500,
-                    "response-not-recorded",
-                    "Response not recorded",
-                    format!(
-                        "the request with this key was executed (status {}), but its response \
-                         body was over the {limit} bytes this route records, so it cannot be \
-                         replayed; do not retry it with this key",
-                        self.status
-                    ),
-                )
-                .into_response();
-                mark_replayed(&mut response);
-                return response;
-            }
-        };
-        *response.status_mut() =
-            StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        for (name, value) in self.headers {
-            if let (Ok(name), Ok(value)) =
-                (HeaderName::try_from(name), HeaderValue::from_bytes(&value))
-            {
-                response.headers_mut().append(name, value);
-            }
-        }
-        mark_replayed(&mut response);
-        response
+/// The first client's response, or the replay of the recorded one.
+fn into_response(recorded: Recorded) -> Response {
+    match recorded.live {
+        Some(live) => live,
+        None => recorded.replay().map(Body::from),
     }
-}
-
-fn mark_replayed(response: &mut Response) {
-    response
-        .headers_mut()
-        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
 }
 
 /// Why a request through the layer recorded nothing.
@@ -393,11 +315,19 @@ where
         Err(e) => Err(e),
     };
     let key_is_valid = key.is_ok();
-    let mut call = Call::new(config.site, key);
     let mut bytes = Vec::new();
+    let principal = if key_is_valid {
+        config
+            .principal
+            .as_ref()
+            .and_then(|principal| principal(&parts))
+    } else {
+        None
+    };
+    let mut call = config.recording.call(config.site, key, principal);
     if key_is_valid {
         // Read the body only for a request the layer will claim.
-        bytes = match read_up_to(body, config.max_request_body).await {
+        bytes = match read_up_to(body, config.recording.max_request_body).await {
             Ok(Read::Whole(bytes)) => bytes,
             Ok(Read::Over { .. }) => {
                 return Problem::new(
@@ -406,7 +336,7 @@ where
                     "Request body too large",
                     format!(
                         "this route reads request bodies of at most {} bytes",
-                        config.max_request_body
+                        config.recording.max_request_body
                     ),
                 )
                 .into_response();
@@ -421,35 +351,24 @@ where
                 .into_response();
             }
         };
-        if let Some(principal) = &config.principal
-            && let Some(principal) = principal(&parts)
-        {
-            call.principal(Key::new(principal));
-        }
-        // Canonical forms (JSON bodies, query parameter order) since fingerprint version 2;
-        // a record written before was fingerprinted over the raw forms, which version 1
-        // keeps comparing.
         let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        call.named_arg("method", parts.method.as_str());
-        call.changed_arg("target", &canonical::target(path_and_query), path_and_query);
-        call.changed_arg(
-            "body",
-            &canonical::Body::of(&parts.headers, &bytes),
-            &canonical::Raw(&bytes),
+        fingerprint_request(
+            &mut call,
+            parts.method.as_str(),
+            path_and_query,
+            &parts.headers,
+            &bytes,
         );
-        if let Some(answers) = &config.answers {
-            call.remember_answers(answers);
-        }
     }
     let task = spawn_and_wait(Box::pin(run_lease(
-        Arc::clone(&config.store),
+        Arc::clone(&config.recording.store),
         call,
-        config.lease,
+        config.recording.lease,
         None,
         async move || run_route(&config, inner, parts, bytes).await,
     )));
     match task.await {
-        Ok(Ok(recorded)) => recorded.into_response(),
+        Ok(Ok(recorded)) => into_response(recorded),
         Ok(Err(Unrecorded::Released(response))) => response,
         Ok(Err(Unrecorded::Idem(e))) => Problem::from(e).into_response(),
         Err(e) => {
@@ -495,24 +414,20 @@ where
                 .map(|value| (name.as_str().to_owned(), value.as_bytes().to_vec()))
         })
         .collect();
-    let (body, live) = match read_up_to(body, config.max_response_body).await {
+    let (body, live) = match read_up_to(body, config.recording.max_response_body).await {
         Ok(Read::Whole(bytes)) => {
             let live = Body::from(Bytes::from(bytes.clone()));
-            let body = match String::from_utf8(bytes) {
-                Ok(text) => RecordedBody::Text(text),
-                Err(e) => RecordedBody::Bytes(e.into_bytes()),
-            };
-            (body, live)
+            (RecordedBody::of(bytes), live)
         }
         Ok(Read::Over { chunks, rest }) => {
             tracing::warn!(
                 scope = config.scope,
-                limit = config.max_response_body,
+                limit = config.recording.max_response_body,
                 "response body over the limit: delivered, not recorded"
             );
             let whole = futures_util::stream::iter(chunks.into_iter().map(Ok)).chain(rest);
             let body = RecordedBody::TooLarge {
-                limit: config.max_response_body,
+                limit: config.recording.max_response_body,
             };
             (body, Body::from_stream(whole))
         }

@@ -27,6 +27,8 @@ pub mod frameworks;
 mod key;
 mod precondition;
 mod problem;
+mod recorded;
+pub mod recording;
 mod replay;
 
 pub use completion::{run_to_completion, spawn_and_wait};
@@ -35,6 +37,7 @@ pub use key::{
 };
 pub use precondition::{etag_value, if_match, parse_entity_tag, parse_if_match};
 pub use problem::Problem;
+pub use recorded::{RecordedBody, RecordedResponse};
 pub use replay::{ReplayStatus, json_answer, mark_replayed};
 
 #[cfg(test)]

@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use http::request::Parts;
 use idem_core::call::Site;
-use idem_core::{Concurrency, LeaseStore, RecentAnswers};
+use idem_core::{Concurrency, LeaseStore};
+use idem_http::recording::Recording;
 use serde::Serialize;
 
 pub use service::IdempotencyService;
@@ -66,16 +67,9 @@ pub struct IdempotencyLayer {
 
 #[derive(Clone)]
 struct Config {
-    store: Arc<dyn LeaseStore>,
-    ttl: Duration,
-    concurrency: Concurrency,
-    lease: Duration,
-    max_request_body: usize,
-    max_response_body: usize,
+    recording: Recording,
     methods: HashMap<String, Method>,
     principal: Option<Principal>,
-    /// Answers this layer recorded, replayed from memory while they live.
-    answers: Option<Arc<RecentAnswers>>,
 }
 
 /// A recorded method: its site and how its request message is fingerprinted.
@@ -92,28 +86,20 @@ impl fmt::Debug for IdempotencyLayer {
         let c = &self.config;
         let mut methods: Vec<&String> = c.methods.keys().collect();
         methods.sort();
-        f.debug_struct("IdempotencyLayer")
-            .field("methods", &methods)
-            .field("ttl", &c.ttl)
-            .field("concurrency", &c.concurrency)
-            .field("lease", &c.lease)
-            .field("max_request_body", &c.max_request_body)
-            .field("max_response_body", &c.max_response_body)
-            .field("principal", &c.principal.is_some())
-            .field(
-                "remember_answers",
-                &c.answers.as_ref().map_or(0, |a| a.budget()),
-            )
+        let mut f = f.debug_struct("IdempotencyLayer");
+        f.field("methods", &methods);
+        c.recording.debug_fields(&mut f);
+        f.field("principal", &c.principal.is_some())
             .finish_non_exhaustive()
     }
 }
 
 impl IdempotencyLayer {
     /// The default limit of a recorded answer and of a fingerprinted request: 1 MiB.
-    pub const DEFAULT_MAX_BODY: usize = 1 << 20;
+    pub const DEFAULT_MAX_BODY: usize = Recording::DEFAULT_MAX_BODY;
 
     /// The default memory for answers replayed without reading the ledger: 8 MiB.
-    pub const DEFAULT_REMEMBERED: usize = 8 << 20;
+    pub const DEFAULT_REMEMBERED: usize = Recording::DEFAULT_REMEMBERED;
 
     /// A layer recording the answers of the methods named with [`method`](Self::method) in
     /// `store`, the ledger's lease store (with SeaORM: `idem::sea_orm::SeaOrmLeaseStore::new(db)`).
@@ -124,15 +110,9 @@ impl IdempotencyLayer {
     pub fn new(store: impl LeaseStore) -> Self {
         Self {
             config: Arc::new(Config {
-                store: Arc::new(store),
-                ttl: Duration::from_secs(24 * 60 * 60),
-                concurrency: Concurrency::Reject,
-                lease: Duration::from_secs(30),
-                max_request_body: Self::DEFAULT_MAX_BODY,
-                max_response_body: Self::DEFAULT_MAX_BODY,
+                recording: Recording::new(store),
                 methods: HashMap::new(),
                 principal: None,
-                answers: Some(Arc::new(RecentAnswers::new(Self::DEFAULT_REMEMBERED))),
             }),
         }
     }
@@ -140,9 +120,8 @@ impl IdempotencyLayer {
     fn with(mut self, change: impl FnOnce(&mut Config)) -> Self {
         let config = Arc::make_mut(&mut self.config);
         change(config);
-        let (ttl, concurrency) = (config.ttl, config.concurrency);
         for method in config.methods.values_mut() {
-            method.site = Site::interned(method.site.scope(), ttl, concurrency);
+            method.site = config.recording.site(method.site.scope());
         }
         self
     }
@@ -168,7 +147,7 @@ impl IdempotencyLayer {
         let path = path.to_owned();
         self.with(move |c| {
             let method = Method {
-                site: Site::interned(&scope, c.ttl, c.concurrency),
+                site: c.recording.site(&scope),
                 fingerprint: message::fingerprint_as::<M>,
             };
             c.methods.insert(path, method);
@@ -177,40 +156,40 @@ impl IdempotencyLayer {
 
     /// How long a recorded answer is replayed (measured on the database's clock).
     pub fn ttl(self, ttl: Duration) -> Self {
-        self.with(|c| c.ttl = ttl)
+        self.with(|c| c.recording.ttl = ttl)
     }
 
     /// How long a call holds its key before a retry may take it over (renewed while the
     /// method runs). After a crash, a retry waits at most this long.
     pub fn lease(self, lease: Duration) -> Self {
-        self.with(|c| c.lease = lease)
+        self.with(|c| c.recording.lease = lease)
     }
 
     /// How a duplicate of a running call is answered: [`Concurrency::Reject`] (the default,
     /// `ABORTED` + retry delay) or [`Concurrency::Wait`] (poll until the first answer is
     /// recorded, then replay it; `ABORTED` after the bound).
     pub fn on_concurrent(self, concurrency: Concurrency) -> Self {
-        self.with(|c| c.concurrency = concurrency)
+        self.with(|c| c.recording.concurrency = concurrency)
     }
 
     /// The largest request the layer reads to fingerprint it; a larger one is refused with
     /// `RESOURCE_EXHAUSTED` before anything is claimed.
     pub fn max_request_body(self, bytes: usize) -> Self {
-        self.with(|c| c.max_request_body = bytes)
+        self.with(|c| c.recording.max_request_body = bytes)
     }
 
     /// The largest answer the layer records. A larger one still reaches its client whole,
     /// but only the fact that the key was used is recorded: a retry gets `INTERNAL`
     /// (`response-not-recorded`), and the method does not run again.
     pub fn max_response_body(self, bytes: usize) -> Self {
-        self.with(|c| c.max_response_body = bytes)
+        self.with(|c| c.recording.max_response_body = bytes)
     }
 
     /// How much memory keeps the answers this layer recorded, so that a retry reaching this
     /// process is replayed without reading the ledger; `0` turns it off (as
     /// `idem::axum::IdempotencyLayer::remember_answers`).
     pub fn remember_answers(self, bytes: usize) -> Self {
-        self.with(|c| c.answers = (bytes > 0).then(|| Arc::new(RecentAnswers::new(bytes))))
+        self.with(|c| c.recording.remember_answers(bytes))
     }
 
     /// Who the key belongs to (tenant, user, API client), read from the request's head (its

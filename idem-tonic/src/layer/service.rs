@@ -10,9 +10,8 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::request::Parts;
 use http_body_util::{BodyExt, Full, Limited};
-use idem_core::call::Call;
+use idem_core::Error;
 use idem_core::lease::run_lease;
-use idem_core::{Error, Key};
 use idem_http::spawn_and_wait;
 use tonic::{Code, Status};
 
@@ -127,14 +126,17 @@ where
         Ok(None) => return status(&Error::MissingKey).into_http(),
         Err(e) => return status(&e).into_http(),
     };
-    let bytes = match Limited::new(body, config.max_request_body).collect().await {
+    let bytes = match Limited::new(body, config.recording.max_request_body)
+        .collect()
+        .await
+    {
         Ok(collected) => collected.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
             return Status::new(
                 Code::ResourceExhausted,
                 format!(
                     "this method reads requests of at most {} bytes",
-                    config.max_request_body
+                    config.recording.max_request_body
                 ),
             )
             .into_http();
@@ -147,22 +149,18 @@ where
             .into_http();
         }
     };
-    let mut call = Call::new(method.site, Ok(key));
+    let principal = config
+        .principal
+        .as_ref()
+        .and_then(|principal| principal(&parts));
+    let mut call = config.recording.call(method.site, Ok(key), principal);
     if let Err(refused) = (method.fingerprint)(&bytes, &mut call) {
         return refused.into_http();
     }
-    if let Some(principal) = &config.principal
-        && let Some(principal) = principal(&parts)
-    {
-        call.principal(Key::new(principal));
-    }
-    if let Some(answers) = &config.answers {
-        call.remember_answers(answers);
-    }
     let task = spawn_and_wait(Box::pin(run_lease(
-        Arc::clone(&config.store),
+        Arc::clone(&config.recording.store),
         call,
-        config.lease,
+        config.recording.lease,
         None,
         async move || run_method(&config, inner, parts, bytes).await,
     )));
@@ -226,14 +224,10 @@ where
     if !is_final(code_of(live.headers(), trailers.as_ref())) {
         return Err(Unrecorded::Released(live));
     }
-    let body = if frames.len() > config.max_response_body {
-        tracing::warn!(
-            limit = config.max_response_body,
-            "answer over the limit: delivered, not recorded"
-        );
-        RecordedBody::TooLarge {
-            limit: config.max_response_body,
-        }
+    let limit = config.recording.max_response_body;
+    let body = if frames.len() > limit {
+        tracing::warn!(limit, "answer over the limit: delivered, not recorded");
+        RecordedBody::TooLarge { limit }
     } else {
         RecordedBody::Frames(frames.to_vec())
     };

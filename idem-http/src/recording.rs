@@ -1,0 +1,127 @@
+//! What every whole-answer layer shares (axum's `IdempotencyLayer`, actix-web's
+//! `IdempotencyMiddleware`, tonic's `IdempotencyLayer`): the ledger and its settings, the
+//! site of a route, the start of a call, and an HTTP request's fingerprint.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderMap;
+use idem_core::call::{Call, Site};
+use idem_core::{Concurrency, Error, Key, LeaseStore, RecentAnswers};
+
+use crate::canonical;
+
+/// The settings of a layer that records whole answers in lease mode, and the calls it starts.
+#[derive(Clone)]
+pub struct Recording {
+    /// The ledger's lease store.
+    pub store: Arc<dyn LeaseStore>,
+    /// How long a recorded answer is replayed.
+    pub ttl: Duration,
+    /// How a duplicate of a running request is answered.
+    pub concurrency: Concurrency,
+    /// How long a request holds its key before a retry may take it over.
+    pub lease: Duration,
+    /// The largest request body read to fingerprint it.
+    pub max_request_body: usize,
+    /// The largest response body recorded.
+    pub max_response_body: usize,
+    /// Answers this layer recorded, replayed from memory while they live.
+    pub answers: Option<Arc<RecentAnswers>>,
+}
+
+impl Recording {
+    /// The default limit of a recorded answer and of a fingerprinted request: 1 MiB.
+    pub const DEFAULT_MAX_BODY: usize = 1 << 20;
+
+    /// The default memory for answers replayed without reading the ledger: 8 MiB.
+    pub const DEFAULT_REMEMBERED: usize = 8 << 20;
+
+    /// The defaults on `store`: answers kept 24 h, leases of 30 s, a duplicate in flight
+    /// refused at once, bodies up to [`DEFAULT_MAX_BODY`](Self::DEFAULT_MAX_BODY),
+    /// [`DEFAULT_REMEMBERED`](Self::DEFAULT_REMEMBERED) of recent answers in memory.
+    pub fn new(store: impl LeaseStore) -> Self {
+        Self {
+            store: Arc::new(store),
+            ttl: Duration::from_secs(24 * 60 * 60),
+            concurrency: Concurrency::Reject,
+            lease: Duration::from_secs(30),
+            max_request_body: Self::DEFAULT_MAX_BODY,
+            max_response_body: Self::DEFAULT_MAX_BODY,
+            answers: Some(Arc::new(RecentAnswers::new(Self::DEFAULT_REMEMBERED))),
+        }
+    }
+
+    /// Keeps up to `bytes` of recorded answers in memory; `0` turns it off.
+    pub fn remember_answers(&mut self, bytes: usize) {
+        self.answers = (bytes > 0).then(|| Arc::new(RecentAnswers::new(bytes)));
+    }
+
+    /// The site of the route or method `scope` under these settings (interned: call it when
+    /// configuring, not per request).
+    pub fn site(&self, scope: &str) -> &'static Site {
+        Site::interned(scope, self.ttl, self.concurrency)
+    }
+
+    /// A call of `site` with `key` (an invalid or missing key fails the call, counted as
+    /// such), owned by `principal` if there is one (a principal that is not a valid key fails
+    /// the call with 400 / `INVALID_ARGUMENT`), answered from memory when this layer recorded
+    /// it.
+    pub fn call(
+        &self,
+        site: &'static Site,
+        key: Result<Key, Error>,
+        principal: Option<String>,
+    ) -> Call {
+        let mut call = Call::new(site, key);
+        if let Some(principal) = principal {
+            call.principal(Key::new(principal));
+        }
+        if let Some(answers) = &self.answers {
+            call.remember_answers(answers);
+        }
+        call
+    }
+
+    /// The settings as fields of a layer's `Debug`.
+    pub fn debug_fields(&self, f: &mut fmt::DebugStruct<'_, '_>) {
+        f.field("ttl", &self.ttl)
+            .field("concurrency", &self.concurrency)
+            .field("lease", &self.lease)
+            .field("max_request_body", &self.max_request_body)
+            .field("max_response_body", &self.max_response_body)
+            .field(
+                "remember_answers",
+                &self.answers.as_ref().map_or(0, |a| a.budget()),
+            );
+    }
+}
+
+impl fmt::Debug for Recording {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut f = f.debug_struct("Recording");
+        self.debug_fields(&mut f);
+        f.finish_non_exhaustive()
+    }
+}
+
+/// Adds an HTTP request to `call`'s fingerprint: its method, its target and its body, in their
+/// canonical forms (query parameters in order, JSON bodies by value) since fingerprint
+/// version 2; a record written before was fingerprinted over the raw forms, which version 1
+/// keeps comparing. `headers` tell the body's type.
+pub fn fingerprint_request(
+    call: &mut Call,
+    method: &str,
+    path_and_query: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) {
+    call.named_arg("method", method);
+    call.changed_arg("target", &canonical::target(path_and_query), path_and_query);
+    call.changed_arg(
+        "body",
+        &canonical::Body::of(headers, body),
+        &canonical::Raw(body),
+    );
+}
