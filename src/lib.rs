@@ -340,7 +340,10 @@ pub mod axum {
 #[cfg(feature = "actix")]
 #[cfg_attr(docsrs, doc(cfg(feature = "actix")))]
 pub mod actix {
-    pub use idem_actix::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, Problem, respond};
+    pub use idem_actix::{
+        IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, IdempotencyMiddleware,
+        IdempotencyMiddlewareService, Problem, respond,
+    };
 }
 
 /// tonic (gRPC) glue (feature `tonic`; the `idem-tonic` crate): the contract of `idem::http`

@@ -4,7 +4,8 @@
 //! `ResponseError` (every idem error with its status, problem+json and `Retry-After`), and
 //! [`respond`], which runs a call to completion on a task of its own (a client that hangs
 //! up cannot cut it off) and answers its JSON value, marking replays with
-//! `Idempotent-Replayed: true`.
+//! `Idempotent-Replayed: true`. [`IdempotencyMiddleware`] records whole responses of plain
+//! handlers, the twin of `idem::axum::IdempotencyLayer` on the same ledger.
 //!
 //! ```no_run
 //! use actix_web::{App, HttpResponse, http::StatusCode, web};
@@ -23,12 +24,11 @@
 //! This is an implementation crate of idem: applications use it as `idem::actix` (feature
 //! `actix`).
 
-use actix_web::http::StatusCode;
-use actix_web::{HttpResponse, ResponseError};
-use idem_core::{Outcome, with_outcome};
-use idem_http::ReplayStatus;
-use idem_http::frameworks::actix::to_actix;
-use serde::Serialize;
+mod middleware;
+mod respond;
+
+pub use middleware::{IdempotencyMiddleware, IdempotencyMiddlewareService};
+pub use respond::respond;
 
 /// The validated `Idempotency-Key` of a request, idem's one key type
 /// ([`idem_http::IdempotencyKey`]): as an extractor it rejects a missing key with 400
@@ -40,31 +40,3 @@ pub use idem_http::IdempotencyKey;
 /// answers the error's status, `application/problem+json` and `Retry-After` where it applies.
 pub use idem_http::Problem;
 pub use idem_http::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
-
-/// Runs an idempotent call to completion on a task of its own and answers it: its JSON value
-/// with `status` (the first execution's status for its replays too, with
-/// `Idempotent-Replayed: true`), or its error's response. A client that hangs up does not cut
-/// the call off: it finishes and records, and the client's retry replays it.
-pub async fn respond<T, E, F>(status: StatusCode, call: F) -> HttpResponse
-where
-    F: Future<Output = Result<T, E>> + Send + 'static,
-    T: Serialize + Send + 'static,
-    E: ResponseError + Send + 'static,
-{
-    let (answer, outcome) = idem_http::run_to_completion(with_outcome(call)).await;
-    match answer {
-        Ok(value) => {
-            let status =
-                http::StatusCode::from_u16(status.as_u16()).unwrap_or(http::StatusCode::OK);
-            let replayed = outcome == Some(Outcome::Replayed);
-            to_actix(idem_http::json_answer(
-                &value,
-                status,
-                ReplayStatus::Original,
-                replayed,
-                None,
-            ))
-        }
-        Err(e) => e.error_response(),
-    }
-}

@@ -12,6 +12,8 @@ use crate::replay::mark_replayed;
 /// client of the first execution (every header the route set, the whole body even when it was
 /// too large to record), which is never recorded.
 #[derive(Serialize, Deserialize)]
+// `live` is never (de)serialized: `L` needs no bound (serde would ask `L: Default`).
+#[serde(bound(serialize = "", deserialize = ""))]
 pub struct RecordedResponse<L> {
     /// The status.
     pub status: u16,

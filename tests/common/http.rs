@@ -1,5 +1,6 @@
-//! Requests to an axum router, through `oneshot` (no socket), and the answers they get:
-//! [`post_json`] and [`get`] for the common shapes, [`Call`] to build any other.
+//! Requests to a front door and the answers they get: an axum router, through `oneshot` (no
+//! socket), or a real server over HTTP ([`Served`], e.g. actix-web's); [`post_json`] and
+//! [`get`] for the common shapes, [`Call`] to build any other.
 
 use axum::Router;
 use axum::body::Body;
@@ -51,7 +52,11 @@ impl Call {
         self.header("content-type", "application/json")
     }
 
-    pub async fn send(self, router: &Router) -> Answer {
+    pub async fn send<D: Door>(self, door: &D) -> Answer {
+        door.answer(self).await
+    }
+
+    async fn through_router(self, router: &Router) -> Answer {
         let mut request = Request::builder().method(self.method).uri(self.uri);
         for (name, value) in &self.headers {
             request = request.header(name.as_str(), value.as_str());
@@ -74,21 +79,67 @@ impl Call {
         }
     }
 
+    /// Sends it over HTTP to the server at `base` (`http://127.0.0.1:port`).
+    async fn over_http(self, base: &str) -> Answer {
+        let method = reqwest::Method::from_bytes(self.method.as_bytes()).expect("a method");
+        let mut request = reqwest::Client::new().request(method, format!("{base}{}", self.uri));
+        for (name, value) in &self.headers {
+            request = request.header(name.as_str(), value.as_str());
+        }
+        if let Some(body) = self.body {
+            request = request.body(body);
+        }
+        let response = request.send().await.expect("send");
+        let (status, headers) = (response.status(), response.headers().clone());
+        let text = response.text().await.expect("a UTF-8 body");
+        Answer {
+            status,
+            replayed: headers
+                .get("idempotent-replayed")
+                .is_some_and(|v| v == "true"),
+            json: serde_json::from_str(&text).unwrap_or(Value::Null),
+            headers,
+            text,
+        }
+    }
+
     /// Sends it on a task of its own (a client the test can wait for, or hang up).
-    pub fn spawn(self, router: &Router) -> tokio::task::JoinHandle<Answer> {
-        let router = router.clone();
-        tokio::spawn(async move { self.send(&router).await })
+    pub fn spawn<D: Door>(self, door: &D) -> tokio::task::JoinHandle<Answer> {
+        let door = door.clone();
+        tokio::spawn(async move { self.send(&door).await })
+    }
+}
+
+/// Where a test's requests go: an axum [`Router`] (called in process) or a [`Served`] server.
+pub trait Door: Clone + Send + Sync + 'static {
+    /// Sends `call` and reads the whole answer.
+    fn answer(&self, call: Call) -> impl Future<Output = Answer> + Send;
+}
+
+impl Door for Router {
+    async fn answer(&self, call: Call) -> Answer {
+        call.through_router(self).await
+    }
+}
+
+/// A real server listening at a base URL (`http://127.0.0.1:port`), reached over HTTP.
+#[derive(Debug, Clone)]
+pub struct Served(pub String);
+
+impl Door for Served {
+    async fn answer(&self, call: Call) -> Answer {
+        call.over_http(&self.0).await
     }
 }
 
 /// A POST of `body` as JSON under `key`.
-pub async fn post_json(router: &Router, uri: &str, key: &str, body: &Value) -> Answer {
-    Call::post(uri).key(key).json(body).send(router).await
+pub async fn post_json<D: Door>(door: &D, uri: &str, key: &str, body: &Value) -> Answer {
+    Call::post(uri).key(key).json(body).send(door).await
 }
 
 /// A GET without a key.
-pub async fn get(router: &Router, uri: &str) -> Answer {
-    Call::new("GET", uri).send(router).await
+pub async fn get<D: Door>(door: &D, uri: &str) -> Answer {
+    Call::new("GET", uri).send(door).await
 }
 
 /// What a call got back.

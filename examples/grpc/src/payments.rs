@@ -37,7 +37,7 @@ impl Shop {
         let payment_id = format!("pay-{}", idem::store::random_token());
         insert(
             db,
-            "INSERT INTO shop_payments (id, order_id, amount_cents) VALUES (?, ?, ?)",
+            "INSERT INTO grpc_payments (id, order_id, amount_cents) VALUES (?, ?, ?)",
             vec![
                 payment_id.clone().into(),
                 request.order_id.clone().into(),
@@ -73,7 +73,7 @@ impl Payments for Shop {
             .db
             .query_one_raw(statement(
                 self.db.get_database_backend(),
-                "SELECT amount_cents FROM shop_payments WHERE id = ?",
+                "SELECT amount_cents FROM grpc_payments WHERE id = ?",
                 vec![request.payment_id.clone().into()],
             ))
             .await
@@ -96,7 +96,7 @@ impl Payments for Shop {
         let refund_id = format!("ref-{}", idem::store::random_token());
         insert(
             &self.db,
-            "INSERT INTO shop_refunds (id, payment_id, amount_cents) VALUES (?, ?, ?)",
+            "INSERT INTO grpc_refunds (id, payment_id, amount_cents) VALUES (?, ?, ?)",
             vec![
                 refund_id.clone().into(),
                 request.payment_id.into(),
@@ -131,8 +131,8 @@ async fn insert<C: ConnectionTrait>(
 pub async fn prepare(db: &DatabaseConnection) -> Result<(), Box<dyn std::error::Error>> {
     idem::sea_orm::create_tables(db).await?;
     for table in [
-        "shop_payments (id VARCHAR(64) PRIMARY KEY, order_id VARCHAR(255) NOT NULL, amount_cents BIGINT NOT NULL)",
-        "shop_refunds (id VARCHAR(64) PRIMARY KEY, payment_id VARCHAR(64) NOT NULL, amount_cents BIGINT NOT NULL)",
+        "grpc_payments (id VARCHAR(64) PRIMARY KEY, order_id VARCHAR(255) NOT NULL, amount_cents BIGINT NOT NULL)",
+        "grpc_refunds (id VARCHAR(64) PRIMARY KEY, payment_id VARCHAR(64) NOT NULL, amount_cents BIGINT NOT NULL)",
     ] {
         db.execute_unprepared(&format!("CREATE TABLE IF NOT EXISTS {table}"))
             .await?;

@@ -95,7 +95,7 @@ async fn count(db: &DatabaseConnection, sql: &str, value: &str) -> i64 {
 async fn payments_of(db: &DatabaseConnection, order: &str) -> i64 {
     count(
         db,
-        "SELECT COUNT(*) FROM shop_payments WHERE order_id = ?",
+        "SELECT COUNT(*) FROM grpc_payments WHERE order_id = ?",
         order,
     )
     .await
@@ -104,7 +104,7 @@ async fn payments_of(db: &DatabaseConnection, order: &str) -> i64 {
 async fn refunds_of(db: &DatabaseConnection, payment: &str) -> i64 {
     count(
         db,
-        "SELECT COUNT(*) FROM shop_refunds WHERE payment_id = ?",
+        "SELECT COUNT(*) FROM grpc_refunds WHERE payment_id = ?",
         payment,
     )
     .await
