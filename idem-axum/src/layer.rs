@@ -7,7 +7,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use axum_core::body::Body;
 use axum_core::response::{IntoResponse, Response};
@@ -19,7 +18,7 @@ use http::{HeaderName, Request};
 
 use idem_core::call::Site;
 use idem_core::lease::run_lease;
-use idem_core::{Concurrency, Error, LeaseStore};
+use idem_core::{Error, LeaseStore};
 
 use crate::http::{IdempotencyKey, Problem};
 use idem_http::recording::{Recording, fingerprint_request};
@@ -132,36 +131,11 @@ impl IdempotencyLayer {
         self
     }
 
-    /// How long a recorded response is replayed (measured on the database's clock).
-    pub fn ttl(self, ttl: Duration) -> Self {
-        self.with(|c| c.recording.ttl = ttl)
+    fn with_recording(self, change: impl FnOnce(&mut Recording)) -> Self {
+        self.with(|c| change(&mut c.recording))
     }
 
-    /// How long a request holds its key before a retry may take it over (renewed while the
-    /// route runs). After a crash, a retry waits at most this long.
-    pub fn lease(self, lease: Duration) -> Self {
-        self.with(|c| c.recording.lease = lease)
-    }
-
-    /// How a duplicate of a running request is answered: [`Concurrency::Reject`] (the default,
-    /// 409 + `Retry-After`) or [`Concurrency::Wait`] (poll until the first response is
-    /// recorded, then replay it; 409 after the bound).
-    pub fn on_concurrent(self, concurrency: Concurrency) -> Self {
-        self.with(|c| c.recording.concurrency = concurrency)
-    }
-
-    /// The largest request body the layer reads to fingerprint it; a larger one is refused
-    /// with 413 before anything is claimed.
-    pub fn max_request_body(self, bytes: usize) -> Self {
-        self.with(|c| c.recording.max_request_body = bytes)
-    }
-
-    /// The largest response body the layer records. A larger response still reaches its
-    /// client whole, but only the fact that the key was used is recorded: a retry gets 500
-    /// `response-not-recorded`, and the route does not run again.
-    pub fn max_response_body(self, bytes: usize) -> Self {
-        self.with(|c| c.recording.max_response_body = bytes)
-    }
+    idem_http::recording_settings!();
 
     /// Records response header `name` too (besides the defaults of [`new`](Self::new)). Other
     /// headers reach the first client but are not replayed.
@@ -171,16 +145,6 @@ impl IdempotencyLayer {
                 c.headers.push(name);
             }
         })
-    }
-
-    /// How much memory (in bytes: bodies and headers, plus about 128 per response) keeps the
-    /// responses this layer recorded, so that a retry reaching this process is replayed
-    /// without reading the ledger; `0` turns it off. A recorded response never changes
-    /// until it expires, and each copy is dropped before its record expires, so the answer
-    /// is the one the ledger would give. The oldest copies go first; a response over an
-    /// eighth of the budget is not kept. Retries reaching another process read the ledger.
-    pub fn remember_answers(self, bytes: usize) -> Self {
-        self.with(|c| c.recording.remember_answers(bytes))
     }
 
     /// Who the key belongs to (tenant, user, API client), read from the request: keys of two

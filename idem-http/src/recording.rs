@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use http::HeaderMap;
 use idem_core::call::{Call, Site};
-use idem_core::{Concurrency, Error, Key, LeaseStore, RecentAnswers};
+use idem_core::{Error, Key, LeaseStore, RecentAnswers};
+
+/// How a duplicate of a running request is answered (re-exported for the settings methods).
+pub use idem_core::Concurrency;
 
 use crate::canonical;
 
@@ -124,4 +127,57 @@ pub fn fingerprint_request(
         &canonical::Body::of(headers, body),
         &canonical::Raw(body),
     );
+}
+
+/// The settings methods every whole-answer layer offers (`ttl`, `lease`, `on_concurrent`,
+/// `max_request_body`, `max_response_body`, `remember_answers`), written once: expanded inside
+/// the `impl` of a layer that has `fn with_recording(self, change: impl FnOnce(&mut
+/// Recording)) -> Self`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! recording_settings {
+    () => {
+        /// How long a recorded answer is replayed (measured on the database's clock).
+        pub fn ttl(self, ttl: ::std::time::Duration) -> Self {
+            self.with_recording(|r| r.ttl = ttl)
+        }
+
+        /// How long a request holds its key before a retry may take it over (renewed while
+        /// the handler runs). After a crash, a retry waits at most this long.
+        pub fn lease(self, lease: ::std::time::Duration) -> Self {
+            self.with_recording(|r| r.lease = lease)
+        }
+
+        /// How a duplicate of a running request is answered: `Concurrency::Reject` (the
+        /// default: 409 + `Retry-After` over HTTP, `ABORTED` + retry delay over gRPC) or
+        /// `Concurrency::Wait` (poll until the first answer is recorded, then replay it; the
+        /// same refusal after the bound).
+        pub fn on_concurrent(self, concurrency: $crate::recording::Concurrency) -> Self {
+            self.with_recording(|r| r.concurrency = concurrency)
+        }
+
+        /// The largest request body read to fingerprint it; a larger one is refused (413 over
+        /// HTTP, `RESOURCE_EXHAUSTED` over gRPC) before anything is claimed.
+        pub fn max_request_body(self, bytes: usize) -> Self {
+            self.with_recording(|r| r.max_request_body = bytes)
+        }
+
+        /// The largest response body recorded. A larger answer still reaches its client
+        /// whole, but only the fact that the key was used is recorded: a retry gets
+        /// `response-not-recorded` (500 over HTTP, `INTERNAL` over gRPC), and the handler does
+        /// not run again.
+        pub fn max_response_body(self, bytes: usize) -> Self {
+            self.with_recording(|r| r.max_response_body = bytes)
+        }
+
+        /// How much memory (in bytes: bodies and headers, plus about 128 per answer) keeps the
+        /// answers this layer recorded, so that a retry reaching this process is replayed
+        /// without reading the ledger; `0` turns it off. A recorded answer never changes until
+        /// it expires, and each copy is dropped before its record expires, so the answer is
+        /// the one the ledger would give. The oldest copies go first; an answer over an eighth
+        /// of the budget is not kept. Retries reaching another process read the ledger.
+        pub fn remember_answers(self, bytes: usize) -> Self {
+            self.with_recording(|r| r.remember_answers(bytes))
+        }
+    };
 }

@@ -6,13 +6,12 @@ mod service;
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix_web::HttpRequest;
 use http::HeaderName;
 use http::header::{CONTENT_LANGUAGE, CONTENT_TYPE, ETAG, LAST_MODIFIED, LOCATION};
+use idem_core::LeaseStore;
 use idem_core::call::Site;
-use idem_core::{Concurrency, LeaseStore};
 use idem_http::recording::Recording;
 
 pub use service::IdempotencyMiddlewareService;
@@ -126,36 +125,11 @@ impl IdempotencyMiddleware {
         self
     }
 
-    /// How long a recorded response is replayed (measured on the database's clock).
-    pub fn ttl(self, ttl: Duration) -> Self {
-        self.with(|c| c.recording.ttl = ttl)
+    fn with_recording(self, change: impl FnOnce(&mut Recording)) -> Self {
+        self.with(|c| change(&mut c.recording))
     }
 
-    /// How long a request holds its key before a retry may take it over (renewed while the
-    /// handler runs). After a crash, a retry waits at most this long.
-    pub fn lease(self, lease: Duration) -> Self {
-        self.with(|c| c.recording.lease = lease)
-    }
-
-    /// How a duplicate of a running request is answered: [`Concurrency::Reject`] (the default,
-    /// 409 + `Retry-After`) or [`Concurrency::Wait`] (poll until the first response is
-    /// recorded, then replay it; 409 after the bound).
-    pub fn on_concurrent(self, concurrency: Concurrency) -> Self {
-        self.with(|c| c.recording.concurrency = concurrency)
-    }
-
-    /// The largest request body the middleware reads to fingerprint it; a larger one is
-    /// refused with 413 before anything is claimed.
-    pub fn max_request_body(self, bytes: usize) -> Self {
-        self.with(|c| c.recording.max_request_body = bytes)
-    }
-
-    /// The largest response body the middleware records. A larger response still reaches its
-    /// client whole, but only the fact that the key was used is recorded: a retry gets 500
-    /// `response-not-recorded`, and the handler does not run again.
-    pub fn max_response_body(self, bytes: usize) -> Self {
-        self.with(|c| c.recording.max_response_body = bytes)
-    }
+    idem_http::recording_settings!();
 
     /// Records response header `name` too (besides the defaults of [`new`](Self::new)).
     pub fn record_header(self, name: HeaderName) -> Self {
@@ -164,12 +138,6 @@ impl IdempotencyMiddleware {
                 c.headers.push(name);
             }
         })
-    }
-
-    /// How much memory keeps the responses this middleware recorded, so that a retry reaching
-    /// this process is replayed without reading the ledger; `0` turns it off.
-    pub fn remember_answers(self, bytes: usize) -> Self {
-        self.with(|c| c.recording.remember_answers(bytes))
     }
 
     /// Who the key belongs to (tenant, user, API client), read from the request: keys of two

@@ -10,11 +10,10 @@ mod service;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::request::Parts;
+use idem_core::LeaseStore;
 use idem_core::call::Site;
-use idem_core::{Concurrency, LeaseStore};
 use idem_http::recording::Recording;
 use serde::Serialize;
 
@@ -126,6 +125,12 @@ impl IdempotencyLayer {
         self
     }
 
+    fn with_recording(self, change: impl FnOnce(&mut Recording)) -> Self {
+        self.with(|c| change(&mut c.recording))
+    }
+
+    idem_http::recording_settings!();
+
     /// Records the unary method at `path` (`/package.Service/Method`, as tonic routes it),
     /// whose request message is `M`. Its scope is the path without the leading `/`.
     ///
@@ -152,44 +157,6 @@ impl IdempotencyLayer {
             };
             c.methods.insert(path, method);
         })
-    }
-
-    /// How long a recorded answer is replayed (measured on the database's clock).
-    pub fn ttl(self, ttl: Duration) -> Self {
-        self.with(|c| c.recording.ttl = ttl)
-    }
-
-    /// How long a call holds its key before a retry may take it over (renewed while the
-    /// method runs). After a crash, a retry waits at most this long.
-    pub fn lease(self, lease: Duration) -> Self {
-        self.with(|c| c.recording.lease = lease)
-    }
-
-    /// How a duplicate of a running call is answered: [`Concurrency::Reject`] (the default,
-    /// `ABORTED` + retry delay) or [`Concurrency::Wait`] (poll until the first answer is
-    /// recorded, then replay it; `ABORTED` after the bound).
-    pub fn on_concurrent(self, concurrency: Concurrency) -> Self {
-        self.with(|c| c.recording.concurrency = concurrency)
-    }
-
-    /// The largest request the layer reads to fingerprint it; a larger one is refused with
-    /// `RESOURCE_EXHAUSTED` before anything is claimed.
-    pub fn max_request_body(self, bytes: usize) -> Self {
-        self.with(|c| c.recording.max_request_body = bytes)
-    }
-
-    /// The largest answer the layer records. A larger one still reaches its client whole,
-    /// but only the fact that the key was used is recorded: a retry gets `INTERNAL`
-    /// (`response-not-recorded`), and the method does not run again.
-    pub fn max_response_body(self, bytes: usize) -> Self {
-        self.with(|c| c.recording.max_response_body = bytes)
-    }
-
-    /// How much memory keeps the answers this layer recorded, so that a retry reaching this
-    /// process is replayed without reading the ledger; `0` turns it off (as
-    /// `idem::axum::IdempotencyLayer::remember_answers`).
-    pub fn remember_answers(self, bytes: usize) -> Self {
-        self.with(|c| c.recording.remember_answers(bytes))
     }
 
     /// Who the key belongs to (tenant, user, API client), read from the request's head (its
