@@ -67,9 +67,10 @@ macro_rules! suite {
 
             async fn pool() -> Option<$pool> {
                 let pool: $pool = $connect?;
-                idem::sqlx::create_tables(&pool, &[idem::sqlx::Family::Ledger])
+                let families = [idem::sqlx::Family::Ledger, idem::sqlx::Family::Lease];
+                idem::sqlx::create_tables(&pool, &families)
                     .await
-                    .expect("create the ledger");
+                    .expect("create the ledger and the steps table");
                 // No DDL for a table that exists: on Galera it aborts other tests' writes.
                 let probe = sqlx::query("SELECT 1 FROM idem_sqlx_effects WHERE 1 = 0");
                 if probe.execute(&pool).await.is_err() {
@@ -234,6 +235,240 @@ macro_rules! suite {
                 }
                 assert_eq!(runs.load(Ordering::SeqCst), 1, "the body ran once");
                 assert_eq!(effects(&pool, &c.run).await, 1, "one committed effect");
+            }
+
+            /// A lease-mode payment: a charge at the gateway (a recovery point, counted in
+            /// `charges`), maybe a pause at `gate`, then (if `record`) the payment row written in
+            /// the fenced final phase. Duplicates get `InFlight` while the lease lives.
+            #[idempotent(scope = "sqlx.lease.pay", key = cmd.key, lease = "2s", skip(charges, gate, record))]
+            async fn lease_pay(
+                db: &$pool,
+                cmd: Pay,
+                charges: &AtomicUsize,
+                gate: Option<&Gate>,
+                record: bool,
+            ) -> Result<String, PayError> {
+                charge_and_record(db, cmd, charges, gate, record).await
+            }
+
+            /// The same, but a duplicate polls for the holder's answer (up to 10 s).
+            #[idempotent(scope = "sqlx.lease.pay", key = cmd.key, lease = "2s", on_concurrent = wait("10s"), skip(charges, gate, record))]
+            async fn lease_pay_waiting(
+                db: &$pool,
+                cmd: Pay,
+                charges: &AtomicUsize,
+                gate: Option<&Gate>,
+                record: bool,
+            ) -> Result<String, PayError> {
+                charge_and_record(db, cmd, charges, gate, record).await
+            }
+
+            async fn charge_and_record(
+                db: &$pool,
+                cmd: Pay,
+                charges: &AtomicUsize,
+                gate: Option<&Gate>,
+                record: bool,
+            ) -> Result<String, PayError> {
+                let charge: String = idem::step("charge", |key| async move {
+                    charges.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, PayError>(format!("ch-{key}"))
+                })
+                .await?;
+                if let Some(gate) = gate {
+                    gate.pass().await;
+                }
+                if !record {
+                    return Ok(charge);
+                }
+                let (run, amount) = (cmd.run.clone(), cmd.amount);
+                idem::sqlx::final_step(db, "record-payment", move |tx| {
+                    Box::pin(async move {
+                        sqlx::query(INSERT)
+                            .bind(&run)
+                            .bind("payment")
+                            .bind(amount)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(|_| PayError::Flaky)?;
+                        Ok::<_, PayError>(charge)
+                    })
+                })
+                .await
+            }
+
+            /// A lease-mode payment whose final phase is its last work ([`idem::sqlx::finish`]).
+            #[idempotent(scope = "sqlx.lease.finish", key = cmd.key, lease = "2s", skip(charges))]
+            async fn lease_pay_and_finish(
+                db: &$pool,
+                cmd: Pay,
+                charges: &AtomicUsize,
+            ) -> Result<String, PayError> {
+                let charge: String = idem::step("charge", |key| async move {
+                    charges.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, PayError>(format!("ch-{key}"))
+                })
+                .await?;
+                let (run, amount) = (cmd.run.clone(), cmd.amount);
+                idem::sqlx::finish(db, "record-payment", move |tx| {
+                    Box::pin(async move {
+                        sqlx::query(INSERT)
+                            .bind(&run)
+                            .bind("payment")
+                            .bind(amount)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(|_| PayError::Flaky)?;
+                        Ok::<_, PayError>(format!("paid {charge}"))
+                    })
+                })
+                .await
+            }
+
+            /// Ends the lease of `key` now, as if its holder had been paused past it (on the
+            /// database clock).
+            async fn expire_lease(pool: &$pool, key: &str) {
+                let sql = concat!(
+                    "UPDATE idem_ledger SET expires_at_ms = expires_at_ms - 3600000 WHERE idem_key = ",
+                    $p1,
+                    " AND state = 0"
+                );
+                let expired = sqlx::query(sql).bind(key).execute(pool).await.expect("expire");
+                assert_eq!(expired.rows_affected(), 1, "one lease in progress under {key}");
+            }
+
+            /// Recorded steps under `key`.
+            async fn steps(pool: &$pool, key: &str) -> i64 {
+                let sql = concat!(
+                    "SELECT COUNT(*) FROM idem_steps WHERE record_id IN (SELECT id FROM idem_ledger WHERE idem_key = ",
+                    $p1,
+                    ")"
+                );
+                sqlx::query_scalar(sql).bind(key).fetch_one(pool).await.expect("count steps")
+            }
+
+            /// Starts a lease call of `c` that holds at a gate after its charge step was
+            /// recorded; returns its task once it holds there, and the gate.
+            async fn lease_paused(
+                pool: &$pool,
+                c: &Pay,
+                charges: &Arc<AtomicUsize>,
+                record: bool,
+            ) -> (tokio::task::JoinHandle<Result<String, PayError>>, Gate) {
+                let gate = Gate::default();
+                let task = {
+                    let (pool, c, charges, gate) =
+                        (pool.clone(), c.clone(), Arc::clone(charges), gate.clone());
+                    tokio::spawn(async move {
+                        lease_pay(&pool, c, &charges, Some(&gate), record).await
+                    })
+                };
+                gate.entered().await;
+                (task, gate)
+            }
+
+            #[tokio::test]
+            async fn a_lease_call_runs_its_steps_once_records_and_replays() {
+                let Some(pool) = pool().await else { return };
+                let charges = AtomicUsize::new(0);
+                let c = cmd(11);
+                let (first, outcome) =
+                    idem::with_outcome(lease_pay(&pool, c.clone(), &charges, None, true)).await;
+                let first = first.expect("first call");
+                assert_eq!(outcome, Some(idem::Outcome::Executed));
+                let (again, outcome) =
+                    idem::with_outcome(lease_pay(&pool, c.clone(), &charges, None, true)).await;
+                assert_eq!(again, Ok(first), "replayed");
+                assert_eq!(outcome, Some(idem::Outcome::Replayed));
+                assert_eq!(charges.load(Ordering::SeqCst), 1, "one charge");
+                assert_eq!(effects(&pool, &c.run).await, 1, "one payment row");
+                assert_eq!(steps(&pool, &c.key).await, 0, "steps forgotten once recorded");
+                let other = Pay { amount: 12, ..c.clone() };
+                let reused = lease_pay(&pool, other, &charges, None, true).await;
+                assert_eq!(reused, Err(PayError::Idem(ErrorKind::KeyReused)));
+                assert_eq!(charges.load(Ordering::SeqCst), 1, "a reused key charged nothing");
+            }
+
+            #[tokio::test]
+            async fn ten_concurrent_lease_duplicates_run_the_body_once() {
+                let Some(pool) = pool().await else { return };
+                let charges = Arc::new(AtomicUsize::new(0));
+                let c = cmd(13);
+                let calls = (0..10).map(|_| {
+                    let (pool, c, charges) = (pool.clone(), c.clone(), Arc::clone(&charges));
+                    tokio::spawn(async move {
+                        lease_pay_waiting(&pool, c, &charges, None, true).await
+                    })
+                });
+                let answers = futures_util::future::join_all(calls).await;
+                let answers: Vec<_> = answers.into_iter().map(|a| a.expect("task")).collect();
+                assert!(answers.iter().all(|a| a.is_ok() && *a == answers[0]), "{answers:?}");
+                assert_eq!(charges.load(Ordering::SeqCst), 1, "charged once");
+                assert_eq!(effects(&pool, &c.run).await, 1, "one payment row");
+            }
+
+            #[tokio::test]
+            async fn a_dropped_lease_is_taken_over_once_it_ends_and_its_steps_are_not_rerun() {
+                let Some(pool) = pool().await else { return };
+                let charges = Arc::new(AtomicUsize::new(0));
+                let c = cmd(14);
+                let (held, _gate) = lease_paused(&pool, &c, &charges, true).await;
+                held.abort(); // a crash after the charge was recorded
+                let _ = held.await;
+                // While its lease lives, a retry is told to come back.
+                let early = lease_pay(&pool, c.clone(), &charges, None, true).await;
+                assert_eq!(early, Err(PayError::Idem(ErrorKind::InFlight)));
+                // Once it ended (2 s on the database clock), the retry takes over.
+                tokio::time::sleep(Duration::from_millis(2100)).await;
+                let (answer, outcome) =
+                    idem::with_outcome(lease_pay(&pool, c.clone(), &charges, None, true)).await;
+                assert!(answer.is_ok(), "{answer:?}");
+                assert_eq!(outcome, Some(idem::Outcome::Executed));
+                assert_eq!(charges.load(Ordering::SeqCst), 1, "the charge step was replayed");
+                assert_eq!(effects(&pool, &c.run).await, 1, "one payment row");
+            }
+
+            #[tokio::test]
+            async fn a_stale_holder_is_fenced_off_its_final_phase_and_its_completion() {
+                let Some(pool) = pool().await else { return };
+                // `record`: the stale holder reaches its final phase; else its completion.
+                for record in [true, false] {
+                    let charges = Arc::new(AtomicUsize::new(0));
+                    let c = cmd(15);
+                    let (stale, gate) = lease_paused(&pool, &c, &charges, record).await;
+                    expire_lease(&pool, &c.key).await; // paused past its lease
+                    let taken_over = lease_pay(&pool, c.clone(), &charges, None, record)
+                        .await
+                        .expect("the retry takes over and completes");
+                    gate.release();
+                    let stale = stale.await.expect("task");
+                    assert_eq!(
+                        stale,
+                        Err(PayError::Idem(ErrorKind::LeaseLost)),
+                        "record {record}: the stale holder is refused"
+                    );
+                    let replay = lease_pay(&pool, c.clone(), &charges, None, record).await;
+                    assert_eq!(replay, Ok(taken_over), "record {record}: the takeover's answer stands");
+                    assert_eq!(charges.load(Ordering::SeqCst), 1, "record {record}: one charge");
+                    let rows = i64::from(record);
+                    assert_eq!(effects(&pool, &c.run).await, rows, "record {record}: payment rows");
+                }
+            }
+
+            #[tokio::test]
+            async fn finish_records_the_result_with_the_final_phase() {
+                let Some(pool) = pool().await else { return };
+                let charges = AtomicUsize::new(0);
+                let c = cmd(16);
+                let first = lease_pay_and_finish(&pool, c.clone(), &charges).await;
+                let first = first.expect("first call");
+                let (again, outcome) =
+                    idem::with_outcome(lease_pay_and_finish(&pool, c.clone(), &charges)).await;
+                assert_eq!(again, Ok(first), "replayed");
+                assert_eq!(outcome, Some(idem::Outcome::Replayed));
+                assert_eq!(charges.load(Ordering::SeqCst), 1);
+                assert_eq!(effects(&pool, &c.run).await, 1);
+                assert_eq!(steps(&pool, &c.key).await, 0, "steps forgotten with the result");
             }
 
             #[tokio::test]
