@@ -455,6 +455,45 @@ macro_rules! suite {
                 }
             }
 
+            /// A lease-mode call with no step: its completion is the fenced update alone.
+            #[idempotent(scope = "sqlx.lease.stepless", key = cmd.key, lease = "2s", skip(runs, gate))]
+            async fn lease_stepless(
+                db: &$pool,
+                cmd: Pay,
+                runs: &AtomicUsize,
+                gate: Option<&Gate>,
+            ) -> Result<i64, PayError> {
+                let _ = db;
+                let run = runs.fetch_add(1, Ordering::SeqCst);
+                if let Some(gate) = gate {
+                    gate.pass().await;
+                }
+                Ok(cmd.amount + i64::try_from(run).unwrap_or(0))
+            }
+
+            #[tokio::test]
+            async fn a_stale_holder_without_steps_cannot_complete() {
+                let Some(pool) = pool().await else { return };
+                let runs = Arc::new(AtomicUsize::new(0));
+                let gate = Gate::default();
+                let c = cmd(100);
+                let stale = {
+                    let (pool, c, runs, gate) =
+                        (pool.clone(), c.clone(), Arc::clone(&runs), gate.clone());
+                    tokio::spawn(async move { lease_stepless(&pool, c, &runs, Some(&gate)).await })
+                };
+                gate.entered().await;
+                expire_lease(&pool, &c.key).await;
+                let taken_over = lease_stepless(&pool, c.clone(), &runs, None).await;
+                assert_eq!(taken_over, Ok(101), "the second run takes over and completes");
+                gate.release();
+                let stale = stale.await.expect("task");
+                assert_eq!(stale, Err(PayError::Idem(ErrorKind::LeaseLost)), "fenced off");
+                let replay = lease_stepless(&pool, c.clone(), &runs, None).await;
+                assert_eq!(replay, Ok(101), "the takeover's answer stands");
+                assert_eq!(runs.load(Ordering::SeqCst), 2);
+            }
+
             #[tokio::test]
             async fn finish_records_the_result_with_the_final_phase() {
                 let Some(pool) = pool().await else { return };
