@@ -191,6 +191,23 @@ macro_rules! handlers {
                 .await
             }
 
+            /// No step: the completion is the fenced update alone. Holds at `gate` if given;
+            /// answers how many runs came before it.
+            #[idempotent(scope = "lease.stepless", key = cmd.key, lease = "2s", skip(runs, gate))]
+            pub(crate) async fn pay_without_steps(
+                db: &$conn,
+                runs: &std::sync::atomic::AtomicUsize,
+                gate: Option<&Gate>,
+                cmd: Pay,
+            ) -> Result<usize, TestError> {
+                let _ = db;
+                let before = runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if let Some(gate) = gate {
+                    gate.pass().await;
+                }
+                Ok(before)
+            }
+
             /// Charges, then panics while `panics` is set; a lease long enough that only a
             /// release frees the key within the test.
             #[idempotent(scope = "lease.panics", key = cmd.key, lease = "10s", skip(gateway, panics))]
@@ -637,6 +654,57 @@ async fn the_in_memory_store_holds_leases_too() {
     let again = greet(&store, &gateway, "m-1".into()).await.expect("replay");
     assert_eq!(first, again);
     assert_eq!(gateway.calls(), 1);
+}
+
+#[tokio::test]
+async fn ten_concurrent_calls_with_a_bounded_wait_run_the_body_once() {
+    for t in cases("lease-ten").await {
+        let name = t.name;
+        let answers = futures_util::future::join_all(t.duplicates(10, true)).await;
+        let answers: Vec<_> = answers.into_iter().map(|a| a.expect("task")).collect();
+        let first = answers[0].0.as_ref().expect("answered").clone();
+        for (answer, _) in &answers {
+            assert_eq!(answer.as_ref().ok(), Some(&first), "{name}: {answers:?}");
+        }
+        let executed = answers
+            .iter()
+            .filter(|(_, outcome)| *outcome == Some(Outcome::Executed))
+            .count();
+        assert_eq!(executed, 1, "{name}: one execution, the others replayed");
+        t.assert_paid_once("ten concurrent calls").await;
+    }
+}
+
+#[tokio::test]
+async fn a_stale_holder_without_steps_cannot_complete() {
+    for t in cases("lease-stepless").await {
+        let name = t.name;
+        let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let gate = Gate::default();
+        let stale = {
+            let (c, runs, gate) = (t.clone(), Arc::clone(&runs), gate.clone());
+            tokio::spawn(
+                async move { call!(c, pay_without_steps(&runs, Some(&gate), cmd(&c.run))) },
+            )
+        };
+        gate.entered().await;
+        expire_lease(&t.db, &t.key()).await; // paused past its lease
+        let taken_over = call!(t, pay_without_steps(&runs, None, cmd(&t.run)));
+        assert_eq!(
+            taken_over.ok(),
+            Some(1),
+            "{name}: the retry takes over and completes"
+        );
+        gate.release();
+        let stale = stale.await.expect("task");
+        assert_eq!(
+            stale.err().and_then(|e| e.kind()),
+            Some(ErrorKind::LeaseLost),
+            "{name}: the stale holder's completion is refused"
+        );
+        let replay = call!(t, pay_without_steps(&runs, None, cmd(&t.run)));
+        assert_eq!(replay.ok(), Some(1), "{name}: the takeover's answer stands");
+    }
 }
 
 #[tokio::test]
