@@ -191,17 +191,27 @@ macro_rules! handlers {
                 .await
             }
 
-            /// No step: the completion is the fenced update alone. Holds at `gate` if given;
-            /// answers how many runs came before it.
-            #[idempotent(scope = "lease.stepless", key = cmd.key, lease = "2s", skip(runs, gate))]
-            pub(crate) async fn pay_without_steps(
+            /// No final phase: the call's completion alone records it, in a transaction that
+            /// forgets the steps when `with_step` recorded one, else as the fenced update
+            /// alone. Holds at `gate` if given; answers how many runs came before it.
+            #[idempotent(
+                scope = "lease.no-final-phase",
+                key = cmd.key,
+                lease = "2s",
+                skip(runs, gate, with_step)
+            )]
+            pub(crate) async fn pay_without_final_phase(
                 db: &$conn,
                 runs: &std::sync::atomic::AtomicUsize,
                 gate: Option<&Gate>,
+                with_step: bool,
                 cmd: Pay,
             ) -> Result<usize, TestError> {
                 let _ = db;
                 let before = runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if with_step {
+                    idem::step("note", |_| async { Ok::<_, TestError>(()) }).await?;
+                }
                 if let Some(gate) = gate {
                     gate.pass().await;
                 }
@@ -676,34 +686,45 @@ async fn ten_concurrent_calls_with_a_bounded_wait_run_the_body_once() {
 }
 
 #[tokio::test]
-async fn a_stale_holder_without_steps_cannot_complete() {
-    for t in cases("lease-stepless").await {
-        let name = t.name;
-        let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let gate = Gate::default();
-        let stale = {
-            let (c, runs, gate) = (t.clone(), Arc::clone(&runs), gate.clone());
-            tokio::spawn(
-                async move { call!(c, pay_without_steps(&runs, Some(&gate), cmd(&c.run))) },
-            )
-        };
-        gate.entered().await;
-        expire_lease(&t.db, &t.key()).await; // paused past its lease
-        let taken_over = call!(t, pay_without_steps(&runs, None, cmd(&t.run)));
-        assert_eq!(
-            taken_over.ok(),
-            Some(1),
-            "{name}: the retry takes over and completes"
-        );
-        gate.release();
-        let stale = stale.await.expect("task");
-        assert_eq!(
-            stale.err().and_then(|e| e.kind()),
-            Some(ErrorKind::LeaseLost),
-            "{name}: the stale holder's completion is refused"
-        );
-        let replay = call!(t, pay_without_steps(&runs, None, cmd(&t.run)));
-        assert_eq!(replay.ok(), Some(1), "{name}: the takeover's answer stands");
+async fn a_stale_holder_cannot_complete_with_or_without_steps() {
+    for with_step in [true, false] {
+        for t in cases("lease-stale-completion").await {
+            let name = format!("{} (with a step: {with_step})", t.name);
+            let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let gate = Gate::default();
+            let stale = {
+                let (c, runs, gate) = (t.clone(), Arc::clone(&runs), gate.clone());
+                tokio::spawn(async move {
+                    call!(
+                        c,
+                        pay_without_final_phase(&runs, Some(&gate), with_step, cmd(&c.run))
+                    )
+                })
+            };
+            gate.entered().await;
+            expire_lease(&t.db, &t.key()).await; // paused past its lease
+            let taken_over = call!(
+                t,
+                pay_without_final_phase(&runs, None, with_step, cmd(&t.run))
+            );
+            assert_eq!(
+                taken_over.ok(),
+                Some(1),
+                "{name}: the retry takes over and completes"
+            );
+            gate.release();
+            let stale = stale.await.expect("task");
+            assert_eq!(
+                stale.err().and_then(|e| e.kind()),
+                Some(ErrorKind::LeaseLost),
+                "{name}: the stale holder's completion is refused"
+            );
+            let replay = call!(
+                t,
+                pay_without_final_phase(&runs, None, with_step, cmd(&t.run))
+            );
+            assert_eq!(replay.ok(), Some(1), "{name}: the takeover's answer stands");
+        }
     }
 }
 
