@@ -203,12 +203,12 @@ pub mod store {
 
     /// What the connection of a lease-mode `#[idempotent(..., lease = "…")]` function is:
     /// something that hands out an owned, shareable [`LeaseStore`] (the lease outlives the
-    /// claim). Implemented for `sea_orm::DatabaseConnection` and
-    /// [`MemoryStore`](crate::MemoryStore); implement it for your own store's handle.
+    /// claim). Implemented for `sea_orm::DatabaseConnection`, sqlx's pools (feature `sqlx`)
+    /// and [`MemoryStore`](crate::MemoryStore); implement it for your own store's handle.
     #[diagnostic::on_unimplemented(
         message = "`{Self}` cannot hold the leases of `#[idempotent(..., lease = ...)]`",
         label = "expected the connection here",
-        note = "lease mode needs a `sea_orm::DatabaseConnection` (or an `idem::MemoryStore`): its lease commits at once and outlives any transaction, so it cannot claim inside another call's transaction (`&DatabaseTransaction`); call it with the pool, before or after that call"
+        note = "lease mode needs a `sea_orm::DatabaseConnection`, a sqlx pool (`&sqlx::PgPool`, …) or an `idem::MemoryStore`: its lease commits at once and outlives any transaction, so it cannot claim inside another call's transaction (`&DatabaseTransaction`); call it with the pool, before or after that call"
     )]
     pub trait IntoLeaseStore {
         /// An owned lease store over this connection.
@@ -232,6 +232,16 @@ pub mod store {
     impl IntoLeaseStore for idem_sea_orm::sea_orm::DatabaseConnection {
         fn lease_store(&self) -> std::sync::Arc<dyn LeaseStore> {
             std::sync::Arc::new(idem_sea_orm::SeaOrmLeaseStore::new(self.clone()))
+        }
+    }
+
+    /// A sqlx pool (feature `sqlx-postgres`, `sqlx-mysql` or `sqlx-sqlite`): the lease store
+    /// on a clone of it (which shares the pool).
+    #[cfg(feature = "sqlx")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
+    impl<DB: idem_sqlx::Backend> IntoLeaseStore for idem_sqlx::sqlx::Pool<DB> {
+        fn lease_store(&self) -> std::sync::Arc<dyn LeaseStore> {
+            std::sync::Arc::new(idem_sqlx::SqlxLeaseStore::new(self.clone()))
         }
     }
 }
@@ -391,12 +401,15 @@ pub mod sea_orm {
 /// `idem-sqlx` crate, sqlx 0.9): an `#[idempotent]` function whose connection is a sqlx pool
 /// runs its body in the claim's transaction, lent as `&mut PgConnection` (`&mut
 /// MySqlConnection`, `&mut SqliteConnection`). [`create_tables`](sqlx::create_tables) makes
-/// the tables at start-up, or `idem schema` prints them for your migrations.
+/// the tables at start-up, or `idem schema` prints them for your migrations. Lease mode
+/// (`lease = "30s"`) runs on the same pools ([`SqlxLeaseStore`](sqlx::SqlxLeaseStore)): its
+/// body's database writes go in [`final_step`](sqlx::final_step) or [`finish`](sqlx::finish).
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub mod sqlx {
     pub use idem_sqlx::{
-        Backend, ClaimedTx, Family, SqlxStore, create_tables, through_transaction_pooler,
+        Backend, ClaimedTx, Family, SqlxLeaseStore, SqlxStore, create_tables, final_step, finish,
+        through_transaction_pooler,
     };
 }
 

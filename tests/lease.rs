@@ -1,4 +1,5 @@
-//! Lease mode on every backend of the run (and the in-memory store): the claim commits first,
+//! Lease mode on every backend of the run, through both stores (SeaORM's and sqlx's, the
+//! handlers written once for each connection type: `handlers!`), and on the in-memory store: the claim commits first,
 //! steps are recovery points a takeover replays, a stale holder's writes are rejected by the
 //! fencing token, duplicates during a live lease get `InFlight` with Retry-After, and lease
 //! expiry is read from the database's clock. Every test counts effect rows and gateway calls.
@@ -9,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::crash::{CHILD_CALL_FAILED, ChildEnd, kill_self};
-use common::{Backend, Gate, backends, effects, insert_effect, unique};
+use common::{Gate, backends, effects, insert_effect, unique};
 use idem::{ErrorKind, Outcome, idempotent, with_outcome};
 use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
 use serde::Serialize;
@@ -74,65 +75,266 @@ impl TestError {
     }
 }
 
-/// The handler body: charge at the gateway (a recovery point), maybe pause or fail, then the
-/// final phase writes the payment row with the step record.
-async fn charge_and_record(
-    db: &DatabaseConnection,
-    gateway: &Gateway,
-    pause: &Pause,
-    cmd: Pay,
-) -> Result<String, TestError> {
-    let charge: String = idem::step("charge", |key| gateway.charge(key, cmd.amount)).await?;
-    if let Some(gate) = &pause.gate {
-        gate.pass().await;
-    }
-    if pause.fail_after_charge {
-        return Err(TestError::Flaky);
-    }
-    record_payment(db, &cmd, charge).await
-}
-/// The handler's final step: the payment row and the charge's answer, in one fenced
-/// transaction.
-async fn record_payment(
-    db: &DatabaseConnection,
-    cmd: &Pay,
-    charge: String,
-) -> Result<String, TestError> {
-    let (run, amount) = (cmd.run.clone(), cmd.amount);
-    idem::sea_orm::final_step(db, "record-payment", move |tx| {
-        Box::pin(async move {
-            insert_effect(tx, &run, "payment", amount).await;
-            Ok::<_, TestError>(charge)
-        })
-    })
-    .await
+/// The handlers, once per kind of connection, so every case runs on both stores: `$conn` is
+/// what they take (SeaORM's connection or a sqlx pool), `final_step` and `finish` the store's
+/// final phase, `insert` writes a payment row in the phase's transaction `$tx`, and `count`
+/// counts a run's payment rows through the connection `$db`.
+macro_rules! handlers {
+    (
+        $module:ident,
+        $conn:ty,
+        final_step = $final_step:path,
+        finish = $finish:path,
+        insert = |$tx:ident, $run:ident, $amount:ident| $insert:expr,
+        count = |$db:ident, $counted:ident| $count:expr $(,)?
+    ) => {
+        mod $module {
+            use super::*;
+
+            /// The handler body: charge at the gateway (a recovery point), maybe pause or
+            /// fail, then the final phase writes the payment row with the step record.
+            async fn charge_and_record(
+                db: &$conn,
+                gateway: &Gateway,
+                pause: &Pause,
+                cmd: Pay,
+            ) -> Result<String, TestError> {
+                let charge: String =
+                    idem::step("charge", |key| gateway.charge(key, cmd.amount)).await?;
+                if let Some(gate) = &pause.gate {
+                    gate.pass().await;
+                }
+                if pause.fail_after_charge {
+                    return Err(TestError::Flaky);
+                }
+                record_payment(db, &cmd, charge).await
+            }
+
+            /// The handler's final step: the payment row and the charge's answer, in one
+            /// fenced transaction.
+            async fn record_payment(
+                db: &$conn,
+                cmd: &Pay,
+                charge: String,
+            ) -> Result<String, TestError> {
+                let (run, amount) = (cmd.run.clone(), cmd.amount);
+                $final_step(db, "record-payment", move |$tx| {
+                    Box::pin(async move {
+                        let ($run, $amount) = (&run, amount);
+                        $insert;
+                        Ok::<_, TestError>(charge)
+                    })
+                })
+                .await
+            }
+
+            #[idempotent(scope = "lease.pay", key = cmd.key, lease = "2s", skip(gateway, pause))]
+            pub(crate) async fn pay(
+                db: &$conn,
+                gateway: &Gateway,
+                pause: &Pause,
+                cmd: Pay,
+            ) -> Result<String, TestError> {
+                charge_and_record(db, gateway, pause, cmd).await
+            }
+
+            /// The same, but a duplicate polls for the holder's result (up to 5 s) instead
+            /// of 409.
+            #[idempotent(
+                scope = "lease.pay-waiting",
+                key = cmd.key,
+                lease = "2s",
+                on_concurrent = wait("5s"),
+                skip(gateway, pause)
+            )]
+            pub(crate) async fn pay_waiting(
+                db: &$conn,
+                gateway: &Gateway,
+                pause: &Pause,
+                cmd: Pay,
+            ) -> Result<String, TestError> {
+                charge_and_record(db, gateway, pause, cmd).await
+            }
+
+            /// Database work after `finish` (which keeps its transaction open for the
+            /// result).
+            #[idempotent(scope = "lease.after-final", key = cmd.key, lease = "2s")]
+            pub(crate) async fn pay_then_read(db: &$conn, cmd: Pay) -> Result<i64, TestError> {
+                let run = cmd.run.clone();
+                $finish(db, "record-payment", move |$tx| {
+                    Box::pin(async move {
+                        let ($run, $amount) = (&run, 1_i64);
+                        $insert;
+                        Ok::<_, TestError>(())
+                    })
+                })
+                .await?;
+                // On a pool of one connection this read needs the connection the open phase
+                // holds: the phase commits alone after its fuse (elsewhere the read may not
+                // see it yet).
+                let ($db, $counted) = (db, &cmd.run);
+                Ok($count)
+            }
+
+            /// The same with `finish` as its last work: the result is recorded in the
+            /// phase's transaction.
+            #[idempotent(scope = "lease.finish", key = cmd.key, lease = "2s")]
+            pub(crate) async fn pay_and_finish(db: &$conn, cmd: Pay) -> Result<String, TestError> {
+                let run = cmd.run.clone();
+                $finish(db, "record-payment", move |$tx| {
+                    Box::pin(async move {
+                        let ($run, $amount) = (&run, 1_i64);
+                        $insert;
+                        Ok::<_, TestError>(format!("paid {run}"))
+                    })
+                })
+                .await
+            }
+
+            /// No final phase: the call's completion alone records it, in a transaction that
+            /// forgets the steps when `with_step` recorded one, else as the fenced update
+            /// alone. Holds at `gate` if given; answers how many runs came before it.
+            #[idempotent(
+                scope = "lease.no-final-phase",
+                key = cmd.key,
+                lease = "2s",
+                skip(runs, gate, with_step)
+            )]
+            pub(crate) async fn pay_without_final_phase(
+                db: &$conn,
+                runs: &std::sync::atomic::AtomicUsize,
+                gate: Option<&Gate>,
+                with_step: bool,
+                cmd: Pay,
+            ) -> Result<usize, TestError> {
+                let _ = db;
+                let before = runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if with_step {
+                    idem::step("note", |_| async { Ok::<_, TestError>(()) }).await?;
+                }
+                if let Some(gate) = gate {
+                    gate.pass().await;
+                }
+                Ok(before)
+            }
+
+            /// Charges, then panics while `panics` is set; a lease long enough that only a
+            /// release frees the key within the test.
+            #[idempotent(scope = "lease.panics", key = cmd.key, lease = "10s", skip(gateway, panics))]
+            pub(crate) async fn pay_or_panic(
+                db: &$conn,
+                gateway: &Gateway,
+                panics: &std::sync::atomic::AtomicBool,
+                cmd: Pay,
+            ) -> Result<String, TestError> {
+                let charge: String =
+                    idem::step("charge", |key| gateway.charge(key, cmd.amount)).await?;
+                assert!(
+                    !panics.swap(false, std::sync::atomic::Ordering::SeqCst),
+                    "the body panicked after its charge"
+                );
+                record_payment(db, &cmd, charge).await
+            }
+
+            /// Charges, then awaits a call that never returns while `hangs` is set (a
+            /// gateway call without a timeout); its deadline stops it.
+            #[idempotent(
+                scope = "lease.hangs",
+                key = cmd.key,
+                lease = "1s",
+                deadline = "2s",
+                skip(gateway, hangs)
+            )]
+            pub(crate) async fn pay_or_hang(
+                db: &$conn,
+                gateway: &Gateway,
+                hangs: &std::sync::atomic::AtomicBool,
+                cmd: Pay,
+            ) -> Result<String, TestError> {
+                let charge: String =
+                    idem::step("charge", |key| gateway.charge(key, cmd.amount)).await?;
+                let hang = hangs.load(std::sync::atomic::Ordering::SeqCst);
+                idem::step("notify", |_| async move {
+                    if hang {
+                        std::future::pending::<()>().await;
+                    }
+                    Ok::<_, TestError>(())
+                })
+                .await?;
+                record_payment(db, &cmd, charge).await
+            }
+        }
+    };
 }
 
-#[idempotent(scope = "lease.pay", key = cmd.key, lease = "2s", skip(gateway, pause))]
-async fn pay(
-    db: &DatabaseConnection,
-    gateway: &Gateway,
-    pause: &Pause,
-    cmd: Pay,
-) -> Result<String, TestError> {
-    charge_and_record(db, gateway, pause, cmd).await
+handlers!(
+    on_sea_orm,
+    DatabaseConnection,
+    final_step = idem::sea_orm::final_step,
+    finish = idem::sea_orm::finish,
+    insert = |tx, run, amount| insert_effect(tx, run, "payment", amount).await,
+    count = |db, run| effects(db, run).await,
+);
+
+/// The sqlx handlers' statements, in `$p`'s placeholders.
+macro_rules! sqlx_handlers {
+    ($module:ident, $pool:ty, $p1:literal, $p2:literal, $p3:literal) => {
+        handlers!(
+            $module,
+            $pool,
+            final_step = idem::sqlx::final_step,
+            finish = idem::sqlx::finish,
+            insert = |tx, run, amount| sqlx::query(concat!(
+                "INSERT INTO idem_test_effects (run_id, label, amount) VALUES (",
+                $p1,
+                ", ",
+                $p2,
+                ", ",
+                $p3,
+                ")"
+            ))
+            .bind(run)
+            .bind("payment")
+            .bind(amount)
+            .execute(&mut *tx)
+            .await
+            .expect("insert effect"),
+            count = |db, run| sqlx::query_scalar::<_, i64>(concat!(
+                "SELECT COUNT(*) FROM idem_test_effects WHERE run_id = ",
+                $p1
+            ))
+            .bind(run)
+            .fetch_one(db)
+            .await
+            .expect("count effects"),
+        );
+    };
 }
 
-/// The same, but a duplicate polls for the holder's result (up to 5 s) instead of 409.
-#[idempotent(
-    scope = "lease.pay-waiting",
-    key = cmd.key,
-    lease = "2s",
-    on_concurrent = wait("5s"),
-    skip(gateway, pause)
-)]
-async fn pay_waiting(
-    db: &DatabaseConnection,
-    gateway: &Gateway,
-    pause: &Pause,
-    cmd: Pay,
-) -> Result<String, TestError> {
-    charge_and_record(db, gateway, pause, cmd).await
+sqlx_handlers!(on_sqlx_sqlite, sqlx::SqlitePool, "?", "?", "?");
+sqlx_handlers!(on_sqlx_postgres, sqlx::PgPool, "$1", "$2", "$3");
+sqlx_handlers!(on_sqlx_mysql, sqlx::MySqlPool, "?", "?", "?");
+
+/// Which store a case's calls go through: SeaORM's (on the backend's connection) or sqlx's,
+/// on a pool of its own to the same database.
+#[derive(Clone)]
+enum Conn {
+    SeaOrm,
+    SqlxSqlite(sqlx::SqlitePool),
+    SqlxPostgres(sqlx::PgPool),
+    SqlxMySql(sqlx::MySqlPool),
+}
+
+/// Calls `handler` of the case's store, with the case's connection first.
+macro_rules! call {
+    ($case:expr, $handler:ident($($arg:expr),* $(,)?)) => {
+        match &$case.conn {
+            Conn::SeaOrm => on_sea_orm::$handler(&$case.db, $($arg),*).await,
+            Conn::SqlxSqlite(pool) => on_sqlx_sqlite::$handler(pool, $($arg),*).await,
+            Conn::SqlxPostgres(pool) => on_sqlx_postgres::$handler(pool, $($arg),*).await,
+            Conn::SqlxMySql(pool) => on_sqlx_mysql::$handler(pool, $($arg),*).await,
+        }
+    };
 }
 
 fn cmd(run: &str) -> Pay {
@@ -148,37 +350,78 @@ type Call = tokio::task::JoinHandle<Result<String, TestError>>;
 /// A call's task that tells its outcome.
 type Spawned = tokio::task::JoinHandle<(Result<String, TestError>, Option<Outcome>)>;
 
-/// One test on one backend: its gateway and its run (one order, paid under key `<run>-k`).
+/// One test on one backend and one store: its gateway and its run (one order, paid under
+/// key `<run>-k`). `db` is the backend's SeaORM connection, which the test reads through
+/// whichever store the calls use.
 #[derive(Clone)]
 struct Case {
     name: &'static str,
     db: DatabaseConnection,
+    conn: Conn,
     gateway: Gateway,
     run: String,
 }
 
-impl Case {
-    fn new(backend: Backend, run: &str) -> Self {
-        Self {
-            name: backend.name,
-            db: backend.db,
+/// A case of run `run` per backend of the run and per store: SeaORM's and sqlx's.
+async fn cases(run: &str) -> Vec<Case> {
+    let mut cases = Vec::new();
+    for backend in backends().await {
+        let (name, conn) = match backend.name {
+            "sqlite" => {
+                let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(4);
+                let pool = options
+                    .connect(&backend.url)
+                    .await
+                    .expect("sqlx connects to the run's database");
+                ("sqlite (sqlx)", Conn::SqlxSqlite(pool))
+            }
+            "postgres" => {
+                let pool = sqlx::PgPool::connect(&backend.url)
+                    .await
+                    .expect("sqlx connects to the run's database");
+                ("postgres (sqlx)", Conn::SqlxPostgres(pool))
+            }
+            _ => {
+                let pool = sqlx::MySqlPool::connect(&backend.url)
+                    .await
+                    .expect("sqlx connects to the run's database");
+                ("mysql (sqlx)", Conn::SqlxMySql(pool))
+            }
+        };
+        cases.push(Case {
+            name,
+            db: backend.db.clone(),
+            conn,
             gateway: Gateway::default(),
             run: unique(run),
-        }
+        });
+        cases.push(Case {
+            name: backend.name,
+            db: backend.db,
+            conn: Conn::SeaOrm,
+            gateway: Gateway::default(),
+            run: unique(run),
+        });
     }
+    cases
+}
 
+impl Case {
     fn key(&self) -> String {
         format!("{}-k", self.run)
     }
 
     /// Pays the run's order through `pay`, straight through.
     async fn pay(&self) -> Result<String, TestError> {
-        pay(&self.db, &self.gateway, &Pause::default(), cmd(&self.run)).await
+        call!(self, pay(&self.gateway, &Pause::default(), cmd(&self.run)))
     }
 
     /// Pays the run's order through `pay_waiting`, straight through.
     async fn pay_waiting(&self) -> Result<String, TestError> {
-        pay_waiting(&self.db, &self.gateway, &Pause::default(), cmd(&self.run)).await
+        call!(
+            self,
+            pay_waiting(&self.gateway, &Pause::default(), cmd(&self.run))
+        )
     }
 
     /// Starts a call of the run (through `pay_waiting` if `waiting`, else `pay`) that holds at
@@ -191,11 +434,10 @@ impl Case {
         };
         let t = self.clone();
         let task = tokio::spawn(async move {
-            let (db, gateway, cmd) = (&t.db, &t.gateway, cmd(&t.run));
             if waiting {
-                pay_waiting(db, gateway, &pause, cmd).await
+                call!(t, pay_waiting(&t.gateway, &pause, cmd(&t.run)))
             } else {
-                pay(db, gateway, &pause, cmd).await
+                call!(t, pay(&t.gateway, &pause, cmd(&t.run)))
             }
         });
         gate.entered().await;
@@ -268,8 +510,7 @@ async fn expire_lease(db: &DatabaseConnection, key: &str) {
 
 #[tokio::test]
 async fn a_lease_call_records_its_steps_result_and_replays() {
-    for backend in backends().await {
-        let t = Case::new(backend, "lease-basic");
+    for t in cases("lease-basic").await {
         let name = t.name;
         let (first, outcome) = with_outcome(t.pay()).await;
         let first = first.expect("first");
@@ -289,7 +530,7 @@ async fn a_lease_call_records_its_steps_result_and_replays() {
         );
         let mut other = cmd(&t.run);
         other.amount = 9900;
-        let reused = pay(&t.db, &t.gateway, &Pause::default(), other).await;
+        let reused = call!(t, pay(&t.gateway, &Pause::default(), other));
         let reused = reused.unwrap_err().kind();
         assert_eq!(reused, Some(ErrorKind::KeyReused), "{name}");
     }
@@ -297,8 +538,7 @@ async fn a_lease_call_records_its_steps_result_and_replays() {
 
 #[tokio::test]
 async fn a_stale_holder_is_fenced_off_and_the_takeover_resumes_after_its_steps() {
-    for backend in backends().await {
-        let t = Case::new(backend, "lease-stale");
+    for t in cases("lease-stale").await {
         let name = t.name;
         let (stale, gate) = t.paused(false).await; // charged, step recorded, now paused
         expire_lease(&t.db, &t.key()).await; // ... past its lease
@@ -320,8 +560,7 @@ async fn a_stale_holder_is_fenced_off_and_the_takeover_resumes_after_its_steps()
 
 #[tokio::test]
 async fn a_dropped_holder_leaves_a_lease_a_retry_takes_over_once_it_ends() {
-    for backend in backends().await {
-        let t = Case::new(backend, "lease-drop");
+    for t in cases("lease-drop").await {
         let name = t.name;
         t.abandoned().await;
         // During the lease a retry is told to come back, with the lease's remaining time.
@@ -347,8 +586,7 @@ async fn a_dropped_holder_leaves_a_lease_a_retry_takes_over_once_it_ends() {
 
 #[tokio::test]
 async fn duplicates_during_a_live_lease_get_in_flight_and_one_execution() {
-    for backend in backends().await {
-        let t = Case::new(backend, "lease-dup");
+    for t in cases("lease-dup").await {
         let name = t.name;
         let (first, gate) = t.paused(false).await;
         let mut in_flight = 0;
@@ -370,14 +608,13 @@ async fn duplicates_during_a_live_lease_get_in_flight_and_one_execution() {
 
 #[tokio::test]
 async fn a_transient_error_hands_the_key_on_at_once_with_its_steps() {
-    for backend in backends().await {
-        let t = Case::new(backend, "lease-flaky");
+    for t in cases("lease-flaky").await {
         let name = t.name;
         let failing = Pause {
             fail_after_charge: true,
             ..Pause::default()
         };
-        let failed = pay(&t.db, &t.gateway, &failing, cmd(&t.run)).await;
+        let failed = call!(t, pay(&t.gateway, &failing, cmd(&t.run)));
         assert!(matches!(failed, Err(TestError::Flaky)), "{name}");
         assert_eq!(effects(&t.db, &t.run).await, 0, "{name}");
         // No waiting for the lease: the retry resumes after the recorded charge.
@@ -389,8 +626,7 @@ async fn a_transient_error_hands_the_key_on_at_once_with_its_steps() {
 
 #[tokio::test]
 async fn lease_expiry_is_read_on_the_database_clock() {
-    for backend in backends().await {
-        let t = Case::new(backend, "lease-clock");
+    for t in cases("lease-clock").await {
         let name = t.name;
         t.abandoned().await;
         // The lease end stored in the ledger is the database's now + 2 s ...
@@ -431,9 +667,70 @@ async fn the_in_memory_store_holds_leases_too() {
 }
 
 #[tokio::test]
+async fn ten_concurrent_calls_with_a_bounded_wait_run_the_body_once() {
+    for t in cases("lease-ten").await {
+        let name = t.name;
+        let answers = futures_util::future::join_all(t.duplicates(10, true)).await;
+        let answers: Vec<_> = answers.into_iter().map(|a| a.expect("task")).collect();
+        let first = answers[0].0.as_ref().expect("answered").clone();
+        for (answer, _) in &answers {
+            assert_eq!(answer.as_ref().ok(), Some(&first), "{name}: {answers:?}");
+        }
+        let executed = answers
+            .iter()
+            .filter(|(_, outcome)| *outcome == Some(Outcome::Executed))
+            .count();
+        assert_eq!(executed, 1, "{name}: one execution, the others replayed");
+        t.assert_paid_once("ten concurrent calls").await;
+    }
+}
+
+#[tokio::test]
+async fn a_stale_holder_cannot_complete_with_or_without_steps() {
+    for with_step in [true, false] {
+        for t in cases("lease-stale-completion").await {
+            let name = format!("{} (with a step: {with_step})", t.name);
+            let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let gate = Gate::default();
+            let stale = {
+                let (c, runs, gate) = (t.clone(), Arc::clone(&runs), gate.clone());
+                tokio::spawn(async move {
+                    call!(
+                        c,
+                        pay_without_final_phase(&runs, Some(&gate), with_step, cmd(&c.run))
+                    )
+                })
+            };
+            gate.entered().await;
+            expire_lease(&t.db, &t.key()).await; // paused past its lease
+            let taken_over = call!(
+                t,
+                pay_without_final_phase(&runs, None, with_step, cmd(&t.run))
+            );
+            assert_eq!(
+                taken_over.ok(),
+                Some(1),
+                "{name}: the retry takes over and completes"
+            );
+            gate.release();
+            let stale = stale.await.expect("task");
+            assert_eq!(
+                stale.err().and_then(|e| e.kind()),
+                Some(ErrorKind::LeaseLost),
+                "{name}: the stale holder's completion is refused"
+            );
+            let replay = call!(
+                t,
+                pay_without_final_phase(&runs, None, with_step, cmd(&t.run))
+            );
+            assert_eq!(replay.ok(), Some(1), "{name}: the takeover's answer stands");
+        }
+    }
+}
+
+#[tokio::test]
 async fn with_a_bounded_wait_duplicates_get_the_holders_answer() {
-    for backend in backends().await {
-        let t = Case::new(backend, "lease-wait");
+    for t in cases("lease-wait").await {
         let name = t.name;
         let (first, gate) = t.paused(true).await;
         let duplicates = t.duplicates(4, true);
@@ -451,8 +748,7 @@ async fn with_a_bounded_wait_duplicates_get_the_holders_answer() {
 
 #[tokio::test]
 async fn a_long_body_keeps_its_lease_by_renewing_it() {
-    for backend in backends().await {
-        let t = Case::new(backend, "lease-renew");
+    for t in cases("lease-renew").await {
         let name = t.name;
         let (holder, gate) = t.paused(false).await;
         // Past the 2 s lease the holder is still busy; its renewals keep duplicates out.
@@ -469,43 +765,12 @@ async fn a_long_body_keeps_its_lease_by_renewing_it() {
     }
 }
 
-/// Database work after `finish` (which keeps its transaction open for the result).
-#[idempotent(scope = "lease.after-final", key = cmd.key, lease = "2s")]
-async fn pay_then_read(db: &DatabaseConnection, cmd: Pay) -> Result<i64, TestError> {
-    let run = cmd.run.clone();
-    idem::sea_orm::finish(db, "record-payment", move |tx| {
-        Box::pin(async move {
-            insert_effect(tx, &run, "payment", 1).await;
-            Ok::<_, TestError>(())
-        })
-    })
-    .await?;
-    // On a pool of one connection this read needs the connection the open phase holds: the
-    // phase commits alone after its fuse (elsewhere the read may not see it yet).
-    Ok(effects(db, &cmd.run).await)
-}
-
-/// The same with `finish` as its last work: the result is recorded in the phase's
-/// transaction.
-#[idempotent(scope = "lease.finish", key = cmd.key, lease = "2s")]
-async fn pay_and_finish(db: &DatabaseConnection, cmd: Pay) -> Result<String, TestError> {
-    let run = cmd.run.clone();
-    idem::sea_orm::finish(db, "record-payment", move |tx| {
-        Box::pin(async move {
-            insert_effect(tx, &run, "payment", 1).await;
-            Ok::<_, TestError>(format!("paid {run}"))
-        })
-    })
-    .await
-}
-
 #[tokio::test]
 async fn finish_records_the_result_with_the_final_phase_and_work_after_it_does_not_hang() {
-    for backend in backends().await {
-        let t = Case::new(backend, "finish");
-        let paid = pay_and_finish(&t.db, cmd(&t.run)).await;
+    for t in cases("finish").await {
+        let paid = call!(t, pay_and_finish(cmd(&t.run)));
         assert_eq!(paid.ok(), Some(format!("paid {}", t.run)), "{}", t.name);
-        let (again, outcome) = with_outcome(pay_and_finish(&t.db, cmd(&t.run))).await;
+        let (again, outcome) = with_outcome(async { call!(t, pay_and_finish(cmd(&t.run))) }).await;
         assert_eq!(outcome, Some(Outcome::Replayed), "{}", t.name);
         assert_eq!(again.ok(), Some(format!("paid {}", t.run)), "{}", t.name);
         assert_eq!(effects(&t.db, &t.run).await, 1, "{}", t.name);
@@ -516,10 +781,10 @@ async fn finish_records_the_result_with_the_final_phase_and_work_after_it_does_n
             ..t.clone()
         };
         let started = std::time::Instant::now();
-        let seen = pay_then_read(&t.db, cmd(&t.run)).await;
+        let seen = call!(t, pay_then_read(cmd(&t.run)));
         assert!(matches!(seen, Ok(0 | 1)), "{}: {seen:?}", t.name);
         assert!(started.elapsed() < Duration::from_secs(2), "{}", t.name);
-        let (_, outcome) = with_outcome(pay_then_read(&t.db, cmd(&t.run))).await;
+        let (_, outcome) = with_outcome(async { call!(t, pay_then_read(cmd(&t.run))) }).await;
         assert_eq!(outcome, Some(Outcome::Replayed), "{}", t.name);
         assert_eq!(effects(&t.db, &t.run).await, 1, "{}", t.name);
     }
@@ -531,6 +796,7 @@ async fn an_abandoned_lease_is_listed_and_kept_with_its_steps_by_the_purge() {
     let t = Case {
         name: "sqlite",
         db: common::sqlite().await,
+        conn: Conn::SeaOrm,
         gateway: Gateway::default(),
         run: unique("lease-purge"),
     };
@@ -811,8 +1077,7 @@ async fn sigkill_across_the_steps_then_retry_charges_once_and_pays_once() {
 
 #[tokio::test]
 async fn a_hung_holder_released_by_hand_is_taken_over_at_once_and_fenced_out() {
-    for backend in backends().await {
-        let t = Case::new(backend, "release");
+    for t in cases("release").await {
         let (held, gate) = t.paused(false).await;
         // The holder hangs after its charge; its renewals keep the lease alive.
         let retry = t.pay().await;
@@ -863,38 +1128,22 @@ async fn a_hung_holder_released_by_hand_is_taken_over_at_once_and_fenced_out() {
     }
 }
 
-/// Charges, then panics while `panics` is set; a lease long enough that only a release
-/// frees the key within the test.
-#[idempotent(scope = "lease.panics", key = cmd.key, lease = "10s", skip(gateway, panics))]
-async fn pay_or_panic(
-    db: &DatabaseConnection,
-    gateway: &Gateway,
-    panics: &std::sync::atomic::AtomicBool,
-    cmd: Pay,
-) -> Result<String, TestError> {
-    let charge: String = idem::step("charge", |key| gateway.charge(key, cmd.amount)).await?;
-    assert!(
-        !panics.swap(false, std::sync::atomic::Ordering::SeqCst),
-        "the body panicked after its charge"
-    );
-    record_payment(db, &cmd, charge).await
-}
-
 #[tokio::test]
 async fn a_panic_in_a_lease_mode_body_releases_the_lease_at_once() {
-    for backend in backends().await {
-        let t = Case::new(backend, "panic");
+    for t in cases("panic").await {
         let panics = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let (db, gateway, first) = (t.db.clone(), t.gateway.clone(), panics.clone());
+        let (c, first) = (t.clone(), panics.clone());
         let first_cmd = cmd(&t.run);
         let panicked =
-            tokio::spawn(async move { pay_or_panic(&db, &gateway, &first, first_cmd).await }).await;
+            tokio::spawn(async move { call!(c, pay_or_panic(&c.gateway, &first, first_cmd)) })
+                .await;
         assert!(panicked.is_err_and(|e| e.is_panic()), "{}", t.name);
         // The release runs behind the panic: the key is free within moments, not 10 s.
         let started = std::time::Instant::now();
         let (answer, outcome) = loop {
             let (answer, outcome) =
-                with_outcome(pay_or_panic(&t.db, &t.gateway, &panics, cmd(&t.run))).await;
+                with_outcome(async { call!(t, pay_or_panic(&t.gateway, &panics, cmd(&t.run))) })
+                    .await;
             match answer {
                 Err(e) if e.kind() == Some(ErrorKind::InFlight) => {
                     assert!(
@@ -914,45 +1163,18 @@ async fn a_panic_in_a_lease_mode_body_releases_the_lease_at_once() {
     }
 }
 
-/// Charges, then awaits a call that never returns while `hangs` is set (a gateway call
-/// without a timeout); its deadline stops it.
-#[idempotent(
-    scope = "lease.hangs",
-    key = cmd.key,
-    lease = "1s",
-    deadline = "2s",
-    skip(gateway, hangs)
-)]
-async fn pay_or_hang(
-    db: &DatabaseConnection,
-    gateway: &Gateway,
-    hangs: &std::sync::atomic::AtomicBool,
-    cmd: Pay,
-) -> Result<String, TestError> {
-    let charge: String = idem::step("charge", |key| gateway.charge(key, cmd.amount)).await?;
-    let hang = hangs.load(std::sync::atomic::Ordering::SeqCst);
-    idem::step("notify", |_| async move {
-        if hang {
-            std::future::pending::<()>().await;
-        }
-        Ok::<_, TestError>(())
-    })
-    .await?;
-    record_payment(db, &cmd, charge).await
-}
-
 #[tokio::test]
 async fn a_hung_body_is_stopped_at_its_deadline_and_the_retry_takes_over() {
-    for backend in backends().await {
-        let t = Case::new(backend, "deadline");
+    for t in cases("deadline").await {
         let hangs = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let (db, gateway, hung) = (t.db.clone(), t.gateway.clone(), hangs.clone());
+        let (c, hung) = (t.clone(), hangs.clone());
         let first_cmd = cmd(&t.run);
         let started = std::time::Instant::now();
-        let first = tokio::spawn(async move { pay_or_hang(&db, &gateway, &hung, first_cmd).await });
+        let first =
+            tokio::spawn(async move { call!(c, pay_or_hang(&c.gateway, &hung, first_cmd)) });
         // Held past its 1 s lease by its renewals: a retry meanwhile is in flight.
         tokio::time::sleep(Duration::from_millis(1300)).await;
-        let retry = pay_or_hang(&t.db, &t.gateway, &hangs, cmd(&t.run)).await;
+        let retry = call!(t, pay_or_hang(&t.gateway, &hangs, cmd(&t.run)));
         assert_eq!(
             retry.err().and_then(|e| e.kind()),
             Some(ErrorKind::InFlight),
@@ -976,7 +1198,7 @@ async fn a_hung_body_is_stopped_at_its_deadline_and_the_retry_takes_over() {
         // The key is free at once: the retry takes over from the recorded charge.
         hangs.store(false, std::sync::atomic::Ordering::SeqCst);
         let (answer, outcome) =
-            with_outcome(pay_or_hang(&t.db, &t.gateway, &hangs, cmd(&t.run))).await;
+            with_outcome(async { call!(t, pay_or_hang(&t.gateway, &hangs, cmd(&t.run))) }).await;
         assert!(answer.is_ok(), "{}: {answer:?}", t.name);
         assert_eq!(outcome, Some(Outcome::Executed), "{}", t.name);
         assert_eq!(effects(&t.db, &t.run).await, 1, "{}: one payment", t.name);

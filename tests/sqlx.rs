@@ -503,3 +503,49 @@ async fn behind_pgbouncer_in_transaction_mode_the_store_runs_unnamed_statements(
     assert_eq!(runs.load(Ordering::SeqCst), 4, "replayed");
     assert_eq!(count(&run).await, 4);
 }
+
+/// Lease mode on the sqlx store runs the lease suite (`tests/lease.rs`, through both stores);
+/// what is the sqlx store's own is here.
+#[idempotent(scope = "sqlx.lease.inner", key = key, lease = "2s")]
+async fn lease_inner(db: &sqlx::SqlitePool, key: String) -> Result<u8, idem::Error> {
+    let _ = db;
+    Ok(1)
+}
+
+#[idempotent(scope = "sqlx.atomic.outer", key = key, skip(pool))]
+async fn atomic_outer(
+    db: &sqlx::SqlitePool,
+    pool: &sqlx::SqlitePool,
+    key: String,
+) -> Result<String, idem::Error> {
+    let _ = &mut *db;
+    // The lease's claim would wait for the write lock this body's transaction holds.
+    let inner = lease_inner(pool, format!("{key}-inner")).await;
+    Ok(format!("{inner:?}"))
+}
+
+#[tokio::test]
+async fn on_sqlite_a_lease_call_inside_an_atomic_body_is_refused_at_once() {
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(2)
+        .connect(&sqlite_url("idem-sqlx-lease-inside"))
+        .await
+        .expect("sqlite");
+    let families = [idem::sqlx::Family::Ledger, idem::sqlx::Family::Lease];
+    idem::sqlx::create_tables(&pool, &families)
+        .await
+        .expect("tables");
+    let started = Instant::now();
+    let inner = atomic_outer(&pool, &pool, unique("k"))
+        .await
+        .expect("outer");
+    assert!(
+        inner.contains("SQLite") && inner.contains("write lock"),
+        "{inner}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -10,19 +10,18 @@ use std::time::Duration;
 
 use idem_core::ids::random_token;
 use idem_core::lease::{LeaseHandle, OpenPhase};
-use idem_core::{
-    BoxFuture, Error, LeaseClaim, LeaseStore, RecordStatus, Recorded, Request, Ticket,
-};
+use idem_core::{BoxFuture, Error, LeaseClaim, LeaseStore, RecordStatus, Request, Ticket};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::error::store_error;
 use crate::group_commit::{self, Write, Written};
-use crate::sql::{Bound, NewCall, NewRecord, Sql, millis, statement};
+use crate::sql::{Bound, Sql, millis, statement};
 use crate::store::{
-    Row, begin_within, connection_wait, detached, list_rows, read_row, within_connection_wait,
+    InClaim, begin_within, connection_wait, detached, list_rows, read_row, within_connection_wait,
 };
+use idem_sql::LeaseStep;
 
 /// The ledger in lease mode on a SeaORM connection; `#[idempotent(..., lease = "…")]` builds
 /// one from the handler's connection.
@@ -43,227 +42,68 @@ impl SeaOrmLeaseStore {
     }
 }
 
-/// Locks the ledger row of `ticket` in `tx` and checks the ticket still holds it.
-async fn fence(tx: &DatabaseTransaction, ticket: &Ticket, scope: &str) -> Result<(), Error> {
-    let d = crate::sql::of(tx.get_database_backend());
-    let row = tx
-        .query_one_raw(statement(d, d.ledger.read_locked(&ticket.id)))
-        .await
-        .map_err(|e| store_error("checking the lease", e))?;
-    let holds = match row {
-        Some(row) => {
-            let row = read_row(&row).map_err(|e| store_error("checking the lease", e))?;
-            row.owner == ticket.token && row.status == Some(RecordStatus::Pending)
-        }
-        None => false,
-    };
-    if holds {
-        Ok(())
-    } else {
-        Err(Error::LeaseLost {
-            scope: scope.to_owned(),
-        })
-    }
-}
-
-async fn insert_step(
-    tx: &DatabaseTransaction,
-    ticket: &Ticket,
-    name: &str,
-    payload: &[u8],
-) -> Result<(), Error> {
+/// Locks the ledger row of `ticket` in `tx` and checks the ticket still holds it
+/// ([`idem_sql::fence`]).
+async fn fence(tx: &DatabaseTransaction, ticket: &Ticket) -> Result<(), Error> {
     let sql = crate::sql::of(tx.get_database_backend());
-    tx.execute_raw(statement(
-        sql,
-        sql.lease
-            .insert_step(&ticket.id, name, ticket.token, payload),
-    ))
-    .await
-    .map(drop)
-    .map_err(|e| store_error("recording a step", e))
-}
-
-/// The answer a ledger row gives another caller whatever commits next, if it has one: the
-/// key reused with other arguments, a live lease, a live record. `None` for a record or
-/// lease that ended: taking it over needs the row locked.
-fn settled(row: &Row, fingerprints: &idem_core::Fingerprints) -> Option<LeaseClaim> {
-    let live = row.expires_at_ms > row.now_ms;
-    match row.status {
-        _ if !fingerprints.matches(&row.fingerprint)
-            && (live || row.status == Some(RecordStatus::Pending)) =>
-        {
-            // Another payload under this key: the engine answers KeyReused.
-            Some(LeaseClaim::Recorded(Recorded {
-                fingerprint: row.fingerprint,
-                status: row.status.unwrap_or(RecordStatus::Pending),
-                payload: Vec::new(),
-            }))
-        }
-        Some(RecordStatus::Pending) if live => Some(LeaseClaim::InFlight {
-            retry_after: Duration::from_millis(
-                u64::try_from(row.expires_at_ms - row.now_ms).unwrap_or(0),
-            ),
-        }),
-        Some(RecordStatus::Completed | RecordStatus::Failed | RecordStatus::GaveUp) if live => {
-            Some(LeaseClaim::Recorded(Recorded {
-                fingerprint: row.fingerprint,
-                status: row.status.unwrap_or(RecordStatus::Completed),
-                payload: row.response.clone().unwrap_or_default(),
-            }))
-        }
-        _ => None,
-    }
+    let holds = idem_sql::fence(&mut InClaim { tx, sql }, sql, ticket)
+        .await
+        .map_err(|(doing, e)| store_error(doing, e))?;
+    if holds { Ok(()) } else { Err(lost()) }
 }
 
 /// A lease claim as one statement outside a transaction (one round trip, one commit): the
 /// insert of a new key, or the committed row it ran into when that row settles the answer
-/// ([`settled`]). `None` when it does not (an ended lease or record to take over, a row
-/// purged in between): then [`claim`] decides under the row's lock.
+/// ([`LeaseStep::answer_at_once`]). `None` when it does not (an ended lease or record to take
+/// over, a row purged in between): then [`claim`] decides under the row's lock. On SQLite the
+/// statement commits with the group of its concurrent writes ([`group_commit`]).
 async fn claim_at_once(
     db: &DatabaseConnection,
     d: &Sql,
-    row: &NewRecord,
-    id: [u8; 32],
-    owner: i64,
-    fingerprints: &idem_core::Fingerprints,
-    lease_ms: i64,
+    step: &LeaseStep,
 ) -> Result<Option<LeaseClaim>, Error> {
     let failed = |e: DbErr| store_error("claiming a lease", e);
-    // SQLite's `DO NOTHING` returns no row; nor does PostgreSQL's for a row committed while
-    // its insert waited: then `read` reads it, committed.
+    let (claim, read) = step.at_once(d);
     let claim = Write::Claim {
-        claim: statement(d, d.ledger.claim(row)),
-        read: statement(d, d.ledger.read_row(&id)),
+        claim: statement(d, claim),
+        read: statement(d, read),
     };
     let written = within_connection_wait(db, group_commit::write(db, claim))
         .await
         .map_err(failed)?;
-    let Written::Row(Some(row)) = written else {
+    let Written::Row(row) = written else {
         return Ok(None);
     };
-    let row = read_row(&row).map_err(failed)?;
-    if row.owner == owner {
-        return Ok(Some(LeaseClaim::Execute {
-            ticket: Ticket::new(id, owner, row.now_ms + lease_ms),
-            steps: Vec::new(),
-        }));
-    }
-    Ok(settled(&row, fingerprints))
+    let row = row.map(|row| read_row(&row)).transpose().map_err(failed)?;
+    Ok(step.answer_at_once(row))
 }
 
-async fn claim(
-    db: DatabaseConnection,
-    new_row: NewRecord,
-    stored_call: Option<NewCall>,
-    id: [u8; 32],
-    owner: i64,
-    fingerprints: idem_core::Fingerprints,
-    lease_ms: i64,
-) -> Result<LeaseClaim, Error> {
-    let fingerprint = fingerprints.current();
+/// The lease claim ([`idem_sql::claim_lease`]): at once where it can, else in a transaction
+/// under the row's lock.
+async fn claim(db: DatabaseConnection, step: LeaseStep) -> Result<LeaseClaim, Error> {
     let doing = "claiming a lease";
     if db.get_database_backend() == DbBackend::MySql {
         crate::flavour::detect(&db).await;
     }
     let d = crate::sql::of(db.get_database_backend());
-    // A resumable call stores its arguments in its claim's transaction: never at once.
-    if stored_call.is_none()
-        && d.ledger.claim_at_once
-        && let Some(answer) =
-            claim_at_once(&db, d, &new_row, id, owner, &fingerprints, lease_ms).await?
+    if step.claims_at_once(d)
+        && let Some(answer) = claim_at_once(&db, d, &step).await?
     {
         return Ok(answer);
     }
     let tx = begin_within(&db, connection_wait())
         .await
         .map_err(|e| store_error(doing, e))?;
-    let failed = |e: DbErr| store_error(doing, e);
-    // Inserted only if absent; then read the row back, locked, with the database's clock.
-    tx.execute_raw(statement(d, d.ledger.claim(&new_row)))
+    let answer = idem_sql::claim_lease(&mut InClaim { tx: &tx, sql: d }, d, &step)
         .await
-        .map_err(failed)?;
-    let row = tx
-        .query_one_raw(statement(d, d.ledger.read_locked(&id)))
-        .await
-        .map_err(failed)?
-        .ok_or_else(|| Error::store(doing, "the claimed ledger row is missing"))?;
-    let row = read_row(&row).map_err(failed)?;
-    let ticket = |token: i64, now_ms: i64| Ticket::new(id, token, now_ms + lease_ms);
-    // A new execution stores a resumable call's arguments in the claim's transaction: there is
-    // never a claim a completer cannot rebuild.
-    let store_call = async |tx: &DatabaseTransaction| match stored_call {
-        Some(row) => tx
-            .execute_raw(statement(d, d.completer.insert_call(&row)))
-            .await
-            .map(drop)
-            .map_err(failed),
-        None => Ok(()),
-    };
-    if row.owner == owner {
-        store_call(&tx).await?;
-        tx.commit().await.map_err(failed)?;
-        return Ok(LeaseClaim::Execute {
-            ticket: ticket(owner, row.now_ms),
-            steps: Vec::new(),
-        });
-    }
-    let answer = match row.status {
-        _ if let Some(answer) = settled(&row, &fingerprints) => answer,
-        Some(RecordStatus::Pending) => {
-            // The holder's lease ended: take over with the next token, resume after its steps.
-            let token = row.owner.wrapping_add(1);
-            take_over(&tx, d, token, fingerprint, lease_ms, &id).await?;
-            let steps = tx
-                .query_all_raw(statement(d, d.lease.select_steps(&id)))
-                .await
-                .and_then(|rows| {
-                    rows.iter()
-                        .map(|r| Ok((r.try_get_by_index(0)?, r.try_get_by_index(1)?)))
-                        .collect::<Result<Vec<(String, Vec<u8>)>, DbErr>>()
-                })
-                .map_err(failed)?;
-            LeaseClaim::Execute {
-                ticket: ticket(token, row.now_ms),
-                steps,
-            }
-        }
-        _ => {
-            // An expired record (or an unknown state): a new execution.
-            take_over(&tx, d, owner, fingerprint, lease_ms, &id).await?;
-            tx.execute_raw(statement(d, d.lease.delete_steps(&id)))
-                .await
-                .map_err(failed)?;
-            store_call(&tx).await?;
-            LeaseClaim::Execute {
-                ticket: ticket(owner, row.now_ms),
-                steps: Vec::new(),
-            }
-        }
-    };
-    tx.commit().await.map_err(failed)?;
+        .map_err(|(doing, e)| store_error(doing, e))?;
+    tx.commit().await.map_err(|e| store_error(doing, e))?;
     Ok(answer)
 }
 
-/// The fenced completion of the call `ticket` holds.
-fn completion(
-    sql: &'static Sql,
-    ticket: &Ticket,
-    status: RecordStatus,
-    payload: Vec<u8>,
-    ttl: Duration,
-) -> Bound<'static> {
-    sql.lease.complete(
-        &ticket.id,
-        ticket.token,
-        status.code(),
-        payload,
-        millis(ttl),
-    )
-}
-
-/// Records a lease-mode call's outcome in `tx` if `ticket` still holds the lease (kept for
-/// `ttl` from now), forgets its steps and, for a `resumable` call, its stored call, and
-/// commits.
+/// Records a lease-mode call's outcome in `tx` if `ticket` still holds the lease
+/// ([`idem_sql::complete`]: kept for `ttl` from now, its steps and, for a `resumable` call,
+/// its stored call forgotten), and commits.
 async fn record_completion(
     tx: DatabaseTransaction,
     ticket: Ticket,
@@ -272,49 +112,24 @@ async fn record_completion(
     ttl: Duration,
     resumable: bool,
 ) -> Result<(), Error> {
-    let doing = "recording the result";
     let sql = crate::sql::of(tx.get_database_backend());
-    let updated = tx
-        .execute_raw(statement(
-            sql,
-            completion(sql, &ticket, status, payload, ttl),
-        ))
-        .await
-        .map_err(|e| store_error(doing, e))?;
-    if updated.rows_affected() != 1 {
+    let held = idem_sql::complete(
+        &mut InClaim { tx: &tx, sql },
+        sql,
+        &ticket,
+        status,
+        payload,
+        ttl,
+        resumable,
+    )
+    .await
+    .map_err(|(doing, e)| store_error(doing, e))?;
+    if !held {
         return Err(lost());
     }
-    forget_steps(&tx, sql, &ticket.id)
+    tx.commit()
         .await
-        .map_err(|e| store_error(doing, e))?;
-    // Only a resumable call has a stored call: the others save the round trip.
-    if resumable {
-        tx.execute_raw(statement(sql, sql.completer.delete_call(&ticket.id)))
-            .await
-            .map_err(|e| store_error(doing, e))?;
-    }
-    tx.commit().await.map_err(|e| store_error(doing, e))
-}
-
-/// Deletes a finished call's steps: by primary key where a range delete would take gap locks
-/// (MySQL), after a plain read of their names.
-async fn forget_steps(tx: &DatabaseTransaction, sql: &Sql, id: &[u8]) -> Result<(), DbErr> {
-    if !sql.lease.deletes_steps_by_key() {
-        return tx
-            .execute_raw(statement(sql, sql.lease.delete_steps(id)))
-            .await
-            .map(drop);
-    }
-    let names: Vec<String> = tx
-        .query_all_raw(statement(sql, sql.lease.select_steps(id)))
-        .await?
-        .iter()
-        .map(|row| row.try_get_by_index(0))
-        .collect::<Result<_, _>>()?;
-    match sql.lease.delete_steps_by_key(id, &names) {
-        Some(delete) if !names.is_empty() => tx.execute_raw(statement(sql, delete)).await.map(drop),
-        _ => Ok(()),
-    }
+        .map_err(|e| store_error("recording the result", e))
 }
 
 /// A final phase's transaction kept open for the call's result (P10), and whether the call
@@ -342,23 +157,6 @@ impl OpenPhase for OpenFinalPhase {
                 .map_err(|e| store_error("committing the final phase", e))
         }))
     }
-}
-
-async fn take_over(
-    tx: &DatabaseTransaction,
-    d: &Sql,
-    owner: i64,
-    fingerprint: idem_core::Fingerprint,
-    lease_ms: i64,
-    id: &[u8],
-) -> Result<(), Error> {
-    tx.execute_raw(statement(
-        d,
-        d.ledger.take_over(id, owner, &fingerprint.0, lease_ms),
-    ))
-    .await
-    .map(drop)
-    .map_err(|e| store_error("taking over a lease", e))
 }
 
 /// Runs `update` (binds as given) and reports whether it changed the held record.
@@ -392,22 +190,7 @@ impl LeaseStore for SeaOrmLeaseStore {
         if let Err(e) = crate::store::outside_open_claim_sqlite(&self.db, req.scope()) {
             return Box::pin(async move { Err(e) });
         }
-        let owner = random_token();
-        let stored_call = req.stored_args().map(|args| NewCall {
-            id: req.id().to_vec(),
-            scope: req.scope().to_owned(),
-            args: args.to_vec(),
-            ttl_ms: millis(req.ttl()),
-        });
-        let step = claim(
-            self.db.clone(),
-            NewRecord::of(req, owner, lease),
-            stored_call,
-            *req.id(),
-            owner,
-            req.fingerprints().clone(),
-            millis(lease),
-        );
+        let step = claim(self.db.clone(), LeaseStep::of(req, random_token(), lease));
         Box::pin(detached(step))
     }
 
@@ -443,8 +226,14 @@ impl LeaseStore for SeaOrmLeaseStore {
             let tx = begin_within(&db, connection_wait())
                 .await
                 .map_err(|e| store_error("recording a step", e))?;
-            fence(&tx, &ticket, "").await?;
-            insert_step(&tx, &ticket, &name, &payload).await?;
+            let sql = crate::sql::of(tx.get_database_backend());
+            let held =
+                idem_sql::record_step(&mut InClaim { tx: &tx, sql }, sql, &ticket, &name, &payload)
+                    .await
+                    .map_err(|(doing, e)| store_error(doing, e))?;
+            if !held {
+                return Err(lost());
+            }
             tx.commit()
                 .await
                 .map_err(|e| store_error("recording a step", e))
@@ -465,7 +254,7 @@ impl LeaseStore for SeaOrmLeaseStore {
             if !forget_steps && !resumable {
                 // Nothing else to delete: the fenced update alone, outside a transaction.
                 let sql = crate::sql::of(db.get_database_backend());
-                let update = completion(sql, &ticket, status, payload, ttl);
+                let update = idem_sql::completion(sql, &ticket, status, payload, ttl);
                 return if fenced_update(&db, update, "recording the result").await? {
                     Ok(())
                 } else {
@@ -592,7 +381,7 @@ where
     let tx = begin_within(db, connection_wait())
         .await
         .map_err(|e| store_error("beginning the final phase", e))?;
-    if let Err(e) = fence(&tx, &ticket, "").await {
+    if let Err(e) = fence(&tx, &ticket).await {
         let _ = tx.rollback().await;
         return Err(if e.kind() == idem_core::ErrorKind::LeaseLost {
             lease.lose()
@@ -610,14 +399,17 @@ where
     };
     let payload = lease.encode(&value)?;
     lease.recording_step();
-    insert_step(&tx, &ticket, name, &payload).await?;
-    if lease.is_resumable() {
-        // A completer must complete this call, never give it up: its effects are done.
-        let sql = crate::sql::of(tx.get_database_backend());
-        tx.execute_raw(statement(sql, sql.completer.note_final_phase(&ticket.id)))
-            .await
-            .map_err(|e| store_error("recording the final phase", e))?;
-    }
+    let sql = crate::sql::of(tx.get_database_backend());
+    idem_sql::record_final_step(
+        &mut InClaim { tx: &tx, sql },
+        sql,
+        &ticket,
+        name,
+        &payload,
+        lease.is_resumable(),
+    )
+    .await
+    .map_err(|(doing, e)| store_error(doing, e))?;
     if keep_open {
         // The engine records the call's result in this transaction when the handler
         // returns, or commits it alone if the handler does more first.

@@ -5,8 +5,7 @@ use sea_orm::{DbBackend, Statement, Value};
 
 pub(crate) use idem_sql::names::ALL_TABLES;
 pub(crate) use idem_sql::{
-    Bound, Dialect, Flavour, NewCall, NewDeadLetter, NewMessage, NewRecord, Param, Purge, Sql,
-    millis,
+    Bound, Dialect, Flavour, NewDeadLetter, NewMessage, NewRecord, Param, Purge, Sql, millis,
 };
 pub use idem_sql::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,

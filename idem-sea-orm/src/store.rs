@@ -297,11 +297,23 @@ async fn claim_in(
     }
 }
 
-/// A claim's transaction, as [`idem_sql::claim`] runs its statements, and the statements'
-/// dialect.
-struct InClaim<'t> {
-    tx: &'t DatabaseTransaction,
-    sql: &'static Sql,
+/// A claim's transaction, as [`idem_sql::claim`] (and lease mode's [`idem_sql::claim_lease`],
+/// fence and completion) runs its statements, and the statements' dialect.
+pub(crate) struct InClaim<'t> {
+    pub(crate) tx: &'t DatabaseTransaction,
+    pub(crate) sql: &'static Sql,
+}
+
+impl idem_sql::LeaseConnection for InClaim<'_> {
+    async fn fetch_steps(
+        &mut self,
+        bound: Bound<'static>,
+    ) -> Result<Vec<(String, Vec<u8>)>, DbErr> {
+        let rows = self.tx.query_all_raw(statement(self.sql, bound)).await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get_by_index(0)?, row.try_get_by_index(1)?)))
+            .collect()
+    }
 }
 
 impl ClaimConnection for InClaim<'_> {

@@ -15,9 +15,11 @@
 //!
 //! and numbers the `?` placeholders on PostgreSQL. An `{ids}` list stays for [`with_ids`].
 //!
-//! This crate names no database driver: the SeaORM store (`idem-sea-orm`) executes these
-//! statements, and any other store can execute the same ones. It is an implementation crate
-//! of idem: its API follows idem's versions, with no promise of its own.
+//! This crate names no database driver: the SeaORM store (`idem-sea-orm`) and the sqlx
+//! store (`idem-sqlx`) execute these statements, and run the same algorithms over them: the
+//! atomic-mode claim ([`claim`], over a [`ClaimConnection`]) and lease mode's claim, fence and
+//! completion ([`claim_lease`], [`fence`], [`complete`], …, over a [`LeaseConnection`]).
+//! It is an implementation crate of idem: its API follows idem's versions, with no promise of its own.
 
 mod bound;
 mod claim;
@@ -27,6 +29,7 @@ mod flavour;
 mod inbox;
 mod inspect;
 mod lease;
+mod lease_mode;
 mod ledger;
 pub mod names;
 mod outbox;
@@ -46,6 +49,10 @@ pub use flavour::{
 pub use inbox::{Inbox, NewDeadLetter};
 pub use inspect::Inspect;
 pub use lease::Lease;
+pub use lease_mode::{
+    LeaseConnection, LeaseStep, claim_lease, complete, completion, fence, record_final_step,
+    record_step, settled,
+};
 pub use ledger::{Ledger, NewRecord, Purge, PurgeByIndex, PurgeSweep};
 pub use names::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,

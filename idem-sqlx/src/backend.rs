@@ -61,6 +61,14 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         named: bool,
     ) -> Step<'c, Vec<String>>;
 
+    /// Runs `statement` and reads each row's `name, result` (lease mode's recorded steps).
+    #[doc(hidden)]
+    fn fetch_steps<'c>(
+        conn: &'c mut Self::Connection,
+        statement: Bound<'static>,
+        named: bool,
+    ) -> Step<'c, Vec<(String, Vec<u8>)>>;
+
     /// Runs `sql`, which takes no values, as a simple (unprepared) query.
     #[doc(hidden)]
     fn execute_unprepared<'c>(conn: &'c mut Self::Connection, sql: &'c str) -> Step<'c, ()>;
@@ -127,6 +135,21 @@ macro_rules! backend {
                     let query = query::<Self>(statement, named);
                     let rows = query.fetch_all(&mut *conn).await?;
                     rows.iter().map(|row| row.try_get(0)).collect()
+                })
+            }
+
+            fn fetch_steps<'c>(
+                conn: &'c mut Self::Connection,
+                statement: Bound<'static>,
+                named: bool,
+            ) -> Step<'c, Vec<(String, Vec<u8>)>> {
+                Box::pin(async move {
+                    use sqlx::Row as _;
+                    let query = query::<Self>(statement, named);
+                    let rows = query.fetch_all(&mut *conn).await?;
+                    rows.iter()
+                        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+                        .collect()
                 })
             }
 

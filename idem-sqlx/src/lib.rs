@@ -4,8 +4,13 @@
 //! PgConnection`): `sqlx::query!(..).execute(&mut *db)` runs in the transaction that claims
 //! the key and records the answer, so they commit together or not at all.
 //!
-//! The statements are idem-sql's, the same as the SeaORM store runs; this crate only
-//! executes them. Applications use it through the facade's feature `sqlx` (with
+//! Lease mode (`#[idempotent(..., lease = "30s")]`, [`SqlxLeaseStore`]) runs on the same
+//! pools: the lease commits at once, the body runs on the pool, its `idem::step`s are
+//! recorded fenced by the lease's token, and its database writes go in [`final_step`] or
+//! [`finish`] (`&mut PgConnection` in a fenced transaction that records them with a step).
+//!
+//! The statements are idem-sql's, the same as the SeaORM store runs, and so are the
+//! atomic claim and lease mode's claim, fence and completion; this crate only executes them. Applications use it through the facade's feature `sqlx` (with
 //! `sqlx-postgres`, `sqlx-mysql` or `sqlx-sqlite`); it needs no SeaORM.
 //!
 //! This is an implementation crate of idem: its API follows idem's versions.
@@ -14,12 +19,14 @@
 
 mod backend;
 mod error;
+mod lease;
 mod pooler;
 mod schema;
 mod store;
 
 pub use backend::Backend;
 pub use idem_sql::Family;
+pub use lease::{SqlxLeaseStore, final_step, finish};
 pub use pooler::through_transaction_pooler;
 pub use schema::create_tables;
 pub use sqlx;

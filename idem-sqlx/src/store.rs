@@ -1,5 +1,6 @@
 //! The sqlx [`Store`]: the claim, record and release steps on a sqlx pool.
 
+use std::future::Future;
 use std::time::Duration;
 
 use idem_core::ids::random_token;
@@ -64,10 +65,21 @@ impl<DB: Backend> std::fmt::Debug for ClaimedTx<DB> {
     }
 }
 
-/// A claim's transaction, as [`idem_sql::claim`] runs its statements.
-struct InClaim<'t, DB: Backend> {
-    conn: &'t mut DB::Connection,
-    named: bool,
+/// A claim's transaction, as [`idem_sql::claim`] (and lease mode's [`idem_sql::claim_lease`],
+/// fence and completion) runs its statements.
+pub(crate) struct InClaim<'t, DB: Backend> {
+    pub(crate) conn: &'t mut DB::Connection,
+    /// Whether statements are named ([`crate::through_transaction_pooler`]).
+    pub(crate) named: bool,
+}
+
+impl<DB: Backend> idem_sql::LeaseConnection for InClaim<'_, DB> {
+    async fn fetch_steps(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> Result<Vec<(String, Vec<u8>)>, sqlx::Error> {
+        DB::fetch_steps(self.conn, statement, self.named).await
+    }
 }
 
 impl<DB: Backend> ClaimConnection for InClaim<'_, DB> {
@@ -100,9 +112,26 @@ impl<DB: Backend> ClaimConnection for InClaim<'_, DB> {
 /// How long a claim waits for a connection: the pool's own acquire timeout, kept under the
 /// call's wait bound ([`Concurrency::connection_wait`]). SQLite is not bounded: an embedded
 /// database cannot go away, and its connections are queued for.
-fn connection_wait<DB: Backend>(pool: &Pool<DB>, concurrency: Concurrency) -> Option<Duration> {
+pub(crate) fn connection_wait<DB: Backend>(
+    pool: &Pool<DB>,
+    concurrency: Concurrency,
+) -> Option<Duration> {
     (DB::DIALECT != Dialect::Sqlite)
         .then(|| concurrency.connection_wait(pool.options().get_acquire_timeout()))
+}
+
+/// `work` (a `BEGIN`, a connection's acquire), failing as a pool timeout after `wait` (a
+/// [`connection_wait`]): an outage told promptly.
+pub(crate) async fn within<T>(
+    wait: Option<Duration>,
+    work: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    match wait {
+        Some(wait) => tokio::time::timeout(wait, work)
+            .await
+            .unwrap_or(Err(sqlx::Error::PoolTimedOut)),
+        None => work.await,
+    }
 }
 
 /// Refuses a claim through the pool while an atomic-mode body runs in this task on the same
@@ -129,14 +158,9 @@ async fn claim_step<DB: Backend>(
 ) -> Result<Claim<ClaimedTx<DB>>, Error> {
     let sql = Sql::of(DB::flavour(&pool).await);
     let named = crate::pooler::named(&pool);
-    let begin = DB::begin_claim(&pool);
-    let begun = match wait {
-        Some(wait) => tokio::time::timeout(wait, begin)
-            .await
-            .unwrap_or(Err(sqlx::Error::PoolTimedOut)),
-        None => begin.await,
-    };
-    let mut tx = begun.map_err(|e| store_error("beginning the claim transaction", e))?;
+    let mut tx = within(wait, DB::begin_claim(&pool))
+        .await
+        .map_err(|e| store_error("beginning the claim transaction", e))?;
     let mut conn = InClaim::<DB> {
         conn: &mut tx,
         named,

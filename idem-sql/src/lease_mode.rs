@@ -1,0 +1,334 @@
+//! Lease mode's algorithm, once for every store: which of the ledger's and the steps table's
+//! statements a lease claim runs and what their rows decide ([`claim_lease`],
+//! [`LeaseStep::answer_at_once`], [`settled`]), the fence every write of a holder passes
+//! ([`fence`]), a step's record ([`record_step`]), a final phase's step ([`record_final_step`])
+//! and the completion ([`complete`]). A store supplies the connection ([`LeaseConnection`]: a
+//! transaction it began), begins and commits it, and turns a `false` ("the ticket no longer
+//! holds") into [`Error::LeaseLost`](idem_core::Error::LeaseLost).
+
+use std::future::Future;
+use std::time::Duration;
+
+use idem_core::{Fingerprints, LeaseClaim, RecordStatus, Recorded, Request, Ticket};
+
+use crate::{Bound, ClaimConnection, ClaimRow, NewCall, NewRecord, Sql, millis};
+
+/// A transaction of a lease store, as lease mode runs its statements in it: a claim's
+/// connection that also reads the recorded steps.
+pub trait LeaseConnection: ClaimConnection {
+    /// Runs `statement`, which returns `name, result` rows ([`crate::Lease::select_steps`]),
+    /// and reads them.
+    fn fetch_steps(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> impl Future<Output = Result<Vec<(String, Vec<u8>)>, Self::Error>> + Send;
+}
+
+/// One lease claim's values, owned: a claim runs to completion even when its caller stops
+/// waiting, so it cannot borrow the request.
+#[derive(Clone, Debug)]
+pub struct LeaseStep {
+    /// The row a new execution writes: in progress, living the lease.
+    pub row: NewRecord,
+    /// A resumable call's stored arguments, written with every new execution.
+    pub call: Option<NewCall>,
+    /// The request's fingerprints (the current one, and version 1's for older records).
+    pub fingerprints: Fingerprints,
+    /// The lease, in milliseconds.
+    pub lease_ms: i64,
+}
+
+impl LeaseStep {
+    /// The claim of `req` by `owner` (a fresh [`random_token`](idem_core::ids::random_token))
+    /// with a lease of `lease`.
+    pub fn of(req: &Request, owner: i64, lease: Duration) -> Self {
+        LeaseStep {
+            row: NewRecord::of(req, owner, lease),
+            call: req.stored_args().map(|args| NewCall {
+                id: req.id().to_vec(),
+                scope: req.scope().to_owned(),
+                args: args.to_vec(),
+                ttl_ms: millis(req.ttl()),
+            }),
+            fingerprints: req.fingerprints().clone(),
+            lease_ms: millis(lease),
+        }
+    }
+
+    /// The record id.
+    fn id(&self) -> [u8; 32] {
+        self.row.id.as_slice().try_into().unwrap_or([0; 32])
+    }
+
+    /// The ticket of a holder with `token`, its lease counted from the database clock `now_ms`.
+    fn ticket(&self, token: i64, now_ms: i64) -> Ticket {
+        Ticket::new(self.id(), token, now_ms + self.lease_ms)
+    }
+
+    /// Whether the claim may first be tried as one statement outside a transaction (one round
+    /// trip, one commit): where `d` allows it (not Galera nor the MySQL 8 family), and never
+    /// for a resumable call, whose arguments are stored in the claim's transaction.
+    pub fn claims_at_once(&self, d: &Sql) -> bool {
+        self.call.is_none() && d.ledger.claim_at_once
+    }
+
+    /// The one-statement claim ([`claims_at_once`](Self::claims_at_once)): the insert of a new
+    /// key, and the read of the committed row it ran into, for when the insert returns no row
+    /// (SQLite's `DO NOTHING`; PostgreSQL's for a row committed while the insert waited). A
+    /// store runs the read only when the claim returned no row, then asks
+    /// [`answer_at_once`](Self::answer_at_once).
+    pub fn at_once<'d>(&self, d: &'d Sql) -> (Bound<'d>, Bound<'d>) {
+        (d.ledger.claim(&self.row), d.ledger.read_row(&self.row.id))
+    }
+
+    /// What the row a one-statement claim returned decides: this claim's own new row (run
+    /// the body), or another's that [`settled`] answers. `None`: it settles nothing (an
+    /// ended lease or record to take over, a row purged in between), so [`claim_lease`]
+    /// decides under the row's lock.
+    pub fn answer_at_once(&self, row: Option<ClaimRow>) -> Option<LeaseClaim> {
+        let row = row?;
+        if row.owner == self.row.owner {
+            return Some(LeaseClaim::Execute {
+                ticket: self.ticket(self.row.owner, row.now_ms),
+                steps: Vec::new(),
+            });
+        }
+        settled(&row, &self.fingerprints)
+    }
+}
+
+/// The answer a ledger row gives another caller whatever commits next, if it has one: the
+/// key reused with other arguments, a live lease, a live record. `None` for a record or
+/// lease that ended: taking it over needs the row locked.
+pub fn settled(row: &ClaimRow, fingerprints: &Fingerprints) -> Option<LeaseClaim> {
+    let live = row.is_live();
+    match row.status {
+        _ if !fingerprints.matches(&row.fingerprint)
+            && (live || row.status == Some(RecordStatus::Pending)) =>
+        {
+            // Another payload under this key: the engine answers KeyReused.
+            Some(LeaseClaim::Recorded(Recorded {
+                fingerprint: row.fingerprint,
+                status: row.status.unwrap_or(RecordStatus::Pending),
+                payload: Vec::new(),
+            }))
+        }
+        Some(RecordStatus::Pending) if live => Some(LeaseClaim::InFlight {
+            retry_after: Duration::from_millis(
+                u64::try_from(row.expires_at_ms - row.now_ms).unwrap_or(0),
+            ),
+        }),
+        Some(RecordStatus::Completed | RecordStatus::Failed | RecordStatus::GaveUp) if live => {
+            Some(LeaseClaim::Recorded(Recorded {
+                fingerprint: row.fingerprint,
+                status: row.status.unwrap_or(RecordStatus::Completed),
+                payload: row.response.clone().unwrap_or_default(),
+            }))
+        }
+        _ => None,
+    }
+}
+
+/// The lease claim in `conn`, a transaction that has just begun (the store commits it
+/// whatever the answer): inserts the key if absent, reads its row back locked, and decides.
+/// A new key or an ended record is a new execution (a resumable call's arguments stored with
+/// it); a lease that ended is taken over with the next token, after its recorded steps. An
+/// error says what the claim was doing.
+pub async fn claim_lease<C: LeaseConnection>(
+    conn: &mut C,
+    d: &'static Sql,
+    step: &LeaseStep,
+) -> Result<LeaseClaim, (&'static str, C::Error)> {
+    let failed = |e| ("claiming a lease", e);
+    let id = &step.row.id;
+    conn.execute(d.ledger.claim(&step.row))
+        .await
+        .map_err(failed)?;
+    let row = match conn.fetch_row(d.ledger.read_locked(id)).await {
+        Ok(Some(row)) => row,
+        Ok(None) => {
+            return Err((
+                "claiming a lease",
+                C::row_not_found("the claimed ledger row"),
+            ));
+        }
+        Err(e) => return Err(failed(e)),
+    };
+    let owner = step.row.owner;
+    if row.owner != owner {
+        if let Some(answer) = settled(&row, &step.fingerprints) {
+            return Ok(answer);
+        }
+        if row.status == Some(RecordStatus::Pending) {
+            // The holder's lease ended: take over with the next token, resume after its steps.
+            let token = row.owner.wrapping_add(1);
+            take_over(conn, d, step, token).await?;
+            let steps = conn
+                .fetch_steps(d.lease.select_steps(id))
+                .await
+                .map_err(failed)?;
+            return Ok(LeaseClaim::Execute {
+                ticket: step.ticket(token, row.now_ms),
+                steps,
+            });
+        }
+        // An expired record (or an unknown state): a new execution.
+        take_over(conn, d, step, owner).await?;
+        conn.execute(d.lease.delete_steps(id))
+            .await
+            .map_err(failed)?;
+    }
+    // A new execution stores a resumable call's arguments in the claim's transaction: there
+    // is never a claim a completer cannot rebuild.
+    if let Some(call) = &step.call {
+        conn.execute(d.completer.insert_call(call))
+            .await
+            .map_err(failed)?;
+    }
+    Ok(LeaseClaim::Execute {
+        ticket: step.ticket(owner, row.now_ms),
+        steps: Vec::new(),
+    })
+}
+
+async fn take_over<C: LeaseConnection>(
+    conn: &mut C,
+    d: &'static Sql,
+    step: &LeaseStep,
+    token: i64,
+) -> Result<(), (&'static str, C::Error)> {
+    let row = &step.row;
+    conn.execute(
+        d.ledger
+            .take_over(&row.id, token, &row.fingerprint, step.lease_ms),
+    )
+    .await
+    .map(drop)
+    .map_err(|e| ("taking over a lease", e))
+}
+
+/// Locks the ledger row of `ticket` in `conn` and answers whether the ticket still holds it
+/// (the same token, the call still in progress). Every write of a holder passes it first.
+pub async fn fence<C: LeaseConnection>(
+    conn: &mut C,
+    d: &'static Sql,
+    ticket: &Ticket,
+) -> Result<bool, (&'static str, C::Error)> {
+    let row = conn
+        .fetch_row(d.ledger.read_locked(&ticket.id))
+        .await
+        .map_err(|e| ("checking the lease", e))?;
+    Ok(row
+        .is_some_and(|row| row.owner == ticket.token && row.status == Some(RecordStatus::Pending)))
+}
+
+/// Records step `name` with `payload` in `conn` if `ticket` still holds the lease; `false`
+/// (nothing written) if it does not.
+pub async fn record_step<C: LeaseConnection>(
+    conn: &mut C,
+    d: &'static Sql,
+    ticket: &Ticket,
+    name: &str,
+    payload: &[u8],
+) -> Result<bool, (&'static str, C::Error)> {
+    if !fence(conn, d, ticket).await? {
+        return Ok(false);
+    }
+    conn.execute(d.lease.insert_step(&ticket.id, name, ticket.token, payload))
+        .await
+        .map_err(|e| ("recording a step", e))?;
+    Ok(true)
+}
+
+/// A final phase's step, after its writes, in the phase's transaction (which [`fence`]
+/// checked before them): records step `name`, and for a resumable call notes that a completer
+/// must complete it, never give it up (its effects are done).
+pub async fn record_final_step<C: LeaseConnection>(
+    conn: &mut C,
+    d: &'static Sql,
+    ticket: &Ticket,
+    name: &str,
+    payload: &[u8],
+    resumable: bool,
+) -> Result<(), (&'static str, C::Error)> {
+    conn.execute(d.lease.insert_step(&ticket.id, name, ticket.token, payload))
+        .await
+        .map_err(|e| ("recording a step", e))?;
+    if resumable {
+        conn.execute(d.completer.note_final_phase(&ticket.id))
+            .await
+            .map_err(|e| ("recording the final phase", e))?;
+    }
+    Ok(())
+}
+
+/// The fenced completion of the call `ticket` holds: its outcome, kept for `ttl` from now.
+/// Alone (outside a transaction) when the call has no steps and stores no call; otherwise
+/// through [`complete`].
+pub fn completion<'d>(
+    d: &'d Sql,
+    ticket: &Ticket,
+    status: RecordStatus,
+    payload: Vec<u8>,
+    ttl: Duration,
+) -> Bound<'d> {
+    d.lease.complete(
+        &ticket.id,
+        ticket.token,
+        status.code(),
+        payload,
+        millis(ttl),
+    )
+}
+
+/// Records a lease-mode call's outcome in `conn` if `ticket` still holds the lease (kept for
+/// `ttl` from now), forgets its steps and, for a `resumable` call, its stored call; `false`
+/// (nothing written) if the ticket no longer holds. The store commits.
+pub async fn complete<C: LeaseConnection>(
+    conn: &mut C,
+    d: &'static Sql,
+    ticket: &Ticket,
+    status: RecordStatus,
+    payload: Vec<u8>,
+    ttl: Duration,
+    resumable: bool,
+) -> Result<bool, (&'static str, C::Error)> {
+    let failed = |e| ("recording the result", e);
+    let updated = conn
+        .execute(completion(d, ticket, status, payload, ttl))
+        .await
+        .map_err(failed)?;
+    if updated != 1 {
+        return Ok(false);
+    }
+    forget_steps(conn, d, &ticket.id).await.map_err(failed)?;
+    // Only a resumable call has a stored call: the others save the round trip.
+    if resumable {
+        conn.execute(d.completer.delete_call(&ticket.id))
+            .await
+            .map_err(failed)?;
+    }
+    Ok(true)
+}
+
+/// Deletes a finished call's steps: by primary key where a range delete would take gap locks
+/// (MySQL), after a plain read of their names.
+async fn forget_steps<C: LeaseConnection>(
+    conn: &mut C,
+    d: &'static Sql,
+    id: &[u8],
+) -> Result<(), C::Error> {
+    if !d.lease.deletes_steps_by_key() {
+        return conn.execute(d.lease.delete_steps(id)).await.map(drop);
+    }
+    let names: Vec<String> = conn
+        .fetch_steps(d.lease.select_steps(id))
+        .await?
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    match d.lease.delete_steps_by_key(id, &names) {
+        Some(delete) if !names.is_empty() => conn.execute(delete).await.map(drop),
+        _ => Ok(()),
+    }
+}
