@@ -351,8 +351,8 @@ pub mod axum {
 #[cfg_attr(docsrs, doc(cfg(feature = "actix")))]
 pub mod actix {
     pub use idem_actix::{
-        IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, IdempotencyMiddleware,
-        IdempotencyMiddlewareService, Problem, respond,
+        ETag, EntityTag, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey,
+        IdempotencyMiddleware, IdempotencyMiddlewareService, IfMatch, Problem, respond,
     };
 }
 

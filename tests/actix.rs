@@ -185,3 +185,59 @@ async fn a_client_that_hangs_up_mid_call_finds_it_finished_on_retry() {
         assert_eq!(effects(&b.db, &run).await, 1, "{}: ran once", b.name);
     }
 }
+
+/// A conditional write on actix-web: `IfMatch` is required (428 without it, 400 when
+/// malformed), several field lines are one list, a tag that no longer matches is 412, and
+/// `ETag` is a header. (No database: the precondition is checked before any write.)
+#[tokio::test]
+async fn if_match_and_etag_on_a_real_actix_server() {
+    use idem::actix::{ETag, EntityTag, IfMatch};
+
+    async fn update(if_match: IfMatch) -> Result<HttpResponse, Problem> {
+        let current = EntityTag::from_version(3);
+        if !if_match.matches(Some(&current)) {
+            let e = idem::Error::PreconditionFailed {
+                current: Some(current),
+            };
+            return Err(Problem::from(e));
+        }
+        Ok(HttpResponse::Ok()
+            .insert_header(ETag(EntityTag::from_version(4)))
+            .finish())
+    }
+
+    let server = HttpServer::new(|| App::new().route("/note", web::patch().to(update)))
+        .workers(1)
+        .disable_signals()
+        .bind(("127.0.0.1", 0))
+        .expect("bind");
+    let url = format!("http://{}/note", server.addrs()[0]);
+    tokio::spawn(server.run());
+    let patch = |tags: &[&str]| {
+        let mut request = reqwest::Client::new().patch(&url);
+        for tag in tags {
+            request = request.header("If-Match", *tag);
+        }
+        async move { request.send().await.expect("send") }
+    };
+    let kind = |response: reqwest::Response| async move {
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.expect("problem+json");
+        (status, body["type"].as_str().unwrap_or_default().to_owned())
+    };
+    assert_eq!(
+        kind(patch(&[]).await).await,
+        (428, "urn:idem:problem:precondition-required".to_owned())
+    );
+    assert_eq!(
+        kind(patch(&["three"]).await).await,
+        (400, "urn:idem:problem:invalid-precondition".to_owned())
+    );
+    assert_eq!(
+        kind(patch(&["\"2\""]).await).await,
+        (412, "urn:idem:problem:precondition-failed".to_owned())
+    );
+    let matched = patch(&["\"1\"", "\"3\""]).await;
+    assert_eq!(matched.status(), 200, "two field lines are one list");
+    assert_eq!(matched.headers()["etag"], "\"4\"");
+}

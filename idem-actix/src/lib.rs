@@ -30,6 +30,7 @@ mod respond;
 pub use middleware::{IdempotencyMiddleware, IdempotencyMiddlewareService};
 pub use respond::respond;
 
+pub use idem_core::EntityTag;
 /// The validated `Idempotency-Key` of a request, idem's one key type
 /// ([`idem_http::IdempotencyKey`]): as an extractor it rejects a missing key with 400
 /// (`missing-key`) and a malformed one with 400 (`invalid-key`); use
@@ -39,4 +40,4 @@ pub use idem_http::IdempotencyKey;
 /// `ResponseError`, so `?` on an idem call in a handler returning `Result<_, Problem>`
 /// answers the error's status, `application/problem+json` and `Retry-After` where it applies.
 pub use idem_http::Problem;
-pub use idem_http::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+pub use idem_http::{ETag, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IfMatch};

@@ -3,105 +3,18 @@
 
 use std::future::Future;
 
-use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
-use axum_core::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
+use axum_core::response::{IntoResponse, Response};
 use http::StatusCode;
-use http::header::ETAG;
-use http::request::Parts;
 use serde::Serialize;
 
-use idem_core::{EntityTag, Error, Outcome, with_outcome};
+use idem_core::{EntityTag, Outcome, with_outcome};
 pub use idem_http::{
-    IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, Problem, ReplayStatus, run_to_completion,
+    ETag, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, IfMatch, Problem, ReplayStatus,
+    run_to_completion,
 };
 
-/// The `If-Match` precondition of a request, as an extractor: a route that takes `IfMatch`
-/// requires the header (428 `precondition-required` without it) and refuses a malformed one
-/// (400 `invalid-precondition`); take `Option<IfMatch>` where a precondition is optional.
-/// Several `If-Match` field lines are one list (RFC 9110 §5.3).
-///
-/// It dereferences to the precondition itself, [`idem_core::IfMatch`], so `&if_match` goes
-/// where a store expects `&idem::IfMatch` (`Stateful::update_if_match`), and it is
-/// fingerprinted as that precondition: passed to an `#[idempotent]` function, it is part of
-/// the request's fingerprint.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
-#[serde(transparent)]
-pub struct IfMatch(pub idem_core::IfMatch);
-
-impl IfMatch {
-    /// The precondition.
-    pub fn into_inner(self) -> idem_core::IfMatch {
-        self.0
-    }
-}
-
-impl std::ops::Deref for IfMatch {
-    type Target = idem_core::IfMatch;
-
-    fn deref(&self) -> &idem_core::IfMatch {
-        &self.0
-    }
-}
-
-impl From<idem_core::IfMatch> for IfMatch {
-    fn from(precondition: idem_core::IfMatch) -> Self {
-        Self(precondition)
-    }
-}
-
-impl From<IfMatch> for idem_core::IfMatch {
-    fn from(if_match: IfMatch) -> Self {
-        if_match.0
-    }
-}
-
-impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
-    type Rejection = Problem;
-
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Problem> {
-        Ok(Self(
-            if_match_of(parts)?.ok_or(Error::PreconditionRequired)?,
-        ))
-    }
-}
-
-impl<S: Send + Sync> OptionalFromRequestParts<S> for IfMatch {
-    type Rejection = Problem;
-
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Option<Self>, Problem> {
-        Ok(if_match_of(parts)?.map(Self))
-    }
-}
-
-/// The `If-Match` of a request: `None` without the header.
-fn if_match_of(parts: &Parts) -> Result<Option<idem_core::IfMatch>, Error> {
-    idem_http::if_match(&parts.headers)
-}
-
-/// The `ETag` header of a response, as a response part:
-/// `(ETag(EntityTag::from_version(3)), Json(order))`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ETag(pub EntityTag);
-
-impl From<EntityTag> for ETag {
-    fn from(tag: EntityTag) -> Self {
-        Self(tag)
-    }
-}
-
-impl IntoResponseParts for ETag {
-    type Error = std::convert::Infallible;
-
-    fn into_response_parts(self, mut parts: ResponseParts) -> Result<ResponseParts, Self::Error> {
-        if let Some(value) = idem_http::etag_value(&self.0) {
-            parts.headers_mut().insert(ETAG, value);
-        }
-        Ok(parts)
-    }
-}
-
 /// Runs an idempotent call **to completion on a task of its own** and answers it: `Ok(value)`
-/// as JSON with `status`, `Err(e)` as `e`'s response (for an idem [`Error`], map it to a
+/// as JSON with `status`, `Err(e)` as `e`'s response (for an idem [`Error`](idem_core::Error), map it to a
 /// [`Problem`]: `.map_err(Problem::from)`); a replayed answer (value or recorded
 /// final error) carries `Idempotent-Replayed: true`, a first execution does not.
 ///
@@ -264,7 +177,10 @@ mod tests {
     use std::time::Duration;
 
     use http::HeaderValue;
+    use http::header::ETAG;
     use http::header::{IF_MATCH, RETRY_AFTER};
+    use http::request::Parts;
+    use idem_core::Error;
 
     use super::*;
 
@@ -356,6 +272,10 @@ mod tests {
         assert!(parse(r#""bad\escape""#).is_err());
         assert!(parse(r#""in"side""#).is_err());
         assert!(IdempotencyKey::parse(b"\xff").is_err());
+    }
+
+    fn if_match_of(parts: &Parts) -> Result<Option<idem_core::IfMatch>, Error> {
+        idem_http::if_match(&parts.headers)
     }
 
     fn parts_with(if_match: &[&str]) -> Parts {

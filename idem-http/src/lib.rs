@@ -23,6 +23,7 @@
 
 pub mod canonical;
 mod completion;
+mod conditional;
 pub mod frameworks;
 mod key;
 mod precondition;
@@ -32,6 +33,7 @@ pub mod recording;
 mod replay;
 
 pub use completion::{run_to_completion, spawn_and_wait};
+pub use conditional::{ETag, IfMatch};
 pub use key::{
     IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, idempotency_key, key_of_fields, parse_key,
 };

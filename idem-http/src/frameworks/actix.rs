@@ -1,13 +1,19 @@
-//! actix-web 4: [`Problem`] as a `ResponseError`, [`IdempotencyKey`] as an extractor, and
+//! actix-web 4: [`Problem`] as a `ResponseError`, [`IdempotencyKey`] and [`IfMatch`] as
+//! extractors, [`ETag`] as a header, and
 //! an answer of the `http` crate as actix's (actix-web 4 has its own HTTP types).
 
 use std::future::{Ready, ready};
 
 use actix_web::http::StatusCode;
+use actix_web::http::header::{
+    self, HeaderName, HeaderValue, InvalidHeaderValue, TryIntoHeaderPair,
+};
 use actix_web::{FromRequest, HttpRequest, HttpResponse, ResponseError, dev::Payload};
 use idem_core::Error;
 
+use crate::conditional::{ETag, IfMatch};
 use crate::key::{IDEMPOTENCY_KEY, IdempotencyKey, key_of_fields};
+use crate::precondition::if_match;
 use crate::problem::Problem;
 
 impl std::fmt::Display for Problem {
@@ -57,4 +63,41 @@ pub fn to_actix(response: http::Response<Vec<u8>>) -> HttpResponse {
         builder.append_header((name.as_str(), value.as_bytes()));
     }
     builder.body(body)
+}
+
+impl FromRequest for IfMatch {
+    type Error = Problem;
+    type Future = Ready<Result<Self, Problem>>;
+
+    /// 428 `precondition-required` without the header, 400 `invalid-precondition` for a
+    /// malformed one; take `Option<IfMatch>` where the precondition is optional.
+    fn from_request(request: &HttpRequest, _: &mut Payload) -> Self::Future {
+        ready(match if_match_of(request) {
+            Ok(Some(precondition)) => Ok(IfMatch(precondition)),
+            Ok(None) => Err(Problem::from(Error::PreconditionRequired)),
+            Err(e) => Err(Problem::from(e)),
+        })
+    }
+}
+
+/// The `If-Match` of `request` (every field line, one list): `None` without the header.
+fn if_match_of(request: &HttpRequest) -> Result<Option<idem_core::IfMatch>, Error> {
+    let mut headers = http::HeaderMap::new();
+    for value in request.headers().get_all("if-match") {
+        let value = http::HeaderValue::from_bytes(value.as_bytes()).map_err(|_| {
+            Error::InvalidPrecondition {
+                problem: "the `If-Match` header is not a valid field value".to_owned(),
+            }
+        })?;
+        headers.append(http::header::IF_MATCH, value);
+    }
+    if_match(&headers)
+}
+
+impl TryIntoHeaderPair for ETag {
+    type Error = InvalidHeaderValue;
+
+    fn try_into_pair(self) -> Result<(HeaderName, HeaderValue), InvalidHeaderValue> {
+        Ok((header::ETAG, HeaderValue::from_str(&self.0.to_string())?))
+    }
 }
