@@ -163,6 +163,21 @@ pub fn inside_open_claim(ledger: Option<usize>) -> bool {
     open_claim().is_some_and(|open| open.ledger.is_none() || open.ledger == ledger)
 }
 
+/// Refuses the lease claim of the lease-mode `scope` on an embedded (SQLite) ledger `ledger`
+/// while an atomic-mode body in this task holds that database's one write lock: the claim
+/// would wait for it. (On a server a lease commits on its own, as it must.)
+pub fn lease_outside_open_sqlite_claim(ledger: Option<usize>, scope: &str) -> Result<(), Error> {
+    if !inside_open_claim(ledger) {
+        return Ok(());
+    }
+    Err(Error::Store {
+        message: format!(
+            "the lease-mode `{scope}` was called inside the body of an atomic-mode `#[idempotent]` call on the same SQLite database, whose write lock that body holds: the lease's claim would wait for it; call it before or after the atomic call (a lease commits on its own and cannot take the body's transaction)"
+        ),
+        source: None,
+    })
+}
+
 /// How one try of a call ended.
 enum Try<R> {
     /// With the caller's answer.

@@ -63,12 +63,10 @@ pub(crate) fn outside_open_claim_sqlite(db: &DatabaseConnection, scope: &str) ->
     if db.get_database_backend() != DbBackend::Sqlite {
         return Ok(());
     }
-    outside_open_claim(db, &format!("the lease-mode `{scope}`")).map_err(|_| Error::Store {
-        message: format!(
-            "the lease-mode `{scope}` was called inside the body of an atomic-mode `#[idempotent]` call on the same SQLite database, whose write lock that body holds: the lease's claim would wait for it; call it before or after the atomic call (a lease commits on its own and cannot take the body's transaction)"
-        ),
-        source: None,
-    })
+    idem_core::atomic::lease_outside_open_sqlite_claim(
+        SeaOrmStore::new(db).ledger_identity(),
+        scope,
+    )
 }
 
 /// Refuses a claim through the pool `db` while an atomic-mode body runs in this task on the

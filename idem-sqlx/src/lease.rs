@@ -168,17 +168,12 @@ impl<DB: Backend> LeaseStore for SqlxLeaseStore<DB> {
         // SQLite: an atomic body in this task holds the database's one write lock, which the
         // lease's claim would wait for. (Elsewhere the lease commits on its own, as it must.)
         if DB::DIALECT == Dialect::Sqlite
-            && idem_core::atomic::inside_open_claim(Some(crate::pooler::identity(&self.pool)))
+            && let Err(e) = idem_core::atomic::lease_outside_open_sqlite_claim(
+                Some(crate::pooler::identity(&self.pool)),
+                req.scope(),
+            )
         {
-            let scope = req.scope().to_owned();
-            return Box::pin(async move {
-                Err(Error::Store {
-                    message: format!(
-                        "the lease-mode `{scope}` was called inside the body of an atomic-mode `#[idempotent]` call on the same SQLite database, whose write lock that body holds: the lease's claim would wait for it; call it before or after the atomic call (a lease commits on its own and cannot take the body's transaction)"
-                    ),
-                    source: None,
-                })
-            });
+            return Box::pin(async move { Err(e) });
         }
         let step = LeaseStep::of(req, random_token(), lease);
         let wait = connection_wait(&self.pool, req.concurrency());
