@@ -2,7 +2,7 @@
 //! layer and the actix-web middleware share the form, so a route moved from one framework to
 //! the other keeps its records.
 
-use http::{HeaderName, HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use serde::{Deserialize, Serialize};
 
 use crate::problem::Problem;
@@ -87,14 +87,21 @@ impl<L> RecordedResponse<L> {
         };
         *response.status_mut() =
             StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        for (name, value) in self.headers {
-            if let (Ok(name), Ok(value)) =
-                (HeaderName::try_from(name), HeaderValue::from_bytes(&value))
-            {
-                response.headers_mut().append(name, value);
-            }
-        }
+        *response.headers_mut() = restore_headers(self.headers);
         mark_replayed(response.headers_mut());
         response
     }
+}
+
+/// Recorded headers (name, value), in order, as a header map; a pair that is no longer a
+/// valid header is left out.
+pub fn restore_headers(recorded: Vec<(String, Vec<u8>)>) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for (name, value) in recorded {
+        if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::from_bytes(&value))
+        {
+            headers.append(name, value);
+        }
+    }
+    headers
 }

@@ -2,6 +2,7 @@
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
+use idem_http::restore_headers;
 use serde::{Deserialize, Serialize};
 use tonic::Code;
 
@@ -47,17 +48,6 @@ pub(super) fn record(headers: &HeaderMap) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-fn restore(recorded: Vec<(String, Vec<u8>)>) -> HeaderMap {
-    let mut headers = HeaderMap::new();
-    for (name, value) in recorded {
-        if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::from_bytes(&value))
-        {
-            headers.append(name, value);
-        }
-    }
-    headers
-}
-
 /// The gRPC status of an answer: in its trailers, or in its headers for a trailers-only
 /// answer; `UNKNOWN` if neither has one.
 pub(super) fn code_of(headers: &HeaderMap, trailers: Option<&HeaderMap>) -> Code {
@@ -94,12 +84,12 @@ impl Recorded {
         }
         let mut response = match self.body {
             RecordedBody::Frames(frames) => {
-                let trailers = self.trailers.map(restore);
+                let trailers = self.trailers.map(restore_headers);
                 let mut response = http::Response::new(tonic::body::Body::new(Answer::new(
                     Bytes::from(frames),
                     trailers,
                 )));
-                *response.headers_mut() = restore(self.headers);
+                *response.headers_mut() = restore_headers(self.headers);
                 response
             }
             RecordedBody::TooLarge { limit } => {
