@@ -86,8 +86,8 @@ pub use idem_macros::transition;
 
 pub use idem_core::{
     BoxError, EntityTag, Error, ErrorKind, FinalError, Fingerprint, Fingerprinter, Fingerprints,
-    IfMatch, Key, KeyProblem, KeySource, MAX_KEY_LEN, MemoryStore, MemoryTx, Outcome, Result,
-    StateMachine, Store, Transition, TransitionOutcome, Versioned, with_outcome,
+    IfMatch, InvalidEntityTag, Key, KeyProblem, KeySource, MAX_KEY_LEN, MemoryStore, MemoryTx,
+    Outcome, Result, StateMachine, Store, Transition, TransitionOutcome, Versioned, with_outcome,
 };
 
 /// Answers whose type evolves ([`Versioned`]): the envelope a recorded answer carries its
@@ -100,14 +100,14 @@ pub mod versioned {
 
 /// Transient database conflicts, retried inside the call: how many tries, and what one costs.
 pub mod conflict {
-    pub use idem_core::conflict::{MAX_CONFLICT_ATTEMPTS, RETRY_AFTER, set_max_attempts};
+    pub use idem_core::retry::conflict::{MAX_CONFLICT_ATTEMPTS, RETRY_AFTER, set_max_attempts};
     pub use idem_core::{CallReport, with_report};
 }
 
 /// Building blocks for custom stores and wrappers: the store contracts, the call's request,
 /// and the conversions `#[idempotent]` uses to reach a store from its connection.
 pub mod store {
-    pub use idem_core::ids::{random_token, record_id};
+    pub use idem_core::ledger::ids::{random_token, record_id};
     pub use idem_core::{
         BoxFuture, Claim, Concurrency, LeaseClaim, LeaseStore, RecordStatus, Recorded, Request,
         Store, Ticket,
@@ -304,8 +304,8 @@ pub use idem_core::lease::step;
 /// downstream keys, and the store contract. The SeaORM final phase is
 /// [`sea_orm::final_step`] (or [`sea_orm::finish`] as the last work).
 pub mod lease {
-    pub use idem_core::ids::derived_key;
     pub use idem_core::lease::{LeaseHandle, step};
+    pub use idem_core::ledger::ids::derived_key;
     pub use idem_core::{BoxFuture, LeaseClaim, LeaseStore, Ticket};
 }
 

@@ -171,8 +171,8 @@ impl<T: Serialize> Respond<T> {
 #[cfg(test)]
 mod tests {
     use idem_core::atomic::run;
+    use idem_core::call::handler::{FinalProbe, ViaFinal};
     use idem_core::call::{Call, Site};
-    use idem_core::handler::{FinalProbe, ViaFinal};
     use idem_core::{Concurrency, FinalError, Key, MemoryStore, MemoryTx};
     use std::time::Duration;
 

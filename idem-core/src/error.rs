@@ -2,58 +2,14 @@
 
 use std::time::Duration;
 
+use crate::call::key_rules::KeyProblem;
+use crate::state::precondition::InvalidEntityTag;
+
 /// A boxed error from a lower layer (database driver, serde).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// `Result` with idem's [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// Why a key was refused. Part of [`Error::InvalidKey`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum KeyProblem {
-    /// The key is empty.
-    Empty,
-    /// The key is longer than [`crate::MAX_KEY_LEN`] bytes.
-    TooLong {
-        /// Length of the refused key in bytes.
-        len: usize,
-    },
-    /// The key contains a control character.
-    ControlCharacter {
-        /// Byte offset of the first control character.
-        at: usize,
-    },
-    /// The key bytes are not UTF-8.
-    NotUtf8,
-    /// The request carries the key header more than once (a repeated field is not one
-    /// structured-field string, so no value of it can be trusted).
-    Repeated {
-        /// How many fields were sent.
-        count: usize,
-    },
-}
-
-impl std::fmt::Display for KeyProblem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Empty => f.write_str("the key is empty"),
-            Self::TooLong { len } => write!(
-                f,
-                "the key is {len} bytes long; at most {} are allowed",
-                crate::MAX_KEY_LEN
-            ),
-            Self::ControlCharacter { at } => {
-                write!(f, "the key contains a control character at byte {at}")
-            }
-            Self::NotUtf8 => f.write_str("the key is not valid UTF-8"),
-            Self::Repeated { count } => write!(
-                f,
-                "the Idempotency-Key header was sent {count} times; send it once"
-            ),
-        }
-    }
-}
 
 /// Everything that can go wrong in an idempotent call, apart from the handler's own errors.
 ///
@@ -254,7 +210,7 @@ pub enum Error {
     /// The database aborted the call's transaction for a conflict with a concurrent one (a
     /// deadlock, a serialization failure, a Galera certification failure or brute-force abort)
     /// on every one of `attempts` tries. The engine runs a conflicting call again by itself
-    /// ([`MAX_CONFLICT_ATTEMPTS`](crate::conflict::MAX_CONFLICT_ATTEMPTS) tries, with jittered
+    /// ([`MAX_CONFLICT_ATTEMPTS`](crate::retry::conflict::MAX_CONFLICT_ATTEMPTS) tries, with jittered
     /// backoff), so this reaches a caller only under sustained contention. Nothing of the
     /// failed tries was committed; retry after `retry_after`.
     #[error(
@@ -457,6 +413,14 @@ impl Error {
         Self::Store {
             message: message.into(),
             source: Some(source.into()),
+        }
+    }
+}
+
+impl From<InvalidEntityTag> for Error {
+    fn from(e: InvalidEntityTag) -> Self {
+        Self::InvalidPrecondition {
+            problem: e.to_string(),
         }
     }
 }

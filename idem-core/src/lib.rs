@@ -10,51 +10,44 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod answers;
+// One folder per feature, one file per role inside it (docs/ARCHITECTURE.md has the map).
+// The ledger is the bottom layer; the call builds on it; atomic and lease mode on the call.
 #[doc(hidden)]
 pub mod atomic;
 #[doc(hidden)]
 pub mod call;
 pub mod completer;
-pub mod conflict;
 mod error;
 mod fingerprint;
-mod flight;
-#[doc(hidden)]
-pub mod handler;
-pub mod ids;
 pub mod inbox;
-mod key;
 pub mod lease;
-mod ledger;
-mod memory;
+pub mod ledger;
 pub mod metrics;
 pub mod outbox;
-mod outcome;
-mod precondition;
-mod retry;
+pub mod retry;
 mod state;
 mod store;
 pub mod testing;
 pub mod versioned;
 
-pub use error::{BoxError, Error, ErrorKind, KeyProblem, Result};
+pub use call::key::{Key, KeySource};
+pub use call::key_rules::{KeyProblem, MAX_KEY_LEN};
+pub use call::outcome::{CallReport, Outcome, with_outcome, with_report};
+pub use error::{BoxError, Error, ErrorKind, Result};
 pub use fingerprint::{
     FINGERPRINT_V1, FINGERPRINT_VERSION, Fingerprint, FingerprintError, Fingerprinter,
     Fingerprints, canonical_bytes, canonical_bytes_v1,
 };
-pub use key::{Key, KeySource, MAX_KEY_LEN};
 pub use ledger::{BoxFuture, Claim, Concurrency, LeaseClaim, RecordStatus, Recorded, Ticket};
-pub use memory::{MemoryStore, MemoryTx};
-pub use outcome::{CallReport, Outcome, with_outcome, with_report};
-pub use precondition::{EntityTag, IfMatch};
+pub use state::precondition::{EntityTag, IfMatch, InvalidEntityTag};
 pub use state::{StateMachine, Transition, TransitionOutcome, declared};
+pub use store::memory::{MemoryStore, MemoryTx};
 pub use store::{LeaseStore, Store, detached};
 
-pub use answers::RecentAnswers;
 pub use call::Request;
+pub use call::handler::FinalError;
 pub use completer::{Completer, GaveUp, ResumeStore, Resumed};
-pub use handler::FinalError;
+pub use lease::answers::RecentAnswers;
 pub use versioned::{AnswerError, AnswerVersion, Versioned};
 
 /// What `#[idempotent]` and `#[derive(StateMachine)]` expand to, re-exported by the facade as
@@ -65,12 +58,12 @@ pub use versioned::{AnswerError, AnswerVersion, Versioned};
 pub mod __private {
     pub use crate::Concurrency;
     pub use crate::atomic::run;
-    pub use crate::call::{Call, Site};
-    pub use crate::declared;
-    pub use crate::handler::{
+    pub use crate::call::handler::{
         FinalProbe, HandlerOutput, Rerun, RerunProbe, ViaClone, ViaFinal, ViaMove, ViaPlain,
         not_rerunnable,
     };
+    pub use crate::call::{Call, Site};
+    pub use crate::declared;
     pub use crate::lease::run_lease;
     pub use crate::versioned::{VersionProbe, Versioned, ViaUnversioned, ViaVersioned};
     pub use core::time::Duration;

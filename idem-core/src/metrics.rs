@@ -9,7 +9,7 @@
 //! | `idem_calls_total` | counter | `scope`, `outcome` | calls answered, by outcome |
 //! | `idem_call_duration_seconds` | histogram | `scope`, `outcome` | time from the call to its answer, in seconds |
 //! | `idem_completer_total` | counter | `scope`, `outcome` | what [completers](crate::completer) did: `resumed`, `finished`, `failed`, `gave_up`, `unregistered` |
-//! | `idem_conflict_retries_total` | counter | `scope` | tries run again after a transient database conflict ([`conflict`](crate::conflict)) |
+//! | `idem_conflict_retries_total` | counter | `scope` | tries run again after a transient database conflict ([`conflict`](crate::retry::conflict)) |
 //!
 //! `outcome` is one of:
 //!

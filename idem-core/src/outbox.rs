@@ -308,7 +308,7 @@ impl Sink for LogSink {
 pub use crate::retry::Backoff;
 
 /// A random positive 63-bit token (relay rounds and lease owners), as the engine makes them.
-pub use crate::ids::random_token;
+pub use crate::ledger::ids::random_token;
 
 /// How a relay runs. The defaults suit a service; tests shorten the lease and the poll.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

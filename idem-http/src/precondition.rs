@@ -54,11 +54,12 @@ pub fn parse_entity_tag(text: &str) -> Result<EntityTag, Error> {
 }
 
 fn tag(weak: bool, opaque: &str) -> Result<EntityTag, Error> {
-    if weak {
+    let tag = if weak {
         EntityTag::weak(opaque)
     } else {
         EntityTag::strong(opaque)
-    }
+    };
+    Ok(tag?)
 }
 
 /// Parses an `If-Match` field value: `*` or a comma-separated list of entity tags. Several

@@ -39,7 +39,7 @@ pub struct LeaseStep {
 }
 
 impl LeaseStep {
-    /// The claim of `req` by `owner` (a fresh [`random_token`](idem_core::ids::random_token))
+    /// The claim of `req` by `owner` (a fresh [`random_token`](idem_core::ledger::ids::random_token))
     /// with a lease of `lease`.
     pub fn of(req: &Request, owner: i64, lease: Duration) -> Self {
         LeaseStep {

@@ -8,8 +8,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use idem_core::ids::random_token;
 use idem_core::lease::{LeaseHandle, OpenPhase};
+use idem_core::ledger::ids::random_token;
 use idem_core::{
     BoxFuture, Error, LeaseClaim, LeaseStore, RecordStatus, Request, Ticket, detached,
 };

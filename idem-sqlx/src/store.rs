@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use idem_core::ids::random_token;
+use idem_core::ledger::ids::random_token;
 use idem_core::{Claim, Concurrency, Error, RecordStatus, Request, Store, detached};
 use idem_sql::{Bound, ClaimConnection, ClaimRow, ClaimStep, Claimed, Dialect, Failure};
 use idem_sql::{NewRecord, Sql};

@@ -25,7 +25,7 @@
 //! Mapping: `claim` (takeover, `InFlight`), `record_step` and `fence`, `final_step` (fence,
 //! payment and step in one transaction), `complete` (`WHERE owner = ? AND state = 0`, steps
 //! deleted), `release_lease`, `renew` in idem-sea-orm/src/lease.rs, driven by `run_lease` and
-//! `step` in idem-core/src/lease.rs; `finish` is the final phase that completes. Completer:
+//! `step` in idem-core/src/lease/mod.rs; `finish` is the final phase that completes. Completer:
 //! `idem::sea_orm::Completer` (idem-core/src/completer.rs `run_once`, `give_up`, `run_hook`;
 //! idem-sea-orm/src/completer.rs `begin_attempt`, `give_up`, `forget`), which rebuilds the call
 //! from the arguments stored with its claim. It counts an attempt in a transaction of its own

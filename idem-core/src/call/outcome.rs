@@ -34,7 +34,7 @@ pub struct CallReport {
     /// How the first (outermost) call was answered, as [`with_outcome`] reports it.
     pub outcome: Option<Outcome>,
     /// How many tries were run again after a transient database conflict
-    /// ([`conflict`](crate::conflict)), over every call inside the future.
+    /// ([`conflict`](crate::retry::conflict)), over every call inside the future.
     pub conflict_retries: u32,
 }
 

@@ -1,6 +1,8 @@
 //! The contract between the engine and a ledger store (SeaORM, in-memory, or your own): the
 //! atomic-mode [`Store`], the lease-mode [`LeaseStore`], and what their claims answer.
 
+pub(crate) mod memory;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -98,7 +100,7 @@ fn cannot_run_unclaimed() -> Error {
 /// the claim: the renewal task and the steps reach it while the body runs.
 pub trait LeaseStore: Send + Sync + 'static {
     /// Claims `req.id()` with a lease of `lease` and commits: a new record (a random owner
-    /// token from [`random_token`](crate::ids::random_token)), a takeover of an in-progress
+    /// token from [`random_token`](crate::ledger::ids::random_token)), a takeover of an in-progress
     /// record whose lease ended (token + 1, its steps), the completed record, or the live
     /// lease's remaining time.
     fn claim_lease<'a>(

@@ -3,22 +3,28 @@
 //! its key, principal and fingerprint have passed their checks. The request is the call's one
 //! shape from then on: claims, records, leases and steps read it by reference.
 
+#[doc(hidden)]
+pub mod handler;
+pub(crate) mod key;
+pub(crate) mod key_rules;
+pub(crate) mod outcome;
+
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::answers::RecentAnswers;
-use crate::error::Error;
-use crate::fingerprint::{Fingerprint, FingerprintError, Fingerprinter, Fingerprints};
-use crate::handler::{
+use crate::call::handler::{
     Finality, Fingerprintable, HandlerError, HandlerOutput, Record, Replayable, StoredArgument,
     Verdict, verdict,
 };
-use crate::ids::{KeyHash, derived_key, record_id};
-use crate::key::Key;
+use crate::call::key::Key;
+use crate::call::outcome::Outcome;
+use crate::error::Error;
+use crate::fingerprint::{Fingerprint, FingerprintError, Fingerprinter, Fingerprints};
+use crate::lease::answers::RecentAnswers;
+use crate::ledger::ids::{KeyHash, derived_key, record_id};
 use crate::ledger::{Concurrency, RecordStatus, Recorded};
 use crate::metrics::{self, Label};
-use crate::outcome::{self, Outcome};
 use crate::versioned::{AnswerError, AnswerVersion, NEWER_RETRY_AFTER};
 
 /// A lease-mode call's deadline when its attribute gives none, in leases: 5 minutes for a

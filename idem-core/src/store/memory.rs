@@ -13,7 +13,7 @@ use tokio::sync::OwnedMutexGuard;
 
 use crate::call::Request;
 use crate::error::Error;
-use crate::ids::random_token;
+use crate::ledger::ids::random_token;
 use crate::ledger::{BoxFuture, Claim, Concurrency, LeaseClaim, RecordStatus, Recorded, Ticket};
 use crate::store::{LeaseStore, Store};
 

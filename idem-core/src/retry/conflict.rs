@@ -70,7 +70,7 @@ impl Tries {
             "transient conflict; trying again"
         );
         crate::metrics::conflict_retry(scope);
-        crate::outcome::note_conflict_retry();
+        crate::call::outcome::note_conflict_retry();
         tokio::time::sleep(backoff(self.attempts)).await;
         self.attempts += 1;
         Ok(())

@@ -3,6 +3,8 @@
 //! a lease's fencing [`Ticket`], how duplicates are treated ([`Concurrency`]). It depends on no
 //! other part of the engine; the store contracts (`store.rs`) and the call (`call.rs`) build on it.
 
+pub mod ids;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;

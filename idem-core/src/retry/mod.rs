@@ -3,6 +3,8 @@
 //! a fully jittered delay (duplicates that collided spread out instead of meeting again), a
 //! completer's next attempt at one call none (its due time is stored).
 
+pub mod conflict;
+
 use std::time::Duration;
 
 /// The `Retry-After` of a conflict that reached the caller.
@@ -64,7 +66,7 @@ impl Backoff {
 /// A random number in `[0, 1)`, for jitter (std's randomly keyed SipHash; no extra
 /// dependency).
 pub(crate) fn unit_random() -> f64 {
-    (crate::ids::random_token() >> 10) as f64 / (1u64 << 53) as f64
+    (crate::ledger::ids::random_token() >> 10) as f64 / (1u64 << 53) as f64
 }
 
 #[cfg(test)]

@@ -1,9 +1,7 @@
 //! Validated idempotency keys and the trait that turns argument values into keys.
 
-use crate::error::{Error, KeyProblem};
-
-/// Longest accepted key, in bytes (Stripe's limit; fits an indexed `VARCHAR(255)`).
-pub const MAX_KEY_LEN: usize = 255;
+use super::key_rules::{KeyProblem, refusal};
+use crate::error::Error;
 
 /// A validated idempotency key: 1..=255 bytes of UTF-8 without control characters.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -38,16 +36,7 @@ impl Key {
 }
 
 fn check(key: &str) -> Result<(), Error> {
-    let problem = if key.is_empty() {
-        Some(KeyProblem::Empty)
-    } else if key.len() > MAX_KEY_LEN {
-        Some(KeyProblem::TooLong { len: key.len() })
-    } else {
-        key.char_indices()
-            .find(|(_, c)| c.is_control())
-            .map(|(at, _)| KeyProblem::ControlCharacter { at })
-    };
-    match problem {
+    match refusal(key) {
         Some(problem) => Err(Error::InvalidKey { problem }),
         None => Ok(()),
     }

@@ -11,8 +11,6 @@ use std::fmt;
 
 use serde::{Serialize, Serializer};
 
-use crate::error::Error;
-
 /// An entity tag: an opaque validator of one representation of a resource, strong (`"3"`) or
 /// weak (`W/"3"`).
 ///
@@ -27,21 +25,19 @@ pub struct EntityTag {
 impl EntityTag {
     /// A strong tag; `opaque` is the text between the quotes. Refused when it holds a `"`,
     /// a space, a control or a non-ASCII character (RFC 9110 `etagc`, without `obs-text`).
-    pub fn strong(opaque: impl Into<String>) -> Result<Self, Error> {
+    pub fn strong(opaque: impl Into<String>) -> Result<Self, InvalidEntityTag> {
         Self::new(false, opaque.into())
     }
 
     /// A weak tag (`W/"…"`): "semantically equivalent" only. `If-Match` uses the strong
     /// comparison, so a weak tag never satisfies it.
-    pub fn weak(opaque: impl Into<String>) -> Result<Self, Error> {
+    pub fn weak(opaque: impl Into<String>) -> Result<Self, InvalidEntityTag> {
         Self::new(true, opaque.into())
     }
 
-    fn new(weak: bool, opaque: String) -> Result<Self, Error> {
+    fn new(weak: bool, opaque: String) -> Result<Self, InvalidEntityTag> {
         if let Some(at) = opaque.find(|c: char| !is_etagc(c)) {
-            return Err(invalid(format!(
-                "the entity tag `{opaque}` has a character not allowed in a tag at byte {at} (a quote, space, control or non-ASCII character)"
-            )));
+            return Err(InvalidEntityTag { opaque, at });
         }
         Ok(Self { weak, opaque })
     }
@@ -94,9 +90,26 @@ fn is_etagc(c: char) -> bool {
     c == '!' || ('#'..='~').contains(&c)
 }
 
-fn invalid(problem: String) -> Error {
-    Error::InvalidPrecondition { problem }
+/// A tag's text that RFC 9110 does not allow: [`EntityTag::strong`] and [`EntityTag::weak`]
+/// refuse it. `?` turns it into [`Error::InvalidPrecondition`](crate::Error::InvalidPrecondition)
+/// (answered 400).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidEntityTag {
+    opaque: String,
+    at: usize,
 }
+
+impl fmt::Display for InvalidEntityTag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the entity tag `{}` has a character not allowed in a tag at byte {} (a quote, space, control or non-ASCII character)",
+            self.opaque, self.at
+        )
+    }
+}
+
+impl std::error::Error for InvalidEntityTag {}
 
 impl fmt::Display for EntityTag {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

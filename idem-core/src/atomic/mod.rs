@@ -1,16 +1,18 @@
 //! Atomic mode, what `#[idempotent]` expands to by default: claim the key in a transaction,
 //! run the body in that transaction, then record the result and commit, or release (roll
 //! back). A replay or an idem error answers without running the body. A try that the database
-//! aborts for a conflict is run again whole ([`conflict`](crate::conflict)).
+//! aborts for a conflict is run again whole ([`conflict`](crate::retry::conflict)).
+
+mod flight;
 
 use crate::call::{Call, RETRY_AFTER, Request, collecting_hooks};
-use crate::conflict::Tries;
 use crate::error::Error;
-use crate::flight;
-use crate::handler::{Finality, HandlerError, HandlerOutput, Replayable};
+use crate::retry::conflict::Tries;
+
+use crate::call::handler::{Finality, HandlerError, HandlerOutput, Replayable};
+use crate::call::outcome;
 use crate::ledger::{Claim, Concurrency, Recorded};
 use crate::metrics::{self, Label};
-use crate::outcome;
 use crate::store::Store;
 
 /// What `#[idempotent]` expands to: claims the key on `store`, runs the body in the claim's
@@ -22,7 +24,7 @@ use crate::store::Store;
 /// record or its `COMMIT`) left nothing behind, so it is run again, claim, body and record,
 /// after a jittered backoff. So `bodies` makes the body afresh for each try that executes
 /// (the macro hands each one its own copy of the arguments), or says why the body cannot run
-/// again ([`not_rerunnable`](crate::handler::not_rerunnable)), which the caller is answered. Usually the
+/// again ([`not_rerunnable`](crate::call::handler::not_rerunnable)), which the caller is answered. Usually the
 /// second try finds the record a concurrent duplicate committed and replays it.
 pub fn run<S, R, F, B>(
     store: S,

@@ -7,6 +7,8 @@
 //! token still holds. A holder that ran past its lease finds out at its next step or at
 //! completion ([`Error::LeaseLost`]); its work is rejected and rolled back.
 
+pub mod answers;
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,13 +18,13 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::call::handler::{Finality, HandlerError, HandlerOutput, Replayable};
+use crate::call::outcome;
 use crate::call::{Call, Request};
-use crate::conflict::{Tries, retried};
 use crate::error::Error;
-use crate::handler::{Finality, HandlerError, HandlerOutput, Replayable};
 use crate::ledger::{BoxFuture, LeaseClaim, RecordStatus, Ticket};
 use crate::metrics;
-use crate::outcome;
+use crate::retry::conflict::{Tries, retried};
 use crate::store::LeaseStore;
 
 pub use crate::call::DEFAULT_DEADLINE_LEASES;
@@ -122,7 +124,7 @@ fn current(what: &str) -> Result<Arc<Context>, Error> {
 /// its value durably before returning it. On a takeover, a recorded step is not run again:
 /// its recorded value is returned.
 ///
-/// `run` gets the step's derived key ([`derived_key`](crate::ids::derived_key)): send it downstream as the
+/// `run` gets the step's derived key ([`derived_key`](crate::ledger::ids::derived_key)): send it downstream as the
 /// `Idempotency-Key`, so a step that ran but was not recorded (a crash in between) is
 /// deduplicated by the receiver when the next holder runs it again.
 ///
@@ -523,7 +525,7 @@ where
             // Not recorded: end the lease at once, so the next retry (or a completer) takes
             // over from the recorded steps instead of waiting the lease out.
             release_now(store, scope, &ticket).await;
-            request.fail(crate::conflict::named(scope, e, 1))
+            request.fail(crate::retry::conflict::named(scope, e, 1))
         }
     }
 }

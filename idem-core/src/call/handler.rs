@@ -147,7 +147,7 @@ impl<E> ViaPlain<E> for FinalProbe<E> {
 }
 
 /// An argument of an atomic-mode handler, kept so that every try of its body gets one: a try
-/// the database aborts for a conflict is run again ([`conflict`](crate::conflict)). The
+/// the database aborts for a conflict is run again ([`conflict`](crate::retry::conflict)). The
 /// generated code takes it out with `(&&RerunProbe(&arg)).next_try()` for each try that
 /// executes (a replay takes nothing): a `Clone` argument (references are) is cloned; any other
 /// is moved into the first try, and a second try is refused with [`not_rerunnable`].
