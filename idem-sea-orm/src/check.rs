@@ -8,9 +8,9 @@ use idem_core::versioned::{AnswerError, AnswerVersion, Versioned};
 use idem_core::{Error, RecordStatus};
 use sea_orm::ConnectionTrait;
 
-use crate::error::store_error;
+use crate::driver::error::store_error;
 
-use crate::sql::statement;
+use crate::driver::statement;
 
 /// Records read per statement: the check pages through the scope by id.
 const PAGE: i64 = 500;
@@ -126,7 +126,7 @@ async fn check<T: Versioned, C: ConnectionTrait>(
     scope: &str,
     status: RecordStatus,
 ) -> Result<AnswerCheck, Error> {
-    let sql = crate::sql::of(db.get_database_backend());
+    let sql = crate::driver::of(db.get_database_backend());
     let version = AnswerVersion::of::<T>();
     let mut report = AnswerCheck {
         scope: scope.to_owned(),

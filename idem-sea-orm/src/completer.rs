@@ -8,10 +8,10 @@ use idem_core::completer::{Due, ResumeStore, Steps, StoredCall};
 use idem_core::{BoxFuture, Error};
 use sea_orm::{ConnectionTrait, DbErr, QueryResult};
 
-use crate::error::store_error;
+use crate::atomic::{begin, detached};
+use crate::driver::error::store_error;
+use crate::driver::{Bound, millis, statement};
 use crate::lease::SeaOrmLeaseStore;
-use crate::sql::{Bound, millis, statement};
-use crate::store::{begin, detached};
 
 /// A [`Completer`](idem_core::Completer) on the SeaORM ledger: finishes resumable lease-mode
 /// calls whose clients did not come back. `Completer::new(SeaOrmLeaseStore::new(db))`.
@@ -45,7 +45,7 @@ fn attempts(call: &StoredCall) -> i32 {
 impl SeaOrmLeaseStore {
     /// Runs `update` and tells whether it changed exactly one row.
     async fn changed_one(&self, update: Bound<'_>, doing: &str) -> Result<bool, Error> {
-        let d = crate::sql::of(self.db().get_database_backend());
+        let d = crate::driver::of(self.db().get_database_backend());
         self.db()
             .execute_raw(statement(d, update))
             .await
@@ -60,7 +60,7 @@ impl ResumeStore for SeaOrmLeaseStore {
         scopes: &'a [&'a str],
         limit: u32,
     ) -> BoxFuture<'a, Result<Due, Error>> {
-        let d = crate::sql::of(self.db().get_database_backend());
+        let d = crate::driver::of(self.db().get_database_backend());
         let due = d.completer.due_calls(scopes, limit);
         let next = d.completer.next_due_in(scopes);
         let db = self.db().clone();
@@ -94,7 +94,7 @@ impl ResumeStore for SeaOrmLeaseStore {
         call: &'a StoredCall,
         backoff: Duration,
     ) -> BoxFuture<'a, Result<bool, Error>> {
-        let d = crate::sql::of(self.db().get_database_backend());
+        let d = crate::driver::of(self.db().get_database_backend());
         let begin = d
             .completer
             .begin_attempt(&call.id, attempts(call), millis(backoff));
@@ -106,7 +106,7 @@ impl ResumeStore for SeaOrmLeaseStore {
         call: &'a StoredCall,
         error: &'a str,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        let d = crate::sql::of(self.db().get_database_backend());
+        let d = crate::driver::of(self.db().get_database_backend());
         // Bounded: an error text can be long (a response body); the start says what failed.
         let error: String = error.chars().take(2000).collect();
         let note = d.completer.note_call_error(&call.id, error);
@@ -127,7 +127,7 @@ impl ResumeStore for SeaOrmLeaseStore {
         let (id, payload) = (call.id.clone(), payload.to_vec());
         Box::pin(detached(async move {
             let doing = "giving a call up";
-            let d = crate::sql::of(db.get_database_backend());
+            let d = crate::driver::of(db.get_database_backend());
             let tx = begin(&db).await.map_err(|e| store_error(doing, e))?;
             let gave_up = tx
                 .execute_raw(statement(d, d.completer.give_up(&id, payload)))
@@ -149,7 +149,7 @@ impl ResumeStore for SeaOrmLeaseStore {
     }
 
     fn steps<'a>(&'a self, call: &'a StoredCall) -> BoxFuture<'a, Result<Steps, Error>> {
-        let d = crate::sql::of(self.db().get_database_backend());
+        let d = crate::driver::of(self.db().get_database_backend());
         let select = d.lease.select_steps(&call.id);
         Box::pin(async move {
             let rows = self
@@ -169,7 +169,7 @@ impl ResumeStore for SeaOrmLeaseStore {
         let id = call.id.clone();
         Box::pin(detached(async move {
             let doing = "forgetting a given-up call";
-            let d = crate::sql::of(db.get_database_backend());
+            let d = crate::driver::of(db.get_database_backend());
             let tx = begin(&db).await.map_err(|e| store_error(doing, e))?;
             for forget in [d.completer.forget_given_up(&id), d.lease.delete_steps(&id)] {
                 tx.execute_raw(statement(d, forget))
@@ -184,7 +184,7 @@ impl ResumeStore for SeaOrmLeaseStore {
         &'a self,
         scopes: &'a [&'a str],
     ) -> BoxFuture<'a, Result<Vec<(String, u64)>, Error>> {
-        let d = crate::sql::of(self.db().get_database_backend());
+        let d = crate::driver::of(self.db().get_database_backend());
         let unregistered = d.completer.unregistered_calls(scopes);
         Box::pin(async move {
             let doing = "counting calls nobody resumes";

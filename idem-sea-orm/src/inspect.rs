@@ -11,9 +11,9 @@ use sea_orm::{
     IsolationLevel, QueryResult, TransactionTrait,
 };
 
-use crate::error::store_error;
-use crate::sql::statement;
-use crate::sql::{ALL_TABLES, CALLS_TABLE, STEPS_TABLE};
+use crate::driver::error::store_error;
+use crate::driver::statement;
+use crate::driver::{ALL_TABLES, CALLS_TABLE, STEPS_TABLE};
 
 /// One ledger record as it stands, read in one snapshot: the row, the steps of a call in
 /// progress, and its stored call if it is resumable.
@@ -113,7 +113,7 @@ pub(crate) async fn has_calls_table<C: ConnectionTrait>(db: &C) -> Result<bool, 
 }
 
 async fn existing_tables<C: ConnectionTrait>(db: &C) -> Result<Vec<String>, DbErr> {
-    let sql = crate::sql::of(db.get_database_backend());
+    let sql = crate::driver::of(db.get_database_backend());
     db.query_all_raw(statement(sql, sql.inspect.existing_tables()))
         .await?
         .iter()
@@ -145,7 +145,7 @@ pub async fn record(db: &DatabaseConnection, id: &[u8]) -> Result<Option<RecordV
 }
 
 async fn read_record(tx: &DatabaseTransaction, id: &[u8]) -> Result<Option<RecordView>, DbErr> {
-    let sql = crate::sql::of(tx.get_database_backend());
+    let sql = crate::driver::of(tx.get_database_backend());
     let Some(row) = tx
         .query_one_raw(statement(sql, sql.inspect.record(id)))
         .await?
@@ -246,7 +246,7 @@ pub async fn ids_with_prefix(
     prefix: &IdPrefix,
     limit: u32,
 ) -> Result<Vec<Vec<u8>>, Error> {
-    let sql = crate::sql::of(db.get_database_backend());
+    let sql = crate::driver::of(db.get_database_backend());
     let range = sql
         .inspect
         .ids_in_range(&prefix.low, &prefix.high, i64::from(limit));
@@ -268,7 +268,7 @@ pub async fn recent_records(
     status: Option<RecordStatus>,
     limit: u32,
 ) -> Result<Vec<RecordView>, Error> {
-    let sql = crate::sql::of(db.get_database_backend());
+    let sql = crate::driver::of(db.get_database_backend());
     let since_ms = i64::try_from(since.as_millis()).unwrap_or(i64::MAX);
     let list = sql.inspect.list_records(
         scope,

@@ -21,9 +21,9 @@ use idem_core::outbox::{
 };
 use sea_orm::{ConnectionTrait, DatabaseConnection, IsolationLevel, QueryResult, TransactionTrait};
 
-use crate::error::store_error;
-use crate::sql::{Bound, NewDeadLetter, NewMessage, Sql, millis, statement};
-use crate::store::{detached, list_rows};
+use crate::atomic::{detached, list_rows};
+use crate::driver::error::store_error;
+use crate::driver::{Bound, NewDeadLetter, NewMessage, Sql, millis, statement};
 
 /// Staging messages in the transaction you are in: inside an `#[idempotent]` body, on the
 /// claim's transaction (`db` there).
@@ -51,7 +51,7 @@ pub trait Outbox {
 impl<C: ConnectionTrait + Sync + ?Sized> Outbox for C {
     async fn stage(&self, message: Message) -> Result<String, Error> {
         message.validate()?;
-        let sql = crate::sql::of(self.get_database_backend());
+        let sql = crate::driver::of(self.get_database_backend());
         let id = uuid::Uuid::now_v7().to_string();
         let headers = if message.headers().is_empty() {
             None
@@ -86,7 +86,7 @@ async fn exec<C: ConnectionTrait + ?Sized>(
     sql: &Sql,
     statement: Bound<'_>,
 ) -> Result<u64, sea_orm::DbErr> {
-    db.execute_raw(crate::sql::statement(sql, statement))
+    db.execute_raw(crate::driver::statement(sql, statement))
         .await
         .map(|r| r.rows_affected())
 }
@@ -128,7 +128,7 @@ async fn claim(
     lease: Duration,
     token: i64,
 ) -> Result<Vec<Claimed>, Error> {
-    let sql = crate::sql::of(db.get_database_backend());
+    let sql = crate::driver::of(db.get_database_backend());
     let doing = "claiming outbox messages";
     let mut claimed = if sql.outbox.claims_in_three_steps() {
         let tx = db
@@ -182,7 +182,7 @@ async fn mark_published(db: &DatabaseConnection, rows: &[i64], token: i64) -> Re
     if rows.is_empty() {
         return Ok(());
     }
-    let sql = crate::sql::of(db.get_database_backend());
+    let sql = crate::driver::of(db.get_database_backend());
     exec(db, sql, sql.outbox.mark_published(rows, token))
         .await
         .map(drop)
@@ -198,7 +198,7 @@ async fn mark_failed(
     error: &str,
     delay: Duration,
 ) -> Result<(), Error> {
-    let sql = crate::sql::of(db.get_database_backend());
+    let sql = crate::driver::of(db.get_database_backend());
     // Keep the stored error short: it is for an operator's eyes, not a log archive.
     let error: String = error.chars().take(2000).collect();
     exec(
@@ -521,7 +521,7 @@ fn listen_for_notifications(db: &DatabaseConnection) -> Option<tokio::task::Join
 /// The outbox's figures for a health endpoint or a metrics scrape: pending messages, the age
 /// of the oldest one (database clock), dead messages. One statement.
 pub async fn outbox_health<C: ConnectionTrait>(db: &C) -> Result<OutboxHealth, Error> {
-    let sql = crate::sql::of(db.get_database_backend());
+    let sql = crate::driver::of(db.get_database_backend());
     let doing = "reading the outbox's health";
     let row = db
         .query_one_raw(statement(sql, sql.outbox.outbox_health()))
@@ -563,7 +563,7 @@ pub async fn dead_messages<C: ConnectionTrait>(
     db: &C,
     limit: u32,
 ) -> Result<Vec<DeadMessage>, Error> {
-    let list = crate::sql::of(db.get_database_backend())
+    let list = crate::driver::of(db.get_database_backend())
         .outbox
         .list_dead(i64::from(limit));
     list_rows(db, list, "listing dead outbox messages", |row| {
@@ -585,7 +585,7 @@ pub async fn dead_messages<C: ConnectionTrait>(
 /// Puts a dead message back in line with fresh attempts; `false` if no dead message has that
 /// id.
 pub async fn retry_dead<C: ConnectionTrait>(db: &C, message_id: &str) -> Result<bool, Error> {
-    let sql = crate::sql::of(db.get_database_backend());
+    let sql = crate::driver::of(db.get_database_backend());
     let retried = exec(db, sql, sql.outbox.retry_dead(message_id))
         .await
         .map_err(|e| store_error("retrying a dead outbox message", e))?;
@@ -602,7 +602,7 @@ pub async fn purge_published<C: ConnectionTrait>(
     retention: Duration,
     batch: u32,
 ) -> Result<u64, Error> {
-    let sql = crate::sql::of(db.get_database_backend());
+    let sql = crate::driver::of(db.get_database_backend());
     let batch = batch.max(1);
     let mut total = 0;
     loop {
@@ -639,7 +639,7 @@ impl DeadLetterTable {
 
 impl idem_core::outbox::DeadLetters for DeadLetterTable {
     async fn record(&self, letter: &idem_core::outbox::DeadLetter<'_>) -> Result<(), Error> {
-        let sql = crate::sql::of(self.db.get_database_backend());
+        let sql = crate::driver::of(self.db.get_database_backend());
         let record = sql.inbox.record_dead_letter(&NewDeadLetter {
             consumer: letter.consumer.to_owned(),
             message_id: letter.message_id.to_owned(),

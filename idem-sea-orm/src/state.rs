@@ -10,7 +10,7 @@ use sea_orm::{
     QueryFilter, QuerySelect, TryGetable, UpdateMany, Value,
 };
 
-use crate::error::store_error;
+use crate::driver::error::store_error;
 
 /// An entity with a state column (a `#[derive(idem::StateMachine)]` SeaORM `ActiveEnum`) and,
 /// optionally, an optimistic version column.

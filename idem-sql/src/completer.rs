@@ -1,7 +1,7 @@
 //! Resumable calls and their completers. Only calls in progress (and give-ups whose hook is
 //! owed) have a row: the table stays small, and its scans need no index.
 
-use crate::render::{render, upsert};
+use crate::statement::render::{render, upsert};
 use crate::{Bound, Dialect, Param, Tables, with_ids};
 
 /// The completer's statements for one server flavour.

@@ -1,6 +1,6 @@
 //! The inbox: the messages a consumer gave up on (its dead letters).
 
-use crate::render::{render, upsert};
+use crate::statement::render::{render, upsert};
 use crate::{Bound, Dialect};
 
 /// The inbox's statements for one server flavour.

@@ -1,6 +1,6 @@
 //! Inspection (read only): what an operator's tools show of one record.
 
-use crate::render::render;
+use crate::statement::render::render;
 use crate::{Bound, Dialect};
 
 /// The inspection's statements for one server flavour.

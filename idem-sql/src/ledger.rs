@@ -1,6 +1,6 @@
 //! The ledger: one row per key, claimed, taken over, recorded, purged.
 
-use crate::render::{render, upsert};
+use crate::statement::render::{render, upsert};
 use crate::{Bound, Dialect, Param, Tables};
 
 /// The ledger's statements for one server flavour.

@@ -21,36 +21,30 @@
 //! completion ([`claim_lease`], [`fence`], [`complete`], …, over a [`LeaseConnection`]).
 //! It is an implementation crate of idem: its API follows idem's versions, with no promise of its own.
 
-mod bound;
-mod claim;
+// One file per feature's statements (a folder where a feature has more than one role: lease
+// mode's statements and its algorithm); `statement/` holds what they are all made of.
+mod atomic;
 mod completer;
 mod failure;
-mod flavour;
 mod inbox;
 mod inspect;
 mod lease;
-mod lease_mode;
 mod ledger;
-pub mod names;
 mod outbox;
-mod render;
 mod schema;
+mod statement;
+
+pub use statement::names;
 
 use std::sync::LazyLock;
 
-pub use bound::{Bound, Param};
-pub use claim::{ClaimConnection, ClaimRow, ClaimStep, Claimed, claim};
+pub use atomic::{ClaimConnection, ClaimRow, ClaimStep, Claimed, claim};
 pub use completer::{Completer, NewCall};
 pub use failure::{Failure, claim_lost};
-pub use flavour::{
-    Dialect, FORCE_MYSQL8_ENV, Flavour, GALERA_SYNC_WAIT_ENV, SELECT_VERSION, SELECT_WSREP_ON,
-    has_returning, mysql_flavour,
-};
 pub use inbox::{Inbox, NewDeadLetter};
 pub use inspect::Inspect;
-pub use lease::Lease;
-pub use lease_mode::{
-    LeaseConnection, LeaseStep, claim_lease, complete, completion, fence, record_final_step,
+pub use lease::{
+    Lease, LeaseConnection, LeaseStep, claim_lease, complete, completion, fence, record_final_step,
     record_step, settled,
 };
 pub use ledger::{Ledger, NewRecord, Purge, PurgeByIndex, PurgeSweep};
@@ -58,8 +52,13 @@ pub use names::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
 };
 pub use outbox::{NewMessage, Outbox};
-pub use render::{millis, placeholders, with_ids};
 pub use schema::{Family, SCHEMA_DIALECTS, schema};
+pub use statement::bound::{Bound, Param};
+pub use statement::flavour::{
+    Dialect, FORCE_MYSQL8_ENV, Flavour, GALERA_SYNC_WAIT_ENV, SELECT_VERSION, SELECT_WSREP_ON,
+    has_returning, mysql_flavour,
+};
+pub use statement::render::{millis, placeholders, with_ids};
 
 /// Every statement of one server flavour, by feature. Placeholders are positional, in the
 /// order each field's documentation gives.
@@ -122,7 +121,7 @@ impl Sql {
         Sql {
             flavour,
             dialect,
-            now: render::now(dialect),
+            now: statement::render::now(dialect),
             ledger: if flavour == Flavour::Galera {
                 ledger.galera()
             } else {

@@ -1,7 +1,7 @@
 //! The outbox: staged messages, their aggregates' heads, and the relay's claims.
 
-use crate::names::outbox_state;
-use crate::render::render;
+use crate::statement::names::outbox_state;
+use crate::statement::render::render;
 use crate::{Bound, Dialect, Param, Tables, with_ids};
 
 /// The outbox's statements for one server flavour.

@@ -2,7 +2,7 @@
 //! and dialect (the files under `idem-sql/schema/`, or `idem schema --backend …`), so a
 //! service creates only the tables of the features it uses.
 
-use crate::names::{
+use crate::statement::names::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
 };
 use crate::{Dialect, Flavour, Sql, Tables};

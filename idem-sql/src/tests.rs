@@ -1,5 +1,5 @@
 use super::*;
-use crate::render::with_ids;
+use crate::statement::render::with_ids;
 
 /// Every statement table: each flavour's.
 fn every_table() -> Vec<Sql> {

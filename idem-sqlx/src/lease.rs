@@ -18,9 +18,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sqlx::{Pool, Transaction};
 
-use crate::backend::Backend;
-use crate::error::store_error;
-use crate::store::{InClaim, connection_wait, within};
+use crate::atomic::{InClaim, connection_wait, within};
+use crate::driver::Backend;
+use crate::driver::error::store_error;
 
 /// The ledger in lease mode on a sqlx pool (PostgreSQL, MySQL/MariaDB, SQLite);
 /// `#[idempotent(..., lease = "…")]` builds one from the handler's `&PgPool` (`&MySqlPool`,
@@ -72,7 +72,10 @@ fn failed((doing, e): (&'static str, sqlx::Error)) -> Error {
 /// The statements of `pool`'s server, and whether they run named
 /// ([`crate::through_transaction_pooler`]).
 async fn statements<DB: Backend>(pool: &Pool<DB>) -> (&'static Sql, bool) {
-    (Sql::of(DB::flavour(pool).await), crate::pooler::named(pool))
+    (
+        Sql::of(DB::flavour(pool).await),
+        crate::driver::pooler::named(pool),
+    )
 }
 
 /// The lease claim ([`idem_sql::claim_lease`]): first as one auto-committed statement where
@@ -127,7 +130,7 @@ async fn fenced_update<DB: Backend>(
     update: Bound<'static>,
     doing: &'static str,
 ) -> Result<bool, Error> {
-    let named = crate::pooler::named(&pool);
+    let named = crate::driver::pooler::named(&pool);
     let mut conn = pool.acquire().await.map_err(|e| store_error(doing, e))?;
     DB::execute(&mut conn, update, named)
         .await
@@ -169,7 +172,7 @@ impl<DB: Backend> LeaseStore for SqlxLeaseStore<DB> {
         // lease's claim would wait for. (Elsewhere the lease commits on its own, as it must.)
         if DB::DIALECT == Dialect::Sqlite
             && let Err(e) = idem_core::atomic::lease_outside_open_sqlite_claim(
-                Some(crate::pooler::identity(&self.pool)),
+                Some(crate::driver::pooler::identity(&self.pool)),
                 req.scope(),
             )
         {

@@ -17,17 +17,18 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod backend;
-mod error;
+// Modules named by feature as in idem-core, idem-sql and idem-sea-orm (`atomic`, `lease`;
+// `schema` creates the tables), plus `driver/`: how sqlx runs idem-sql's statements (binding,
+// decoding, `BEGIN`, flavour, errors, transaction poolers).
+mod atomic;
+mod driver;
 mod lease;
-mod pooler;
 mod schema;
-mod store;
 
-pub use backend::Backend;
+pub use atomic::{ClaimedTx, SqlxStore};
+pub use driver::Backend;
+pub use driver::pooler::through_transaction_pooler;
 pub use idem_sql::Family;
 pub use lease::{SqlxLeaseStore, final_step, finish};
-pub use pooler::through_transaction_pooler;
 pub use schema::create_tables;
 pub use sqlx;
-pub use store::{ClaimedTx, SqlxStore};

@@ -5,8 +5,8 @@ use idem_core::Error;
 use idem_sql::{Family, Sql};
 use sqlx::Pool;
 
-use crate::backend::Backend;
-use crate::error::store_error;
+use crate::driver::Backend;
+use crate::driver::error::store_error;
 
 /// Creates the tables of `families` (atomic mode needs [`Family::Ledger`] alone; see
 /// [`Family`]) if they are missing. It reads the catalogue first and runs DDL only for a
@@ -27,7 +27,7 @@ pub async fn create_tables<DB: Backend>(pool: &Pool<DB>, families: &[Family]) ->
         .acquire()
         .await
         .map_err(|e| store_error("creating idem's tables", e))?;
-    let named = crate::pooler::named(pool);
+    let named = crate::driver::pooler::named(pool);
     let existing = DB::fetch_texts(&mut *conn, sql.inspect.existing_tables(), named)
         .await
         .map_err(|e| store_error("listing idem's tables", e))?;

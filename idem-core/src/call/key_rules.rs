@@ -5,7 +5,7 @@
 /// Longest accepted key, in bytes (Stripe's limit; fits an indexed `VARCHAR(255)`).
 pub const MAX_KEY_LEN: usize = 255;
 
-/// Why a key was refused. Part of [`Error::InvalidKey`].
+/// Why a key was refused. Part of [`Error::InvalidKey`](crate::Error::InvalidKey).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KeyProblem {

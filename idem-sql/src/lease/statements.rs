@@ -1,8 +1,8 @@
 //! Lease mode: the steps table, and the fenced updates of a held ledger row (the claim
 //! reuses the ledger's own statements).
 
-use crate::names::{CALLS_TABLE, LEDGER_TABLE};
-use crate::render::{render, upsert};
+use crate::statement::names::{CALLS_TABLE, LEDGER_TABLE};
+use crate::statement::render::{render, upsert};
 use crate::{Bound, Dialect, Param, Tables, with_ids};
 
 /// Live leases held too long (see `Lease::stuck_leases`).

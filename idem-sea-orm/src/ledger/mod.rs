@@ -3,6 +3,11 @@
 
 use sea_orm::entity::prelude::*;
 
+pub(crate) mod expiry;
+#[cfg(feature = "migration")]
+pub(crate) mod migration;
+pub(crate) mod schema;
+
 use crate::LEDGER_TABLE;
 
 /// The ledger table, [`LEDGER_TABLE`].

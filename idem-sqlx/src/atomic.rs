@@ -9,8 +9,8 @@ use idem_sql::{Bound, ClaimConnection, ClaimRow, ClaimStep, Claimed, Dialect, Fa
 use idem_sql::{NewRecord, Sql};
 use sqlx::{Pool, Transaction};
 
-use crate::backend::Backend;
-use crate::error::{classify, store_error};
+use crate::driver::Backend;
+use crate::driver::error::{classify, store_error};
 
 /// The ledger on a sqlx pool (PostgreSQL, MySQL/MariaDB, SQLite).
 ///
@@ -157,7 +157,7 @@ async fn claim_step<DB: Backend>(
     wait: Option<Duration>,
 ) -> Result<Claim<ClaimedTx<DB>>, Error> {
     let sql = Sql::of(DB::flavour(&pool).await);
-    let named = crate::pooler::named(&pool);
+    let named = crate::driver::pooler::named(&pool);
     let mut tx = within(wait, DB::begin_claim(&pool))
         .await
         .map_err(|e| store_error("beginning the claim transaction", e))?;
@@ -287,7 +287,7 @@ impl<DB: Backend> Store for SqlxStore<'_, DB> {
             tx,
             owner: 0,
             sql,
-            named: crate::pooler::named(self.pool),
+            named: crate::driver::pooler::named(self.pool),
         })
     }
 
@@ -300,6 +300,6 @@ impl<DB: Backend> Store for SqlxStore<'_, DB> {
     }
 
     fn ledger_identity(&self) -> Option<usize> {
-        Some(crate::pooler::identity(self.pool))
+        Some(crate::driver::pooler::identity(self.pool))
     }
 }

@@ -4,6 +4,8 @@
 //! of a holder locks the ledger row and checks its token first, so a holder whose lease was
 //! taken over cannot record anything.
 
+mod group_commit;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -15,12 +17,12 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBacken
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::error::store_error;
-use crate::group_commit::{self, Write, Written};
-use crate::sql::{Bound, Sql, millis, statement};
-use crate::store::{
+use crate::atomic::{
     InClaim, begin_within, connection_wait, detached, list_rows, read_row, within_connection_wait,
 };
+use crate::driver::error::store_error;
+use crate::driver::{Bound, Sql, millis, statement};
+use group_commit::{Write, Written};
 use idem_sql::LeaseStep;
 
 /// The ledger in lease mode on a SeaORM connection; `#[idempotent(..., lease = "…")]` builds
@@ -45,7 +47,7 @@ impl SeaOrmLeaseStore {
 /// Locks the ledger row of `ticket` in `tx` and checks the ticket still holds it
 /// ([`idem_sql::fence`]).
 async fn fence(tx: &DatabaseTransaction, ticket: &Ticket) -> Result<(), Error> {
-    let sql = crate::sql::of(tx.get_database_backend());
+    let sql = crate::driver::of(tx.get_database_backend());
     let holds = idem_sql::fence(&mut InClaim { tx, sql }, sql, ticket)
         .await
         .map_err(|(doing, e)| store_error(doing, e))?;
@@ -83,9 +85,9 @@ async fn claim_at_once(
 async fn claim(db: DatabaseConnection, step: LeaseStep) -> Result<LeaseClaim, Error> {
     let doing = "claiming a lease";
     if db.get_database_backend() == DbBackend::MySql {
-        crate::flavour::detect(&db).await;
+        crate::driver::flavour::detect(&db).await;
     }
-    let d = crate::sql::of(db.get_database_backend());
+    let d = crate::driver::of(db.get_database_backend());
     if step.claims_at_once(d)
         && let Some(answer) = claim_at_once(&db, d, &step).await?
     {
@@ -112,7 +114,7 @@ async fn record_completion(
     ttl: Duration,
     resumable: bool,
 ) -> Result<(), Error> {
-    let sql = crate::sql::of(tx.get_database_backend());
+    let sql = crate::driver::of(tx.get_database_backend());
     let held = idem_sql::complete(
         &mut InClaim { tx: &tx, sql },
         sql,
@@ -165,7 +167,10 @@ async fn fenced_update(
     update: Bound<'_>,
     doing: &'static str,
 ) -> Result<bool, Error> {
-    let update = Write::Update(statement(crate::sql::of(db.get_database_backend()), update));
+    let update = Write::Update(statement(
+        crate::driver::of(db.get_database_backend()),
+        update,
+    ));
     within_connection_wait(db, group_commit::write(db, update))
         .await
         .map(|written| matches!(written, Written::Changed(1)))
@@ -187,7 +192,7 @@ impl LeaseStore for SeaOrmLeaseStore {
     ) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
         // SQLite: an atomic body in this task holds the database's one write lock, which the
         // lease's claim would wait for. (Elsewhere the lease commits on its own, as it must.)
-        if let Err(e) = crate::store::outside_open_claim_sqlite(&self.db, req.scope()) {
+        if let Err(e) = crate::atomic::outside_open_claim_sqlite(&self.db, req.scope()) {
             return Box::pin(async move { Err(e) });
         }
         let step = claim(self.db.clone(), LeaseStep::of(req, random_token(), lease));
@@ -199,11 +204,9 @@ impl LeaseStore for SeaOrmLeaseStore {
         ticket: &'a Ticket,
         lease: Duration,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        let renew = crate::sql::of(self.db.get_database_backend()).lease.renew(
-            &ticket.id,
-            ticket.token,
-            millis(lease),
-        );
+        let renew = crate::driver::of(self.db.get_database_backend())
+            .lease
+            .renew(&ticket.id, ticket.token, millis(lease));
         let db = self.db.clone();
         Box::pin(detached(async move {
             if fenced_update(&db, renew, "renewing a lease").await? {
@@ -226,7 +229,7 @@ impl LeaseStore for SeaOrmLeaseStore {
             let tx = begin_within(&db, connection_wait())
                 .await
                 .map_err(|e| store_error("recording a step", e))?;
-            let sql = crate::sql::of(tx.get_database_backend());
+            let sql = crate::driver::of(tx.get_database_backend());
             let held =
                 idem_sql::record_step(&mut InClaim { tx: &tx, sql }, sql, &ticket, &name, &payload)
                     .await
@@ -253,7 +256,7 @@ impl LeaseStore for SeaOrmLeaseStore {
         Box::pin(detached(async move {
             if !forget_steps && !resumable {
                 // Nothing else to delete: the fenced update alone, outside a transaction.
-                let sql = crate::sql::of(db.get_database_backend());
+                let sql = crate::driver::of(db.get_database_backend());
                 let update = idem_sql::completion(sql, &ticket, status, payload, ttl);
                 return if fenced_update(&db, update, "recording the result").await? {
                     Ok(())
@@ -269,7 +272,7 @@ impl LeaseStore for SeaOrmLeaseStore {
     }
 
     fn release_lease<'a>(&'a self, ticket: &'a Ticket) -> BoxFuture<'a, Result<(), Error>> {
-        let release = crate::sql::of(self.db.get_database_backend())
+        let release = crate::driver::of(self.db.get_database_backend())
             .lease
             .release(&ticket.id, ticket.token);
         let db = self.db.clone();
@@ -399,7 +402,7 @@ where
     };
     let payload = lease.encode(&value)?;
     lease.recording_step();
-    let sql = crate::sql::of(tx.get_database_backend());
+    let sql = crate::driver::of(tx.get_database_backend());
     idem_sql::record_final_step(
         &mut InClaim { tx: &tx, sql },
         sql,
@@ -453,7 +456,7 @@ pub async fn expired_leases<C: ConnectionTrait>(
     limit: u32,
 ) -> Result<Vec<ExpiredLease>, Error> {
     let calls_table = crate::inspect::has_calls_table(db).await?;
-    let list = crate::sql::of(db.get_database_backend())
+    let list = crate::driver::of(db.get_database_backend())
         .lease
         .expired_leases(i64::from(limit), calls_table);
     list_rows(db, list, "listing expired leases", |row| {
@@ -481,7 +484,7 @@ pub(crate) async fn purge_orphaned_steps<C: ConnectionTrait>(
     steps_table: bool,
     calls_table: bool,
 ) -> Result<u64, Error> {
-    let sql = crate::sql::of(db.get_database_backend());
+    let sql = crate::driver::of(db.get_database_backend());
     let mut purged = 0;
     let orphans = [
         steps_table.then(|| sql.lease.purge_orphaned_steps()),
@@ -508,7 +511,7 @@ pub(crate) async fn purge_orphaned_steps<C: ConnectionTrait>(
 /// For a holder that hangs (a step awaiting a call that never returns): its renewals keep the
 /// lease alive for ever otherwise. [`stuck_leases`] lists such calls.
 pub async fn release_lease<C: ConnectionTrait>(db: &C, id: &[u8]) -> Result<bool, Error> {
-    let sql = crate::sql::of(db.get_database_backend());
+    let sql = crate::driver::of(db.get_database_backend());
     let released = db
         .execute_raw(statement(sql, sql.lease.release_by_hand(id)))
         .await
@@ -543,7 +546,7 @@ pub async fn stuck_leases<C: ConnectionTrait>(
     held_for: Duration,
     limit: u32,
 ) -> Result<Vec<StuckLease>, Error> {
-    let sql = crate::sql::of(db.get_database_backend());
+    let sql = crate::driver::of(db.get_database_backend());
     let doing = "listing stuck leases";
     let calls_table = crate::inspect::has_calls_table(db).await?;
     let rows = db

@@ -3,7 +3,7 @@
 //! codes, the column types and the database clock, and numbers the placeholders.
 
 use crate::Dialect;
-use crate::names::{
+use crate::statement::names::{
     ALL_TABLES, CALLS_TABLE, CLAIM_SAVEPOINT, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE,
     OUTBOX_TABLE, STEPS_TABLE, WAKE_CHANNEL, outbox_state,
 };

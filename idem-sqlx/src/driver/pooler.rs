@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use sqlx::Pool;
 
-use crate::backend::Backend;
+use crate::driver::Backend;
 
 /// The pools whose statements run unnamed, by [`identity`].
 static UNNAMED: Mutex<Vec<usize>> = Mutex::new(Vec::new());

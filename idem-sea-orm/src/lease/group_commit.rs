@@ -21,7 +21,7 @@ use sea_orm::{
 };
 use tokio::sync::oneshot;
 
-use crate::store::begin;
+use crate::atomic::begin;
 
 /// One of lease mode's writes that commit on their own.
 pub(crate) enum Write {

@@ -11,6 +11,10 @@ use std::time::Duration;
 
 use idem_core::{Fingerprints, LeaseClaim, RecordStatus, Recorded, Request, Ticket};
 
+mod statements;
+
+pub use statements::Lease;
+
 use crate::{Bound, ClaimConnection, ClaimRow, NewCall, NewRecord, Sql, millis};
 
 /// A transaction of a lease store, as lease mode runs its statements in it: a claim's

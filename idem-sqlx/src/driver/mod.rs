@@ -3,6 +3,9 @@
 //! talks to. One impl per database, written once by a macro over the concrete types (sqlx's
 //! generic bounds for "any database whose connection executes queries" do not normalise).
 
+pub(crate) mod error;
+pub(crate) mod pooler;
+
 use std::future::Future;
 use std::pin::Pin;
 

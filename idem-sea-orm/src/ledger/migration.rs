@@ -3,7 +3,7 @@
 use sea_orm::{ConnectionTrait, DbErr};
 use sea_orm_migration::{MigrationName, MigrationTrait, SchemaManager, async_trait};
 
-use crate::sql::Sql;
+use crate::driver::Sql;
 
 /// Creates the ledger table ([`LEDGER_TABLE`](crate::LEDGER_TABLE)); add it to your Migrator's
 /// list:
@@ -83,7 +83,7 @@ async fn execute(
     statements: fn(&Sql) -> &[String],
 ) -> Result<(), DbErr> {
     let db = manager.get_connection();
-    for sql in statements(crate::sql::of(db.get_database_backend())) {
+    for sql in statements(crate::driver::of(db.get_database_backend())) {
         db.execute_unprepared(sql).await?;
     }
     Ok(())

@@ -11,8 +11,8 @@ use sea_orm::{
     SqliteTransactionMode, TransactionOptions, TransactionTrait,
 };
 
-use crate::error::{Failure, classify, store_error};
-use crate::sql::{Bound, NewRecord, Sql, statement};
+use crate::driver::error::{Failure, classify, store_error};
+use crate::driver::{Bound, NewRecord, Sql, statement};
 use idem_sql::{ClaimConnection, Claimed};
 
 /// The ledger on a SeaORM connection (SQLite, PostgreSQL, MySQL/MariaDB).
@@ -92,7 +92,7 @@ pub(crate) async fn list_rows<C: ConnectionTrait, T>(
     doing: &str,
     read: impl Fn(&QueryResult) -> Result<T, DbErr>,
 ) -> Result<Vec<T>, Error> {
-    let d = crate::sql::of(db.get_database_backend());
+    let d = crate::driver::of(db.get_database_backend());
     let rows = db
         .query_all_raw(statement(d, list))
         .await
@@ -173,7 +173,7 @@ async fn bounded<T>(
 pub(crate) async fn begin(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
     match db.get_database_backend() {
         DbBackend::MySql => {
-            crate::flavour::detect(db).await;
+            crate::driver::flavour::detect(db).await;
             db.begin().await
         }
         // Take SQLite's write lock up front: a deferred transaction that reads and then writes
@@ -273,7 +273,7 @@ async fn claim_in(
     step: &idem_sql::ClaimStep,
 ) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
     // After `begin`, which learns which MySQL family the server is.
-    let d = crate::sql::of(tx.get_database_backend());
+    let d = crate::driver::of(tx.get_database_backend());
     match idem_sql::claim(&mut InClaim { tx: &tx, sql: d }, d, step).await? {
         Claimed::Execute => Ok(Claim::Execute(ClaimedTx {
             body: None,
@@ -375,7 +375,7 @@ async fn record_step(
     record: Bound<'static>,
     undo_body: bool,
 ) -> Result<(), Error> {
-    let d = crate::sql::of(tx.get_database_backend());
+    let d = crate::driver::of(tx.get_database_backend());
     let undone = match body {
         Some(body) if undo_body => body.rollback().await,
         Some(body) => body.commit().await,
@@ -438,7 +438,7 @@ impl Store for SeaOrmStore<'_> {
     ) -> Result<(), Error> {
         // Where the claim wrote nothing (SQLite), the record writes the whole row.
         let row = NewRecord::of(req, owner, req.ttl());
-        let values = crate::sql::of(self.backend())
+        let values = crate::driver::of(self.backend())
             .ledger
             .record(&row, status.code(), payload);
         // A final error keeps only the recorded error: back to the claim's savepoint first.
@@ -512,7 +512,7 @@ impl Store for SeaOrmStore<'_> {
         if backend != DbBackend::MySql {
             return false;
         }
-        let d = crate::sql::of(backend);
+        let d = crate::driver::of(backend);
         let read = claimed
             .tx
             .query_one_raw(statement(d, d.ledger.read_locked(req.id())))

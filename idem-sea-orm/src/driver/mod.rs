@@ -1,5 +1,9 @@
-//! The SeaORM store's side of [`idem_sql`], where every statement lives: which flavour a
-//! connection speaks ([`crate::flavour`]), and the dialect as SeaORM names it.
+//! How SeaORM runs [`idem_sql`]'s statements: which flavour a connection speaks (`flavour`),
+//! the dialect as SeaORM names it, a bound statement as a SeaORM `Statement`, and what a
+//! database error means (`error`).
+
+pub(crate) mod error;
+pub(crate) mod flavour;
 
 use sea_orm::{DbBackend, Statement, Value};
 
@@ -12,7 +16,7 @@ pub use idem_sql::{
 };
 
 /// The statements of `backend` (on MySQL, of the server family this process talks to:
-/// [`crate::flavour`]).
+/// [`crate::driver::flavour`]).
 pub(crate) fn of(backend: DbBackend) -> &'static Sql {
     Sql::of(flavour(backend))
 }
@@ -21,8 +25,8 @@ pub(crate) fn of(backend: DbBackend) -> &'static Sql {
 pub(crate) fn flavour(backend: DbBackend) -> Flavour {
     match backend {
         DbBackend::Postgres => Flavour::Postgres,
-        DbBackend::MySql if crate::flavour::mysql_without_returning() => Flavour::MySql8,
-        DbBackend::MySql if crate::flavour::galera() => Flavour::Galera,
+        DbBackend::MySql if crate::driver::flavour::mysql_without_returning() => Flavour::MySql8,
+        DbBackend::MySql if crate::driver::flavour::galera() => Flavour::Galera,
         DbBackend::MySql => Flavour::MariaDb,
         _ => Flavour::Sqlite,
     }
