@@ -16,7 +16,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::post;
-use common::http::{Answer, Call, Door, Served, post_json};
+use common::http::{Answer, Call, FRONTS, Front, FrontDoor, Served, post_json};
 use common::{Backend, Gate, backends, insert_effect, unique};
 use idem::actix::IdempotencyMiddleware;
 use idem::axum::IdempotencyLayer;
@@ -197,33 +197,6 @@ fn tenant(header: Option<&[u8]>) -> Option<String> {
     header
         .and_then(|v| std::str::from_utf8(v).ok())
         .map(str::to_owned)
-}
-
-/// The front doors the suite runs through.
-#[derive(Clone, Copy, Debug)]
-enum Front {
-    Axum,
-    Actix,
-}
-
-const FRONTS: [Front; 2] = [Front::Axum, Front::Actix];
-
-/// A test's routes behind one front door.
-#[derive(Clone)]
-enum FrontDoor {
-    /// An axum router, called in process.
-    Axum(Router),
-    /// A real actix-web server.
-    Actix(Served),
-}
-
-impl Door for FrontDoor {
-    async fn answer(&self, call: Call) -> Answer {
-        match self {
-            Self::Axum(router) => call.send(router).await,
-            Self::Actix(server) => call.send(server).await,
-        }
-    }
 }
 
 /// `routes` (path, handler, layer) behind `front`.

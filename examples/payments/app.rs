@@ -1,6 +1,7 @@
 //! The payments service: routes, handlers and the idempotent domain functions. Shared by
 //! `main.rs` and the HTTP tests (`tests/http.rs` includes this file, `../shop/model.rs` and
-//! `../shop/service.rs`).
+//! `../shop/service.rs`). `actix_app.rs` serves the same routes on actix-web over the same
+//! domain functions; `tests/http.rs` runs the service's contract through both.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -280,7 +281,7 @@ pub(crate) async fn place_order(
 /// written. `if_match` is fingerprinted with the rest of the request, so a retry of a change
 /// that succeeded replays its answer even though the version has moved on since.
 #[idempotent(scope = "shop.orders.change-note", key = key)]
-async fn change_note(
+pub(crate) async fn change_note(
     db: &DatabaseConnection,
     key: IdempotencyKey,
     order_id: String,
@@ -467,7 +468,7 @@ async fn existing_payment<C: ConnectionTrait>(
 }
 
 #[idempotent(scope = "shop.orders.cancel", key = key)]
-async fn cancel(
+pub(crate) async fn cancel(
     db: &DatabaseConnection,
     key: IdempotencyKey,
     order_id: String,
@@ -511,7 +512,7 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<
 }
 
 /// A shop refuses amounts it cannot charge: 422 before any work.
-fn positive(amount_cents: i64) -> Result<(), Problem> {
+pub(crate) fn positive(amount_cents: i64) -> Result<(), Problem> {
     if amount_cents > 0 {
         return Ok(());
     }
@@ -569,6 +570,19 @@ async fn cancel_order(
     .await
 }
 
+/// A note longer than [`MAX_NOTE_CHARS`] is refused: 422 before any work.
+pub(crate) fn short_enough(change: &ChangeNote) -> Result<(), Problem> {
+    match &change.note {
+        Some(note) if note.chars().count() > MAX_NOTE_CHARS => Err(Problem::new(
+            422,
+            "invalid-note",
+            "Invalid note",
+            format!("a note has at most {MAX_NOTE_CHARS} characters"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 async fn change_order(
     State(app): State<AppState>,
     key: IdempotencyKey,
@@ -576,16 +590,8 @@ async fn change_order(
     Path(id): Path<String>,
     Body(change): Body<ChangeNote>,
 ) -> Response {
-    if let Some(note) = &change.note
-        && note.chars().count() > MAX_NOTE_CHARS
-    {
-        return Problem::new(
-            422,
-            "invalid-note",
-            "Invalid note",
-            format!("a note has at most {MAX_NOTE_CHARS} characters"),
-        )
-        .into_response();
+    if let Err(refused) = short_enough(&change) {
+        return refused.into_response();
     }
     // The answer carries the order's new `ETag`, so the client can chain its next change.
     Respond::new(StatusCode::OK)
@@ -609,38 +615,41 @@ async fn refund_order(
     State(app): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<RefundView>), ApiError> {
-    let moved = order::Entity::apply_transition(
-        &app.db,
-        id.clone(),
-        transition!(OrderStatus: Paid -> Refunded),
-    )
-    .await?;
+    Ok((StatusCode::OK, Json(refund(&app.db, id).await?)))
+}
+
+/// Moves the order `Paid -> Refunded` (no key: the route's layer or middleware guards it).
+pub(crate) async fn refund(db: &DatabaseConnection, id: String) -> Result<RefundView, ApiError> {
+    let moved =
+        order::Entity::apply_transition(db, id.clone(), transition!(OrderStatus: Paid -> Refunded))
+            .await?;
     if moved == TransitionOutcome::NotFound {
         return Err(ApiError::NotFound(id));
     }
-    Ok((
-        StatusCode::OK,
-        Json(RefundView {
-            order_id: id,
-            status: OrderStatus::Refunded,
-            // Differs between executions: a replay is told from a second refund.
-            refund_id: format!("re_{}", uuid::Uuid::new_v4().simple()),
-        }),
-    ))
+    Ok(RefundView {
+        order_id: id,
+        status: OrderStatus::Refunded,
+        // Differs between executions: a replay is told from a second refund.
+        refund_id: format!("re_{}", uuid::Uuid::new_v4().simple()),
+    })
 }
 
 /// The order with its payments, and its `ETag` (the row's version) for conditional writes.
 async fn show_order(State(app): State<AppState>, Path(id): Path<String>) -> Response {
     run_to_completion(async move {
-        order_with_payments(&app.db, id)
-            .await
-            .unwrap_or_else(IntoResponse::into_response)
+        match order_with_payments(&app.db, id).await {
+            Ok((tag, order)) => (ETag(tag), Json(order)).into_response(),
+            Err(e) => e.into_response(),
+        }
     })
     .await
 }
 
-/// An order and its payments, as `GET /orders/{id}` shows them, with its `ETag`.
-async fn order_with_payments(db: &DatabaseConnection, id: String) -> Result<Response, ApiError> {
+/// An order and its payments, as `GET /orders/{id}` shows them, and its `ETag`.
+pub(crate) async fn order_with_payments(
+    db: &DatabaseConnection,
+    id: String,
+) -> Result<(EntityTag, serde_json::Value), ApiError> {
     let Some(found) = order::Entity::find_by_id(id.clone()).one(db).await? else {
         return Err(ApiError::NotFound(id));
     };
@@ -656,8 +665,8 @@ async fn order_with_payments(db: &DatabaseConnection, id: String) -> Result<Resp
         })
         .collect();
     Ok((
-        ETag(EntityTag::from_version(found.version)),
-        Json(serde_json::json!({
+        EntityTag::from_version(found.version),
+        serde_json::json!({
             "id": found.id,
             "status": found.status,
             "customer": found.customer,
@@ -665,7 +674,6 @@ async fn order_with_payments(db: &DatabaseConnection, id: String) -> Result<Resp
             "currency": found.currency,
             "note": found.note,
             "payments": payments,
-        })),
-    )
-        .into_response())
+        }),
+    ))
 }

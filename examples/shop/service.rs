@@ -132,21 +132,21 @@ impl std::fmt::Display for ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+impl ApiError {
+    /// The problem+json answer of this error, whatever the framework: axum's `IntoResponse`
+    /// below, actix-web's `ResponseError` in `payments/actix_app.rs`.
+    pub(crate) fn problem(&self) -> Problem {
         match self {
-            Self::Idem(e) => Problem::from(e).into_response(),
+            Self::Idem(e) => Problem::from(e),
             Self::NotFound(id) => {
                 Problem::new(404, "not-found", "Not found", format!("no order `{id}`"))
-                    .into_response()
             }
             Self::Database => Problem::new(
                 503,
                 "store",
                 "Service unavailable",
                 "the database is unavailable; retry later",
-            )
-            .into_response(),
+            ),
             Self::Gateway(detail) => {
                 tracing::warn!(%detail, "gateway call failed");
                 Problem::new(
@@ -155,8 +155,13 @@ impl IntoResponse for ApiError {
                     "Payment gateway unavailable",
                     "the payment gateway did not answer; retry with the same key",
                 )
-                .into_response()
             }
         }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        self.problem().into_response()
     }
 }

@@ -1,6 +1,7 @@
 //! Requests to a front door and the answers they get: an axum router, through `oneshot` (no
 //! socket), or a real server over HTTP ([`Served`], e.g. actix-web's); [`post_json`] and
-//! [`get`] for the common shapes, [`Call`] to build any other.
+//! [`get`] for the common shapes, [`Call`] to build any other. A suite that runs its cases
+//! through both front doors loops over [`FRONTS`] and sends to a [`FrontDoor`].
 
 use axum::Router;
 use axum::body::Body;
@@ -129,6 +130,33 @@ pub struct Served(pub String);
 impl Door for Served {
     async fn answer(&self, call: Call) -> Answer {
         call.over_http(&self.0).await
+    }
+}
+
+/// The front doors a suite runs its cases through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Front {
+    Axum,
+    Actix,
+}
+
+pub const FRONTS: [Front; 2] = [Front::Axum, Front::Actix];
+
+/// A test's routes behind one front door.
+#[derive(Clone)]
+pub enum FrontDoor {
+    /// An axum router, called in process.
+    Axum(Router),
+    /// A real actix-web server.
+    Actix(Served),
+}
+
+impl Door for FrontDoor {
+    async fn answer(&self, call: Call) -> Answer {
+        match self {
+            Self::Axum(router) => call.send(router).await,
+            Self::Actix(server) => call.send(server).await,
+        }
     }
 }
 
