@@ -78,18 +78,18 @@ impl Completer {
             c.attempts, c.last_error, c.gave_up, c.final_phase_done \
             FROM {calls} c JOIN {ledger} l ON l.id = c.record_id \
             WHERE c.next_attempt_at_ms <= {now} \
-            AND (c.gave_up = 1 OR (l.state = 0 AND l.expires_at_ms <= {now})) \
+            AND (c.gave_up = 1 OR (l.state = {in_progress} AND l.expires_at_ms <= {now})) \
             AND c.scope IN ({ids}) ORDER BY c.next_attempt_at_ms LIMIT {limit}",
             ),
             next_due_in: r(
                 "SELECT MIN(CASE WHEN c.gave_up = 0 AND l.expires_at_ms > c.next_attempt_at_ms \
             THEN l.expires_at_ms ELSE c.next_attempt_at_ms END) - {now} \
             FROM {calls} c JOIN {ledger} l ON l.id = c.record_id \
-            WHERE (l.state = 0 OR c.gave_up = 1) AND c.scope IN ({ids})",
+            WHERE (l.state = {in_progress} OR c.gave_up = 1) AND c.scope IN ({ids})",
             ),
             unregistered_calls: r("SELECT c.scope, COUNT(*) FROM {calls} c \
             JOIN {ledger} l ON l.id = c.record_id \
-            WHERE l.state = 0 AND l.expires_at_ms <= {now} AND c.scope NOT IN ({ids}) \
+            WHERE l.state = {in_progress} AND l.expires_at_ms <= {now} AND c.scope NOT IN ({ids}) \
             GROUP BY c.scope"),
             begin_attempt: r("UPDATE {calls} SET attempts = attempts + 1, \
             next_attempt_at_ms = {now} + ? \
@@ -99,7 +99,7 @@ impl Completer {
             give_up: r(
                 "UPDATE {ledger} SET state = {gave_up}, response = ?, owner = owner + 1, \
             expires_at_ms = {now} + (SELECT ttl_ms FROM {calls} WHERE record_id = {ledger}.id) \
-            WHERE id = ? AND state = 0 AND expires_at_ms <= {now} AND NOT EXISTS (\
+            WHERE id = ? AND state = {in_progress} AND expires_at_ms <= {now} AND NOT EXISTS (\
             SELECT 1 FROM {calls} WHERE record_id = {ledger}.id AND final_phase_done = 1)",
             ),
             note_final_phase: r("UPDATE {calls} SET final_phase_done = 1 WHERE record_id = ?"),

@@ -134,7 +134,7 @@ impl Ledger {
             },
             read_row: r("{read_row}"),
             take_over: r(
-                "UPDATE {ledger} SET owner = ?, fingerprint = ?, state = 0, response = NULL, \
+                "UPDATE {ledger} SET owner = ?, fingerprint = ?, state = {in_progress}, response = NULL, \
             created_at_ms = {now}, expires_at_ms = {now} + ? WHERE id = ?",
             ),
             record: match backend {

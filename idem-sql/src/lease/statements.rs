@@ -9,13 +9,13 @@ use crate::{Bound, Dialect, Param, Tables, with_ids};
 const STUCK_LEASES: &str = "SELECT l.id, l.scope, l.idem_key, l.owner, l.created_at_ms, \
     l.expires_at_ms, {now} AS now_ms, c.attempts FROM {ledger} l \
     LEFT JOIN {calls} c ON c.record_id = l.id \
-    WHERE l.state = 0 AND l.expires_at_ms > {now} AND l.created_at_ms <= {now} - ? \
+    WHERE l.state = {in_progress} AND l.expires_at_ms > {now} AND l.created_at_ms <= {now} - ? \
     ORDER BY l.created_at_ms LIMIT ?";
 
 /// Leases that ended unfinished (see `Lease::expired_leases`).
 const EXPIRED_LEASES: &str = "SELECT l.id, l.scope, l.idem_key, l.owner, l.expires_at_ms, \
     {now} AS now_ms, c.attempts FROM {ledger} l LEFT JOIN {calls} c ON c.record_id = l.id \
-    WHERE l.state = 0 AND l.expires_at_ms <= {now} ORDER BY l.expires_at_ms LIMIT ?";
+    WHERE l.state = {in_progress} AND l.expires_at_ms <= {now} ORDER BY l.expires_at_ms LIMIT ?";
 
 /// A statement that reads `c.attempts` from the calls table, and the same for a schema
 /// without that table (a lease-mode service with no resumable calls): attempts NULL.
@@ -92,16 +92,16 @@ impl Lease {
             delete_steps_by_key: (backend == Dialect::MySql)
                 .then(|| r("DELETE FROM {steps} WHERE record_id = ? AND name IN ({ids})")),
             renew_lease: r("UPDATE {ledger} SET expires_at_ms = {now} + ? \
-            WHERE id = ? AND owner = ? AND state = 0"),
+            WHERE id = ? AND owner = ? AND state = {in_progress}"),
             complete_lease: r(
                 "UPDATE {ledger} SET state = ?, response = ?, expires_at_ms = {now} + ? \
-            WHERE id = ? AND owner = ? AND state = 0",
+            WHERE id = ? AND owner = ? AND state = {in_progress}",
             ),
             release_lease: r("UPDATE {ledger} SET expires_at_ms = {now} \
-            WHERE id = ? AND owner = ? AND state = 0"),
+            WHERE id = ? AND owner = ? AND state = {in_progress}"),
             release_by_hand: r(
                 "UPDATE {ledger} SET owner = owner + 1, expires_at_ms = {now} \
-            WHERE id = ? AND state = 0 AND expires_at_ms > {now}",
+            WHERE id = ? AND state = {in_progress} AND expires_at_ms > {now}",
             ),
             stuck_leases: with_and_without_calls(&r(STUCK_LEASES)),
             expired_leases: with_and_without_calls(&r(EXPIRED_LEASES)),

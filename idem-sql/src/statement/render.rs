@@ -17,14 +17,14 @@ const FRAGMENTS: [(&str, &str); 11] = [
     // recorded steps' effects again, and leave the completer nothing to finish.
     (
         "{purgeable}",
-        "{ledger}.expires_at_ms <= {now} AND {ledger}.state <> 0 AND NOT EXISTS (\
+        "{ledger}.expires_at_ms <= {now} AND {ledger}.state <> {in_progress} AND NOT EXISTS (\
         SELECT 1 FROM {calls} c WHERE c.record_id = {ledger}.id)",
     ),
     // `{purgeable}` where no calls table exists (a service of atomic calls only, whose
     // schema has the ledger alone): then no call can be stored.
     (
         "{purgeable_without_calls}",
-        "{ledger}.expires_at_ms <= {now} AND {ledger}.state <> 0",
+        "{ledger}.expires_at_ms <= {now} AND {ledger}.state <> {in_progress}",
     ),
     // The ledger's columns.
     (
@@ -177,6 +177,11 @@ pub(crate) fn render(backend: Dialect, template: &str) -> String {
         .replace("{ledger}", LEDGER_TABLE)
         .replace("{steps}", STEPS_TABLE)
         .replace("{calls}", CALLS_TABLE)
+        // The ledger's state codes, written once (`RecordStatus::code`).
+        .replace(
+            "{in_progress}",
+            &idem_core::RecordStatus::Pending.code().to_string(),
+        )
         .replace(
             "{gave_up}",
             &idem_core::RecordStatus::GaveUp.code().to_string(),
