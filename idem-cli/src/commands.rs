@@ -28,7 +28,7 @@ fn state_name(view: &RecordView) -> String {
         Some(RecordStatus::Completed) => "completed".to_owned(),
         Some(RecordStatus::Failed) => "failed (final error)".to_owned(),
         Some(RecordStatus::GaveUp) => "gave up".to_owned(),
-        _ => format!("unknown state {}", view.state),
+        _ => format!("unknown state {}", view.record.state),
     }
 }
 
@@ -149,10 +149,10 @@ fn inspect_json(view: &RecordView) -> Value {
     let in_progress = view.status() == Some(RecordStatus::Pending);
     let lease = in_progress.then(|| {
         json!({
-            "owner_token": view.owner,
-            "ends_at": iso8601(view.expires_at_ms),
-            "ends_at_ms": view.expires_at_ms,
-            "ended": view.expires_at_ms <= view.now_ms,
+            "owner_token": view.record.owner,
+            "ends_at": iso8601(view.record.expires_at_ms),
+            "ends_at_ms": view.record.expires_at_ms,
+            "ended": view.record.expires_at_ms <= view.now_ms,
         })
     });
     let steps: Vec<Value> = view
@@ -179,26 +179,26 @@ fn inspect_json(view: &RecordView) -> Value {
     });
     json!({
         "found": true,
-        "id": hex(&view.id),
-        "scope": view.scope,
-        "principal": view.principal,
-        "key": view.key,
+        "id": hex(&view.record.id),
+        "scope": view.record.scope,
+        "principal": view.record.principal,
+        "key": view.record.idem_key,
         "state": state_name(view),
-        "state_code": view.state,
-        "fingerprint": hex(&view.fingerprint),
-        "owner_token": view.owner,
-        "created_at": iso8601(view.created_at_ms),
-        "created_at_ms": view.created_at_ms,
-        "expires_at": iso8601(view.expires_at_ms),
-        "expires_at_ms": view.expires_at_ms,
-        "expired": view.expires_at_ms <= view.now_ms,
+        "state_code": view.record.state,
+        "fingerprint": hex(&view.record.fingerprint),
+        "owner_token": view.record.owner,
+        "created_at": iso8601(view.record.created_at_ms),
+        "created_at_ms": view.record.created_at_ms,
+        "expires_at": iso8601(view.record.expires_at_ms),
+        "expires_at_ms": view.record.expires_at_ms,
+        "expired": view.record.expires_at_ms <= view.now_ms,
         "database_now": iso8601(view.now_ms),
         "database_now_ms": view.now_ms,
         "lease": lease,
         "steps": steps,
         "call": call,
-        "answer": view.response.as_deref().map(answer_payload),
-        "answer_version": view.response.as_deref().and_then(idem_core::versioned::recorded_version),
+        "answer": view.record.response.as_deref().map(answer_payload),
+        "answer_version": view.record.response.as_deref().and_then(idem_core::versioned::recorded_version),
         "replays": Value::Null,
         "replays_note": REPLAYS_NOT_RECORDED,
     })
@@ -210,15 +210,19 @@ fn inspect_text(view: &RecordView) -> String {
     let mut field = |name: &str, value: &str| {
         let _ = writeln!(out, "{name:<12} {value}");
     };
-    field("record", &hex(&view.id));
-    field("scope", &view.scope);
-    if !view.principal.is_empty() {
-        field("principal", &view.principal);
+    field("record", &hex(&view.record.id));
+    field("scope", &view.record.scope);
+    if !view.record.principal.is_empty() {
+        field("principal", &view.record.principal);
     }
-    field("key", &view.key);
-    field("state", &format!("{} ({})", state_name(view), view.state));
-    field("fingerprint", &hex(&view.fingerprint));
+    field("key", &view.record.idem_key);
+    field(
+        "state",
+        &format!("{} ({})", state_name(view), view.record.state),
+    );
+    field("fingerprint", &hex(&view.record.fingerprint));
     if let Some(version) = view
+        .record
         .response
         .as_deref()
         .and_then(idem_core::versioned::recorded_version)
@@ -230,17 +234,17 @@ fn inspect_text(view: &RecordView) -> String {
             &format!("{version} (the answer type's Versioned::VERSION)"),
         );
     }
-    field("created", &when(view.created_at_ms, now));
+    field("created", &when(view.record.created_at_ms, now));
     let status = view.status();
     if status == Some(RecordStatus::Pending) {
-        let ended = view.expires_at_ms <= now;
+        let ended = view.record.expires_at_ms <= now;
         field(
             "lease",
             &format!(
                 "token {}, {} {}",
-                view.owner,
+                view.record.owner,
                 if ended { "ended" } else { "ends" },
-                when(view.expires_at_ms, now)
+                when(view.record.expires_at_ms, now)
             ),
         );
         if ended {
@@ -254,12 +258,12 @@ fn inspect_text(view: &RecordView) -> String {
             );
         }
     } else {
-        let expiry = if view.expires_at_ms <= now {
+        let expiry = if view.record.expires_at_ms <= now {
             "expired"
         } else {
             "expires"
         };
-        field(expiry, &when(view.expires_at_ms, now));
+        field(expiry, &when(view.record.expires_at_ms, now));
     }
     field("replays", REPLAYS_NOT_RECORDED);
     if let Some(call) = &view.call {
@@ -272,7 +276,7 @@ fn inspect_text(view: &RecordView) -> String {
             text.push_str("; give-up hook owed (not yet run to success)");
         } else if status == Some(RecordStatus::Pending) {
             // A completer takes the call once its lease has ended and its backoff passed.
-            let due_at = call.next_attempt_at_ms.max(view.expires_at_ms);
+            let due_at = call.next_attempt_at_ms.max(view.record.expires_at_ms);
             if due_at <= now {
                 text.push_str("; due now for a completer");
             } else {
@@ -299,7 +303,7 @@ fn inspect_text(view: &RecordView) -> String {
             out.push_str(&indented_json(&json_payload(&step.value), 4));
         }
     }
-    match (status, &view.response) {
+    match (status, &view.record.response) {
         (Some(RecordStatus::GaveUp), Some(payload)) => {
             let record = json_payload(payload);
             let attempts = record["attempts"].as_u64().unwrap_or(0);
@@ -384,15 +388,15 @@ pub(crate) async fn list(
             .iter()
             .map(|view| {
                 json!({
-                    "id": hex(&view.id),
-                    "principal": view.principal,
-                    "key": view.key,
+                    "id": hex(&view.record.id),
+                    "principal": view.record.principal,
+                    "key": view.record.idem_key,
                     "state": state_name(view),
-                    "state_code": view.state,
-                    "created_at": iso8601(view.created_at_ms),
-                    "created_at_ms": view.created_at_ms,
-                    "expires_at": iso8601(view.expires_at_ms),
-                    "expires_at_ms": view.expires_at_ms,
+                    "state_code": view.record.state,
+                    "created_at": iso8601(view.record.created_at_ms),
+                    "created_at_ms": view.record.created_at_ms,
+                    "expires_at": iso8601(view.record.expires_at_ms),
+                    "expires_at_ms": view.record.expires_at_ms,
                 })
             })
             .collect();
@@ -414,14 +418,14 @@ pub(crate) async fn list(
                     "{} ago",
                     span(
                         view.now_ms
-                            .saturating_sub(view.created_at_ms)
+                            .saturating_sub(view.record.created_at_ms)
                             .unsigned_abs()
                     )
                 ),
                 state_name(view),
-                view.key.clone(),
-                view.principal.clone(),
-                hex(&view.id),
+                view.record.idem_key.clone(),
+                view.record.principal.clone(),
+                hex(&view.record.id),
             ]
         })
         .collect();

@@ -14,6 +14,7 @@ use sea_orm::{
 use crate::driver::error::store_error;
 use crate::driver::statement;
 use crate::driver::{ALL_TABLES, CALLS_TABLE, STEPS_TABLE};
+use crate::ledger;
 
 /// One ledger record as it stands, read in one snapshot: the row, the steps of a call in
 /// progress, and its stored call if it is resumable.
@@ -23,29 +24,9 @@ use crate::driver::{ALL_TABLES, CALLS_TABLE, STEPS_TABLE};
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RecordView {
-    /// The record id: SHA-256 over scope, principal and key (`idem::store::record_id`).
-    pub id: Vec<u8>,
-    /// The handler's scope.
-    pub scope: String,
-    /// The principal the key belongs to (empty when none).
-    pub principal: String,
-    /// The idempotency key.
-    pub key: String,
-    /// The token of the attempt that holds or wrote the record (the lease's fencing token
-    /// while in progress in lease mode).
-    pub owner: i64,
-    /// SHA-256 fingerprint of the call's arguments.
-    pub fingerprint: Vec<u8>,
-    /// The `state` column as stored; [`status`](Self::status) reads it.
-    pub state: i16,
-    /// The recorded answer: the value (completed), the final error (failed) or
-    /// `{"attempts": n, "reason": "…"}` (given up), as JSON bytes; `None` in progress.
-    pub response: Option<Vec<u8>>,
-    /// When the record was claimed (epoch milliseconds, database clock).
-    pub created_at_ms: i64,
-    /// When the record expires; while in progress in lease mode, when the lease ends (epoch
-    /// milliseconds, database clock).
-    pub expires_at_ms: i64,
+    /// The ledger row, as the [`ledger`](crate::ledger) entity has it (the one row type, from
+    /// the store to this view).
+    pub record: ledger::Model,
     /// The database clock when the record was read (epoch milliseconds).
     pub now_ms: i64,
     /// Steps the call recorded, oldest first (only calls in progress, or given up with their
@@ -58,7 +39,7 @@ pub struct RecordView {
 impl RecordView {
     /// The state, or `None` for a code this version does not know.
     pub fn status(&self) -> Option<RecordStatus> {
-        RecordStatus::from_code(self.state)
+        RecordStatus::from_code(self.record.state)
     }
 }
 
@@ -284,16 +265,18 @@ pub async fn recent_records(
 
 fn read_record_row(row: &QueryResult) -> Result<RecordView, DbErr> {
     Ok(RecordView {
-        id: row.try_get_by_index(0)?,
-        scope: row.try_get_by_index(1)?,
-        principal: row.try_get_by_index(2)?,
-        key: row.try_get_by_index(3)?,
-        owner: row.try_get_by_index(4)?,
-        fingerprint: row.try_get_by_index(5)?,
-        state: row.try_get_by_index(6)?,
-        response: row.try_get_by_index(7)?,
-        created_at_ms: row.try_get_by_index(8)?,
-        expires_at_ms: row.try_get_by_index(9)?,
+        record: ledger::Model {
+            id: row.try_get_by_index(0)?,
+            scope: row.try_get_by_index(1)?,
+            principal: row.try_get_by_index(2)?,
+            idem_key: row.try_get_by_index(3)?,
+            owner: row.try_get_by_index(4)?,
+            fingerprint: row.try_get_by_index(5)?,
+            state: row.try_get_by_index(6)?,
+            response: row.try_get_by_index(7)?,
+            created_at_ms: row.try_get_by_index(8)?,
+            expires_at_ms: row.try_get_by_index(9)?,
+        },
         now_ms: row.try_get_by_index(10)?,
         steps: Vec::new(),
         call: None,
