@@ -352,7 +352,8 @@ pub mod axum {
 pub mod actix {
     pub use idem_actix::{
         ETag, EntityTag, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey,
-        IdempotencyMiddleware, IdempotencyMiddlewareService, IfMatch, Problem, respond,
+        IdempotencyMiddleware, IdempotencyMiddlewareService, IfMatch, Problem, ReplayStatus,
+        Respond, respond,
     };
 }
 
@@ -416,16 +417,16 @@ pub mod sqlx {
 /// The HTTP contract (IETF Idempotency-Key draft, RFC 9457 problems, RFC 9110 `If-Match`) on
 /// the `http` crate's types, for a service on any web framework (feature `http`; `axum` turns
 /// it on): `Problem::from(&e).to_response()` answers an [`Error`] with its status, problem
-/// document and `Retry-After`; `idempotency_key(headers)` reads the key; `json_answer` and
+/// document and `Retry-After`; `idempotency_key(headers)` reads the key; `json_answer` (or `JsonAnswer`, its options) and
 /// `mark_replayed` answer values and replays; `run_to_completion` keeps a call running when
 /// its client hangs up. `idem::axum` is the axum adapter over it.
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http {
     pub use idem_http::{
-        IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, Problem, ReplayStatus, canonical,
-        etag_value, idempotency_key, if_match, json_answer, mark_replayed, parse_entity_tag,
-        parse_if_match, parse_key, run_to_completion, spawn_and_wait,
+        IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, JsonAnswer, Problem, ReplayStatus,
+        canonical, etag_value, idempotency_key, if_match, json_answer, mark_replayed,
+        parse_entity_tag, parse_if_match, parse_key, run_to_completion, spawn_and_wait,
     };
 }
 

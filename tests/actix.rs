@@ -1,8 +1,8 @@
 //! The actix-web front door (issue 32 item 2): a real actix-web server and a real HTTP client,
 //! on every backend of the run: the key header (400 without it), a replay marked
-//! `Idempotent-Replayed`, a reused key answered 422, concurrent duplicates run once, and a
-//! client that hangs up mid-call finds it finished and replayed on retry. Every case counts
-//! the effect rows. (actix-web keeps polling a handler whose client left, so that case passes
+//! `Idempotent-Replayed`, a reused key answered 422, concurrent duplicates run once, a
+//! recorded refusal replayed marked, and a client that hangs up mid-call finds it finished and
+//! replayed on retry. Every case counts the effect rows (or the body's runs). (actix-web keeps polling a handler whose client left, so that case passes
 //! without `respond`'s task too: the task guards the call where actix drops the handler, at
 //! a worker's shutdown.)
 
@@ -240,4 +240,104 @@ async fn if_match_and_etag_on_a_real_actix_server() {
     let matched = patch(&["\"1\"", "\"3\""]).await;
     assert_eq!(matched.status(), 200, "two field lines are one list");
     assert_eq!(matched.headers()["etag"], "\"4\"");
+}
+
+/// A declined card: a final error its retry replays. `respond` marks the replayed refusal
+/// `Idempotent-Replayed: true` (a first refusal has no marker), and the card is tried once.
+#[tokio::test]
+async fn a_recorded_refusal_is_replayed_marked() {
+    #[derive(Debug, Serialize, Deserialize)]
+    enum Refusal {
+        #[serde(skip)]
+        Idem(idem::Error),
+        Declined,
+    }
+    impl From<idem::Error> for Refusal {
+        fn from(e: idem::Error) -> Self {
+            Self::Idem(e)
+        }
+    }
+    impl idem::FinalError for Refusal {
+        fn is_final(&self) -> bool {
+            matches!(self, Self::Declined)
+        }
+    }
+    impl std::fmt::Display for Refusal {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "{self:?}")
+        }
+    }
+    impl actix_web::ResponseError for Refusal {
+        fn error_response(&self) -> HttpResponse {
+            match self {
+                Self::Idem(e) => Problem::from(e).error_response(),
+                Self::Declined => HttpResponse::PaymentRequired().json(json!({"declined": true})),
+            }
+        }
+    }
+    /// Card attempts, counted in process: a final error's writes roll back with its record.
+    static TRIED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    /// Tries the card, which declines.
+    #[idempotent(scope = "actix.declined", key = key)]
+    async fn charge(
+        db: &DatabaseConnection,
+        key: IdempotencyKey,
+        cmd: Pay,
+    ) -> Result<Receipt, Refusal> {
+        TRIED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Err(Refusal::Declined)
+    }
+    async fn declined(
+        db: web::Data<DatabaseConnection>,
+        key: IdempotencyKey,
+        body: web::Json<Pay>,
+    ) -> HttpResponse {
+        let (db, cmd) = (db.get_ref().clone(), body.into_inner());
+        respond(StatusCode::OK, async move { charge(&db, key, cmd).await }).await
+    }
+
+    for b in backends().await {
+        let db = web::Data::new(b.db.clone());
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(db.clone())
+                .route("/charge", web::post().to(declined))
+        })
+        .workers(1)
+        .disable_signals()
+        .bind(("127.0.0.1", 0))
+        .expect("bind");
+        let url = format!("http://{}/charge", server.addrs()[0]);
+        tokio::spawn(server.run());
+        let tried = TRIED.load(std::sync::atomic::Ordering::SeqCst);
+        let (key, body) = (unique("k"), json!({"run": unique("declined"), "amount": 9}));
+        let first = post(&url, Some(&key), &body).await;
+        assert_eq!(first.status(), 402, "{}", b.name);
+        assert!(
+            first.headers().get("idempotent-replayed").is_none(),
+            "{}",
+            b.name
+        );
+        let again = post(&url, Some(&key), &body).await;
+        assert_eq!(again.status(), 402, "{}", b.name);
+        assert_eq!(
+            again
+                .headers()
+                .get("idempotent-replayed")
+                .map(|v| v.as_bytes()),
+            Some(&b"true"[..]),
+            "{}: the recorded refusal, replayed",
+            b.name
+        );
+        assert_eq!(
+            again.json::<Value>().await.expect("json"),
+            json!({"declined": true})
+        );
+        assert_eq!(
+            TRIED.load(std::sync::atomic::Ordering::SeqCst) - tried,
+            1,
+            "{}: the card tried once",
+            b.name
+        );
+    }
 }

@@ -656,33 +656,14 @@ async fn concurrent_patches_with_one_etag_make_one_change() {
     }
 }
 
-/// axum only: `idem::axum::Respond::replay_status` answers a replay 200 where the first
-/// execution answered 201; `idem::actix::respond` has no such setting (a replay answers the
-/// first execution's status, as `the_contract_holds` checks through both front doors), so
-/// there is no actix-web route to run this case through.
+/// `Respond::replay_status(ReplayStatus::Ok)`, on both front doors: a create answers 201 once,
+/// then 200 with the same body for its replays, and writes one order.
 #[tokio::test]
 async fn replays_can_answer_200_after_a_201() {
-    use axum::extract::State;
-    use idem::axum::{IdempotencyKey, ReplayStatus, Respond};
-
-    for b in backends().await {
+    for (front, b) in behind_each_front(backends).await {
         let state = state_on(&b).await;
-        let name = b.name;
-        let router = axum::Router::new()
-            .route(
-                "/orders",
-                axum::routing::post(
-                    |State(app): State<AppState>,
-                     key: IdempotencyKey,
-                     axum::Json(new): axum::Json<app::NewOrder>| async move {
-                        Respond::new(StatusCode::CREATED)
-                            .replay_status(ReplayStatus::Ok)
-                            .run(async move { app::place_order(&app.db, key, new).await })
-                            .await
-                    },
-                ),
-            )
-            .with_state(state.clone());
+        let name = format!("{front:?} on {}", b.name);
+        let router = created_then_ok(front, &state).await;
         let customer = unique("replay-status");
         let order = json!({"customer": customer, "amount_cents": 700, "currency": "usd"});
         let key = unique("create");
@@ -706,6 +687,62 @@ async fn replays_can_answer_200_after_a_201() {
             .await
             .expect("count orders");
         assert_eq!(rows, 1, "{name}: one order, replayed");
+    }
+}
+
+/// `POST /orders` behind `front`, answering 201 and then 200 for its replays.
+async fn created_then_ok(front: Front, state: &AppState) -> FrontDoor {
+    match front {
+        Front::Axum => {
+            use axum::extract::State;
+            use idem::axum::{IdempotencyKey, ReplayStatus, Respond};
+            FrontDoor::Axum(
+                axum::Router::new()
+                    .route(
+                        "/orders",
+                        axum::routing::post(
+                            |State(app): State<AppState>,
+                             key: IdempotencyKey,
+                             axum::Json(new): axum::Json<app::NewOrder>| async move {
+                                Respond::new(StatusCode::CREATED)
+                                    .replay_status(ReplayStatus::Ok)
+                                    .run(async move { app::place_order(&app.db, key, new).await })
+                                    .await
+                            },
+                        ),
+                    )
+                    .with_state(state.clone()),
+            )
+        }
+        Front::Actix => {
+            use actix_web::web;
+            use idem::actix::{IdempotencyKey, ReplayStatus, Respond};
+            async fn create(
+                app: web::Data<AppState>,
+                key: IdempotencyKey,
+                new: web::Json<app::NewOrder>,
+            ) -> actix_web::HttpResponse {
+                let (db, new) = (app.db.clone(), new.into_inner());
+                Respond::new(actix_web::http::StatusCode::CREATED)
+                    .replay_status(ReplayStatus::Ok)
+                    .run(async move { app::place_order(&db, key, new).await })
+                    .await
+            }
+            let data = web::Data::new(state.clone());
+            let server = actix_web::HttpServer::new(move || {
+                actix_web::App::new()
+                    .app_data(data.clone())
+                    .route("/orders", web::post().to(create))
+            })
+            .workers(1)
+            .disable_signals()
+            .bind(("127.0.0.1", 0))
+            .expect("bind");
+            let addr = server.addrs()[0];
+            let server = server.run();
+            tokio::spawn(async move { server.await.expect("actix-web serves") });
+            FrontDoor::Actix(Served(format!("http://{addr}")))
+        }
     }
 }
 

@@ -9,17 +9,16 @@
 //! HttpServer::new(move || App::new().configure(routes.clone())).bind(addr)?.run().await
 //! ```
 
-use std::sync::{Arc, OnceLock};
-
 use actix_web::http::StatusCode;
-use actix_web::http::header::TryIntoHeaderPair;
 use actix_web::{HttpResponse, ResponseError, web};
-use idem::actix::{ETag, IdempotencyKey, IdempotencyMiddleware, IfMatch, Problem, respond};
+use idem::actix::{
+    ETag, IdempotencyKey, IdempotencyMiddleware, IfMatch, Problem, Respond, respond,
+};
 use idem::sea_orm::SeaOrmLeaseStore;
 
 use super::app::{
-    AppState, ChangeNote, NewOrder, PayRequest, cancel, change_note, order_with_payments, pay,
-    place_order, positive, refund, short_enough,
+    AppState, ChangeNote, NewOrder, OrderView, PayRequest, cancel, change_note,
+    order_with_payments, pay, place_order, positive, refund, short_enough,
 };
 use super::service::ApiError;
 
@@ -135,22 +134,11 @@ async fn change_order(
     }
     let (db, id) = (app.db.clone(), id.into_inner());
     // The answer carries the order's new `ETag`, so the client can chain its next change; a
-    // replay carries the recorded answer's (`idem::actix::respond` has no `etag` setting like
-    // axum's `Respond`, so the tag is taken from the value on its way out).
-    let tag = Arc::new(OnceLock::new());
-    let seen = Arc::clone(&tag);
-    let mut answer = respond(StatusCode::OK, async move {
-        let view = change_note(&db, key, id, if_match, change).await?;
-        let _ = seen.set(view.etag());
-        Ok::<_, ApiError>(view)
-    })
-    .await;
-    if let Some(tag) = tag.get()
-        && let Ok((name, value)) = ETag(tag.clone()).try_into_pair()
-    {
-        answer.headers_mut().insert(name, value);
-    }
-    answer
+    // replay carries the recorded answer's.
+    Respond::new(StatusCode::OK)
+        .etag(OrderView::etag)
+        .run(async move { change_note(&db, key, id, if_match, change).await })
+        .await
 }
 
 /// `POST /orders/{id}/refund`: a plain handler; the resource's `IdempotencyMiddleware`

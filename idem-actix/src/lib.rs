@@ -2,9 +2,9 @@
 //! HTTP contract of `idem-http` (the IETF Idempotency-Key draft): the
 //! [`IdempotencyKey`] extractor (400 `missing-key` / `invalid-key`), [`Problem`] as actix's
 //! `ResponseError` (every idem error with its status, problem+json and `Retry-After`), and
-//! [`respond`], which runs a call to completion on a task of its own (a client that hangs
-//! up cannot cut it off) and answers its JSON value, marking replays with
-//! `Idempotent-Replayed: true`. [`IdempotencyMiddleware`] records whole responses of plain
+//! [`respond`] (and [`Respond`], its options: 200 for replays, an `ETag`), which runs a call
+//! to completion on a task of its own (a client that hangs up cannot cut it off) and answers
+//! its JSON value, marking replays with `Idempotent-Replayed: true`. [`IdempotencyMiddleware`] records whole responses of plain
 //! handlers, the twin of `idem::axum::IdempotencyLayer` on the same ledger.
 //!
 //! ```no_run
@@ -28,7 +28,7 @@ mod middleware;
 mod respond;
 
 pub use middleware::{IdempotencyMiddleware, IdempotencyMiddlewareService};
-pub use respond::respond;
+pub use respond::{Respond, respond};
 
 pub use idem_core::EntityTag;
 /// The validated `Idempotency-Key` of a request, idem's one key type
@@ -40,4 +40,4 @@ pub use idem_http::IdempotencyKey;
 /// `ResponseError`, so `?` on an idem call in a handler returning `Result<_, Problem>`
 /// answers the error's status, `application/problem+json` and `Retry-After` where it applies.
 pub use idem_http::Problem;
-pub use idem_http::{ETag, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IfMatch};
+pub use idem_http::{ETag, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IfMatch, ReplayStatus};

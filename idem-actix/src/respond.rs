@@ -1,37 +1,106 @@
-//! Answering an idempotent call's value: its JSON with the first execution's status, replays
-//! marked.
+//! Answering an idempotent call's value: its JSON with the first execution's status (or 200
+//! for replays), an optional `ETag`, replays marked.
 
 use actix_web::http::StatusCode;
+use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::{HttpResponse, ResponseError};
-use idem_core::{Outcome, with_outcome};
-use idem_http::ReplayStatus;
+use idem_core::{EntityTag, Outcome, with_outcome};
 use idem_http::frameworks::actix::to_actix;
+use idem_http::{JsonAnswer, ReplayStatus};
 use serde::Serialize;
 
 /// Runs an idempotent call to completion on a task of its own and answers it: its JSON value
 /// with `status` (the first execution's status for its replays too, with
-/// `Idempotent-Replayed: true`), or its error's response. A client that hangs up does not cut
-/// the call off: it finishes and records, and the client's retry replays it.
+/// `Idempotent-Replayed: true`), or its error's response (marked too when it is a recorded
+/// final error replayed). A client that hangs up does not cut the call off: it finishes and
+/// records, and the client's retry replays it.
+///
+/// Shorthand for `Respond::new(status).run(call)`; see [`Respond`] for replays answered with
+/// 200 and for an `ETag` taken from the value.
 pub async fn respond<T, E, F>(status: StatusCode, call: F) -> HttpResponse
 where
     F: Future<Output = Result<T, E>> + Send + 'static,
     T: Serialize + Send + 'static,
     E: ResponseError + Send + 'static,
 {
-    let (answer, outcome) = idem_http::run_to_completion(with_outcome(call)).await;
-    match answer {
-        Ok(value) => {
-            let status =
-                http::StatusCode::from_u16(status.as_u16()).unwrap_or(http::StatusCode::OK);
-            let replayed = outcome == Some(Outcome::Replayed);
-            to_actix(idem_http::json_answer(
-                &value,
-                status,
-                ReplayStatus::Original,
-                replayed,
-                None,
-            ))
+    Respond::<T>::new(status).run(call).await
+}
+
+/// How to answer an idempotent call on actix-web: [`respond`] with options, the twin of
+/// `idem::axum::Respond`.
+///
+/// ```
+/// use actix_web::http::StatusCode;
+/// use idem_actix::{ReplayStatus, Respond};
+///
+/// // 201 for the first execution, 200 for its replays.
+/// let created = Respond::<String>::new(StatusCode::CREATED).replay_status(ReplayStatus::Ok);
+/// # let _ = created;
+/// ```
+///
+/// In a handler:
+/// `Respond::new(StatusCode::OK).etag(OrderView::etag).run(async move { change_note(&db, key, id, if_match, change).await }).await`
+/// answers the order's view with its `ETag`, on its replays too.
+#[must_use = "a `Respond` does nothing until `.run(call)` is awaited"]
+pub struct Respond<T>(JsonAnswer<T>);
+
+impl<T> Clone for Respond<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Respond<T> {}
+
+impl<T> std::fmt::Debug for Respond<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Respond").field(&self.0).finish()
+    }
+}
+
+impl<T: Serialize> Respond<T> {
+    /// Answers a value with `status` (and a replayed value with the same status, unless
+    /// [`replay_status`](Self::replay_status) says otherwise). A status actix-web knows but
+    /// the `http` crate does not cannot exist (both accept 100–999), so none is lost.
+    pub fn new(status: StatusCode) -> Self {
+        let status = http::StatusCode::from_u16(status.as_u16()).unwrap_or(http::StatusCode::OK);
+        Self(JsonAnswer::new(status))
+    }
+
+    /// Chooses the status of replayed values.
+    pub const fn replay_status(self, policy: ReplayStatus) -> Self {
+        Self(self.0.replay_status(policy))
+    }
+
+    /// Sends `ETag: <etag(&value)>` with every value, first execution and replay alike (a
+    /// replay's tag is the one the first answer had, taken from the recorded value).
+    pub const fn etag(self, etag: fn(&T) -> EntityTag) -> Self {
+        Self(self.0.etag(etag))
+    }
+
+    /// Runs the idempotent call to completion on a task of its own and answers it: the value
+    /// as JSON, an error as its own response, a replay with `Idempotent-Replayed: true`. A
+    /// client that hangs up stops only the wait, never the call.
+    pub async fn run<E, F>(self, call: F) -> HttpResponse
+    where
+        F: Future<Output = Result<T, E>> + Send + 'static,
+        T: Send + 'static,
+        E: ResponseError + Send + 'static,
+    {
+        let (answer, outcome) = idem_http::run_to_completion(with_outcome(call)).await;
+        let replayed = outcome == Some(Outcome::Replayed);
+        match answer {
+            Ok(value) => to_actix(self.0.answer(&value, replayed)),
+            Err(e) => {
+                let mut response = e.error_response();
+                if replayed {
+                    response.headers_mut().insert(
+                        HeaderName::from_static("idempotent-replayed"),
+                        HeaderValue::from_static("true"),
+                    );
+                }
+                response
+            }
         }
-        Err(e) => e.error_response(),
     }
 }

@@ -8,6 +8,7 @@ use http::StatusCode;
 use serde::Serialize;
 
 use idem_core::{EntityTag, Outcome, with_outcome};
+use idem_http::JsonAnswer;
 pub use idem_http::{
     ETag, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, IfMatch, Problem, ReplayStatus,
     run_to_completion,
@@ -83,10 +84,12 @@ where
 /// or, to send the `ETag` of the written row,
 /// `Respond::new(StatusCode::OK).etag(OrderView::etag).run(async move { change_note(&db, key, id, if_match, patch).await }).await`.
 #[must_use = "a `Respond` does nothing until `.run(call)` is awaited"]
-pub struct Respond<T> {
-    status: StatusCode,
-    replay_status: ReplayStatus,
-    etag: Option<fn(&T) -> EntityTag>,
+pub struct Respond<T>(JsonAnswer<T>);
+
+impl<T> std::fmt::Debug for Respond<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Respond").field(&self.0).finish()
+    }
 }
 
 impl<T> Clone for Respond<T> {
@@ -97,38 +100,22 @@ impl<T> Clone for Respond<T> {
 
 impl<T> Copy for Respond<T> {}
 
-impl<T> std::fmt::Debug for Respond<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Respond")
-            .field("status", &self.status)
-            .field("replay_status", &self.replay_status)
-            .field("etag", &self.etag.is_some())
-            .finish()
-    }
-}
-
 impl<T: Serialize> Respond<T> {
     /// Answers a value with `status` (and a replayed value with the same status, unless
     /// [`replay_status`](Self::replay_status) says otherwise).
     pub const fn new(status: StatusCode) -> Self {
-        Self {
-            status,
-            replay_status: ReplayStatus::Original,
-            etag: None,
-        }
+        Self(JsonAnswer::new(status))
     }
 
     /// Chooses the status of replayed values.
-    pub const fn replay_status(mut self, policy: ReplayStatus) -> Self {
-        self.replay_status = policy;
-        self
+    pub const fn replay_status(self, policy: ReplayStatus) -> Self {
+        Self(self.0.replay_status(policy))
     }
 
     /// Sends `ETag: <etag(&value)>` with every value, first execution and replay alike (a
     /// replay's tag is the one the first answer had, taken from the recorded value).
-    pub const fn etag(mut self, etag: fn(&T) -> EntityTag) -> Self {
-        self.etag = Some(etag);
-        self
+    pub const fn etag(self, etag: fn(&T) -> EntityTag) -> Self {
+        Self(self.0.etag(etag))
     }
 
     /// Runs the idempotent call to completion on a task of its own and answers it: the value
@@ -153,10 +140,10 @@ impl<T: Serialize> Respond<T> {
         let (result, outcome) = with_outcome(call).await;
         let replayed = outcome == Some(Outcome::Replayed);
         match result {
-            Ok(value) => {
-                idem_http::json_answer(&value, self.status, self.replay_status, replayed, self.etag)
-                    .map(axum_core::body::Body::from)
-            }
+            Ok(value) => self
+                .0
+                .answer(&value, replayed)
+                .map(axum_core::body::Body::from),
             Err(e) => {
                 let mut response = e.into_response();
                 if replayed {

@@ -40,7 +40,7 @@ pub use key::{
 pub use precondition::{etag_value, if_match, parse_entity_tag, parse_if_match};
 pub use problem::Problem;
 pub use recorded::{RecordedBody, RecordedResponse, restore_headers};
-pub use replay::{ReplayStatus, json_answer, mark_replayed};
+pub use replay::{JsonAnswer, ReplayStatus, json_answer, mark_replayed};
 
 #[cfg(test)]
 mod tests {

@@ -71,3 +71,69 @@ pub fn json_answer<T: Serialize>(
     }
     response
 }
+
+/// How a call's value is answered, first execution and replays alike: its status, the status
+/// of its replays, and an optional `ETag` taken from the value. The options behind every
+/// front door's `Respond` (axum's and actix-web's), usable without a framework:
+///
+/// ```
+/// use http::StatusCode;
+/// use idem_http::{JsonAnswer, ReplayStatus};
+///
+/// let created = JsonAnswer::<u32>::new(StatusCode::CREATED).replay_status(ReplayStatus::Ok);
+/// assert_eq!(created.answer(&7, false).status(), StatusCode::CREATED);
+/// assert_eq!(created.answer(&7, true).status(), StatusCode::OK);
+/// ```
+pub struct JsonAnswer<T> {
+    status: StatusCode,
+    replay_status: ReplayStatus,
+    etag: Option<fn(&T) -> EntityTag>,
+}
+
+impl<T> Clone for JsonAnswer<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for JsonAnswer<T> {}
+
+impl<T> std::fmt::Debug for JsonAnswer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JsonAnswer")
+            .field("status", &self.status)
+            .field("replay_status", &self.replay_status)
+            .field("etag", &self.etag.is_some())
+            .finish()
+    }
+}
+
+impl<T: Serialize> JsonAnswer<T> {
+    /// Answers a value with `status` (and a replayed value with the same status, unless
+    /// [`replay_status`](Self::replay_status) says otherwise).
+    pub const fn new(status: StatusCode) -> Self {
+        Self {
+            status,
+            replay_status: ReplayStatus::Original,
+            etag: None,
+        }
+    }
+
+    /// Chooses the status of replayed values.
+    pub const fn replay_status(mut self, policy: ReplayStatus) -> Self {
+        self.replay_status = policy;
+        self
+    }
+
+    /// Sends `ETag: <etag(&value)>` with every value, first execution and replay alike (a
+    /// replay's tag is the one the first answer had, taken from the recorded value).
+    pub const fn etag(mut self, etag: fn(&T) -> EntityTag) -> Self {
+        self.etag = Some(etag);
+        self
+    }
+
+    /// `value` answered: see [`json_answer`].
+    pub fn answer(&self, value: &T, replayed: bool) -> http::Response<Vec<u8>> {
+        json_answer(value, self.status, self.replay_status, replayed, self.etag)
+    }
+}

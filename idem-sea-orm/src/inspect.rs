@@ -24,7 +24,7 @@ use crate::ledger;
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RecordView {
-    /// The ledger row, as the [`ledger`](crate::ledger) entity has it (the one row type, from
+    /// The ledger row, as the [`ledger`] entity has it (the one row type, from
     /// the store to this view).
     pub record: ledger::Model,
     /// The database clock when the record was read (epoch milliseconds).
