@@ -405,12 +405,14 @@ pub mod sea_orm {
 /// the tables at start-up, or `idem schema` prints them for your migrations. Lease mode
 /// (`lease = "30s"`) runs on the same pools ([`SqlxLeaseStore`](sqlx::SqlxLeaseStore)): its
 /// body's database writes go in [`final_step`](sqlx::final_step) or [`finish`](sqlx::finish).
+/// [`StateTable`](sqlx::StateTable) applies declared state transitions to a table of yours
+/// with one guarded `UPDATE` in the body's transaction.
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub mod sqlx {
     pub use idem_sqlx::{
-        Backend, ClaimedTx, Family, SqlxLeaseStore, SqlxStore, create_tables, final_step, finish,
-        through_transaction_pooler,
+        Backend, Bindable, ClaimedTx, Family, SqlxLeaseStore, SqlxStore, StateConnection,
+        StateTable, create_tables, final_step, finish, through_transaction_pooler,
     };
 }
 

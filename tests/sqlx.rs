@@ -43,6 +43,64 @@ impl FinalError for PayError {
     }
 }
 
+/// An order's state, declared once; stored as an integer (sqlx's `Type` for `i32`, as
+/// `#[derive(sqlx::Type)] #[repr(i32)]` would make it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, idem::StateMachine)]
+#[transitions(Pending -> Paid, Pending -> Cancelled)]
+enum Status {
+    Pending = 0,
+    Paid = 1,
+    Cancelled = 2,
+}
+
+impl<DB: sqlx::Database> sqlx::Type<DB> for Status
+where
+    i32: sqlx::Type<DB>,
+{
+    fn type_info() -> DB::TypeInfo {
+        <i32 as sqlx::Type<DB>>::type_info()
+    }
+    fn compatible(ty: &DB::TypeInfo) -> bool {
+        <i32 as sqlx::Type<DB>>::compatible(ty)
+    }
+}
+
+impl<'q, DB: sqlx::Database> sqlx::Encode<'q, DB> for Status
+where
+    i32: sqlx::Encode<'q, DB>,
+{
+    fn encode_by_ref(
+        &self,
+        buf: &mut <DB as sqlx::Database>::ArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        <i32 as sqlx::Encode<'q, DB>>::encode_by_ref(&(*self as i32), buf)
+    }
+}
+
+impl<'r, DB: sqlx::Database> sqlx::Decode<'r, DB> for Status
+where
+    i32: sqlx::Decode<'r, DB>,
+{
+    fn decode(
+        value: <DB as sqlx::Database>::ValueRef<'r>,
+    ) -> Result<Self, sqlx::error::BoxDynError> {
+        match <i32 as sqlx::Decode<'r, DB>>::decode(value)? {
+            0 => Ok(Self::Pending),
+            1 => Ok(Self::Paid),
+            2 => Ok(Self::Cancelled),
+            other => Err(format!("no order status {other}").into()),
+        }
+    }
+}
+
+/// A request to move an order: `pay` or `cancel`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Move {
+    key: String,
+    order: String,
+    to: String,
+}
+
 /// What the body does after its write.
 #[derive(Clone, Copy, Debug, Serialize)]
 enum Then {
@@ -261,6 +319,86 @@ macro_rules! suite {
                 assert_eq!(second, Err(PayError::Idem(ErrorKind::InFlight)));
                 assert_eq!(runs.load(Ordering::SeqCst), 1);
                 assert_eq!(effects(&pool, &c.run).await, 1);
+            }
+
+            const ORDERS: idem::sqlx::StateTable =
+                idem::sqlx::StateTable::new("idem_sqlx_orders", "id", "status").version("version");
+
+            /// Pays or cancels an order with one guarded transition in the claim's transaction.
+            #[idempotent(scope = "sqlx.order.move", key = cmd.key)]
+            async fn move_order(db: &$pool, cmd: Move) -> Result<String, PayError> {
+                let transition = match cmd.to.as_str() {
+                    "pay" => idem::transition!(Status: Pending -> Paid),
+                    _ => idem::transition!(Status: Pending -> Cancelled),
+                };
+                let outcome = ORDERS.apply_transition(&mut *db, cmd.order.clone(), transition).await?;
+                Ok(format!("{outcome:?}"))
+            }
+
+            /// A new pending order at version 0.
+            async fn new_order(pool: &$pool) -> String {
+                let probe = sqlx::query("SELECT 1 FROM idem_sqlx_orders WHERE 1 = 0");
+                if probe.execute(pool).await.is_err() {
+                    let ddl = "CREATE TABLE IF NOT EXISTS idem_sqlx_orders (id VARCHAR(64) PRIMARY KEY, status INTEGER NOT NULL, version BIGINT NOT NULL)";
+                    sqlx::query(ddl).execute(pool).await.expect("orders table");
+                }
+                let id = unique("ord");
+                let insert = concat!("INSERT INTO idem_sqlx_orders (id, status, version) VALUES (", $p1, ", ", $p2, ", 0)");
+                sqlx::query(insert).bind(&id).bind(Status::Pending).execute(pool).await.expect("insert order");
+                id
+            }
+
+            /// The order's committed state and version.
+            async fn order_row(pool: &$pool, id: &str) -> (Status, i64) {
+                let read = concat!("SELECT status, version FROM idem_sqlx_orders WHERE id = ", $p1);
+                sqlx::query_as(read).bind(id).fetch_one(pool).await.expect("read order")
+            }
+
+            fn order_move(order: &str, to: &str) -> Move {
+                Move { key: unique("move"), order: order.to_owned(), to: to.to_owned() }
+            }
+
+            #[tokio::test]
+            async fn a_state_transition_is_guarded_in_the_claims_transaction() {
+                let Some(pool) = pool().await else { return };
+                let id = new_order(&pool).await;
+                let pay = order_move(&id, "pay");
+                assert_eq!(move_order(&pool, pay.clone()).await, Ok("Applied".to_owned()));
+                assert_eq!(order_row(&pool, &id).await, (Status::Paid, 1));
+                assert_eq!(move_order(&pool, pay).await, Ok("Applied".to_owned()), "replayed");
+                // Another request paying the paid order: a no-op success; cancelling it: refused.
+                let again = move_order(&pool, order_move(&id, "pay")).await;
+                assert_eq!(again, Ok("AlreadyApplied".to_owned()));
+                let cancel = move_order(&pool, order_move(&id, "cancel")).await;
+                assert_eq!(cancel, Err(PayError::Idem(ErrorKind::InvalidTransition)));
+                assert_eq!(order_row(&pool, &id).await, (Status::Paid, 1), "written once");
+                let missing = move_order(&pool, order_move(&unique("none"), "pay")).await;
+                assert_eq!(missing, Ok("NotFound".to_owned()));
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn conflicting_transitions_have_exactly_one_winner() {
+                let Some(pool) = pool().await else { return };
+                let id = new_order(&pool).await;
+                let moves = (0..16).map(|i| {
+                    let (pool, m) = (pool.clone(), order_move(&id, if i % 2 == 0 { "pay" } else { "cancel" }));
+                    tokio::spawn(async move { (m.to.clone(), move_order(&pool, m).await) })
+                });
+                let results: Vec<(String, Result<String, PayError>)> =
+                    futures_util::future::join_all(moves).await.into_iter().map(|r| r.expect("task")).collect();
+                let winners: Vec<&str> = results
+                    .iter()
+                    .filter(|(_, r)| r.as_deref() == Ok("Applied"))
+                    .map(|(to, _)| to.as_str())
+                    .collect();
+                assert_eq!(winners.len(), 1, "{results:?}");
+                for (to, result) in &results {
+                    let allowed = matches!(result.as_deref(), Ok("Applied" | "AlreadyApplied"))
+                        || *result == Err(PayError::Idem(ErrorKind::InvalidTransition));
+                    assert!(allowed, "{to}: {result:?}");
+                }
+                let expected = if winners[0] == "pay" { Status::Paid } else { Status::Cancelled };
+                assert_eq!(order_row(&pool, &id).await, (expected, 1), "moved exactly once");
             }
         }
     };

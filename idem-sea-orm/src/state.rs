@@ -152,19 +152,11 @@ where
         .one(db)
         .await
         .map_err(|e| store_error("reading the row's state", e))?;
-    let Some(current) = current else {
-        return Ok(TransitionOutcome::NotFound);
-    };
-    let current = <E::State as ActiveEnum>::try_from_value(&current)
+    let current = current
+        .map(|value| <E::State as ActiveEnum>::try_from_value(&value))
+        .transpose()
         .map_err(|e| store_error("decoding the row's state", e))?;
-    match transition.classify(current)? {
-        // The row was in `from` yet the update matched nothing: it changed in between.
-        TransitionOutcome::Applied => Err(Error::Store {
-            message: "the row's state changed during the transition; retry".to_owned(),
-            source: None,
-        }),
-        outcome => Ok(outcome),
-    }
+    transition.unchanged_row(current)
 }
 
 /// `accepted`: the versions `If-Match` names (`None` for `*`).

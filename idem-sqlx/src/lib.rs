@@ -8,6 +8,8 @@
 //! pools: the lease commits at once, the body runs on the pool, its `idem::step`s are
 //! recorded fenced by the lease's token, and its database writes go in [`final_step`] or
 //! [`finish`] (`&mut PgConnection` in a fenced transaction that records them with a step).
+//! [`StateTable`] applies declared state transitions with one guarded `UPDATE` inside the
+//! body's transaction.
 //!
 //! The statements are idem-sql's, the same as the SeaORM store runs, and so are the
 //! atomic claim and lease mode's claim, fence and completion; this crate only executes them. Applications use it through the facade's feature `sqlx` (with
@@ -17,13 +19,14 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-// Modules named by feature as in idem-core, idem-sql and idem-sea-orm (`atomic`, `lease`;
-// `schema` creates the tables), plus `driver/`: how sqlx runs idem-sql's statements (binding,
+// Modules named by feature as in idem-core, idem-sql and idem-sea-orm (`atomic`, `lease`,
+// `state`; `schema` creates the tables), plus `driver/`: how sqlx runs idem-sql's statements (binding,
 // decoding, `BEGIN`, flavour, errors, transaction poolers).
 mod atomic;
 mod driver;
 mod lease;
 mod schema;
+mod state;
 
 pub use atomic::{ClaimedTx, SqlxStore};
 pub use driver::Backend;
@@ -32,3 +35,4 @@ pub use idem_sql::Family;
 pub use lease::{SqlxLeaseStore, final_step, finish};
 pub use schema::create_tables;
 pub use sqlx;
+pub use state::{Bindable, StateConnection, StateTable};

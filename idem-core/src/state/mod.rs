@@ -124,6 +124,27 @@ impl<S: StateMachine> Transition<S> {
     }
 }
 
+impl<S: StateMachine> Transition<S> {
+    /// What a guarded update (`UPDATE … SET state = to WHERE id = ? AND state = from`) that
+    /// changed no row means, from the row's state read under lock after it (`None`: no such
+    /// row): [`TransitionOutcome::NotFound`], [`TransitionOutcome::AlreadyApplied`] for a row
+    /// already in `to`, [`Error::InvalidTransition`] for a row in another state. A row in
+    /// `from` changed while the update ran: an [`Error::Store`] (retry). Every store's guarded
+    /// transition ends with it.
+    pub fn unchanged_row(self, current: Option<S>) -> Result<TransitionOutcome, Error> {
+        let Some(current) = current else {
+            return Ok(TransitionOutcome::NotFound);
+        };
+        match self.classify(current)? {
+            TransitionOutcome::Applied => Err(Error::Store {
+                message: "the row's state changed during the transition; retry".to_owned(),
+                source: None,
+            }),
+            outcome => Ok(outcome),
+        }
+    }
+}
+
 fn invalid<S: StateMachine>(from: S, to: S) -> Error {
     Error::InvalidTransition {
         from: from.name().to_owned(),
@@ -192,6 +213,27 @@ mod tests {
             "invalid state transition from `Cancelled` to `Paid`"
         );
         assert!(Transition::new(S::Cancelled, S::Paid).is_err());
+    }
+
+    #[test]
+    fn an_unchanged_row_is_settled_by_its_state() {
+        let pay = Transition::new(S::Pending, S::Paid).unwrap();
+        assert_eq!(
+            pay.unchanged_row(None).unwrap(),
+            TransitionOutcome::NotFound
+        );
+        assert_eq!(
+            pay.unchanged_row(Some(S::Paid)).unwrap(),
+            TransitionOutcome::AlreadyApplied
+        );
+        assert!(matches!(
+            pay.unchanged_row(Some(S::Cancelled)),
+            Err(Error::InvalidTransition { .. })
+        ));
+        assert!(matches!(
+            pay.unchanged_row(Some(S::Pending)),
+            Err(Error::Store { .. })
+        ));
     }
 
     #[test]
