@@ -30,16 +30,10 @@ struct Plan {
 
 /// The identifiers a pattern binds (`Point { x, y }` binds `x` and `y`).
 fn bindings(pat: &Pat) -> Vec<Ident> {
-    struct Bindings(Vec<Ident>);
-    impl<'ast> Visit<'ast> for Bindings {
-        fn visit_pat_ident(&mut self, p: &'ast syn::PatIdent) {
-            self.0.push(p.ident.clone());
-            syn::visit::visit_pat_ident(self, p);
-        }
-    }
-    let mut bindings = Bindings(Vec::new());
-    bindings.visit_pat(pat);
-    bindings.0
+    binding_modes(pat)
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect()
 }
 
 /// The identifiers a pattern binds, each with whether it is bound `mut`.

@@ -107,11 +107,6 @@ pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
     let indices = edges
         .iter()
         .map(|Edge { from, to }| quote!((Self::#from as i128, Self::#to as i128)));
-    let can_transition = if edges.is_empty() {
-        quote!(false)
-    } else {
-        quote!(::core::matches!((from, to), #(#pairs)|*))
-    };
     Ok(quote! {
         impl #impl_generics #krate::StateMachine for #name #ty_generics #where_clause {
             const STATES: &'static [Self] = &[#(Self::#variants),*];
@@ -128,7 +123,7 @@ pub(crate) fn derive(input: &DeriveInput) -> syn::Result<TokenStream> {
             /// Whether the transition `from -> to` is declared (usable in `const` contexts).
             #[allow(dead_code)]
             #vis const fn can_transition(from: Self, to: Self) -> bool {
-                #can_transition
+                #krate::__private::declared::<Self>(from as i128, to as i128)
             }
 
             /// Every declared `(from, to)` transition.
