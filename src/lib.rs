@@ -181,6 +181,27 @@ pub mod store {
         }
     }
 
+    /// A sqlx connection chosen by the caller (feature `sqlx-postgres`, `sqlx-mysql` or
+    /// `sqlx-sqlite`): a pool at the top (`(&pool).into()`), or another call's body `db`
+    /// (`(&mut *db).into()`), where the call claims its key in a savepoint of that
+    /// transaction and commits with it or not at all.
+    #[cfg(feature = "sqlx")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
+    impl<'c, DB: idem_sqlx::Backend> IntoStore for idem_sqlx::Conn<'c, DB> {
+        type Store<'a>
+            = idem_sqlx::ConnStore<'a, 'c, DB>
+        where
+            Self: 'a;
+        fn store(&self) -> Self::Store<'_> {
+            match self {
+                idem_sqlx::Conn::Pool(pool) => {
+                    idem_sqlx::ConnStore::Pool(idem_sqlx::SqlxStore::new(pool))
+                }
+                idem_sqlx::Conn::Nested(nested) => idem_sqlx::ConnStore::Nested(nested),
+            }
+        }
+    }
+
     /// Either, chosen by the caller: a function whose connection is a
     /// `&DatabaseExecutor<'_>` can be called at the top (`&db.into()` from a
     /// `&DatabaseConnection`) and nested (from a body's `&DatabaseTransaction`).
@@ -405,14 +426,17 @@ pub mod sea_orm {
 /// the tables at start-up, or `idem schema` prints them for your migrations. Lease mode
 /// (`lease = "30s"`) runs on the same pools ([`SqlxLeaseStore`](sqlx::SqlxLeaseStore)): its
 /// body's database writes go in [`final_step`](sqlx::final_step) or [`finish`](sqlx::finish).
+/// A function whose connection is a [`Conn`](sqlx::Conn) also runs nested, in another call's
+/// body on its `&mut PgConnection` (`(&mut *db).into()`), in a savepoint of that transaction.
 /// [`StateTable`](sqlx::StateTable) applies declared state transitions to a table of yours
 /// with one guarded `UPDATE` in the body's transaction.
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub mod sqlx {
     pub use idem_sqlx::{
-        Backend, Bindable, ClaimedTx, Family, SqlxLeaseStore, SqlxStore, StateConnection,
-        StateTable, create_tables, final_step, finish, through_transaction_pooler,
+        Backend, Bindable, ClaimedTx, Conn, ConnClaimed, ConnStore, Family, Nested, NestedClaim,
+        SqlxLeaseStore, SqlxStore, StateConnection, StateTable, create_tables, final_step, finish,
+        through_transaction_pooler,
     };
 }
 

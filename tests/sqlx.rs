@@ -1,7 +1,8 @@
 //! The sqlx store (issue 31 item 1): `#[idempotent]` on functions whose connection is a sqlx
 //! pool, the body's `sqlx::query(..).execute(&mut *db)` in the claim's transaction. The same
 //! cases on every backend of the run (SQLite always; PostgreSQL and MariaDB when their URL is
-//! set), each counting the effect rows that committed, never trusting return values.
+//! set), each counting the effect rows that committed, never trusting return values: claims,
+//! replays, final and transient errors, duplicates, nested calls (`Conn`), guarded transitions.
 
 mod common;
 
@@ -99,6 +100,15 @@ struct Move {
     key: String,
     order: String,
     to: String,
+}
+
+/// The database of a pool type, for naming `idem::sqlx::Conn<'_, DB>` in the suite.
+trait PoolOf {
+    type Db: idem::sqlx::Backend;
+}
+
+impl<DB: idem::sqlx::Backend> PoolOf for sqlx::Pool<DB> {
+    type Db = DB;
 }
 
 /// What the body does after its write.
@@ -317,6 +327,103 @@ macro_rules! suite {
                 gate.release();
                 assert_eq!(first.await.expect("task"), Ok(6));
                 assert_eq!(second, Err(PayError::Idem(ErrorKind::InFlight)));
+                assert_eq!(runs.load(Ordering::SeqCst), 1);
+                assert_eq!(effects(&pool, &c.run).await, 1);
+            }
+
+            /// A charge callable at the top (a pool) or nested (another call's body `db`).
+            #[idempotent(scope = "sqlx.charge", key = cmd.key, skip(runs))]
+            async fn charge(
+                db: idem::sqlx::Conn<'_, <$pool as PoolOf>::Db>,
+                cmd: Pay,
+                decline: bool,
+                runs: &AtomicUsize,
+            ) -> Result<i64, PayError> {
+                runs.fetch_add(1, Ordering::SeqCst);
+                sqlx::query(INSERT)
+                    .bind(&cmd.run)
+                    .bind("charge")
+                    .bind(cmd.amount)
+                    .execute(&mut *db)
+                    .await
+                    .expect("insert the charge");
+                if decline { Err(PayError::Declined) } else { Ok(cmd.amount) }
+            }
+
+            /// An order whose body writes its row and charges through a nested call, then
+            /// answers (the charge's amount, or -1 when it was declined) or fails as `then` says.
+            #[idempotent(scope = "sqlx.order", key = cmd.key, skip(runs))]
+            async fn order_with_charge(
+                db: &$pool,
+                cmd: Pay,
+                inner: Pay,
+                decline: bool,
+                then: Then,
+                runs: &AtomicUsize,
+            ) -> Result<i64, PayError> {
+                sqlx::query(INSERT)
+                    .bind(&cmd.run)
+                    .bind("order")
+                    .bind(cmd.amount)
+                    .execute(&mut *db)
+                    .await
+                    .expect("insert the order");
+                let charged = match charge((&mut *db).into(), inner, decline, runs).await {
+                    Ok(amount) => amount,
+                    Err(PayError::Declined) => -1,
+                    Err(e) => return Err(e),
+                };
+                match then {
+                    Then::Fail => Err(PayError::Flaky),
+                    _ => Ok(charged),
+                }
+            }
+
+            #[tokio::test]
+            async fn a_nested_call_commits_with_the_outer_one_or_not_at_all() {
+                let Some(pool) = pool().await else { return };
+                let runs = AtomicUsize::new(0);
+                let (outer, inner) = (cmd(20), cmd(2));
+                // The outer body fails after the nested charge: nothing of either commits.
+                let failed = order_with_charge(&pool, outer.clone(), inner.clone(), false, Then::Fail, &runs).await;
+                assert_eq!(failed, Err(PayError::Flaky));
+                assert_eq!((effects(&pool, &outer.run).await, effects(&pool, &inner.run).await), (0, 0));
+                // Its retry runs the charge again (its record went with the rollback) and commits both.
+                let paid = order_with_charge(&pool, outer.clone(), inner.clone(), false, Then::Answer, &runs).await;
+                assert_eq!(paid, Ok(2));
+                assert_eq!(runs.load(Ordering::SeqCst), 2, "the charge ran again after the rollback");
+                assert_eq!((effects(&pool, &outer.run).await, effects(&pool, &inner.run).await), (1, 1));
+                // The charge's record committed with the order: called at the top, it replays.
+                let replayed = charge((&pool).into(), inner.clone(), false, &runs).await;
+                assert_eq!(replayed, Ok(2));
+                let again = order_with_charge(&pool, outer.clone(), inner.clone(), false, Then::Answer, &runs).await;
+                assert_eq!(again, Ok(2), "the order replays");
+                assert_eq!(runs.load(Ordering::SeqCst), 2, "no third charge");
+                assert_eq!(effects(&pool, &inner.run).await, 1, "one committed charge");
+            }
+
+            #[tokio::test]
+            async fn a_nested_final_error_undoes_only_its_own_writes() {
+                let Some(pool) = pool().await else { return };
+                let runs = AtomicUsize::new(0);
+                let (outer, inner) = (cmd(30), cmd(3));
+                let paid = order_with_charge(&pool, outer.clone(), inner.clone(), true, Then::Answer, &runs).await;
+                assert_eq!(paid, Ok(-1), "the outer body went on after the declined charge");
+                assert_eq!(effects(&pool, &outer.run).await, 1, "the order committed");
+                assert_eq!(effects(&pool, &inner.run).await, 0, "the declined charge's write undone");
+                let replayed = charge((&pool).into(), inner.clone(), true, &runs).await;
+                assert_eq!(replayed, Err(PayError::Declined), "the refusal was recorded with the order");
+                assert_eq!(runs.load(Ordering::SeqCst), 1);
+            }
+
+            #[tokio::test]
+            async fn a_conn_function_runs_at_the_top_on_the_pool() {
+                let Some(pool) = pool().await else { return };
+                let runs = AtomicUsize::new(0);
+                let c = cmd(4);
+                let first = charge((&pool).into(), c.clone(), false, &runs).await;
+                let again = charge((&pool).into(), c.clone(), false, &runs).await;
+                assert_eq!((first, again), (Ok(4), Ok(4)));
                 assert_eq!(runs.load(Ordering::SeqCst), 1);
                 assert_eq!(effects(&pool, &c.run).await, 1);
             }

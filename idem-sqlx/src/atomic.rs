@@ -143,7 +143,7 @@ fn outside_open_claim<DB: Backend>(store: &SqlxStore<'_, DB>, what: &str) -> Res
     }
     Err(Error::Store {
         message: format!(
-            "{what} was called through the pool inside the body of another `#[idempotent]` call, whose transaction is open: it would commit on its own, or wait for the body's own lock; call it before or after the outer call (nested calls in a sqlx transaction are not supported yet)"
+            "{what} was called through the pool inside the body of another `#[idempotent]` call, whose transaction is open: it would commit on its own, or wait for the body's own lock; pass the body's `db` to a function whose connection is an `idem::sqlx::Conn` (`(&mut *db).into()`), so it claims in a savepoint and commits with the outer call, or call it before or after the outer call"
         ),
         source: None,
     })

@@ -8,6 +8,8 @@
 //! pools: the lease commits at once, the body runs on the pool, its `idem::step`s are
 //! recorded fenced by the lease's token, and its database writes go in [`final_step`] or
 //! [`finish`] (`&mut PgConnection` in a fenced transaction that records them with a step).
+//! A function whose connection is a [`Conn`] also runs nested, inside another call's body on
+//! its `&mut PgConnection`, claiming its key in a savepoint of that transaction.
 //! [`StateTable`] applies declared state transitions with one guarded `UPDATE` inside the
 //! body's transaction.
 //!
@@ -20,11 +22,13 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // Modules named by feature as in idem-core, idem-sql and idem-sea-orm (`atomic`, `lease`,
-// `state`; `schema` creates the tables), plus `driver/`: how sqlx runs idem-sql's statements (binding,
+// `state`; `nested`: atomic mode inside another call's transaction; `schema` creates the
+// tables), plus `driver/`: how sqlx runs idem-sql's statements (binding,
 // decoding, `BEGIN`, flavour, errors, transaction poolers).
 mod atomic;
 mod driver;
 mod lease;
+mod nested;
 mod schema;
 mod state;
 
@@ -33,6 +37,7 @@ pub use driver::Backend;
 pub use driver::pooler::through_transaction_pooler;
 pub use idem_sql::Family;
 pub use lease::{SqlxLeaseStore, final_step, finish};
+pub use nested::{Conn, ConnClaimed, ConnStore, Nested, NestedClaim};
 pub use schema::create_tables;
 pub use sqlx;
 pub use state::{Bindable, StateConnection, StateTable};

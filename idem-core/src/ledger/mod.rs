@@ -61,6 +61,18 @@ pub enum Claim<Tx> {
     InFlight,
 }
 
+impl<Tx> Claim<Tx> {
+    /// The same claim with its transaction wrapped by `wrap`: for a store that wraps
+    /// another's claims (one kind of store for several connections).
+    pub fn map_execute<U>(self, wrap: impl FnOnce(Tx) -> U) -> Claim<U> {
+        match self {
+            Claim::Execute(tx) => Claim::Execute(wrap(tx)),
+            Claim::Recorded(recorded) => Claim::Recorded(recorded),
+            Claim::InFlight => Claim::InFlight,
+        }
+    }
+}
+
 /// A recorded outcome, as read back from the store.
 #[derive(Debug, Clone)]
 pub struct Recorded {
