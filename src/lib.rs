@@ -434,8 +434,9 @@ pub mod sea_orm {
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub mod sqlx {
     pub use idem_sqlx::{
-        Backend, Bindable, ClaimedTx, Conn, ConnClaimed, ConnStore, Family, Nested, NestedClaim,
-        SqlxLeaseStore, SqlxStore, StateConnection, StateTable, create_tables, final_step, finish,
+        Backend, Bindable, ClaimedTx, Conn, ConnClaimed, ConnStore, ExpiredLease, Family, Nested,
+        NestedClaim, SqlxLeaseStore, SqlxStore, StateConnection, StateTable, StuckLease,
+        create_tables, expired_leases, final_step, finish, release_lease, stuck_leases,
         through_transaction_pooler,
     };
 }

@@ -406,9 +406,36 @@ async fn cases(run: &str) -> Vec<Case> {
     cases
 }
 
+/// Calls the operator function `$function` of the case's store on its connection.
+macro_rules! operate {
+    ($case:expr, $function:ident($($arg:expr),* $(,)?)) => {
+        match &$case.conn {
+            Conn::SeaOrm => idem::sea_orm::$function(&$case.db, $($arg),*).await,
+            Conn::SqlxSqlite(pool) => idem::sqlx::$function(pool, $($arg),*).await,
+            Conn::SqlxPostgres(pool) => idem::sqlx::$function(pool, $($arg),*).await,
+            Conn::SqlxMySql(pool) => idem::sqlx::$function(pool, $($arg),*).await,
+        }
+    };
+}
+
 impl Case {
     fn key(&self) -> String {
         format!("{}-k", self.run)
+    }
+
+    /// The unfinished leases, as the case's store lists them to an operator.
+    async fn expired_leases(&self) -> Vec<idem::sea_orm::ExpiredLease> {
+        operate!(self, expired_leases(1000)).expect("list expired leases")
+    }
+
+    /// The live leases held longer than `held_for`, as the case's store lists them.
+    async fn stuck_leases(&self, held_for: Duration) -> Vec<idem::sea_orm::StuckLease> {
+        operate!(self, stuck_leases(held_for, 1000)).expect("list stuck leases")
+    }
+
+    /// Releases the lease of record `id` by hand, through the case's store.
+    async fn release_lease(&self, id: &[u8]) -> bool {
+        operate!(self, release_lease(id)).expect("release")
     }
 
     /// Pays the run's order through `pay`, straight through.
@@ -575,11 +602,18 @@ async fn a_dropped_holder_leaves_a_lease_a_retry_takes_over_once_it_ends() {
         }
         // After the lease (2 s, database clock), the retry takes over and completes.
         tokio::time::sleep(Duration::from_millis(2100)).await;
+        // The operator sees the ended lease, not yet taken over.
+        let listed = t.expired_leases().await;
+        let ours = listed.iter().find(|l| l.key == t.key());
+        let ours = ours.unwrap_or_else(|| panic!("{name}: the ended lease is listed"));
+        assert!(
+            ours.ended_ms_ago >= 0 && !ours.resumable,
+            "{name}: {ours:?}"
+        );
         t.pay().await.expect("takeover");
         t.assert_paid_once("charged once across the two holders")
             .await;
-        let leases = idem::sea_orm::expired_leases(&t.db, 1000).await;
-        let left = leases.expect("list").iter().any(|l| l.key == t.key());
+        let left = t.expired_leases().await.iter().any(|l| l.key == t.key());
         assert!(!left, "{name}: no unfinished lease left");
     }
 }
@@ -1087,23 +1121,17 @@ async fn a_hung_holder_released_by_hand_is_taken_over_at_once_and_fenced_out() {
             "{}: in flight while held",
             t.name
         );
-        let stuck = idem::sea_orm::stuck_leases(&t.db, Duration::ZERO, 1000)
-            .await
-            .expect("stuck");
+        let stuck = t.stuck_leases(Duration::ZERO).await;
         let ours = stuck
             .iter()
             .find(|l| l.key == t.key())
             .unwrap_or_else(|| panic!("{}: the held lease is listed as stuck", t.name));
         assert!(ours.ends_in_ms > 0, "{}: {ours:?}", t.name);
-        let none = idem::sea_orm::stuck_leases(&t.db, Duration::from_secs(3600), 1000)
-            .await
-            .expect("stuck");
+        let none = t.stuck_leases(Duration::from_secs(3600)).await;
         assert!(none.iter().all(|l| l.key != t.key()), "{}", t.name);
 
         let id = idem::store::record_id("lease.pay", "", &t.key());
-        let released = idem::sea_orm::release_lease(&t.db, &id)
-            .await
-            .expect("release");
+        let released = t.release_lease(&id).await;
         assert!(released, "{}: released", t.name);
         // At once: the retry takes over from the recorded charge and finishes the call.
         let (answer, outcome) = with_outcome(t.pay()).await;
@@ -1121,9 +1149,7 @@ async fn a_hung_holder_released_by_hand_is_taken_over_at_once_and_fenced_out() {
         assert_eq!(effects(&t.db, &t.run).await, 1, "{}: one payment", t.name);
         assert_eq!(t.gateway.calls(), 1, "{}: one charge", t.name);
         // A record that ended has nothing to release.
-        let again = idem::sea_orm::release_lease(&t.db, &id)
-            .await
-            .expect("release");
+        let again = t.release_lease(&id).await;
         assert!(!again, "{}", t.name);
     }
 }

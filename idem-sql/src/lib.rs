@@ -44,8 +44,8 @@ pub use failure::{Failure, claim_lost};
 pub use inbox::{Inbox, NewDeadLetter};
 pub use inspect::Inspect;
 pub use lease::{
-    Lease, LeaseConnection, LeaseStep, claim_lease, complete, completion, fence, record_final_step,
-    record_step, settled,
+    ExpiredLease, Lease, LeaseConnection, LeaseStep, StuckLease, claim_lease, complete, completion,
+    fence, record_final_step, record_step, settled,
 };
 pub use ledger::{Ledger, NewRecord, Purge, PurgeByIndex, PurgeSweep};
 pub use names::{

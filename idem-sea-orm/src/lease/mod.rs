@@ -13,6 +13,7 @@ use std::time::Duration;
 use idem_core::lease::{LeaseHandle, OpenPhase};
 use idem_core::ledger::ids::random_token;
 use idem_core::{BoxFuture, Error, LeaseClaim, LeaseStore, RecordStatus, Request, Ticket};
+pub use idem_sql::{ExpiredLease, StuckLease};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -426,30 +427,6 @@ where
     Ok(value)
 }
 
-/// A lease that ended without its call finishing (the holder crashed, hung or was dropped): a
-/// retry takes it over, and so does a [`Completer`](crate::Completer) when the call is
-/// [`resumable`](Self::resumable) and its scope has a resumer; alert on the others.
-/// `purge_expired` removes those never taken over with the other expired records.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ExpiredLease {
-    /// The record id.
-    pub id: Vec<u8>,
-    /// The handler's scope.
-    pub scope: String,
-    /// The idempotency key.
-    pub key: String,
-    /// The last holder's fencing token.
-    pub token: i64,
-    /// How long ago the lease ended (database clock).
-    pub ended_ms_ago: i64,
-    /// Whether the call is resumable (its arguments are stored): a completer with a resumer
-    /// for its scope finishes it. Otherwise only a client retry can.
-    pub resumable: bool,
-    /// Attempts completers made at it (0 when it is not resumable).
-    pub attempts: u32,
-}
-
 /// Lists up to `limit` leases that ended without their call finishing, oldest first.
 pub async fn expired_leases<C: ConnectionTrait>(
     db: &C,
@@ -462,15 +439,15 @@ pub async fn expired_leases<C: ConnectionTrait>(
     list_rows(db, list, "listing expired leases", |row| {
         let (id, scope, key, token, expires_at_ms, now_ms, attempts) =
             row.try_get_many_by_index::<(_, _, _, _, i64, i64, Option<i32>)>()?;
-        Ok(ExpiredLease {
+        Ok(ExpiredLease::from_columns(
             id,
             scope,
             key,
             token,
-            ended_ms_ago: now_ms - expires_at_ms,
-            resumable: attempts.is_some(),
-            attempts: attempts.map_or(0, |n| u32::try_from(n).unwrap_or(0)),
-        })
+            expires_at_ms,
+            now_ms,
+            attempts,
+        ))
     })
     .await
 }
@@ -519,27 +496,6 @@ pub async fn release_lease<C: ConnectionTrait>(db: &C, id: &[u8]) -> Result<bool
     Ok(released.rows_affected() > 0)
 }
 
-/// A lease still live whose call has run for longer than a threshold: its holder may be hung
-/// (renewals keep a lease alive while the process lives). [`release_lease`] ends it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct StuckLease {
-    /// The record id.
-    pub id: Vec<u8>,
-    /// The handler's scope.
-    pub scope: String,
-    /// The idempotency key.
-    pub key: String,
-    /// The holder's fencing token.
-    pub token: i64,
-    /// How long the holder has held it (since its claim or takeover; database clock).
-    pub held_ms: i64,
-    /// How long until the lease ends unless renewed.
-    pub ends_in_ms: i64,
-    /// Whether the call is resumable: once released, a completer finishes it.
-    pub resumable: bool,
-}
-
 /// Lists up to `limit` live leases held for longer than `held_for`, longest held first.
 pub async fn stuck_leases<C: ConnectionTrait>(
     db: &C,
@@ -561,15 +517,16 @@ pub async fn stuck_leases<C: ConnectionTrait>(
         .map(|row| {
             let (id, scope, key, token, created_at_ms, expires_at_ms, now_ms, attempts) =
                 row.try_get_many_by_index::<(_, _, _, _, i64, i64, i64, Option<i32>)>()?;
-            Ok(StuckLease {
+            Ok(StuckLease::from_columns(
                 id,
                 scope,
                 key,
                 token,
-                held_ms: now_ms - created_at_ms,
-                ends_in_ms: expires_at_ms - now_ms,
-                resumable: attempts.is_some(),
-            })
+                created_at_ms,
+                expires_at_ms,
+                now_ms,
+                attempts,
+            ))
         })
         .collect::<Result<_, DbErr>>()
         .map_err(|e| store_error(doing, e))

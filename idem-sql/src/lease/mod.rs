@@ -11,8 +11,10 @@ use std::time::Duration;
 
 use idem_core::{Fingerprints, LeaseClaim, RecordStatus, Recorded, Request, Ticket};
 
+mod operator;
 mod statements;
 
+pub use operator::{ExpiredLease, StuckLease};
 pub use statements::Lease;
 
 use crate::{Bound, ClaimConnection, ClaimRow, NewCall, NewRecord, Sql, millis};

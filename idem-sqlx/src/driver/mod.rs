@@ -9,7 +9,7 @@ pub(crate) mod pooler;
 use std::future::Future;
 use std::pin::Pin;
 
-use idem_sql::{Bound, ClaimRow, Dialect, Flavour};
+use idem_sql::{Bound, ClaimRow, Dialect, ExpiredLease, Flavour, StuckLease};
 use sqlx::{Pool, Transaction};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use {idem_sql::Param, std::borrow::Cow};
@@ -75,6 +75,22 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     /// Runs `sql`, which takes no values, as a simple (unprepared) query.
     #[doc(hidden)]
     fn execute_unprepared<'c>(conn: &'c mut Self::Connection, sql: &'c str) -> Step<'c, ()>;
+
+    /// Runs [`Lease::expired_leases`](idem_sql::Lease::expired_leases) and reads its rows.
+    #[doc(hidden)]
+    fn fetch_expired_leases<'c>(
+        conn: &'c mut Self::Connection,
+        statement: Bound<'static>,
+        named: bool,
+    ) -> Step<'c, Vec<ExpiredLease>>;
+
+    /// Runs [`Lease::stuck_leases`](idem_sql::Lease::stuck_leases) and reads its rows.
+    #[doc(hidden)]
+    fn fetch_stuck_leases<'c>(
+        conn: &'c mut Self::Connection,
+        statement: Bound<'static>,
+        named: bool,
+    ) -> Step<'c, Vec<StuckLease>>;
 }
 
 // Unused when no database feature is on.
@@ -165,6 +181,59 @@ macro_rules! backend {
                     conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(sql)))
                         .await?;
                     Ok(())
+                })
+            }
+
+            fn fetch_expired_leases<'c>(
+                conn: &'c mut Self::Connection,
+                statement: Bound<'static>,
+                named: bool,
+            ) -> Step<'c, Vec<ExpiredLease>> {
+                Box::pin(async move {
+                    use sqlx::Row as _;
+                    let rows = query::<Self>(statement, named)
+                        .fetch_all(&mut *conn)
+                        .await?;
+                    rows.iter()
+                        .map(|row| {
+                            Ok(ExpiredLease::from_columns(
+                                row.try_get(0)?,
+                                row.try_get(1)?,
+                                row.try_get(2)?,
+                                row.try_get(3)?,
+                                row.try_get(4)?,
+                                row.try_get(5)?,
+                                row.try_get(6)?,
+                            ))
+                        })
+                        .collect()
+                })
+            }
+
+            fn fetch_stuck_leases<'c>(
+                conn: &'c mut Self::Connection,
+                statement: Bound<'static>,
+                named: bool,
+            ) -> Step<'c, Vec<StuckLease>> {
+                Box::pin(async move {
+                    use sqlx::Row as _;
+                    let rows = query::<Self>(statement, named)
+                        .fetch_all(&mut *conn)
+                        .await?;
+                    rows.iter()
+                        .map(|row| {
+                            Ok(StuckLease::from_columns(
+                                row.try_get(0)?,
+                                row.try_get(1)?,
+                                row.try_get(2)?,
+                                row.try_get(3)?,
+                                row.try_get(4)?,
+                                row.try_get(5)?,
+                                row.try_get(6)?,
+                                row.try_get(7)?,
+                            ))
+                        })
+                        .collect()
                 })
             }
         }

@@ -4,6 +4,10 @@
 //! idem-sql's ([`idem_sql::claim_lease`] and its neighbours), the same the SeaORM lease store
 //! runs; this file begins, commits and binds.
 
+mod operator;
+
+pub use operator::{expired_leases, release_lease, stuck_leases};
+
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
