@@ -93,6 +93,21 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     ) -> Step<'c, Vec<StuckLease>>;
 }
 
+/// The body of a `Backend` method that runs `statement` and decodes each row it returns with
+/// `decode` (inside the `backend!` impl, where `Self` is the database).
+#[allow(unused_macros)]
+macro_rules! each_row {
+    ($conn:ident, $statement:ident, $named:ident, |$row:ident| $decode:expr) => {
+        Box::pin(async move {
+            use sqlx::Row as _;
+            let rows = query::<Self>($statement, $named)
+                .fetch_all(&mut *$conn)
+                .await?;
+            rows.iter().map(|$row| $decode).collect()
+        })
+    };
+}
+
 // Unused when no database feature is on.
 #[allow(unused_macros)]
 macro_rules! backend {
@@ -149,12 +164,7 @@ macro_rules! backend {
                 statement: Bound<'static>,
                 named: bool,
             ) -> Step<'c, Vec<String>> {
-                Box::pin(async move {
-                    use sqlx::Row as _;
-                    let query = query::<Self>(statement, named);
-                    let rows = query.fetch_all(&mut *conn).await?;
-                    rows.iter().map(|row| row.try_get(0)).collect()
-                })
+                each_row!(conn, statement, named, |row| row.try_get(0))
             }
 
             fn fetch_steps<'c>(
@@ -162,14 +172,10 @@ macro_rules! backend {
                 statement: Bound<'static>,
                 named: bool,
             ) -> Step<'c, Vec<(String, Vec<u8>)>> {
-                Box::pin(async move {
-                    use sqlx::Row as _;
-                    let query = query::<Self>(statement, named);
-                    let rows = query.fetch_all(&mut *conn).await?;
-                    rows.iter()
-                        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
-                        .collect()
-                })
+                each_row!(conn, statement, named, |row| Ok((
+                    row.try_get(0)?,
+                    row.try_get(1)?
+                )))
             }
 
             fn execute_unprepared<'c>(
@@ -189,24 +195,16 @@ macro_rules! backend {
                 statement: Bound<'static>,
                 named: bool,
             ) -> Step<'c, Vec<ExpiredLease>> {
-                Box::pin(async move {
-                    use sqlx::Row as _;
-                    let rows = query::<Self>(statement, named)
-                        .fetch_all(&mut *conn)
-                        .await?;
-                    rows.iter()
-                        .map(|row| {
-                            Ok(ExpiredLease::from_columns(
-                                row.try_get(0)?,
-                                row.try_get(1)?,
-                                row.try_get(2)?,
-                                row.try_get(3)?,
-                                row.try_get(4)?,
-                                row.try_get(5)?,
-                                row.try_get(6)?,
-                            ))
-                        })
-                        .collect()
+                each_row!(conn, statement, named, |row| {
+                    Ok(ExpiredLease::from_columns(
+                        row.try_get(0)?,
+                        row.try_get(1)?,
+                        row.try_get(2)?,
+                        row.try_get(3)?,
+                        row.try_get(4)?,
+                        row.try_get(5)?,
+                        row.try_get(6)?,
+                    ))
                 })
             }
 
@@ -215,25 +213,17 @@ macro_rules! backend {
                 statement: Bound<'static>,
                 named: bool,
             ) -> Step<'c, Vec<StuckLease>> {
-                Box::pin(async move {
-                    use sqlx::Row as _;
-                    let rows = query::<Self>(statement, named)
-                        .fetch_all(&mut *conn)
-                        .await?;
-                    rows.iter()
-                        .map(|row| {
-                            Ok(StuckLease::from_columns(
-                                row.try_get(0)?,
-                                row.try_get(1)?,
-                                row.try_get(2)?,
-                                row.try_get(3)?,
-                                row.try_get(4)?,
-                                row.try_get(5)?,
-                                row.try_get(6)?,
-                                row.try_get(7)?,
-                            ))
-                        })
-                        .collect()
+                each_row!(conn, statement, named, |row| {
+                    Ok(StuckLease::from_columns(
+                        row.try_get(0)?,
+                        row.try_get(1)?,
+                        row.try_get(2)?,
+                        row.try_get(3)?,
+                        row.try_get(4)?,
+                        row.try_get(5)?,
+                        row.try_get(6)?,
+                        row.try_get(7)?,
+                    ))
                 })
             }
         }
