@@ -248,8 +248,8 @@ pub mod store {
 
 /// Effects outside the database: messages staged in a handler's transaction and relayed
 /// afterwards (the outbox), sinks, and the consumer-side dead letters. Staging and the relay
-/// run on the SeaORM store: [`sea_orm::Outbox`],
-/// [`sea_orm::Relay`]. See `docs/OUTBOX.md`.
+/// run on both stores: [`sea_orm::Outbox`] and [`sea_orm::Relay`], [`sqlx::Outbox`] and
+/// [`sqlx::Relay`]. See `docs/OUTBOX.md`.
 pub mod outbox {
     pub use idem_core::outbox::{
         Backoff, DeadLetter, DeadLetters, FnSink, LogSink, MAX_NAME_LEN, Message, OutboxHealth,
@@ -386,10 +386,10 @@ pub mod sea_orm {
     pub use idem_sea_orm::{
         CALLS_TABLE, ClaimedTx, Completer, ConditionalUpdate, DEAD_LETTERS_TABLE, DeadLetterTable,
         DeadMessage, ExpiredLease, ExpiredPurge, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE,
-        Outbox, Relay, RelayCounters, RelayRound, STEPS_TABLE, SeaOrmLeaseStore, SeaOrmStore,
-        Stateful, create_tables, database_now_ms, dead_messages, expired_leases, final_step,
-        finish, ledger, outbox_health, placeholders, purge_expired, purge_published, retry_dead,
-        set_connection_wait,
+        Outbox, Relay, RelayCounters, RelayRound, STEPS_TABLE, SeaOrmLeaseStore, SeaOrmOutbox,
+        SeaOrmStore, Stateful, create_tables, database_now_ms, dead_messages, expired_leases,
+        final_step, finish, ledger, outbox_health, placeholders, purge_expired, purge_published,
+        retry_dead, set_connection_wait,
     };
     #[cfg(feature = "migration")]
     #[cfg_attr(docsrs, doc(cfg(feature = "migration")))]
@@ -406,13 +406,16 @@ pub mod sea_orm {
 /// (`lease = "30s"`) runs on the same pools ([`SqlxLeaseStore`](sqlx::SqlxLeaseStore)): its
 /// body's database writes go in [`final_step`](sqlx::final_step) or [`finish`](sqlx::finish).
 /// [`StateTable`](sqlx::StateTable) applies declared state transitions to a table of yours
-/// with one guarded `UPDATE` in the body's transaction.
+/// with one guarded `UPDATE` in the body's transaction. The outbox: a body stages messages
+/// on its connection ([`Outbox::stage`](sqlx::Outbox::stage)), a [`Relay`](sqlx::Relay) on
+/// a pool publishes them.
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub mod sqlx {
     pub use idem_sqlx::{
-        Backend, Bindable, ClaimedTx, Family, SqlxLeaseStore, SqlxStore, StateConnection,
-        StateTable, create_tables, final_step, finish, through_transaction_pooler,
+        Backend, Bindable, ClaimedTx, Family, Outbox, Relay, RelayCounters, RelayRound,
+        SqlxLeaseStore, SqlxOutbox, SqlxStore, StateConnection, StateTable, create_tables,
+        final_step, finish, outbox_health, through_transaction_pooler,
     };
 }
 

@@ -20,11 +20,12 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // Modules named by feature as in idem-core, idem-sql and idem-sea-orm (`atomic`, `lease`,
-// `state`; `schema` creates the tables), plus `driver/`: how sqlx runs idem-sql's statements (binding,
+// `outbox`, `state`; `schema` creates the tables), plus `driver/`: how sqlx runs idem-sql's statements (binding,
 // decoding, `BEGIN`, flavour, errors, transaction poolers).
 mod atomic;
 mod driver;
 mod lease;
+mod outbox;
 mod schema;
 mod state;
 
@@ -33,6 +34,7 @@ pub use driver::Backend;
 pub use driver::pooler::through_transaction_pooler;
 pub use idem_sql::Family;
 pub use lease::{SqlxLeaseStore, final_step, finish};
+pub use outbox::{Outbox, Relay, RelayCounters, RelayRound, SqlxOutbox, outbox_health};
 pub use schema::create_tables;
 pub use sqlx;
 pub use state::{Bindable, StateConnection, StateTable};
