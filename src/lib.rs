@@ -269,8 +269,8 @@ pub mod store {
 
 /// Effects outside the database: messages staged in a handler's transaction and relayed
 /// afterwards (the outbox), sinks, and the consumer-side dead letters. Staging and the relay
-/// run on the SeaORM store: [`sea_orm::Outbox`],
-/// [`sea_orm::Relay`]. See `docs/OUTBOX.md`.
+/// run on both stores: [`sea_orm::Outbox`] and [`sea_orm::Relay`], [`sqlx::Outbox`] and
+/// [`sqlx::Relay`]. See `docs/OUTBOX.md`.
 pub mod outbox {
     pub use idem_core::outbox::{
         Backoff, DeadLetter, DeadLetters, FnSink, LogSink, MAX_NAME_LEN, Message, OutboxHealth,
@@ -407,10 +407,10 @@ pub mod sea_orm {
     pub use idem_sea_orm::{
         CALLS_TABLE, ClaimedTx, Completer, ConditionalUpdate, DEAD_LETTERS_TABLE, DeadLetterTable,
         DeadMessage, ExpiredLease, ExpiredPurge, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE,
-        Outbox, Relay, RelayCounters, RelayRound, STEPS_TABLE, SeaOrmLeaseStore, SeaOrmStore,
-        Stateful, create_tables, database_now_ms, dead_messages, expired_leases, final_step,
-        finish, ledger, outbox_health, placeholders, purge_expired, purge_published, retry_dead,
-        set_connection_wait,
+        Outbox, Relay, RelayCounters, RelayRound, STEPS_TABLE, SeaOrmLeaseStore, SeaOrmOutbox,
+        SeaOrmStore, Stateful, create_tables, database_now_ms, dead_messages, expired_leases,
+        final_step, finish, ledger, outbox_health, placeholders, purge_expired, purge_published,
+        retry_dead, set_connection_wait,
     };
     #[cfg(feature = "migration")]
     #[cfg_attr(docsrs, doc(cfg(feature = "migration")))]
@@ -429,15 +429,17 @@ pub mod sea_orm {
 /// A function whose connection is a [`Conn`](sqlx::Conn) also runs nested, in another call's
 /// body on its `&mut PgConnection` (`(&mut *db).into()`), in a savepoint of that transaction.
 /// [`StateTable`](sqlx::StateTable) applies declared state transitions to a table of yours
-/// with one guarded `UPDATE` in the body's transaction.
+/// with one guarded `UPDATE` in the body's transaction. The outbox: a body stages messages
+/// on its connection ([`Outbox::stage`](sqlx::Outbox::stage)), a [`Relay`](sqlx::Relay) on
+/// a pool publishes them.
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub mod sqlx {
     pub use idem_sqlx::{
         Backend, Bindable, ClaimedTx, Conn, ConnClaimed, ConnStore, ExpiredLease, Family, Nested,
-        NestedClaim, SqlxLeaseStore, SqlxStore, StateConnection, StateTable, StuckLease,
-        create_tables, expired_leases, final_step, finish, release_lease, stuck_leases,
-        through_transaction_pooler,
+        NestedClaim, Outbox, Relay, RelayCounters, RelayRound, SqlxLeaseStore, SqlxOutbox,
+        SqlxStore, StateConnection, StateTable, StuckLease, create_tables, expired_leases,
+        final_step, finish, outbox_health, release_lease, stuck_leases, through_transaction_pooler,
     };
 }
 

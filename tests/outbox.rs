@@ -1,21 +1,26 @@
-//! The outbox on every backend of the run: staging commits with the handler's writes (and a
-//! replay stages nothing), the relay delivers each message once per success and keeps each
-//! aggregate in commit order across relays, poison messages go dead without blocking other
-//! aggregates, and a committed message wakes the relay. Every test counts rows or deliveries.
+//! The outbox on every backend of the run, through both stores (SeaORM's and sqlx's: the
+//! handler written once per connection type, `handlers!`; the relay through [`AnyRelay`]):
+//! staging commits with the handler's writes (and a replay stages nothing), the relay
+//! delivers each message once per success and keeps each aggregate in commit order across
+//! relays, poison messages go dead without blocking other aggregates, and a committed message
+//! wakes the relay. Every test counts rows or deliveries, read through SeaORM whichever store
+//! staged and relayed; dead messages, retries and purges are the SeaORM store's operator
+//! functions on the same tables.
 //!
-//! A relay claims every message of its table, so each test gets a database of its own: a
+//! A relay claims every message of its table, so each case gets a database of its own: a
 //! fresh SQLite file, PostgreSQL schema or MariaDB database.
 
 mod common;
 
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::isolated::{Isolated, isolated};
 use common::{effects, insert_effect, unique};
-use idem::outbox::{Backoff, FnSink, Message, OutboxMessage, SinkError};
-use idem::sea_orm::{Outbox, Relay, dead_messages, outbox_health, purge_published, retry_dead};
+use idem::outbox::{Backoff, FnSink, Message, OutboxHealth, OutboxMessage, Sink, SinkError};
+use idem::sea_orm::{RelayCounters, RelayRound, dead_messages, purge_published, retry_dead};
 use idem::{ErrorKind, idempotent};
 use sea_orm::{ConnectionTrait, DatabaseConnection, Statement, TransactionTrait};
 use serde::{Deserialize, Serialize};
@@ -45,19 +50,274 @@ impl From<idem::Error> for TestError {
     }
 }
 
-#[idempotent(scope = "outbox.place", key = cmd.key)]
-async fn place(db: &DatabaseConnection, cmd: Place) -> Result<Vec<String>, TestError> {
-    insert_effect(db, &cmd.run, "order", 1).await;
-    let placed = db
-        .stage(Message::json(format!("t.{}", cmd.run), &cmd)?.aggregate(cmd.aggregate.clone()))
-        .await?;
-    let audited = db
-        .stage(Message::new(format!("t.{}", cmd.run), b"audit".to_vec()).header("kind", "audit"))
-        .await?;
-    if cmd.fail {
-        return Err(TestError::Flaky);
+/// The handler, once per kind of connection: `$conn` is what it takes (SeaORM's connection
+/// or a sqlx pool), `insert` writes the order's effect row through the body's connection
+/// `$db`.
+macro_rules! handlers {
+    ($module:ident, $conn:ty, insert = |$db:ident, $run:ident| $insert:expr $(,)?) => {
+        mod $module {
+            use super::*;
+            #[allow(unused_imports)]
+            use idem::sea_orm::Outbox as _;
+            #[allow(unused_imports)]
+            use idem::sqlx::Outbox as _;
+
+            #[idempotent(scope = "outbox.place", key = cmd.key)]
+            pub(crate) async fn place(db: &$conn, cmd: Place) -> Result<Vec<String>, TestError> {
+                // The body's connection goes through the insert and comes back.
+                let db = {
+                    let ($db, $run) = (db, &cmd.run);
+                    $insert;
+                    $db
+                };
+                let placed = db
+                    .stage(
+                        Message::json(format!("t.{}", cmd.run), &cmd)?
+                            .aggregate(cmd.aggregate.clone()),
+                    )
+                    .await?;
+                let audited = db
+                    .stage(
+                        Message::new(format!("t.{}", cmd.run), b"audit".to_vec())
+                            .header("kind", "audit"),
+                    )
+                    .await?;
+                if cmd.fail {
+                    return Err(TestError::Flaky);
+                }
+                Ok(vec![placed, audited])
+            }
+        }
+    };
+}
+
+handlers!(
+    on_sea_orm,
+    DatabaseConnection,
+    insert = |db, run| insert_effect(db, run, "order", 1).await,
+);
+
+/// The sqlx handler's insert, in `$p`'s placeholders.
+macro_rules! sqlx_handlers {
+    ($module:ident, $pool:ty, $p1:literal, $p2:literal, $p3:literal) => {
+        handlers!(
+            $module,
+            $pool,
+            insert = |db, run| sqlx::query(concat!(
+                "INSERT INTO idem_test_effects (run_id, label, amount) VALUES (",
+                $p1,
+                ", ",
+                $p2,
+                ", ",
+                $p3,
+                ")"
+            ))
+            .bind(run)
+            .bind("order")
+            .bind(1_i64)
+            .execute(&mut *db)
+            .await
+            .expect("insert effect"),
+        );
+    };
+}
+
+sqlx_handlers!(on_sqlx_sqlite, sqlx::SqlitePool, "?", "?", "?");
+sqlx_handlers!(on_sqlx_postgres, sqlx::PgPool, "$1", "$2", "$3");
+sqlx_handlers!(on_sqlx_mysql, sqlx::MySqlPool, "?", "?", "?");
+
+/// Which store a case stages and relays through: SeaORM's (on the case's connection) or
+/// sqlx's, on a pool of its own to the same database.
+#[derive(Clone)]
+enum Conn {
+    SeaOrm,
+    SqlxSqlite(sqlx::SqlitePool),
+    SqlxPostgres(sqlx::PgPool),
+    SqlxMySql(sqlx::MySqlPool),
+}
+
+/// One test on one backend and one store, in a database of its own. `db` is the database's
+/// SeaORM connection, which the test reads through whichever store stages and relays.
+#[derive(Clone)]
+struct Case {
+    name: String,
+    db: DatabaseConnection,
+    conn: Conn,
+}
+
+/// A case per backend of the run and per store, each in a database of its own.
+async fn cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for Isolated { name, db, .. } in isolated().await {
+        cases.push(Case {
+            name: name.to_owned(),
+            db,
+            conn: Conn::SeaOrm,
+        });
     }
-    Ok(vec![placed, audited])
+    for Isolated { name, db, url } in isolated().await {
+        let failed = "sqlx connects to the case's database";
+        let conn = match name {
+            "sqlite" => Conn::SqlxSqlite(
+                sqlx::sqlite::SqlitePoolOptions::new()
+                    .max_connections(4)
+                    .connect(&url)
+                    .await
+                    .expect(failed),
+            ),
+            "postgres" => Conn::SqlxPostgres(sqlx::PgPool::connect(&url).await.expect(failed)),
+            _ => Conn::SqlxMySql(sqlx::MySqlPool::connect(&url).await.expect(failed)),
+        };
+        cases.push(Case {
+            name: format!("{name} (sqlx)"),
+            db,
+            conn,
+        });
+    }
+    cases
+}
+
+/// Runs `$body` with `$conn` bound to the sqlx pool of the case, or `$sea_orm` for SeaORM's.
+macro_rules! on_store {
+    ($case:expr, sea_orm => $sea_orm:expr, |$pool:ident| $sqlx:expr $(,)?) => {
+        match &$case.conn {
+            Conn::SeaOrm => $sea_orm,
+            Conn::SqlxSqlite($pool) => $sqlx,
+            Conn::SqlxPostgres($pool) => $sqlx,
+            Conn::SqlxMySql($pool) => $sqlx,
+        }
+    };
+}
+
+impl Case {
+    /// Places an order through the case's store.
+    async fn place(&self, cmd: Place) -> Result<Vec<String>, TestError> {
+        match &self.conn {
+            Conn::SeaOrm => on_sea_orm::place(&self.db, cmd).await,
+            Conn::SqlxSqlite(pool) => on_sqlx_sqlite::place(pool, cmd).await,
+            Conn::SqlxPostgres(pool) => on_sqlx_postgres::place(pool, cmd).await,
+            Conn::SqlxMySql(pool) => on_sqlx_mysql::place(pool, cmd).await,
+        }
+    }
+
+    /// Stages `message` outside any transaction of ours (the statement commits alone).
+    async fn stage(&self, message: Message) -> Result<String, idem::Error> {
+        use idem::sea_orm::Outbox as _;
+        use idem::sqlx::Outbox as _;
+        on_store!(self, sea_orm => self.db.stage(message).await, |pool| {
+            pool.acquire().await.expect("connection").stage(message).await
+        })
+    }
+
+    /// Stages `messages` in one transaction held open `hold` before it commits; their ids.
+    async fn stage_together(&self, messages: Vec<Message>, hold: Duration) -> Vec<String> {
+        use idem::sea_orm::Outbox as _;
+        use idem::sqlx::Outbox as _;
+        let mut ids = Vec::new();
+        on_store!(self, sea_orm => {
+            let tx = self.db.begin().await.expect("begin");
+            for message in messages {
+                ids.push(tx.stage(message).await.expect("stage"));
+            }
+            tokio::time::sleep(hold).await;
+            tx.commit().await.expect("commit");
+        }, |pool| {
+            let mut tx = pool.begin().await.expect("begin");
+            for message in messages {
+                ids.push(tx.stage(message).await.expect("stage"));
+            }
+            tokio::time::sleep(hold).await;
+            tx.commit().await.expect("commit");
+        });
+        ids
+    }
+
+    /// The case's store's relay to `sink`.
+    fn relay<S: Sink>(&self, sink: S) -> AnyRelay<S> {
+        match &self.conn {
+            Conn::SeaOrm => AnyRelay::SeaOrm(idem::sea_orm::Relay::new(self.db.clone(), sink)),
+            Conn::SqlxSqlite(pool) => {
+                AnyRelay::SqlxSqlite(idem::sqlx::Relay::new(pool.clone(), sink))
+            }
+            Conn::SqlxPostgres(pool) => {
+                AnyRelay::SqlxPostgres(idem::sqlx::Relay::new(pool.clone(), sink))
+            }
+            Conn::SqlxMySql(pool) => {
+                AnyRelay::SqlxMySql(idem::sqlx::Relay::new(pool.clone(), sink))
+            }
+        }
+    }
+
+    /// The outbox's figures, read by the case's store.
+    async fn health(&self) -> OutboxHealth {
+        on_store!(self, sea_orm => idem::sea_orm::outbox_health(&self.db).await, |pool| {
+            idem::sqlx::outbox_health(pool).await
+        })
+        .expect("health")
+    }
+}
+
+/// The relay of either store, as the tests drive it.
+enum AnyRelay<S> {
+    SeaOrm(idem::sea_orm::Relay<S>),
+    SqlxSqlite(idem::sqlx::Relay<sqlx::Sqlite, S>),
+    SqlxPostgres(idem::sqlx::Relay<sqlx::Postgres, S>),
+    SqlxMySql(idem::sqlx::Relay<sqlx::MySql, S>),
+}
+
+/// `$e` with `$r` bound to whichever relay `$relay` holds; `wrap` puts a relay it returns
+/// back in the same variant.
+macro_rules! each_relay {
+    ($relay:expr, |$r:ident| $e:expr) => {
+        match $relay {
+            AnyRelay::SeaOrm($r) => $e,
+            AnyRelay::SqlxSqlite($r) => $e,
+            AnyRelay::SqlxPostgres($r) => $e,
+            AnyRelay::SqlxMySql($r) => $e,
+        }
+    };
+    ($relay:expr, wrap |$r:ident| $e:expr) => {
+        match $relay {
+            AnyRelay::SeaOrm($r) => AnyRelay::SeaOrm($e),
+            AnyRelay::SqlxSqlite($r) => AnyRelay::SqlxSqlite($e),
+            AnyRelay::SqlxPostgres($r) => AnyRelay::SqlxPostgres($e),
+            AnyRelay::SqlxMySql($r) => AnyRelay::SqlxMySql($e),
+        }
+    };
+}
+
+impl<S: Sink> AnyRelay<S> {
+    fn batch_size(self, batch_size: u32) -> Self {
+        each_relay!(self, wrap | r | r.batch_size(batch_size))
+    }
+
+    fn lease(self, lease: Duration) -> Self {
+        each_relay!(self, wrap | r | r.lease(lease))
+    }
+
+    fn max_attempts(self, max_attempts: u32) -> Self {
+        each_relay!(self, wrap | r | r.max_attempts(max_attempts))
+    }
+
+    fn backoff(self, backoff: Backoff) -> Self {
+        each_relay!(self, wrap | r | r.backoff(backoff))
+    }
+
+    fn poll_interval(self, poll_interval: Duration) -> Self {
+        each_relay!(self, wrap | r | r.poll_interval(poll_interval))
+    }
+
+    async fn run_once(&self) -> Result<RelayRound, idem::Error> {
+        each_relay!(self, |r| r.run_once().await)
+    }
+
+    async fn run(&self, shutdown: impl Future) -> Result<(), idem::Error> {
+        each_relay!(self, |r| r.run(shutdown).await)
+    }
+
+    fn counters(&self) -> RelayCounters {
+        each_relay!(self, |r| r.counters())
+    }
 }
 
 async fn count(db: &DatabaseConnection, sql: &str) -> i64 {
@@ -113,7 +373,7 @@ impl Recorder {
     }
 }
 
-async fn drain<S: idem::outbox::Sink>(relay: &Relay<S>) {
+async fn drain<S: Sink>(relay: &AnyRelay<S>) {
     for _ in 0..1000 {
         if relay.run_once().await.expect("relay round").claimed == 0 {
             return;
@@ -124,7 +384,8 @@ async fn drain<S: idem::outbox::Sink>(relay: &Relay<S>) {
 
 #[tokio::test]
 async fn staged_messages_commit_with_the_handler_and_a_replay_stages_nothing() {
-    for Isolated { name, db, .. } in isolated().await {
+    for case in cases().await {
+        let (name, db) = (case.name.clone(), case.db.clone());
         let run = unique("stage");
         let cmd = Place {
             key: format!("{run}-k"),
@@ -132,8 +393,8 @@ async fn staged_messages_commit_with_the_handler_and_a_replay_stages_nothing() {
             aggregate: "order-1".into(),
             fail: false,
         };
-        let first = place(&db, cmd.clone()).await.expect("first");
-        let again = place(&db, cmd).await.expect("replay");
+        let first = case.place(cmd.clone()).await.expect("first");
+        let again = case.place(cmd).await.expect("replay");
         assert_eq!(
             first, again,
             "{name}: the replay answers with the same message ids"
@@ -145,16 +406,14 @@ async fn staged_messages_commit_with_the_handler_and_a_replay_stages_nothing() {
         );
         assert_eq!(effects(&db, &run).await, 1, "{name}");
 
-        let failed = place(
-            &db,
-            Place {
+        let failed = case
+            .place(Place {
                 key: format!("{run}-f"),
                 run: format!("{run}-f"),
                 aggregate: "order-2".into(),
                 fail: true,
-            },
-        )
-        .await;
+            })
+            .await;
         assert!(matches!(failed, Err(TestError::Flaky)), "{name}");
         assert_eq!(
             count(&db, "SELECT COUNT(*) FROM idem_outbox").await,
@@ -168,7 +427,7 @@ async fn staged_messages_commit_with_the_handler_and_a_replay_stages_nothing() {
         );
 
         let recorder = Recorder::default();
-        let relay = Relay::new(db.clone(), recorder.sink());
+        let relay = case.relay(recorder.sink());
         drain(&relay).await;
         let seen = recorder.deliveries();
         assert_eq!(seen.len(), 2, "{name}");
@@ -179,7 +438,7 @@ async fn staged_messages_commit_with_the_handler_and_a_replay_stages_nothing() {
         let placed = seen.iter().find(|m| m.aggregate.is_some()).expect("placed");
         assert_eq!(placed.aggregate_seq, Some(1), "{name}");
         assert_eq!(placed.attempt, 1, "{name}");
-        let health = outbox_health(&db).await.expect("health");
+        let health = case.health().await;
         assert_eq!((health.pending, health.dead), (0, 0), "{name}");
         assert_eq!(health.oldest_pending_ms, None, "{name}");
         assert_eq!(relay.counters().published, 2, "{name}");
@@ -188,13 +447,14 @@ async fn staged_messages_commit_with_the_handler_and_a_replay_stages_nothing() {
 
 #[tokio::test]
 async fn invalid_messages_are_refused_before_anything_is_written() {
-    for Isolated { name, db, .. } in isolated().await {
+    for case in cases().await {
+        let (name, db) = (case.name.clone(), case.db.clone());
         for message in [
             Message::new("", b"x".to_vec()),
             Message::new("t", b"x".to_vec()).aggregate("a".repeat(256)),
             Message::new("t", b"x".to_vec()).header("bad header", "v"),
         ] {
-            let e = db.stage(message).await.expect_err("refused");
+            let e = case.stage(message).await.expect_err("refused");
             assert_eq!(e.kind(), ErrorKind::InvalidMessage, "{name}: {e}");
         }
         assert_eq!(count(&db, "SELECT COUNT(*) FROM idem_outbox").await, 0);
@@ -203,22 +463,16 @@ async fn invalid_messages_are_refused_before_anything_is_written() {
 
 /// Stages `per_aggregate` messages on each of `aggregates` aggregates from concurrent
 /// transactions that hold their writes a random while, so commits interleave.
-async fn stage_interleaved(db: &DatabaseConnection, aggregates: usize, per_aggregate: usize) {
+async fn stage_interleaved(case: &Case, aggregates: usize, per_aggregate: usize) {
     let mut tasks = Vec::new();
     for a in 0..aggregates {
         for m in 0..per_aggregate {
-            let db = db.clone();
+            let case = case.clone();
             tasks.push(tokio::spawn(async move {
                 let delay = Duration::from_millis(((a * 7 + m * 13) % 11) as u64);
-                let tx = db.begin().await.expect("begin");
-                tx.stage(
-                    Message::new("t.order", format!("{a}:{m}").into_bytes())
-                        .aggregate(format!("agg-{a}")),
-                )
-                .await
-                .expect("stage");
-                tokio::time::sleep(delay).await;
-                tx.commit().await.expect("commit");
+                let message = Message::new("t.order", format!("{a}:{m}").into_bytes())
+                    .aggregate(format!("agg-{a}"));
+                case.stage_together(vec![message], delay).await;
             }));
         }
     }
@@ -229,14 +483,15 @@ async fn stage_interleaved(db: &DatabaseConnection, aggregates: usize, per_aggre
 
 #[tokio::test]
 async fn each_aggregate_reaches_the_sink_in_commit_order_across_four_relays() {
-    for Isolated { name, db, .. } in isolated().await {
+    for case in cases().await {
+        let name = case.name.clone();
         let (aggregates, per_aggregate) = (8, 8);
-        stage_interleaved(&db, aggregates, per_aggregate).await;
+        stage_interleaved(&case, aggregates, per_aggregate).await;
         let recorder = Recorder::default();
         let relays: Vec<_> = (0..4)
             .map(|_| {
                 Arc::new(
-                    Relay::new(db.clone(), recorder.slow_sink(Duration::from_millis(2)))
+                    case.relay(recorder.slow_sink(Duration::from_millis(2)))
                         .batch_size(5)
                         .poll_interval(Duration::from_millis(20)),
                 )
@@ -293,21 +548,14 @@ async fn each_aggregate_reaches_the_sink_in_commit_order_across_four_relays() {
 
 #[tokio::test]
 async fn a_poison_message_goes_dead_and_blocks_only_its_own_aggregate() {
-    for Isolated { name, db, .. } in isolated().await {
-        let tx = db.begin().await.expect("begin");
-        let poison = tx
-            .stage(Message::new("t.p", b"poison".to_vec()).aggregate("sick"))
-            .await
-            .expect("stage");
-        tx.stage(Message::new("t.p", b"after".to_vec()).aggregate("sick"))
-            .await
-            .expect("stage");
-        for i in 0..3 {
-            tx.stage(Message::new("t.p", vec![i]).aggregate("healthy"))
-                .await
-                .expect("stage");
-        }
-        tx.commit().await.expect("commit");
+    for case in cases().await {
+        let (name, db) = (case.name.clone(), case.db.clone());
+        let mut messages = vec![
+            Message::new("t.p", b"poison".to_vec()).aggregate("sick"),
+            Message::new("t.p", b"after".to_vec()).aggregate("sick"),
+        ];
+        messages.extend((0..3).map(|i| Message::new("t.p", vec![i]).aggregate("healthy")));
+        let poison = case.stage_together(messages, Duration::ZERO).await[0].clone();
 
         let refuse = Arc::new(Mutex::new(Some(poison.clone())));
         let delivered = Recorder::default();
@@ -328,14 +576,12 @@ async fn a_poison_message_goes_dead_and_blocks_only_its_own_aggregate() {
                 }
             })
         };
-        let relay = Relay::new(db.clone(), sink)
-            .max_attempts(3)
-            .backoff(Backoff {
-                initial: Duration::from_millis(1),
-                max: Duration::from_millis(2),
-            });
+        let relay = case.relay(sink).max_attempts(3).backoff(Backoff {
+            initial: Duration::from_millis(1),
+            max: Duration::from_millis(2),
+        });
         let started = Instant::now();
-        while outbox_health(&db).await.expect("health").dead == 0 {
+        while case.health().await.dead == 0 {
             assert!(
                 started.elapsed() < Duration::from_secs(20),
                 "{name}: never dead"
@@ -371,7 +617,7 @@ async fn a_poison_message_goes_dead_and_blocks_only_its_own_aggregate() {
             "{name}: {:?}",
             dead[0].last_error
         );
-        let health = outbox_health(&db).await.expect("health");
+        let health = case.health().await;
         assert_eq!((health.pending, health.dead), (1, 1), "{name}");
         assert_eq!(relay.counters().dead, 1, "{name}");
 
@@ -394,33 +640,31 @@ async fn a_poison_message_goes_dead_and_blocks_only_its_own_aggregate() {
             vec![(Some(1), b"poison".to_vec()), (Some(2), b"after".to_vec())],
             "{name}"
         );
-        assert_eq!(outbox_health(&db).await.expect("health").dead, 0, "{name}");
+        assert_eq!(case.health().await.dead, 0, "{name}");
     }
 }
 
 #[tokio::test]
 async fn a_permanent_refusal_is_dead_at_once_and_purge_keeps_recent_messages() {
-    for Isolated { name, db, .. } in isolated().await {
-        db.stage(Message::new("t.refused", b"no".to_vec()))
+    for case in cases().await {
+        let (name, db) = (case.name.clone(), case.db.clone());
+        case.stage(Message::new("t.refused", b"no".to_vec()))
             .await
             .expect("stage");
-        let relay = Relay::new(
-            db.clone(),
-            FnSink::new(|_m: OutboxMessage| async {
-                Err(SinkError::permanent("422 from the API"))
-            }),
-        );
+        let relay = case.relay(FnSink::new(|_m: OutboxMessage| async {
+            Err(SinkError::permanent("422 from the API"))
+        }));
         let round = relay.run_once().await.expect("round");
         assert_eq!((round.claimed, round.dead), (1, 1), "{name}");
         assert_eq!(dead_messages(&db, 10).await.expect("dead")[0].attempts, 1);
 
         for i in 0..5u8 {
-            db.stage(Message::new("t.ok", vec![i]))
+            case.stage(Message::new("t.ok", vec![i]))
                 .await
                 .expect("stage");
         }
         let recorder = Recorder::default();
-        drain(&Relay::new(db.clone(), recorder.sink())).await;
+        drain(&case.relay(recorder.sink())).await;
         assert_eq!(recorder.deliveries().len(), 5, "{name}");
         let published = "SELECT COUNT(*) FROM idem_outbox WHERE state = 1";
         assert_eq!(count(&db, published).await, 5, "{name}");
@@ -450,10 +694,12 @@ async fn a_permanent_refusal_is_dead_at_once_and_purge_keeps_recent_messages() {
 
 #[tokio::test]
 async fn a_committed_call_wakes_the_relay_before_its_poll_interval() {
-    for Isolated { name, db, .. } in isolated().await {
+    for case in cases().await {
+        let name = case.name.clone();
         let recorder = Recorder::default();
         let relay = Arc::new(
-            Relay::new(db.clone(), recorder.sink()).poll_interval(Duration::from_secs(3600)),
+            case.relay(recorder.sink())
+                .poll_interval(Duration::from_secs(3600)),
         );
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let running = {
@@ -464,15 +710,12 @@ async fn a_committed_call_wakes_the_relay_before_its_poll_interval() {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let run = unique("wake");
         let started = Instant::now();
-        place(
-            &db,
-            Place {
-                key: format!("{run}-k"),
-                run,
-                aggregate: "o".into(),
-                fail: false,
-            },
-        )
+        case.place(Place {
+            key: format!("{run}-k"),
+            run,
+            aggregate: "o".into(),
+            fail: false,
+        })
         .await
         .expect("place");
         while recorder.deliveries().len() < 2 {
@@ -492,8 +735,9 @@ async fn a_committed_call_wakes_the_relay_before_its_poll_interval() {
 
 #[tokio::test]
 async fn a_message_whose_lease_lapsed_is_claimed_again_and_the_stale_mark_is_ignored() {
-    for Isolated { name, db, .. } in isolated().await {
-        db.stage(Message::new("t.lease", b"x".to_vec()))
+    for case in cases().await {
+        let (name, db) = (case.name.clone(), case.db.clone());
+        case.stage(Message::new("t.lease", b"x".to_vec()))
             .await
             .expect("stage");
         // A sink slower than the lease: the first relay's attempt times out and is retried.
@@ -514,7 +758,8 @@ async fn a_message_whose_lease_lapsed_is_claimed_again_and_the_stale_mark_is_ign
                 }
             })
         };
-        let relay = Relay::new(db.clone(), sink)
+        let relay = case
+            .relay(sink)
             .lease(Duration::from_millis(100))
             .backoff(Backoff {
                 initial: Duration::from_millis(1),

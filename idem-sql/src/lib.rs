@@ -18,11 +18,12 @@
 //! This crate names no database driver: the SeaORM store (`idem-sea-orm`) and the sqlx
 //! store (`idem-sqlx`) execute these statements, and run the same algorithms over them: the
 //! atomic-mode claim ([`claim`], over a [`ClaimConnection`]) and lease mode's claim, fence and
-//! completion ([`claim_lease`], [`fence`], [`complete`], …, over a [`LeaseConnection`]).
+//! completion ([`claim_lease`], [`fence`], [`complete`], …, over a [`LeaseConnection`]),
+//! and the outbox's relay ([`Relay`], its claims and marks over an [`OutboxConnection`]).
 //! It is an implementation crate of idem: its API follows idem's versions, with no promise of its own.
 
 // One file per feature's statements (a folder where a feature has more than one role: lease
-// mode's statements and its algorithm); `statement/` holds what they are all made of.
+// mode's and the outbox's statements and algorithms); `statement/` holds what they are all made of.
 mod atomic;
 mod completer;
 mod failure;
@@ -51,7 +52,10 @@ pub use ledger::{Ledger, NewRecord, Purge, PurgeByIndex, PurgeSweep};
 pub use names::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
 };
-pub use outbox::{NewMessage, Outbox};
+pub use outbox::{
+    ClaimedMessage, ClaimedRow, FailedAttempt, NewMessage, Outbox, OutboxConnection, Relay,
+    RelayCounters, RelayRound, RelayStore, claim_messages, health_of, record_outcomes,
+};
 pub use schema::{Family, SCHEMA_DIALECTS, schema};
 pub use statement::bound::{Bound, Param};
 pub use statement::flavour::{

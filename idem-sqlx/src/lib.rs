@@ -22,13 +22,14 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // Modules named by feature as in idem-core, idem-sql and idem-sea-orm (`atomic`, `lease`,
-// `state`; `nested`: atomic mode inside another call's transaction; `schema` creates the
-// tables), plus `driver/`: how sqlx runs idem-sql's statements (binding,
+// `outbox`, `state`; `nested`: atomic mode inside another call's transaction; `schema`
+// creates the tables), plus `driver/`: how sqlx runs idem-sql's statements (binding,
 // decoding, `BEGIN`, flavour, errors, transaction poolers).
 mod atomic;
 mod driver;
 mod lease;
 mod nested;
+mod outbox;
 mod schema;
 mod state;
 
@@ -39,6 +40,7 @@ pub use idem_sql::Family;
 pub use idem_sql::{ExpiredLease, StuckLease};
 pub use lease::{SqlxLeaseStore, expired_leases, final_step, finish, release_lease, stuck_leases};
 pub use nested::{Conn, ConnClaimed, ConnStore, Nested, NestedClaim};
+pub use outbox::{Outbox, Relay, RelayCounters, RelayRound, SqlxOutbox, outbox_health};
 pub use schema::create_tables;
 pub use sqlx;
 pub use state::{Bindable, StateConnection, StateTable};

@@ -9,7 +9,7 @@ pub(crate) mod pooler;
 use std::future::Future;
 use std::pin::Pin;
 
-use idem_sql::{Bound, ClaimRow, Dialect, ExpiredLease, Flavour, StuckLease};
+use idem_sql::{Bound, ClaimRow, ClaimedRow, Dialect, ExpiredLease, Flavour, StuckLease};
 use sqlx::{Pool, Transaction};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use {idem_sql::Param, std::borrow::Cow};
@@ -71,6 +71,32 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         statement: Bound<'static>,
         named: bool,
     ) -> Step<'c, Vec<(String, Vec<u8>)>>;
+
+    /// Runs `statement` and reads the one integer column of each row it returns (the
+    /// outbox's eligible ids).
+    #[doc(hidden)]
+    fn fetch_ids<'c>(
+        conn: &'c mut Self::Connection,
+        statement: Bound<'static>,
+        named: bool,
+    ) -> Step<'c, Vec<i64>>;
+
+    /// Runs `statement` and reads the outbox rows it claimed.
+    #[doc(hidden)]
+    fn fetch_claimed<'c>(
+        conn: &'c mut Self::Connection,
+        statement: Bound<'static>,
+        named: bool,
+    ) -> Step<'c, Vec<ClaimedRow>>;
+
+    /// Runs `statement` and reads its one row of four nullable integers (the outbox's
+    /// health figures).
+    #[doc(hidden)]
+    fn fetch_figures<'c>(
+        conn: &'c mut Self::Connection,
+        statement: Bound<'static>,
+        named: bool,
+    ) -> Step<'c, [Option<i64>; 4]>;
 
     /// Runs `sql`, which takes no values, as a simple (unprepared) query.
     #[doc(hidden)]
@@ -176,6 +202,51 @@ macro_rules! backend {
                     row.try_get(0)?,
                     row.try_get(1)?
                 )))
+            }
+
+            fn fetch_ids<'c>(
+                conn: &'c mut Self::Connection,
+                statement: Bound<'static>,
+                named: bool,
+            ) -> Step<'c, Vec<i64>> {
+                each_row!(conn, statement, named, |row| row.try_get(0))
+            }
+
+            fn fetch_claimed<'c>(
+                conn: &'c mut Self::Connection,
+                statement: Bound<'static>,
+                named: bool,
+            ) -> Step<'c, Vec<ClaimedRow>> {
+                each_row!(conn, statement, named, |row| {
+                    Ok(ClaimedRow {
+                        id: row.try_get(0)?,
+                        message_id: row.try_get(1)?,
+                        topic: row.try_get(2)?,
+                        aggregate: row.try_get(3)?,
+                        aggregate_seq: row.try_get(4)?,
+                        headers: row.try_get(5)?,
+                        payload: row.try_get(6)?,
+                        attempts: row.try_get(7)?,
+                    })
+                })
+            }
+
+            fn fetch_figures<'c>(
+                conn: &'c mut Self::Connection,
+                statement: Bound<'static>,
+                named: bool,
+            ) -> Step<'c, [Option<i64>; 4]> {
+                Box::pin(async move {
+                    use sqlx::Row as _;
+                    let query = query::<Self>(statement, named);
+                    let row = query.fetch_one(&mut *conn).await?;
+                    Ok([
+                        row.try_get(0)?,
+                        row.try_get(1)?,
+                        row.try_get(2)?,
+                        row.try_get(3)?,
+                    ])
+                })
             }
 
             fn execute_unprepared<'c>(

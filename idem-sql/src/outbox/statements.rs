@@ -1,8 +1,8 @@
-//! The outbox: staged messages, their aggregates' heads, and the relay's claims.
+//! The outbox's statements: staged messages, their aggregates' heads, and the relay's claims.
 
 use crate::statement::names::outbox_state;
 use crate::statement::render::render;
-use crate::{Bound, Dialect, Param, Tables, with_ids};
+use crate::{Bound, Dialect, Flavour, Param, Sql, Tables, with_ids};
 
 /// The outbox's statements for one server flavour.
 #[derive(Debug)]
@@ -225,6 +225,23 @@ pub struct NewMessage {
 }
 
 impl Outbox {
+    /// MySQL: run before `BEGIN`, makes the three-step claim's transaction READ COMMITTED, so
+    /// its plain read of eligible ids sees messages committed since the snapshot would have
+    /// been taken (a store whose driver sets the level itself does not need it).
+    pub const CLAIM_ISOLATION: &'static str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED";
+
+    /// The outbox's statements for `dialect`: the same for every server flavour of it, so a
+    /// caller that knows its database but not its server's version (a handler staging on a
+    /// connection) has them.
+    pub fn of(dialect: Dialect) -> &'static Outbox {
+        let flavour = match dialect {
+            Dialect::Postgres => Flavour::Postgres,
+            Dialect::MySql => Flavour::MariaDb,
+            Dialect::Sqlite => Flavour::Sqlite,
+        };
+        &Sql::of(flavour).outbox
+    }
+
     /// `sql`'s `{ids}` list filled with `ids`, bound after `before`.
     fn over_ids(&self, sql: &str, before: Vec<Param>, ids: &[i64]) -> Bound<'static> {
         let mut params = before;

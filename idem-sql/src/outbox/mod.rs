@@ -1,0 +1,211 @@
+//! The transactional outbox, once for every store: its statements ([`Outbox`]), what the
+//! relay does with them over a connection ([`claim_messages`], [`record_outcomes`],
+//! [`health_of`]) and the relay itself ([`Relay`]: one round claims, publishes to a
+//! [`Sink`](idem_core::outbox::Sink) and marks each message published, retrying or dead;
+//! the loop wakes on commits and polls). A store supplies the connection
+//! ([`OutboxConnection`]) and, for the relay, its claim, marks and health over its pool
+//! ([`RelayStore`]); staging is one call of [`Outbox::stage`]'s statements in the caller's
+//! transaction.
+
+use std::future::Future;
+use std::time::Duration;
+
+use idem_core::outbox::{OutboxHealth, OutboxMessage};
+
+mod relay;
+mod statements;
+
+pub use relay::{Relay, RelayCounters, RelayRound, RelayStore};
+pub use statements::{NewMessage, Outbox};
+
+use crate::{Bound, millis};
+
+/// A connection (or transaction) the outbox's statements run on.
+pub trait OutboxConnection: Send {
+    /// The driver's error.
+    type Error: Send;
+
+    /// Runs `statement` and returns the number of rows it changed.
+    fn execute(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
+
+    /// Runs `statement`, which returns one integer column, and reads it from every row.
+    fn fetch_ids(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> impl Future<Output = Result<Vec<i64>, Self::Error>> + Send;
+
+    /// Runs `statement`, which returns the columns of [`ClaimedRow`] in its order, and reads
+    /// them.
+    fn fetch_claimed(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> impl Future<Output = Result<Vec<ClaimedRow>, Self::Error>> + Send;
+
+    /// The error for a claimed row whose columns do not make a message.
+    fn undecodable(what: String) -> Self::Error;
+}
+
+/// A claimed outbox row, as the claim returns it: id, message_id, topic, aggregate_key,
+/// aggregate_seq, headers, payload, attempts.
+#[derive(Clone, Debug)]
+pub struct ClaimedRow {
+    /// The row id (the outbox's order).
+    pub id: i64,
+    /// The message id (a UUID v7).
+    pub message_id: String,
+    /// The topic.
+    pub topic: String,
+    /// The aggregate, if any.
+    pub aggregate: Option<String>,
+    /// The position in the aggregate.
+    pub aggregate_seq: Option<i64>,
+    /// The headers, as JSON pairs.
+    pub headers: Option<String>,
+    /// The payload.
+    pub payload: Vec<u8>,
+    /// Attempts so far (the claim's own included where the claim counted it).
+    pub attempts: i32,
+}
+
+/// A claimed message: its row and what the sink gets.
+#[derive(Clone, Debug)]
+pub struct ClaimedMessage {
+    /// The row id, for marking it.
+    pub row: i64,
+    /// The message, with its attempt number.
+    pub message: OutboxMessage,
+}
+
+impl ClaimedRow {
+    /// The message the sink gets; an error if the stored headers do not decode.
+    fn into_message(self) -> Result<ClaimedMessage, String> {
+        let headers = self
+            .headers
+            .map(|h| serde_json::from_str::<Vec<(String, String)>>(&h))
+            .transpose()
+            .map_err(|e| format!("outbox headers do not decode: {e}"))?
+            .unwrap_or_default();
+        let mut message = OutboxMessage::new(self.message_id, self.topic, self.payload);
+        message.aggregate = self.aggregate;
+        message.aggregate_seq = self.aggregate_seq;
+        message.headers = headers;
+        message.attempt = u32::try_from(self.attempts).unwrap_or(0);
+        Ok(ClaimedMessage {
+            row: self.id,
+            message,
+        })
+    }
+}
+
+fn messages<C: OutboxConnection>(rows: Vec<ClaimedRow>) -> Result<Vec<ClaimedMessage>, C::Error> {
+    rows.into_iter()
+        .map(|row| row.into_message().map_err(C::undecodable))
+        .collect()
+}
+
+/// Claims up to `batch` due messages that are first in their aggregate for `lease`, leased
+/// to `token`, in row order. Where [`Outbox::claims_in_three_steps`] (MySQL), `conn` is a
+/// READ COMMITTED transaction the store began and commits after; elsewhere one statement,
+/// on any connection. An error says what failed.
+pub async fn claim_messages<C: OutboxConnection>(
+    conn: &mut C,
+    outbox: &'static Outbox,
+    batch: u32,
+    lease: Duration,
+    token: i64,
+) -> Result<Vec<ClaimedMessage>, (&'static str, C::Error)> {
+    let failed = |e| ("claiming outbox messages", e);
+    let (batch, lease_ms) = (i64::from(batch), millis(lease));
+    let mut claimed = if outbox.claims_in_three_steps() {
+        let eligible = conn
+            .fetch_ids(outbox.select_eligible(batch))
+            .await
+            .map_err(failed)?;
+        if eligible.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = conn
+            .fetch_claimed(outbox.lock_claimable(&eligible))
+            .await
+            .map_err(failed)?;
+        let mut locked = messages::<C>(rows).map_err(failed)?;
+        if !locked.is_empty() {
+            let ids: Vec<i64> = locked.iter().map(|c| c.row).collect();
+            conn.execute(outbox.lease_messages(&ids, token, lease_ms))
+                .await
+                .map_err(failed)?;
+            // The rows were read before the lease counted this attempt.
+            for c in &mut locked {
+                c.message.attempt += 1;
+            }
+        }
+        locked
+    } else {
+        let rows = conn
+            .fetch_claimed(outbox.claim_messages(token, lease_ms, batch))
+            .await
+            .map_err(failed)?;
+        messages::<C>(rows).map_err(failed)?
+    };
+    claimed.sort_by_key(|c| c.row);
+    Ok(claimed)
+}
+
+/// A publish that failed: the message goes back in line after `delay`, or dead.
+#[derive(Clone, Debug)]
+pub struct FailedAttempt {
+    /// The message's row.
+    pub row: i64,
+    /// Whether it is dead (the sink refused it for good, or this was its last attempt).
+    pub dead: bool,
+    /// What failed.
+    pub error: String,
+    /// How long it waits before its next attempt.
+    pub delay: Duration,
+}
+
+/// Records a round's outcomes in `conn` for the relay holding `token`: `published` rows
+/// published, each of `failures` retrying or dead. A row whose lease `token` lost is left
+/// alone (another relay holds it now).
+pub async fn record_outcomes<C: OutboxConnection>(
+    conn: &mut C,
+    outbox: &'static Outbox,
+    token: i64,
+    published: &[i64],
+    failures: &[FailedAttempt],
+) -> Result<(), (&'static str, C::Error)> {
+    if !published.is_empty() {
+        conn.execute(outbox.mark_published(published, token))
+            .await
+            .map_err(|e| ("marking outbox messages published", e))?;
+    }
+    for failure in failures {
+        // Keep the stored error short: it is for an operator's eyes, not a log archive.
+        let error: String = failure.error.chars().take(2000).collect();
+        let delay_ms = millis(failure.delay);
+        conn.execute(outbox.mark_failed(failure.row, token, failure.dead, error, delay_ms))
+            .await
+            .map_err(|e| ("recording a failed outbox attempt", e))?;
+    }
+    Ok(())
+}
+
+/// The outbox's figures from the columns of [`Outbox::outbox_health`]: pending count, oldest
+/// pending created_at_ms, dead count, the database's now_ms.
+pub fn health_of(
+    pending: Option<i64>,
+    oldest_pending: Option<i64>,
+    dead: Option<i64>,
+    now_ms: Option<i64>,
+) -> OutboxHealth {
+    let mut health = OutboxHealth::default();
+    health.pending = pending.unwrap_or(0).max(0) as u64;
+    health.dead = dead.unwrap_or(0).max(0) as u64;
+    health.oldest_pending_ms = oldest_pending
+        .zip(now_ms)
+        .map(|(o, n)| (n - o).max(0) as u64);
+    health
+}

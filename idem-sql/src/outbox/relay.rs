@@ -1,0 +1,316 @@
+//! The relay, once for every store: rounds that claim, publish and mark, and the loop that
+//! runs them until shutdown.
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use idem_core::outbox::{OutboxHealth, RelayOptions, Sink, SinkError, random_token};
+use idem_core::{Error, detached};
+
+use super::{ClaimedMessage, FailedAttempt};
+
+/// What a relay needs from a store's database handle (a pool). `Via` is a type of the
+/// store's crate naming the store, so a store implements this for its driver's own type.
+pub trait RelayStore<Via>: Clone + Send + Sync + 'static {
+    /// Claims up to `batch` due messages, leased to `token` for `lease`, in row order
+    /// ([`claim_messages`](super::claim_messages) on a connection of the store).
+    fn claim(
+        &self,
+        batch: u32,
+        lease: Duration,
+        token: i64,
+    ) -> impl Future<Output = Result<Vec<ClaimedMessage>, Error>> + Send;
+
+    /// Records a round's outcomes ([`record_outcomes`](super::record_outcomes)).
+    fn record_outcomes(
+        &self,
+        token: i64,
+        published: Vec<i64>,
+        failures: Vec<FailedAttempt>,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// The outbox's figures, for the relay's periodic report.
+    fn health(&self) -> impl Future<Output = Result<OutboxHealth, Error>> + Send;
+
+    /// A task that wakes this process's relays when another process commits a message
+    /// (PostgreSQL's `NOTIFY`), where the database can tell; the relay aborts it when it stops.
+    fn listen_for_commits(&self) -> Option<tokio::task::JoinHandle<()>>;
+}
+
+/// What one relay round did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct RelayRound {
+    /// Messages claimed.
+    pub claimed: usize,
+    /// Messages the sink accepted and that were marked published.
+    pub published: usize,
+    /// Attempts that failed and will be retried.
+    pub retrying: usize,
+    /// Messages that became dead.
+    pub dead: usize,
+}
+
+/// Counters of a relay since it was built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct RelayCounters {
+    /// Messages published.
+    pub published: u64,
+    /// Failed attempts that will be retried.
+    pub retried: u64,
+    /// Messages that became dead.
+    pub dead: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    published: AtomicU64,
+    retried: AtomicU64,
+    dead: AtomicU64,
+}
+
+/// Publishes committed outbox messages to a [`Sink`]: claims a batch (leased, so several
+/// relays in several processes share the work), publishes, marks. `Db` is the store's
+/// database handle, `Via` names the store ([`RelayStore`]); each store exports it as its
+/// own `Relay`.
+pub struct Relay<Db, S, Via> {
+    db: Db,
+    sink: S,
+    options: RelayOptions,
+    counters: Arc<Counters>,
+    via: PhantomData<fn() -> Via>,
+}
+
+impl<Db: std::fmt::Debug, S: std::fmt::Debug, Via> std::fmt::Debug for Relay<Db, S, Via> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("db", &self.db)
+            .field("sink", &self.sink)
+            .field("options", &self.options)
+            .field("counters", &self.counters)
+            .finish()
+    }
+}
+
+impl<Db: RelayStore<Via>, S: Sink, Via> Relay<Db, S, Via> {
+    /// A relay from `db`'s outbox to `sink`, with [`RelayOptions::default`].
+    pub fn new(db: Db, sink: S) -> Self {
+        Self {
+            db,
+            sink,
+            options: RelayOptions::default(),
+            counters: Arc::default(),
+            via: PhantomData,
+        }
+    }
+
+    /// Messages claimed per round trip (default 100, at least 1).
+    #[must_use]
+    pub fn batch_size(mut self, batch_size: u32) -> Self {
+        self.options.batch_size = batch_size.max(1);
+        self
+    }
+
+    /// How long a claimed message stays reserved (default 30 s). Also the longest a publish
+    /// may take before it counts as failed.
+    #[must_use]
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.options.lease = lease.max(Duration::from_millis(10));
+        self
+    }
+
+    /// Attempts before a message is dead (default 10, at least 1).
+    #[must_use]
+    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
+        self.options.max_attempts = max_attempts.max(1);
+        self
+    }
+
+    /// Delays between attempts (default 0.5 s doubling to 60 s, with jitter).
+    #[must_use]
+    pub fn backoff(mut self, backoff: idem_core::outbox::Backoff) -> Self {
+        self.options.backoff = backoff;
+        self
+    }
+
+    /// Longest sleep when nothing wakes the relay (default 500 ms).
+    #[must_use]
+    pub fn poll_interval(mut self, poll_interval: Duration) -> Self {
+        self.options.poll_interval = poll_interval;
+        self
+    }
+
+    /// How often [`run`](Self::run) logs the outbox's figures (default 30 s).
+    #[must_use]
+    pub fn report_interval(mut self, report_interval: Duration) -> Self {
+        self.options.report_interval = report_interval;
+        self
+    }
+
+    /// The options in effect.
+    pub fn options(&self) -> &RelayOptions {
+        &self.options
+    }
+
+    /// Counters since this relay was built.
+    pub fn counters(&self) -> RelayCounters {
+        RelayCounters {
+            published: self.counters.published.load(Ordering::Relaxed),
+            retried: self.counters.retried.load(Ordering::Relaxed),
+            dead: self.counters.dead.load(Ordering::Relaxed),
+        }
+    }
+
+    /// One round: claims a batch, publishes it (concurrently: a batch holds at most one
+    /// message per aggregate), and marks each message published, retrying or dead.
+    pub async fn run_once(&self) -> Result<RelayRound, Error> {
+        let token = random_token();
+        let options = self.options;
+        let db = self.db.clone();
+        // Detached: a claim or a mark the caller stops waiting for still finishes, so no
+        // message stays leased (or published unmarked) longer than it must.
+        let claimed =
+            detached(async move { db.claim(options.batch_size, options.lease, token).await })
+                .await?;
+        let mut round = RelayRound {
+            claimed: claimed.len(),
+            ..RelayRound::default()
+        };
+        if claimed.is_empty() {
+            return Ok(round);
+        }
+        let outcomes = futures_util::future::join_all(claimed.iter().map(|c| async {
+            if c.message.attempt > options.max_attempts {
+                // Earlier attempts ended without a verdict (the relay died or lost its lease
+                // every time): this message may be what kills it.
+                return Err(SinkError::permanent(format!(
+                    "gave up after {} attempts that ended without a result (relay stopped or lease lost)",
+                    options.max_attempts
+                )));
+            }
+            match tokio::time::timeout(options.lease, self.sink.publish(&c.message)).await {
+                Ok(result) => result,
+                Err(_) => Err(SinkError::transient(format!(
+                    "the sink did not answer within the lease ({} ms)",
+                    options.lease.as_millis()
+                ))),
+            }
+        }))
+        .await;
+        let mut published = Vec::new();
+        let mut failures = Vec::new();
+        for (c, outcome) in claimed.iter().zip(outcomes) {
+            match outcome {
+                Ok(()) => published.push(c.row),
+                Err(e) => {
+                    let dead = e.is_permanent() || c.message.attempt >= options.max_attempts;
+                    tracing::warn!(
+                        id = %c.message.id,
+                        topic = %c.message.topic,
+                        attempt = c.message.attempt,
+                        dead,
+                        error = %e,
+                        "outbox message not delivered"
+                    );
+                    failures.push(FailedAttempt {
+                        row: c.row,
+                        dead,
+                        error: e.to_string(),
+                        delay: options.backoff.delay(c.message.attempt),
+                    });
+                }
+            }
+        }
+        round.published = published.len();
+        round.dead = failures.iter().filter(|f| f.dead).count();
+        round.retrying = failures.len() - round.dead;
+        let db = self.db.clone();
+        detached(async move { db.record_outcomes(token, published, failures).await }).await?;
+        self.counters
+            .published
+            .fetch_add(round.published as u64, Ordering::Relaxed);
+        self.counters
+            .retried
+            .fetch_add(round.retrying as u64, Ordering::Relaxed);
+        self.counters
+            .dead
+            .fetch_add(round.dead as u64, Ordering::Relaxed);
+        Ok(round)
+    }
+
+    /// Runs rounds until `shutdown` completes: right after a round that found work, on a
+    /// wake-up (a call in this process committed messages; on PostgreSQL, a `NOTIFY` from any
+    /// process), or after the poll interval. Database and sink failures are logged and
+    /// retried with backoff; they never end the loop. A round in progress finishes before
+    /// the relay stops.
+    pub async fn run(&self, shutdown: impl Future) -> Result<(), Error> {
+        let mut shutdown = pin!(shutdown);
+        let mut wake = idem_core::outbox::wake_signal();
+        let listener = self.db.listen_for_commits();
+        let mut failures: u32 = 0;
+        let mut last_report = Instant::now();
+        let mut published_at_report = 0;
+        loop {
+            wake.borrow_and_update();
+            let pause = match self.run_once().await {
+                Ok(round) if round.claimed > 0 => {
+                    failures = 0;
+                    None
+                }
+                Ok(_) => {
+                    failures = 0;
+                    Some(self.options.poll_interval)
+                }
+                Err(e) => {
+                    failures = failures.saturating_add(1);
+                    let pause = self.options.backoff.delay(failures);
+                    tracing::warn!(error = %e, retry_in_ms = pause.as_millis() as u64, "outbox relay round failed");
+                    Some(pause)
+                }
+            };
+            if last_report.elapsed() >= self.options.report_interval {
+                let published = self.counters.published.load(Ordering::Relaxed);
+                let per_s =
+                    (published - published_at_report) as f64 / last_report.elapsed().as_secs_f64();
+                match self.db.health().await {
+                    Ok(h) => tracing::info!(
+                        pending = h.pending,
+                        oldest_pending_ms = h.oldest_pending_ms.unwrap_or(0),
+                        dead = h.dead,
+                        published_per_s = per_s,
+                        "outbox relay"
+                    ),
+                    Err(e) => tracing::warn!(error = %e, "outbox health unavailable"),
+                }
+                last_report = Instant::now();
+                published_at_report = published;
+            }
+            match pause {
+                None => {
+                    // More work may be waiting; still stop promptly when asked.
+                    tokio::select! {
+                        biased;
+                        _ = shutdown.as_mut() => break,
+                        () = std::future::ready(()) => {}
+                    }
+                }
+                Some(pause) => {
+                    tokio::select! {
+                        _ = shutdown.as_mut() => break,
+                        _ = wake.changed() => {}
+                        () = tokio::time::sleep(pause) => {}
+                    }
+                }
+            }
+        }
+        if let Some(listener) = listener {
+            listener.abort();
+        }
+        Ok(())
+    }
+}
