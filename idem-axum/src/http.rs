@@ -37,8 +37,10 @@ pub use idem_http::{
 /// owned or cloned state (`async move { pay(&app.db, key, order).await }` with `app` an
 /// owned clone of the router state), not borrows of the handler's arguments.
 ///
-/// The task runs inside the current tracing span. Task-locals of the handler's task do not
-/// travel: the outcome that sets the replay header is tracked inside the spawned task, so an
+/// The call is polled once in place first: one answered without waiting (a replay of an
+/// answer this process keeps in memory) needs no task (see `idem::http::spawn_and_wait`).
+/// The task runs inside the current tracing span. Do not rely on the handler's task-locals
+/// inside the call: the outcome that sets the replay header is tracked inside it, so an
 /// outer [`with_outcome`] around `respond` sees no outcome. A panic in the call is resumed in
 /// the handler, as if the call had run there. Outside a tokio runtime the call runs in place.
 ///
