@@ -22,8 +22,8 @@ thread_local! {
 
 /// Derives version 2's encoding of values from version 1's bytes (the module docs say what
 /// changes): structs become maps sorted by field name, without their `None` and unit fields;
-/// everything else is copied as it is. A value that holds no struct or map ("plain") reads
-/// the same in both versions and is copied in one piece.
+/// everything else is copied as it is. A value that holds no struct ("plain") reads the same
+/// in both versions and is copied in one piece.
 ///
 /// It reads only bytes [`Canonical`] wrote; bytes it cannot read (a truncated token, an
 /// unknown tag) are copied as they are rather than panicking: the result is still a pure
@@ -95,12 +95,17 @@ impl<'a, S: Sink> Upgrade<'a, S> {
                 }
                 ((next + 1).min(end), plain)
             }
+            // A map whose keys and values hold no struct reads the same in both versions
+            // (its entries keep version 1's order, by encoded key): plain, copied in one
+            // piece. A struct never is.
             Some(tag::MAP | tag::STRUCT) => {
-                let mut next = at + 1;
+                let (mut next, mut plain) = (at + 1, self.byte(at) == Some(tag::MAP));
                 while next < end && self.byte(next) != Some(tag::END) {
-                    next = self.skip(self.skip(next).0).0;
+                    let (key_end, key_plain) = self.skip(next);
+                    let (value_end, value_plain) = self.skip(key_end);
+                    (next, plain) = (value_end, plain && key_plain && value_plain);
                 }
-                ((next + 1).min(end), false)
+                ((next + 1).min(end), plain)
             }
             _ => (end, true),
         }
