@@ -332,7 +332,7 @@ pub mod lease {
 
 /// Finishing lease-mode calls their clients abandoned: a resumable handler
 /// (`#[idempotent(..., lease = "30s", resumable)]`) stores its arguments with its claim, and a
-/// completer ([`sea_orm::Completer`] on SeaORM) takes over calls whose lease ended, runs the
+/// completer ([`sea_orm::Completer`] on SeaORM, `sqlx::Completer<DB>` on a sqlx pool) takes over calls whose lease ended, runs the
 /// resumer registered for their scope, and gives a call up after its last attempt; see
 /// [`idem_core::completer`].
 pub mod completer {
@@ -429,14 +429,15 @@ pub mod sea_orm {
 /// A function whose connection is a [`Conn`](sqlx::Conn) also runs nested, in another call's
 /// body on its `&mut PgConnection` (`(&mut *db).into()`), in a savepoint of that transaction.
 /// [`StateTable`](sqlx::StateTable) applies declared state transitions to a table of yours
-/// with one guarded `UPDATE` in the body's transaction.
+/// with one guarded `UPDATE` in the body's transaction. A [`Completer`](sqlx::Completer)
+/// finishes resumable lease-mode calls whose clients did not come back.
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub mod sqlx {
     pub use idem_sqlx::{
-        Backend, Bindable, ClaimedTx, Conn, ConnClaimed, ConnStore, Family, Nested, NestedClaim,
-        SqlxLeaseStore, SqlxStore, StateConnection, StateTable, create_tables, final_step, finish,
-        through_transaction_pooler,
+        Backend, Bindable, ClaimedTx, Completer, Conn, ConnClaimed, ConnStore, Family, Nested,
+        NestedClaim, SqlxLeaseStore, SqlxStore, StateConnection, StateTable, create_tables,
+        final_step, finish, through_transaction_pooler,
     };
 }
 

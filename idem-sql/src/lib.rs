@@ -18,11 +18,13 @@
 //! This crate names no database driver: the SeaORM store (`idem-sea-orm`) and the sqlx
 //! store (`idem-sqlx`) execute these statements, and run the same algorithms over them: the
 //! atomic-mode claim ([`claim`], over a [`ClaimConnection`]) and lease mode's claim, fence and
-//! completion ([`claim_lease`], [`fence`], [`complete`], …, over a [`LeaseConnection`]).
+//! completion ([`claim_lease`], [`fence`], [`complete`], …, over a [`LeaseConnection`]) and
+//! the completer's reads and fenced updates ([`due_calls`], [`give_up`], …, over a
+//! [`ResumeConnection`]).
 //! It is an implementation crate of idem: its API follows idem's versions, with no promise of its own.
 
 // One file per feature's statements (a folder where a feature has more than one role: lease
-// mode's statements and its algorithm); `statement/` holds what they are all made of.
+// mode's and the completer's statements and their algorithms); `statement/` holds what they are all made of.
 mod atomic;
 mod completer;
 mod failure;
@@ -39,7 +41,10 @@ pub use statement::names;
 use std::sync::LazyLock;
 
 pub use atomic::{ClaimConnection, ClaimRow, ClaimStep, Claimed, claim};
-pub use completer::{Completer, NewCall};
+pub use completer::{
+    CallColumns, Completer, NewCall, ResumeConnection, begin_attempt, due_calls, forget, give_up,
+    note_failure, steps, unregistered,
+};
 pub use failure::{Failure, claim_lost};
 pub use inbox::{Inbox, NewDeadLetter};
 pub use inspect::Inspect;

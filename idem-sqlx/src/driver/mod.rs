@@ -9,7 +9,7 @@ pub(crate) mod pooler;
 use std::future::Future;
 use std::pin::Pin;
 
-use idem_sql::{Bound, ClaimRow, Dialect, Flavour};
+use idem_sql::{Bound, CallColumns, ClaimRow, Dialect, Flavour};
 use sqlx::{Pool, Transaction};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use {idem_sql::Param, std::borrow::Cow};
@@ -71,6 +71,32 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         statement: Bound<'static>,
         named: bool,
     ) -> Step<'c, Vec<(String, Vec<u8>)>>;
+
+    /// Runs `statement` and decodes each due call it returns (the completer's
+    /// [`idem_sql::Completer::due_calls`]).
+    #[doc(hidden)]
+    fn fetch_calls<'c>(
+        conn: &'c mut Self::Connection,
+        statement: Bound<'static>,
+        named: bool,
+    ) -> Step<'c, Vec<CallColumns>>;
+
+    /// Runs `statement` and reads the one nullable integer it returns (`None`: no row, or
+    /// NULL).
+    #[doc(hidden)]
+    fn fetch_millis<'c>(
+        conn: &'c mut Self::Connection,
+        statement: Bound<'static>,
+        named: bool,
+    ) -> Step<'c, Option<i64>>;
+
+    /// Runs `statement` and reads each row's `scope, count`.
+    #[doc(hidden)]
+    fn fetch_counts<'c>(
+        conn: &'c mut Self::Connection,
+        statement: Bound<'static>,
+        named: bool,
+    ) -> Step<'c, Vec<(String, i64)>>;
 
     /// Runs `sql`, which takes no values, as a simple (unprepared) query.
     #[doc(hidden)]
@@ -146,6 +172,61 @@ macro_rules! backend {
                 statement: Bound<'static>,
                 named: bool,
             ) -> Step<'c, Vec<(String, Vec<u8>)>> {
+                Box::pin(async move {
+                    use sqlx::Row as _;
+                    let query = query::<Self>(statement, named);
+                    let rows = query.fetch_all(&mut *conn).await?;
+                    rows.iter()
+                        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+                        .collect()
+                })
+            }
+
+            fn fetch_calls<'c>(
+                conn: &'c mut Self::Connection,
+                statement: Bound<'static>,
+                named: bool,
+            ) -> Step<'c, Vec<CallColumns>> {
+                Box::pin(async move {
+                    use sqlx::Row as _;
+                    let query = query::<Self>(statement, named);
+                    let rows = query.fetch_all(&mut *conn).await?;
+                    rows.iter()
+                        .map(|row| {
+                            Ok((
+                                row.try_get(0)?,
+                                row.try_get(1)?,
+                                row.try_get(2)?,
+                                row.try_get(3)?,
+                                row.try_get(4)?,
+                                row.try_get(5)?,
+                                row.try_get(6)?,
+                                row.try_get(7)?,
+                                row.try_get(8)?,
+                            ))
+                        })
+                        .collect()
+                })
+            }
+
+            fn fetch_millis<'c>(
+                conn: &'c mut Self::Connection,
+                statement: Bound<'static>,
+                named: bool,
+            ) -> Step<'c, Option<i64>> {
+                Box::pin(async move {
+                    use sqlx::Row as _;
+                    let query = query::<Self>(statement, named);
+                    let row = query.fetch_optional(&mut *conn).await?;
+                    Ok(row.map(|row| row.try_get(0)).transpose()?.flatten())
+                })
+            }
+
+            fn fetch_counts<'c>(
+                conn: &'c mut Self::Connection,
+                statement: Bound<'static>,
+                named: bool,
+            ) -> Step<'c, Vec<(String, i64)>> {
                 Box::pin(async move {
                     use sqlx::Row as _;
                     let query = query::<Self>(statement, named);
