@@ -113,12 +113,12 @@ macro_rules! handlers {
             }
 
             #[idempotent(
-                                scope = "completer.pay",
-                                key = cmd.key,
-                                lease = "1s",
-                                resumable,
-                                skip(gateway, after)
-                            )]
+                                                scope = "completer.pay",
+                                                key = cmd.key,
+                                                lease = "1s",
+                                                resumable,
+                                                skip(gateway, after)
+                                            )]
             pub(crate) async fn pay(
                 db: &$conn,
                 gateway: &Gateway,
@@ -148,12 +148,12 @@ macro_rules! handlers {
 
             /// Fails (transiently) after its final phase committed, while `failures` lasts.
             #[idempotent(
-                                scope = "completer.after-final",
-                                key = cmd.key,
-                                lease = "1s",
-                                resumable,
-                                skip(failures)
-                            )]
+                                                scope = "completer.after-final",
+                                                key = cmd.key,
+                                                lease = "1s",
+                                                resumable,
+                                                skip(failures)
+                                            )]
             pub(crate) async fn pay_then_flake(
                 db: &$conn,
                 failures: &AtomicU32,
@@ -179,13 +179,13 @@ macro_rules! handlers {
 
             /// Charges, then hangs while `hangs` is set; stopped at its deadline.
             #[idempotent(
-                                scope = "completer.hangs",
-                                key = cmd.key,
-                                lease = "1s",
-                                deadline = "1500ms",
-                                resumable,
-                                skip(gateway, hangs)
-                            )]
+                                                scope = "completer.hangs",
+                                                key = cmd.key,
+                                                lease = "1s",
+                                                deadline = "1500ms",
+                                                resumable,
+                                                skip(gateway, hangs)
+                                            )]
             pub(crate) async fn pay_or_hang(
                 db: &$conn,
                 gateway: &Gateway,
@@ -877,7 +877,10 @@ async fn a_slow_attempt_does_not_hold_up_the_others() {
         let running = tokio::spawn(completer.run(async {
             let _ = stopped.await;
         }));
-        gate.entered().await;
+        // Bounded: a completer that never resumes the slow call fails here, not hangs.
+        tokio::time::timeout(Duration::from_secs(15), gate.entered())
+            .await
+            .unwrap_or_else(|_| panic!("{}: the slow call was never resumed", slow.name));
         // While the slow call is held inside its attempt, another call is abandoned, becomes
         // due a lease later, and is finished meanwhile.
         quick.abandoned().await;
