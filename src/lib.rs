@@ -332,7 +332,7 @@ pub mod lease {
 
 /// Finishing lease-mode calls their clients abandoned: a resumable handler
 /// (`#[idempotent(..., lease = "30s", resumable)]`) stores its arguments with its claim, and a
-/// completer ([`sea_orm::Completer`] on SeaORM) takes over calls whose lease ended, runs the
+/// completer ([`sea_orm::Completer`] on SeaORM, `sqlx::Completer<DB>` on a sqlx pool) takes over calls whose lease ended, runs the
 /// resumer registered for their scope, and gives a call up after its last attempt; see
 /// [`idem_core::completer`].
 pub mod completer {
@@ -431,15 +431,17 @@ pub mod sea_orm {
 /// [`StateTable`](sqlx::StateTable) applies declared state transitions to a table of yours
 /// with one guarded `UPDATE` in the body's transaction. The outbox: a body stages messages
 /// on its connection ([`Outbox::stage`](sqlx::Outbox::stage)), a [`Relay`](sqlx::Relay) on
-/// a pool publishes them.
+/// a pool publishes them. A [`Completer`](sqlx::Completer) finishes resumable lease-mode
+/// calls whose clients did not come back.
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub mod sqlx {
     pub use idem_sqlx::{
-        Backend, Bindable, ClaimedTx, Conn, ConnClaimed, ConnStore, ExpiredLease, Family, Nested,
-        NestedClaim, Outbox, Relay, RelayCounters, RelayRound, SqlxLeaseStore, SqlxOutbox,
-        SqlxStore, StateConnection, StateTable, StuckLease, create_tables, expired_leases,
-        final_step, finish, outbox_health, release_lease, stuck_leases, through_transaction_pooler,
+        Backend, Bindable, ClaimedTx, Completer, Conn, ConnClaimed, ConnStore, ExpiredLease,
+        Family, Nested, NestedClaim, Outbox, Relay, RelayCounters, RelayRound, SqlxLeaseStore,
+        SqlxOutbox, SqlxStore, StateConnection, StateTable, StuckLease, create_tables,
+        expired_leases, final_step, finish, outbox_health, release_lease, stuck_leases,
+        through_transaction_pooler,
     };
 }
 

@@ -3,8 +3,10 @@
 //! written once), completers and a client racing for one call run it once, a call that keeps
 //! failing is given up after its attempts with the hook run once and the give-up replayed to
 //! the client, a scope without a resumer is left alone and reported, and oversized arguments
-//! are refused before any claim. Every test counts effect rows and gateway calls, on databases
-//! of its own (a completer works on every call of its database).
+//! are refused before any claim. Every case runs through both stores (SeaORM's and sqlx's, the
+//! handlers written once for each connection type: `handlers!`, as in `tests/lease.rs`), and
+//! counts effect rows and gateway calls, on databases of its own (a completer works on every
+//! call of its database).
 
 mod common;
 
@@ -13,9 +15,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::isolated::isolated;
-use common::{Backend, Gate, effects, insert_effect, unique};
-use idem::completer::{GaveUp, ResumeStore, Resumed, Round};
-use idem::sea_orm::{Completer, SeaOrmLeaseStore};
+use common::{Gate, effects, insert_effect, unique};
+use idem::completer::{Due, GaveUp, ResumeStore, Resumed, Round, Steps, StoredCall};
+use idem::lease::BoxFuture;
+use idem::sea_orm::SeaOrmLeaseStore;
+use idem::sqlx::SqlxLeaseStore;
 use idem::{ErrorKind, Outcome, idempotent, with_outcome};
 use sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
 use serde::{Deserialize, Serialize};
@@ -76,46 +80,243 @@ impl std::fmt::Display for TestError {
 }
 
 const SCOPE: &str = "completer.pay";
-/// The handler's final step: the payment row and the charge's answer, in one fenced
-/// transaction.
-async fn record_payment(
-    db: &DatabaseConnection,
-    cmd: &Pay,
-    charge: String,
-) -> Result<String, TestError> {
-    let (run, amount) = (cmd.run.clone(), cmd.amount);
-    idem::sea_orm::final_step(db, "record-payment", move |tx| {
-        Box::pin(async move {
-            insert_effect(tx, &run, "payment", amount).await;
-            Ok::<_, TestError>(charge)
-        })
-    })
-    .await
+
+/// The handlers, once per kind of connection, so every case runs on both stores: `$conn` is
+/// what they take (SeaORM's connection or a sqlx pool), `final_step` the store's final phase,
+/// and `insert` writes a payment row in the phase's transaction `$tx`.
+macro_rules! handlers {
+    (
+        $module:ident,
+        $conn:ty,
+        final_step = $final_step:path,
+        insert = |$tx:ident, $run:ident, $amount:ident| $insert:expr $(,)?
+    ) => {
+        mod $module {
+            use super::*;
+
+            /// The handler's final step: the payment row and the charge's answer, in one
+            /// fenced transaction.
+            async fn record_payment(
+                db: &$conn,
+                cmd: &Pay,
+                charge: String,
+            ) -> Result<String, TestError> {
+                let (run, amount) = (cmd.run.clone(), cmd.amount);
+                $final_step(db, "record-payment", move |$tx| {
+                    Box::pin(async move {
+                        let ($run, $amount) = (&run, amount);
+                        $insert;
+                        Ok::<_, TestError>(charge)
+                    })
+                })
+                .await
+            }
+
+            #[idempotent(
+                                                                scope = "completer.pay",
+                                                                key = cmd.key,
+                                                                lease = "1s",
+                                                                resumable,
+                                                                skip(gateway, after)
+                                                            )]
+            pub(crate) async fn pay(
+                db: &$conn,
+                gateway: &Gateway,
+                after: &After,
+                cmd: Pay,
+            ) -> Result<String, TestError> {
+                let charge: String = idem::step("charge", |key| gateway.charge(key)).await?;
+                if let Some(gate) = &after.gate {
+                    gate.pass().await;
+                }
+                if after.fail {
+                    return Err(TestError::Flaky);
+                }
+                record_payment(db, &cmd, charge).await
+            }
+
+            /// A resumable handler whose argument is large.
+            #[idempotent(scope = "completer.large", key = key, lease = "1s", resumable)]
+            pub(crate) async fn large(
+                db: &$conn,
+                key: String,
+                blob: String,
+            ) -> Result<usize, TestError> {
+                let _ = db;
+                Ok(blob.len())
+            }
+
+            /// Fails (transiently) after its final phase committed, while `failures` lasts.
+            #[idempotent(
+                                                                scope = "completer.after-final",
+                                                                key = cmd.key,
+                                                                lease = "1s",
+                                                                resumable,
+                                                                skip(failures)
+                                                            )]
+            pub(crate) async fn pay_then_flake(
+                db: &$conn,
+                failures: &AtomicU32,
+                cmd: Pay,
+            ) -> Result<String, TestError> {
+                let run = cmd.run.clone();
+                let answer = $final_step(db, "record-payment", move |$tx| {
+                    Box::pin(async move {
+                        let ($run, $amount) = (&run, 1_i64);
+                        $insert;
+                        Ok::<_, TestError>(format!("paid {run}"))
+                    })
+                })
+                .await?;
+                if failures
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+                {
+                    return Err(TestError::Flaky);
+                }
+                Ok(answer)
+            }
+
+            /// Charges, then hangs while `hangs` is set; stopped at its deadline.
+            #[idempotent(
+                                                                scope = "completer.hangs",
+                                                                key = cmd.key,
+                                                                lease = "1s",
+                                                                deadline = "1500ms",
+                                                                resumable,
+                                                                skip(gateway, hangs)
+                                                            )]
+            pub(crate) async fn pay_or_hang(
+                db: &$conn,
+                gateway: &Gateway,
+                hangs: &std::sync::atomic::AtomicBool,
+                cmd: Pay,
+            ) -> Result<String, TestError> {
+                let charge: String = idem::step("charge", |key| gateway.charge(key)).await?;
+                if hangs.load(Ordering::SeqCst) {
+                    std::future::pending::<()>().await;
+                }
+                record_payment(db, &cmd, charge).await
+            }
+        }
+    };
 }
 
-#[idempotent(scope = "completer.pay", key = cmd.key, lease = "1s", resumable, skip(gateway, after))]
-async fn pay(
-    db: &DatabaseConnection,
-    gateway: &Gateway,
-    after: &After,
-    cmd: Pay,
-) -> Result<String, TestError> {
-    let charge: String = idem::step("charge", |key| gateway.charge(key)).await?;
-    if let Some(gate) = &after.gate {
-        gate.pass().await;
-    }
-    if after.fail {
-        return Err(TestError::Flaky);
-    }
-    record_payment(db, &cmd, charge).await
+handlers!(
+    on_sea_orm,
+    DatabaseConnection,
+    final_step = idem::sea_orm::final_step,
+    insert = |tx, run, amount| insert_effect(tx, run, "payment", amount).await,
+);
+
+/// The sqlx handlers' statements, in `$p`'s placeholders.
+macro_rules! sqlx_handlers {
+    ($module:ident, $pool:ty, $p1:literal, $p2:literal, $p3:literal) => {
+        handlers!(
+            $module,
+            $pool,
+            final_step = idem::sqlx::final_step,
+            insert = |tx, run, amount| sqlx::query(concat!(
+                "INSERT INTO idem_test_effects (run_id, label, amount) VALUES (",
+                $p1,
+                ", ",
+                $p2,
+                ", ",
+                $p3,
+                ")"
+            ))
+            .bind(run)
+            .bind("payment")
+            .bind(amount)
+            .execute(&mut *tx)
+            .await
+            .expect("insert effect"),
+        );
+    };
 }
 
-/// A resumable handler whose argument is large.
-#[idempotent(scope = "completer.large", key = key, lease = "1s", resumable)]
-async fn large(db: &DatabaseConnection, key: String, blob: String) -> Result<usize, TestError> {
-    let _ = db;
-    Ok(blob.len())
+sqlx_handlers!(on_sqlx_sqlite, sqlx::SqlitePool, "?", "?", "?");
+sqlx_handlers!(on_sqlx_postgres, sqlx::PgPool, "$1", "$2", "$3");
+sqlx_handlers!(on_sqlx_mysql, sqlx::MySqlPool, "?", "?", "?");
+
+/// Which store a case's calls and completers go through: SeaORM's (on the backend's
+/// connection) or sqlx's, on a pool of its own to the same database.
+#[derive(Clone)]
+enum Conn {
+    SeaOrm,
+    SqlxSqlite(sqlx::SqlitePool),
+    SqlxPostgres(sqlx::PgPool),
+    SqlxMySql(sqlx::MySqlPool),
 }
+
+/// Calls `handler` of the case's store, with the case's connection first.
+macro_rules! call {
+    ($case:expr, $handler:ident($($arg:expr),* $(,)?)) => {
+        match &$case.conn {
+            Conn::SeaOrm => on_sea_orm::$handler(&$case.db, $($arg),*).await,
+            Conn::SqlxSqlite(pool) => on_sqlx_sqlite::$handler(pool, $($arg),*).await,
+            Conn::SqlxPostgres(pool) => on_sqlx_postgres::$handler(pool, $($arg),*).await,
+            Conn::SqlxMySql(pool) => on_sqlx_mysql::$handler(pool, $($arg),*).await,
+        }
+    };
+}
+
+/// The case's store, whichever it is, so one completer type serves every case.
+#[derive(Clone)]
+struct AnyStore(Arc<dyn ResumeStore>);
+
+impl ResumeStore for AnyStore {
+    fn due_calls<'a>(
+        &'a self,
+        scopes: &'a [&'a str],
+        limit: u32,
+    ) -> BoxFuture<'a, Result<Due, idem::Error>> {
+        self.0.due_calls(scopes, limit)
+    }
+
+    fn begin_attempt<'a>(
+        &'a self,
+        call: &'a StoredCall,
+        backoff: Duration,
+    ) -> BoxFuture<'a, Result<bool, idem::Error>> {
+        self.0.begin_attempt(call, backoff)
+    }
+
+    fn note_failure<'a>(
+        &'a self,
+        call: &'a StoredCall,
+        error: &'a str,
+    ) -> BoxFuture<'a, Result<(), idem::Error>> {
+        self.0.note_failure(call, error)
+    }
+
+    fn give_up<'a>(
+        &'a self,
+        call: &'a StoredCall,
+        payload: &'a [u8],
+        hook_retry: Duration,
+    ) -> BoxFuture<'a, Result<bool, idem::Error>> {
+        self.0.give_up(call, payload, hook_retry)
+    }
+
+    fn steps<'a>(&'a self, call: &'a StoredCall) -> BoxFuture<'a, Result<Steps, idem::Error>> {
+        self.0.steps(call)
+    }
+
+    fn forget<'a>(&'a self, call: &'a StoredCall) -> BoxFuture<'a, Result<(), idem::Error>> {
+        self.0.forget(call)
+    }
+
+    fn unregistered<'a>(
+        &'a self,
+        scopes: &'a [&'a str],
+    ) -> BoxFuture<'a, Result<Vec<(String, u64)>, idem::Error>> {
+        self.0.unregistered(scopes)
+    }
+}
+
+/// A completer on either store.
+type Completer = idem::completer::Completer<AnyStore>;
 
 fn cmd(run: &str) -> Pay {
     Pay {
@@ -125,23 +326,79 @@ fn cmd(run: &str) -> Pay {
     }
 }
 
-/// One test on one backend: its gateway and its run (one order, paid under key `<run>-k`).
+/// One test on one backend and one store: its gateway and its run (one order, paid under key
+/// `<run>-k`). `db` is the backend's SeaORM connection, which the test reads through whichever
+/// store the calls use.
 #[derive(Clone)]
 struct Case {
     name: &'static str,
     db: DatabaseConnection,
+    conn: Conn,
     gateway: Gateway,
     run: String,
 }
 
-impl Case {
-    fn new(backend: &Backend, run: &str) -> Self {
-        Self {
-            name: backend.name,
-            db: backend.db.clone(),
+/// A case of run `run` per backend of the run and per store, each on a database of its own:
+/// sqlx's store, then SeaORM's.
+async fn cases(run: &str) -> Vec<Case> {
+    let mut cases = Vec::new();
+    for backend in isolated().await {
+        let (name, conn) = match backend.name {
+            "sqlite" => {
+                let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(4);
+                let pool = options
+                    .connect(&backend.url)
+                    .await
+                    .expect("sqlx connects to the test's database");
+                ("sqlite (sqlx)", Conn::SqlxSqlite(pool))
+            }
+            "postgres" => {
+                let pool = sqlx::PgPool::connect(&backend.url)
+                    .await
+                    .expect("sqlx connects to the test's database");
+                ("postgres (sqlx)", Conn::SqlxPostgres(pool))
+            }
+            _ => {
+                let pool = sqlx::MySqlPool::connect(&backend.url)
+                    .await
+                    .expect("sqlx connects to the test's database");
+                ("mysql (sqlx)", Conn::SqlxMySql(pool))
+            }
+        };
+        cases.push(Case {
+            name,
+            db: backend.db,
+            conn,
             gateway: Gateway::default(),
             run: unique(run),
-        }
+        });
+    }
+    for backend in isolated().await {
+        cases.push(Case {
+            name: backend.name,
+            db: backend.db,
+            conn: Conn::SeaOrm,
+            gateway: Gateway::default(),
+            run: unique(run),
+        });
+    }
+    cases
+}
+
+impl Case {
+    /// The case's store.
+    fn store(&self) -> AnyStore {
+        AnyStore(match &self.conn {
+            Conn::SeaOrm => Arc::new(SeaOrmLeaseStore::new(self.db.clone())),
+            Conn::SqlxSqlite(pool) => Arc::new(SqlxLeaseStore::new(pool.clone())),
+            Conn::SqlxPostgres(pool) => Arc::new(SqlxLeaseStore::new(pool.clone())),
+            Conn::SqlxMySql(pool) => Arc::new(SqlxLeaseStore::new(pool.clone())),
+        })
+    }
+
+    /// A completer on the case's store, with no resumer yet.
+    fn bare_completer(&self) -> Completer {
+        Completer::new(self.store())
     }
 
     /// A call that charged and was dropped while it held its lease: its client is gone.
@@ -152,7 +409,7 @@ impl Case {
             fail: false,
         };
         let t = self.clone();
-        let held = tokio::spawn(async move { pay(&t.db, &t.gateway, &after, cmd(&t.run)).await });
+        let held = tokio::spawn(async move { call!(t, pay(&t.gateway, &after, cmd(&t.run))) });
         gate.entered().await;
         held.abort();
         let _ = held.await;
@@ -160,24 +417,23 @@ impl Case {
 
     /// A completer for `pay` whose resumer behaves as `after` says, with no backoff.
     fn completer(&self, after: After) -> Completer {
-        let (db, gateway) = (self.db.clone(), self.gateway.clone());
-        Completer::new(SeaOrmLeaseStore::new(self.db.clone()))
+        let case = self.clone();
+        self.bare_completer()
             .backoff(Duration::ZERO, Duration::ZERO)
             .resume(SCOPE, move |call: Resumed<(Pay,)>| {
-                let (db, gateway, after) = (db.clone(), gateway.clone(), after.clone());
-                async move { pay(&db, &gateway, &after, call.args.0).await }
+                let (case, after) = (case.clone(), after.clone());
+                async move { call!(case, pay(&case.gateway, &after, call.args.0)) }
             })
+    }
+
+    /// The client's call, failing after its charge when `after` says so.
+    async fn pay(&self, after: &After) -> Result<String, TestError> {
+        call!(self, pay(&self.gateway, after, cmd(&self.run)))
     }
 
     /// The client's late retry, straight through.
     async fn client_retry(&self) -> (Result<String, TestError>, Option<Outcome>) {
-        with_outcome(pay(
-            &self.db,
-            &self.gateway,
-            &After::default(),
-            cmd(&self.run),
-        ))
-        .await
+        with_outcome(self.pay(&After::default())).await
     }
 
     async fn assert_paid_once(&self, what: &str) {
@@ -245,8 +501,7 @@ async fn until(completer: &Completer, done: impl Fn(&Round) -> bool) -> Round {
 
 #[tokio::test]
 async fn an_abandoned_call_is_finished_by_the_completer_and_the_client_retry_replays() {
-    for backend in isolated().await {
-        let case = Case::new(&backend, "finish");
+    for case in cases("finish").await {
         case.abandoned().await;
         // Before the completer: the lease ends, and the listing says a completer can finish it.
         tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -284,8 +539,7 @@ async fn an_abandoned_call_is_finished_by_the_completer_and_the_client_retry_rep
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_completers_and_a_client_racing_for_one_call_run_it_once() {
-    for backend in isolated().await {
-        let case = Case::new(&backend, "race");
+    for case in cases("race").await {
         case.abandoned().await;
         tokio::time::sleep(Duration::from_millis(1100)).await;
         let (first, second) = (
@@ -317,14 +571,13 @@ async fn two_completers_and_a_client_racing_for_one_call_run_it_once() {
 
 #[tokio::test]
 async fn a_call_that_keeps_failing_is_given_up_once_with_its_hook_and_the_retry_replays_it() {
-    for backend in isolated().await {
-        let case = Case::new(&backend, "give-up");
+    for case in cases("give-up").await {
         // The client's own call fails transiently after the charge: its lease ends at once.
         let failing = After {
             gate: None,
             fail: true,
         };
-        let first = pay(&case.db, &case.gateway, &failing, cmd(&case.run)).await;
+        let first = case.pay(&failing).await;
         assert!(matches!(first, Err(TestError::Flaky)), "{}", case.name);
 
         let hooks = Arc::new(Mutex::new(Vec::<(GaveUp, Option<String>)>::new()));
@@ -394,16 +647,15 @@ async fn a_call_that_keeps_failing_is_given_up_once_with_its_hook_and_the_retry_
 
 #[tokio::test]
 async fn a_failed_hook_runs_again_until_it_succeeds() {
-    for backend in isolated().await {
-        let case = Case::new(&backend, "hook-again");
+    for case in cases("hook-again").await {
         let failing = After {
             gate: None,
             fail: true,
         };
-        let _ = pay(&case.db, &case.gateway, &failing, cmd(&case.run)).await;
+        let _ = case.pay(&failing).await;
         let runs = Arc::new(AtomicU32::new(0));
         let counted = Arc::clone(&runs);
-        let store = SeaOrmLeaseStore::new(case.db.clone());
+        let store = case.store();
         let completer = case
             .completer(failing)
             .max_attempts(1)
@@ -435,20 +687,17 @@ async fn a_failed_hook_runs_again_until_it_succeeds() {
 
 #[tokio::test]
 async fn a_scope_without_a_resumer_is_left_alone_and_reported() {
-    for backend in isolated().await {
-        let case = Case::new(&backend, "unregistered");
+    for case in cases("unregistered").await {
         case.abandoned().await;
         tokio::time::sleep(Duration::from_millis(1100)).await;
-        let store = SeaOrmLeaseStore::new(case.db.clone());
-        let gateway = case.gateway.clone();
-        let db = case.db.clone();
-        let elsewhere = Completer::new(SeaOrmLeaseStore::new(case.db.clone())).resume(
-            "completer.other",
-            move |call: Resumed<(Pay,)>| {
-                let (db, gateway) = (db.clone(), gateway.clone());
-                async move { pay(&db, &gateway, &After::default(), call.args.0).await }
-            },
-        );
+        let store = case.store();
+        let theirs = case.clone();
+        let elsewhere =
+            case.bare_completer()
+                .resume("completer.other", move |call: Resumed<(Pay,)>| {
+                    let case = theirs.clone();
+                    async move { call!(case, pay(&case.gateway, &After::default(), call.args.0)) }
+                });
         let round = elsewhere.run_once().await.expect("round");
         assert_eq!(round.resumed, 0, "{}", case.name);
         let unregistered = store
@@ -471,17 +720,16 @@ async fn a_scope_without_a_resumer_is_left_alone_and_reported() {
 
 #[tokio::test]
 async fn arguments_that_no_longer_decode_fail_each_attempt_then_give_up() {
-    for backend in isolated().await {
-        let case = Case::new(&backend, "decode");
+    for case in cases("decode").await {
         case.abandoned().await;
         tokio::time::sleep(Duration::from_millis(1100)).await;
-        let db = case.db.clone();
         // A resumer that expects other arguments (a deploy changed the handler).
-        let completer = Completer::new(SeaOrmLeaseStore::new(case.db.clone()))
+        let completer = case
+            .bare_completer()
             .backoff(Duration::ZERO, Duration::ZERO)
             .max_attempts(2)
             .resume(SCOPE, move |call: Resumed<(u64, u64)>| {
-                let _ = (&db, call.args);
+                let _ = call.args;
                 async { Ok::<(), TestError>(()) }
             });
         let round = until(&completer, |r| r.gave_up >= 1).await;
@@ -498,32 +746,31 @@ async fn arguments_that_no_longer_decode_fail_each_attempt_then_give_up() {
 
 #[tokio::test]
 async fn arguments_over_the_limit_are_refused_before_any_claim() {
-    for backend in isolated().await {
+    for case in cases("large").await {
         let key = unique("large");
         let blob = "x".repeat(idem::completer::MAX_STORED_ARGS);
-        let refused = large(&backend.db, key.clone(), blob).await;
+        let refused = call!(case, large(key.clone(), blob));
         match refused {
             Err(TestError::Idem(idem::Error::ArgumentsTooLarge { size, limit, .. })) => {
-                assert!(size > limit, "{}", backend.name);
+                assert!(size > limit, "{}", case.name);
             }
-            other => panic!("{}: {other:?}", backend.name),
+            other => panic!("{}: {other:?}", case.name),
         }
         assert_eq!(
-            common::ledger_rows(&backend.db, &key).await,
+            common::ledger_rows(&case.db, &key).await,
             0,
             "{}",
-            backend.name
+            case.name
         );
         // Under the limit it runs.
-        let fine = large(&backend.db, unique("small"), "x".repeat(1000)).await;
-        assert_eq!(fine.ok(), Some(1000), "{}", backend.name);
+        let fine = call!(case, large(unique("small"), "x".repeat(1000)));
+        assert_eq!(fine.ok(), Some(1000), "{}", case.name);
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_completer_outlives_store_errors_and_finishes_the_call() {
-    for backend in isolated().await {
-        let case = Case::new(&backend, "run");
+    for case in cases("run").await {
         case.abandoned().await;
         // The calls table disappears (an operator's mistake, a failover): every round fails.
         rename(&case.db, "idem_calls", "idem_calls_away").await;
@@ -573,51 +820,28 @@ async fn rename(db: &DatabaseConnection, from: &str, to: &str) {
     db.execute_unprepared(&sql).await.expect("rename a table");
 }
 
-/// Fails (transiently) after its final phase committed, while `failures` lasts.
-#[idempotent(scope = "completer.after-final", key = cmd.key, lease = "1s", resumable, skip(failures))]
-async fn pay_then_flake(
-    db: &DatabaseConnection,
-    failures: &AtomicU32,
-    cmd: Pay,
-) -> Result<String, TestError> {
-    let run = cmd.run.clone();
-    let answer = idem::sea_orm::final_step(db, "record-payment", move |tx| {
-        Box::pin(async move {
-            insert_effect(tx, &run, "payment", 1).await;
-            Ok::<_, TestError>(format!("paid {run}"))
-        })
-    })
-    .await?;
-    if failures
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-        .is_ok()
-    {
-        return Err(TestError::Flaky);
-    }
-    Ok(answer)
-}
-
 #[tokio::test]
 async fn a_call_whose_final_phase_committed_is_completed_never_given_up() {
-    for backend in isolated().await {
-        let case = Case::new(&backend, "final-done");
+    for case in cases("final-done").await {
         let failures = Arc::new(AtomicU32::new(4));
-        let first = pay_then_flake(&case.db, &failures, cmd(&case.run)).await;
+        let first = call!(case, pay_then_flake(&failures, cmd(&case.run)));
         assert!(matches!(first, Err(TestError::Flaky)), "{}", case.name);
-        let (db, left) = (case.db.clone(), Arc::clone(&failures));
+        let (theirs, left) = (case.clone(), Arc::clone(&failures));
         // One attempt allowed: a call without its final phase would be given up after it.
-        let completer = Completer::new(SeaOrmLeaseStore::new(case.db.clone()))
+        let completer = case
+            .bare_completer()
             .backoff(Duration::ZERO, Duration::ZERO)
             .max_attempts(1)
             .resume("completer.after-final", move |call: Resumed<(Pay,)>| {
-                let (db, left) = (db.clone(), Arc::clone(&left));
-                async move { pay_then_flake(&db, &left, call.args.0).await }
+                let (case, left) = (theirs.clone(), Arc::clone(&left));
+                async move { call!(case, pay_then_flake(&left, call.args.0)) }
             });
         let round = until(&completer, |r| r.finished >= 1).await;
         assert_eq!(round.gave_up, 0, "{}: {round:?}", case.name);
         assert_eq!(round.failed, 3, "{}: {round:?}", case.name);
         assert_eq!(effects(&case.db, &case.run).await, 1, "{}", case.name);
-        let retry = with_outcome(pay_then_flake(&case.db, &failures, cmd(&case.run))).await;
+        let retry =
+            with_outcome(async { call!(case, pay_then_flake(&failures, cmd(&case.run))) }).await;
         assert_eq!(retry.1, Some(Outcome::Replayed), "{}", case.name);
         assert_eq!(
             retry.0.ok(),
@@ -630,31 +854,33 @@ async fn a_call_whose_final_phase_committed_is_completed_never_given_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_attempt_does_not_hold_up_the_others() {
-    for backend in isolated().await {
-        let slow = Case::new(&backend, "slow");
+    for slow in cases("slow").await {
         let quick = Case {
             run: unique("quick"),
             ..slow.clone()
         };
         slow.abandoned().await;
         let gate = Gate::default();
-        let (db, gateway, held) = (slow.db.clone(), slow.gateway.clone(), gate.clone());
-        let slow_run = slow.run.clone();
-        let completer = Completer::new(SeaOrmLeaseStore::new(slow.db.clone()))
+        let (theirs, held) = (slow.clone(), gate.clone());
+        let completer = slow
+            .bare_completer()
             .poll_interval(Duration::from_millis(50))
             .resume(SCOPE, move |call: Resumed<(Pay,)>| {
-                let (db, gateway) = (db.clone(), gateway.clone());
+                let case = theirs.clone();
                 let after = After {
-                    gate: (call.args.0.run == slow_run).then(|| held.clone()),
+                    gate: (call.args.0.run == case.run).then(|| held.clone()),
                     fail: false,
                 };
-                async move { pay(&db, &gateway, &after, call.args.0).await }
+                async move { call!(case, pay(&case.gateway, &after, call.args.0)) }
             });
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let running = tokio::spawn(completer.run(async {
             let _ = stopped.await;
         }));
-        gate.entered().await;
+        // Bounded: a completer that never resumes the slow call fails here, not hangs.
+        tokio::time::timeout(Duration::from_secs(15), gate.entered())
+            .await
+            .unwrap_or_else(|_| panic!("{}: the slow call was never resumed", slow.name));
         // While the slow call is held inside its attempt, another call is abandoned, becomes
         // due a lease later, and is finished meanwhile.
         quick.abandoned().await;
@@ -706,8 +932,7 @@ async fn expire_record(case: &Case) {
 
 #[tokio::test]
 async fn a_purge_during_an_abandoned_call_leaves_it_for_the_completer_to_finish_with_one_charge() {
-    for backend in isolated().await {
-        let case = Case::new(&backend, "purge-completer");
+    for case in cases("purge-completer").await {
         case.abandoned().await;
         // The lease ends; an operator's purge runs, however old the lease.
         tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -738,8 +963,7 @@ async fn a_purge_during_an_abandoned_call_leaves_it_for_the_completer_to_finish_
 
 #[tokio::test]
 async fn a_purge_during_an_abandoned_call_leaves_its_steps_for_the_client_retry() {
-    for backend in isolated().await {
-        let case = Case::new(&backend, "purge-retry");
+    for case in cases("purge-retry").await {
         case.abandoned().await;
         tokio::time::sleep(Duration::from_millis(1100)).await;
         expire_record(&case).await;
@@ -756,13 +980,12 @@ async fn a_purge_during_an_abandoned_call_leaves_its_steps_for_the_client_retry(
 
 #[tokio::test]
 async fn a_give_up_whose_hook_is_owed_is_not_purged_until_the_hook_ran() {
-    for backend in isolated().await {
-        let case = Case::new(&backend, "purge-hook");
+    for case in cases("purge-hook").await {
         let failing = After {
             gate: None,
             fail: true,
         };
-        let _ = pay(&case.db, &case.gateway, &failing, cmd(&case.run)).await;
+        let _ = case.pay(&failing).await;
         let hook_fails = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let fails = Arc::clone(&hook_fails);
         let completer =
@@ -805,47 +1028,25 @@ async fn a_give_up_whose_hook_is_owed_is_not_purged_until_the_hook_ran() {
     }
 }
 
-/// Charges, then hangs while `hangs` is set; stopped at its deadline.
-#[idempotent(
-    scope = "completer.hangs",
-    key = cmd.key,
-    lease = "1s",
-    deadline = "1500ms",
-    resumable,
-    skip(gateway, hangs)
-)]
-async fn pay_or_hang(
-    db: &DatabaseConnection,
-    gateway: &Gateway,
-    hangs: &std::sync::atomic::AtomicBool,
-    cmd: Pay,
-) -> Result<String, TestError> {
-    let charge: String = idem::step("charge", |key| gateway.charge(key)).await?;
-    if hangs.load(Ordering::SeqCst) {
-        std::future::pending::<()>().await;
-    }
-    record_payment(db, &cmd, charge).await
-}
-
 #[tokio::test]
 async fn a_resumable_call_past_its_deadline_is_handed_to_the_completer() {
-    for backend in isolated().await {
-        let case = Case::new(&backend, "deadline");
+    for case in cases("deadline").await {
         let hangs = Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let stopped = pay_or_hang(&case.db, &case.gateway, &hangs, cmd(&case.run)).await;
+        let stopped = call!(case, pay_or_hang(&case.gateway, &hangs, cmd(&case.run)));
         match stopped {
             Err(TestError::Idem(e)) if e.kind() == ErrorKind::DeadlineExceeded => {}
             other => panic!("{}: expected the deadline, got {other:?}", case.name),
         }
         // Its lease ended with the deadline: a completer finishes it at once.
-        let (db, gateway) = (case.db.clone(), case.gateway.clone());
-        let completer = Completer::new(SeaOrmLeaseStore::new(case.db.clone()))
+        let theirs = case.clone();
+        let completer = case
+            .bare_completer()
             .backoff(Duration::ZERO, Duration::ZERO)
             .resume("completer.hangs", move |call: Resumed<(Pay,)>| {
-                let (db, gateway) = (db.clone(), gateway.clone());
+                let case = theirs.clone();
                 async move {
                     let hangs = std::sync::atomic::AtomicBool::new(false);
-                    pay_or_hang(&db, &gateway, &hangs, call.args.0).await
+                    call!(case, pay_or_hang(&case.gateway, &hangs, call.args.0))
                 }
             });
         let round = completer.run_once().await.expect("round");

@@ -1,56 +1,100 @@
 //! The completer's store on the SeaORM ledger: resumable calls live in the calls table
 //! ([`CALLS_TABLE`](crate::CALLS_TABLE)), one row per call in progress, written with its claim
-//! and deleted when the call is recorded (or, once given up, when its hook ran).
+//! and deleted when the call is recorded (or, once given up, when its hook ran). What the
+//! completer's statements are and what their rows decide is idem-sql's
+//! ([`idem_sql::due_calls`] and its neighbours), the same the sqlx store runs; this file
+//! begins, commits and decodes.
 
 use std::time::Duration;
 
 use idem_core::completer::{Due, ResumeStore, Steps, StoredCall};
 use idem_core::{BoxFuture, Error};
-use sea_orm::{ConnectionTrait, DbErr, QueryResult};
+use idem_sql::{CallColumns, ResumeConnection};
+use sea_orm::{ConnectionTrait, DbErr};
 
 use crate::atomic::{begin, detached};
 use crate::driver::error::store_error;
-use crate::driver::{Bound, millis, statement};
+use crate::driver::{Bound, Sql, statement};
 use crate::lease::SeaOrmLeaseStore;
 
 /// A [`Completer`](idem_core::Completer) on the SeaORM ledger: finishes resumable lease-mode
 /// calls whose clients did not come back. `Completer::new(SeaOrmLeaseStore::new(db))`.
 pub type Completer = idem_core::Completer<SeaOrmLeaseStore>;
 
-fn stored_call(row: &QueryResult) -> Result<StoredCall, DbErr> {
-    let (id, scope, principal, key, args) =
-        row.try_get_many_by_index::<(Vec<u8>, String, String, String, Vec<u8>)>()?;
-    let attempts: i32 = row.try_get_by_index(5)?;
-    let last_error: Option<String> = row.try_get_by_index(6)?;
-    let gave_up: i16 = row.try_get_by_index(7)?;
-    let final_phase_done: i16 = row.try_get_by_index(8)?;
-    Ok(StoredCall::new(
-        id,
-        scope,
-        principal,
-        key,
-        args,
-        u32::try_from(attempts).unwrap_or(0),
-        last_error,
-        gave_up == 1,
-    )
-    .with_final_phase_done(final_phase_done == 1))
+/// A connection (the pool, or a transaction begun for a give-up or a forget) as idem-sql's
+/// completer runs its statements on it, and the statements' dialect.
+struct OnConnection<'c, C> {
+    db: &'c C,
+    sql: &'static Sql,
 }
 
-/// The attempts count a conditional update compares with: the one read.
-fn attempts(call: &StoredCall) -> i32 {
-    i32::try_from(call.attempts).unwrap_or(i32::MAX)
+impl<C: ConnectionTrait + Sync> ResumeConnection for OnConnection<'_, C> {
+    type Error = DbErr;
+
+    async fn execute(&mut self, bound: Bound<'static>) -> Result<u64, DbErr> {
+        let done = self.db.execute_raw(statement(self.sql, bound)).await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn fetch_calls(&mut self, bound: Bound<'static>) -> Result<Vec<CallColumns>, DbErr> {
+        let rows = self.db.query_all_raw(statement(self.sql, bound)).await?;
+        rows.iter()
+            .map(|row| {
+                let (id, scope, principal, key, args) =
+                    row.try_get_many_by_index::<(Vec<u8>, String, String, String, Vec<u8>)>()?;
+                Ok((
+                    id,
+                    scope,
+                    principal,
+                    key,
+                    args,
+                    row.try_get_by_index(5)?,
+                    row.try_get_by_index(6)?,
+                    row.try_get_by_index(7)?,
+                    row.try_get_by_index(8)?,
+                ))
+            })
+            .collect()
+    }
+
+    async fn fetch_millis(&mut self, bound: Bound<'static>) -> Result<Option<i64>, DbErr> {
+        let row = self.db.query_one_raw(statement(self.sql, bound)).await?;
+        Ok(row
+            .map(|r| r.try_get_by_index::<Option<i64>>(0))
+            .transpose()?
+            .flatten())
+    }
+
+    async fn fetch_counts(&mut self, bound: Bound<'static>) -> Result<Vec<(String, i64)>, DbErr> {
+        let rows = self.db.query_all_raw(statement(self.sql, bound)).await?;
+        rows.iter()
+            .map(|row| row.try_get_many_by_index::<(String, i64)>())
+            .collect()
+    }
+
+    async fn fetch_steps(
+        &mut self,
+        bound: Bound<'static>,
+    ) -> Result<Vec<(String, Vec<u8>)>, DbErr> {
+        let rows = self.db.query_all_raw(statement(self.sql, bound)).await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get_by_index(0)?, row.try_get_by_index(1)?)))
+            .collect()
+    }
+}
+
+/// An idem-sql step's error, with what it was doing.
+fn failed((doing, e): (&'static str, DbErr)) -> Error {
+    store_error(doing, e)
 }
 
 impl SeaOrmLeaseStore {
-    /// Runs `update` and tells whether it changed exactly one row.
-    async fn changed_one(&self, update: Bound<'_>, doing: &str) -> Result<bool, Error> {
-        let d = crate::driver::of(self.db().get_database_backend());
-        self.db()
-            .execute_raw(statement(d, update))
-            .await
-            .map(|done| done.rows_affected() == 1)
-            .map_err(|e| store_error(doing, e))
+    /// The store's pool as idem-sql's completer runs statements on it.
+    fn on_pool(&self) -> OnConnection<'_, sea_orm::DatabaseConnection> {
+        OnConnection {
+            db: self.db(),
+            sql: crate::driver::of(self.db().get_database_backend()),
+        }
     }
 }
 
@@ -60,32 +104,15 @@ impl ResumeStore for SeaOrmLeaseStore {
         scopes: &'a [&'a str],
         limit: u32,
     ) -> BoxFuture<'a, Result<Due, Error>> {
-        let d = crate::driver::of(self.db().get_database_backend());
-        let due = d.completer.due_calls(scopes, limit);
-        let next = d.completer.next_due_in(scopes);
         let db = self.db().clone();
+        let scopes: Vec<String> = scopes.iter().map(|&scope| scope.to_owned()).collect();
         Box::pin(detached(async move {
-            let doing = "finding resumable calls";
-            let rows = db
-                .query_all_raw(statement(d, due))
+            let scopes: Vec<&str> = scopes.iter().map(String::as_str).collect();
+            let sql = crate::driver::of(db.get_database_backend());
+            let mut conn = OnConnection { db: &db, sql };
+            idem_sql::due_calls(&mut conn, sql, &scopes, limit)
                 .await
-                .map_err(|e| store_error(doing, e))?;
-            let calls = rows
-                .iter()
-                .map(stored_call)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| store_error(doing, e))?;
-            let next_in = db
-                .query_one_raw(statement(d, next))
-                .await
-                .and_then(|row| {
-                    row.map(|r| r.try_get_by_index::<Option<i64>>(0))
-                        .transpose()
-                })
-                .map_err(|e| store_error(doing, e))?
-                .flatten()
-                .map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0)));
-            Ok(Due::new(calls, next_in))
+                .map_err(failed)
         }))
     }
 
@@ -94,11 +121,13 @@ impl ResumeStore for SeaOrmLeaseStore {
         call: &'a StoredCall,
         backoff: Duration,
     ) -> BoxFuture<'a, Result<bool, Error>> {
-        let d = crate::driver::of(self.db().get_database_backend());
-        let begin = d
-            .completer
-            .begin_attempt(&call.id, attempts(call), millis(backoff));
-        Box::pin(async move { self.changed_one(begin, "claiming an attempt").await })
+        Box::pin(async move {
+            let mut conn = self.on_pool();
+            let sql = conn.sql;
+            idem_sql::begin_attempt(&mut conn, sql, call, backoff)
+                .await
+                .map_err(failed)
+        })
     }
 
     fn note_failure<'a>(
@@ -106,14 +135,12 @@ impl ResumeStore for SeaOrmLeaseStore {
         call: &'a StoredCall,
         error: &'a str,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        let d = crate::driver::of(self.db().get_database_backend());
-        // Bounded: an error text can be long (a response body); the start says what failed.
-        let error: String = error.chars().take(2000).collect();
-        let note = d.completer.note_call_error(&call.id, error);
         Box::pin(async move {
-            self.changed_one(note, "keeping an attempt's error")
+            let mut conn = self.on_pool();
+            let sql = conn.sql;
+            idem_sql::note_failure(&mut conn, sql, call, error)
                 .await
-                .map(drop)
+                .map_err(failed)
         })
     }
 
@@ -124,58 +151,43 @@ impl ResumeStore for SeaOrmLeaseStore {
         hook_retry: Duration,
     ) -> BoxFuture<'a, Result<bool, Error>> {
         let db = self.db().clone();
-        let (id, payload) = (call.id.clone(), payload.to_vec());
+        let (call, payload) = (call.clone(), payload.to_vec());
         Box::pin(detached(async move {
             let doing = "giving a call up";
-            let d = crate::driver::of(db.get_database_backend());
+            let sql = crate::driver::of(db.get_database_backend());
             let tx = begin(&db).await.map_err(|e| store_error(doing, e))?;
-            let gave_up = tx
-                .execute_raw(statement(d, d.completer.give_up(&id, payload)))
+            let mut conn = OnConnection { db: &tx, sql };
+            let gave_up = idem_sql::give_up(&mut conn, sql, &call, payload, hook_retry)
                 .await
-                .map_err(|e| store_error(doing, e))?
-                .rows_affected()
-                == 1;
+                .map_err(failed)?;
             if !gave_up {
                 // Finished or taken over meanwhile.
                 let _ = tx.rollback().await;
                 return Ok(false);
             }
-            tx.execute_raw(statement(d, d.completer.owe_hook(&id, millis(hook_retry))))
-                .await
-                .map_err(|e| store_error(doing, e))?;
             tx.commit().await.map_err(|e| store_error(doing, e))?;
             Ok(true)
         }))
     }
 
     fn steps<'a>(&'a self, call: &'a StoredCall) -> BoxFuture<'a, Result<Steps, Error>> {
-        let d = crate::driver::of(self.db().get_database_backend());
-        let select = d.lease.select_steps(&call.id);
         Box::pin(async move {
-            let rows = self
-                .db()
-                .query_all_raw(statement(d, select))
-                .await
-                .map_err(|e| store_error("reading a call's steps", e))?;
-            rows.iter()
-                .map(|r| Ok((r.try_get_by_index(0)?, r.try_get_by_index(1)?)))
-                .collect::<Result<_, DbErr>>()
-                .map_err(|e| store_error("reading a call's steps", e))
+            let mut conn = self.on_pool();
+            let sql = conn.sql;
+            idem_sql::steps(&mut conn, sql, call).await.map_err(failed)
         })
     }
 
     fn forget<'a>(&'a self, call: &'a StoredCall) -> BoxFuture<'a, Result<(), Error>> {
         let db = self.db().clone();
-        let id = call.id.clone();
+        let call = call.clone();
         Box::pin(detached(async move {
             let doing = "forgetting a given-up call";
-            let d = crate::driver::of(db.get_database_backend());
+            let sql = crate::driver::of(db.get_database_backend());
             let tx = begin(&db).await.map_err(|e| store_error(doing, e))?;
-            for forget in [d.completer.forget_given_up(&id), d.lease.delete_steps(&id)] {
-                tx.execute_raw(statement(d, forget))
-                    .await
-                    .map_err(|e| store_error(doing, e))?;
-            }
+            idem_sql::forget(&mut OnConnection { db: &tx, sql }, sql, &call)
+                .await
+                .map_err(failed)?;
             tx.commit().await.map_err(|e| store_error(doing, e))
         }))
     }
@@ -184,22 +196,12 @@ impl ResumeStore for SeaOrmLeaseStore {
         &'a self,
         scopes: &'a [&'a str],
     ) -> BoxFuture<'a, Result<Vec<(String, u64)>, Error>> {
-        let d = crate::driver::of(self.db().get_database_backend());
-        let unregistered = d.completer.unregistered_calls(scopes);
         Box::pin(async move {
-            let doing = "counting calls nobody resumes";
-            let rows = self
-                .db()
-                .query_all_raw(statement(d, unregistered))
+            let mut conn = self.on_pool();
+            let sql = conn.sql;
+            idem_sql::unregistered(&mut conn, sql, scopes)
                 .await
-                .map_err(|e| store_error(doing, e))?;
-            rows.iter()
-                .map(|r| {
-                    let (scope, count) = r.try_get_many_by_index::<(String, i64)>()?;
-                    Ok((scope, u64::try_from(count).unwrap_or(0)))
-                })
-                .collect::<Result<_, DbErr>>()
-                .map_err(|e| store_error(doing, e))
+                .map_err(failed)
         })
     }
 }

@@ -19,11 +19,14 @@
 //! store (`idem-sqlx`) execute these statements, and run the same algorithms over them: the
 //! atomic-mode claim ([`claim`], over a [`ClaimConnection`]) and lease mode's claim, fence and
 //! completion ([`claim_lease`], [`fence`], [`complete`], …, over a [`LeaseConnection`]),
-//! and the outbox's relay ([`Relay`], its claims and marks over an [`OutboxConnection`]).
+//! the completer's reads and fenced updates ([`due_calls`], [`give_up`], …, over a
+//! [`ResumeConnection`]) and the outbox's relay ([`Relay`], its claims and marks over an
+//! [`OutboxConnection`]).
 //! It is an implementation crate of idem: its API follows idem's versions, with no promise of its own.
 
 // One file per feature's statements (a folder where a feature has more than one role: lease
-// mode's and the outbox's statements and algorithms); `statement/` holds what they are all made of.
+// mode's, the completer's and the outbox's statements and algorithms); `statement/` holds what
+// they are all made of.
 mod atomic;
 mod completer;
 mod failure;
@@ -40,7 +43,10 @@ pub use statement::names;
 use std::sync::LazyLock;
 
 pub use atomic::{ClaimConnection, ClaimRow, ClaimStep, Claimed, claim};
-pub use completer::{Completer, NewCall};
+pub use completer::{
+    CallColumns, Completer, NewCall, ResumeConnection, begin_attempt, due_calls, forget, give_up,
+    note_failure, steps, unregistered,
+};
 pub use failure::{Failure, claim_lost};
 pub use inbox::{Inbox, NewDeadLetter};
 pub use inspect::Inspect;

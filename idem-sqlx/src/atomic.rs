@@ -66,7 +66,8 @@ impl<DB: Backend> std::fmt::Debug for ClaimedTx<DB> {
 }
 
 /// A claim's transaction, as [`idem_sql::claim`] (and lease mode's [`idem_sql::claim_lease`],
-/// fence and completion) runs its statements.
+/// fence and completion, and the completer's statements, on a pooled connection too) runs its
+/// statements.
 pub(crate) struct InClaim<'t, DB: Backend> {
     pub(crate) conn: &'t mut DB::Connection,
     /// Whether statements are named ([`crate::through_transaction_pooler`]).

@@ -11,7 +11,8 @@
 //! A function whose connection is a [`Conn`] also runs nested, inside another call's body on
 //! its `&mut PgConnection`, claiming its key in a savepoint of that transaction.
 //! [`StateTable`] applies declared state transitions with one guarded `UPDATE` inside the
-//! body's transaction.
+//! body's transaction. A [`Completer`] finishes resumable lease-mode calls
+//! (`#[idempotent(..., lease = "30s", resumable)]`) whose clients did not come back.
 //!
 //! The statements are idem-sql's, the same as the SeaORM store runs, and so are the
 //! atomic claim and lease mode's claim, fence and completion; this crate only executes them. Applications use it through the facade's feature `sqlx` (with
@@ -22,10 +23,11 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // Modules named by feature as in idem-core, idem-sql and idem-sea-orm (`atomic`, `lease`,
-// `outbox`, `state`; `nested`: atomic mode inside another call's transaction; `schema`
-// creates the tables), plus `driver/`: how sqlx runs idem-sql's statements (binding,
+// `completer`, `outbox`, `state`; `nested`: atomic mode inside another call's transaction;
+// `schema` creates the tables), plus `driver/`: how sqlx runs idem-sql's statements (binding,
 // decoding, `BEGIN`, flavour, errors, transaction poolers).
 mod atomic;
+mod completer;
 mod driver;
 mod lease;
 mod nested;
@@ -34,6 +36,7 @@ mod schema;
 mod state;
 
 pub use atomic::{ClaimedTx, SqlxStore};
+pub use completer::Completer;
 pub use driver::Backend;
 pub use driver::pooler::through_transaction_pooler;
 pub use idem_sql::Family;

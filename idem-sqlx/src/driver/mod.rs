@@ -9,7 +9,9 @@ pub(crate) mod pooler;
 use std::future::Future;
 use std::pin::Pin;
 
-use idem_sql::{Bound, ClaimRow, ClaimedRow, Dialect, ExpiredLease, Flavour, StuckLease};
+use idem_sql::{
+    Bound, CallColumns, ClaimRow, ClaimedRow, Dialect, ExpiredLease, Flavour, StuckLease,
+};
 use sqlx::{Pool, Transaction};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use {idem_sql::Param, std::borrow::Cow};
@@ -97,6 +99,32 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         statement: Bound<'static>,
         named: bool,
     ) -> Step<'c, [Option<i64>; 4]>;
+
+    /// Runs `statement` and decodes each due call it returns (the completer's
+    /// [`idem_sql::Completer::due_calls`]).
+    #[doc(hidden)]
+    fn fetch_calls<'c>(
+        conn: &'c mut Self::Connection,
+        statement: Bound<'static>,
+        named: bool,
+    ) -> Step<'c, Vec<CallColumns>>;
+
+    /// Runs `statement` and reads the one nullable integer it returns (`None`: no row, or
+    /// NULL).
+    #[doc(hidden)]
+    fn fetch_millis<'c>(
+        conn: &'c mut Self::Connection,
+        statement: Bound<'static>,
+        named: bool,
+    ) -> Step<'c, Option<i64>>;
+
+    /// Runs `statement` and reads each row's `scope, count`.
+    #[doc(hidden)]
+    fn fetch_counts<'c>(
+        conn: &'c mut Self::Connection,
+        statement: Bound<'static>,
+        named: bool,
+    ) -> Step<'c, Vec<(String, i64)>>;
 
     /// Runs `sql`, which takes no values, as a simple (unprepared) query.
     #[doc(hidden)]
@@ -247,6 +275,50 @@ macro_rules! backend {
                         row.try_get(3)?,
                     ])
                 })
+            }
+
+            fn fetch_calls<'c>(
+                conn: &'c mut Self::Connection,
+                statement: Bound<'static>,
+                named: bool,
+            ) -> Step<'c, Vec<CallColumns>> {
+                each_row!(conn, statement, named, |row| {
+                    Ok((
+                        row.try_get(0)?,
+                        row.try_get(1)?,
+                        row.try_get(2)?,
+                        row.try_get(3)?,
+                        row.try_get(4)?,
+                        row.try_get(5)?,
+                        row.try_get(6)?,
+                        row.try_get(7)?,
+                        row.try_get(8)?,
+                    ))
+                })
+            }
+
+            fn fetch_millis<'c>(
+                conn: &'c mut Self::Connection,
+                statement: Bound<'static>,
+                named: bool,
+            ) -> Step<'c, Option<i64>> {
+                Box::pin(async move {
+                    use sqlx::Row as _;
+                    let query = query::<Self>(statement, named);
+                    let row = query.fetch_optional(&mut *conn).await?;
+                    Ok(row.map(|row| row.try_get(0)).transpose()?.flatten())
+                })
+            }
+
+            fn fetch_counts<'c>(
+                conn: &'c mut Self::Connection,
+                statement: Bound<'static>,
+                named: bool,
+            ) -> Step<'c, Vec<(String, i64)>> {
+                each_row!(conn, statement, named, |row| Ok((
+                    row.try_get(0)?,
+                    row.try_get(1)?
+                )))
             }
 
             fn execute_unprepared<'c>(

@@ -45,6 +45,11 @@ impl<DB: Backend> SqlxLeaseStore<DB> {
     pub fn new(pool: Pool<DB>) -> Self {
         SqlxLeaseStore { pool }
     }
+
+    /// The pool the store runs on.
+    pub(crate) fn pool(&self) -> &Pool<DB> {
+        &self.pool
+    }
 }
 
 impl<DB: Backend> Clone for SqlxLeaseStore<DB> {
@@ -69,13 +74,13 @@ fn lost() -> Error {
 }
 
 /// An idem-sql step's error, with what it was doing.
-fn failed((doing, e): (&'static str, sqlx::Error)) -> Error {
+pub(crate) fn failed((doing, e): (&'static str, sqlx::Error)) -> Error {
     store_error(doing, e)
 }
 
 /// The statements of `pool`'s server, and whether they run named
 /// ([`crate::through_transaction_pooler`]).
-async fn statements<DB: Backend>(pool: &Pool<DB>) -> (&'static Sql, bool) {
+pub(crate) async fn statements<DB: Backend>(pool: &Pool<DB>) -> (&'static Sql, bool) {
     (
         Sql::of(DB::flavour(pool).await),
         crate::driver::pooler::named(pool),

@@ -1,5 +1,7 @@
-//! Resumable calls and their completers. Only calls in progress (and give-ups whose hook is
-//! owed) have a row: the table stays small, and its scans need no index.
+//! The completer's statements: the calls table (resumable calls' stored arguments), and the
+//! reads and fenced updates a completer runs on it and on the ledger. Only calls in progress
+//! (and give-ups whose hook is owed) have a row: the table stays small, and its scans need no
+//! index.
 
 use crate::statement::render::{render, upsert};
 use crate::{Bound, Dialect, Param, Tables, with_ids};
