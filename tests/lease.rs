@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::stores::{Conn, call};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -314,28 +315,6 @@ macro_rules! sqlx_handlers {
 sqlx_handlers!(on_sqlx_sqlite, sqlx::SqlitePool, "?", "?", "?");
 sqlx_handlers!(on_sqlx_postgres, sqlx::PgPool, "$1", "$2", "$3");
 sqlx_handlers!(on_sqlx_mysql, sqlx::MySqlPool, "?", "?", "?");
-
-/// Which store a case's calls go through: SeaORM's (on the backend's connection) or sqlx's,
-/// on a pool of its own to the same database.
-#[derive(Clone)]
-enum Conn {
-    SeaOrm,
-    SqlxSqlite(sqlx::SqlitePool),
-    SqlxPostgres(sqlx::PgPool),
-    SqlxMySql(sqlx::MySqlPool),
-}
-
-/// Calls `handler` of the case's store, with the case's connection first.
-macro_rules! call {
-    ($case:expr, $handler:ident($($arg:expr),* $(,)?)) => {
-        match &$case.conn {
-            Conn::SeaOrm => on_sea_orm::$handler(&$case.db, $($arg),*).await,
-            Conn::SqlxSqlite(pool) => on_sqlx_sqlite::$handler(pool, $($arg),*).await,
-            Conn::SqlxPostgres(pool) => on_sqlx_postgres::$handler(pool, $($arg),*).await,
-            Conn::SqlxMySql(pool) => on_sqlx_mysql::$handler(pool, $($arg),*).await,
-        }
-    };
-}
 
 fn cmd(run: &str) -> Pay {
     Pay {

@@ -12,6 +12,7 @@
 
 mod common;
 
+use common::stores::Conn;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -125,16 +126,6 @@ macro_rules! sqlx_handlers {
 sqlx_handlers!(on_sqlx_sqlite, sqlx::SqlitePool, "?", "?", "?");
 sqlx_handlers!(on_sqlx_postgres, sqlx::PgPool, "$1", "$2", "$3");
 sqlx_handlers!(on_sqlx_mysql, sqlx::MySqlPool, "?", "?", "?");
-
-/// Which store a case stages and relays through: SeaORM's (on the case's connection) or
-/// sqlx's, on a pool of its own to the same database.
-#[derive(Clone)]
-enum Conn {
-    SeaOrm,
-    SqlxSqlite(sqlx::SqlitePool),
-    SqlxPostgres(sqlx::PgPool),
-    SqlxMySql(sqlx::MySqlPool),
-}
 
 /// One test on one backend and one store, in a database of its own. `db` is the database's
 /// SeaORM connection, which the test reads through whichever store stages and relays.

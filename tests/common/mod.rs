@@ -18,6 +18,7 @@ pub mod crash;
 pub mod http;
 pub mod isolated;
 pub mod pgbouncer;
+pub mod stores;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,0 +1,29 @@
+//! The two stores a parametrised suite runs each case through (the lease, completer and
+//! outbox suites): SeaORM's, on the backend's connection, or sqlx's, on a pool of its own to
+//! the same database. Each suite writes its handlers once per connection type, in modules
+//! `on_sea_orm`, `on_sqlx_sqlite`, `on_sqlx_postgres` and `on_sqlx_mysql`.
+
+/// Which store a case goes through.
+#[derive(Clone)]
+pub enum Conn {
+    SeaOrm,
+    SqlxSqlite(sqlx::SqlitePool),
+    SqlxPostgres(sqlx::PgPool),
+    SqlxMySql(sqlx::MySqlPool),
+}
+
+/// Calls `handler` of the case's store (the suite's `on_*` module), with the case's
+/// connection first: `$case.db` for SeaORM, the case's pool for sqlx.
+#[allow(unused_macros)]
+macro_rules! call {
+    ($case:expr, $handler:ident($($arg:expr),* $(,)?)) => {
+        match &$case.conn {
+            Conn::SeaOrm => on_sea_orm::$handler(&$case.db, $($arg),*).await,
+            Conn::SqlxSqlite(pool) => on_sqlx_sqlite::$handler(pool, $($arg),*).await,
+            Conn::SqlxPostgres(pool) => on_sqlx_postgres::$handler(pool, $($arg),*).await,
+            Conn::SqlxMySql(pool) => on_sqlx_mysql::$handler(pool, $($arg),*).await,
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use call;
