@@ -257,6 +257,16 @@ impl LeaseHandle {
         self.0.lost()
     }
 
+    /// Notes a store error the holder's own work met (a final phase's `BEGIN` or commit) and
+    /// hands it back: a store that is unreachable makes the call end its lease behind its
+    /// answer, as after a step, instead of waiting the connection bound out a second time.
+    pub fn store_failed(&self, e: Error) -> Error {
+        if e.kind() == crate::ErrorKind::Unavailable {
+            self.0.store_unreachable.store(true, Ordering::SeqCst);
+        }
+        e
+    }
+
     /// Whether the lease is known to be lost.
     pub fn is_lost(&self) -> bool {
         self.0.lost.load(Ordering::SeqCst)
@@ -671,6 +681,51 @@ mod tests {
             started.elapsed()
         );
         assert!(!released.load(Ordering::SeqCst));
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        assert!(
+            released.load(Ordering::SeqCst),
+            "the release ran behind the answer"
+        );
+    }
+
+    /// The same for a final phase that could not begin on a dead node (a store's
+    /// `final_step`/`finish` reports it through `LeaseHandle::store_failed`).
+    #[tokio::test]
+    async fn a_final_phase_that_found_the_store_unreachable_is_answered_before_the_release() {
+        static SITE: Site = Site::new(
+            "lease.dead-node-phase",
+            Duration::from_secs(60),
+            Concurrency::Reject,
+        );
+        let released = Arc::new(AtomicBool::new(false));
+        let store = DeadNode {
+            inner: MemoryStore::new(),
+            released: Arc::clone(&released),
+        };
+        let started = Instant::now();
+        let answer: Result<u8, Error> = run_lease(
+            Arc::new(store),
+            Call::new(&SITE, Key::new("k-1")),
+            Duration::from_secs(30),
+            None,
+            async || {
+                let lease = LeaseHandle::current("a final phase")?;
+                Err(lease.store_failed(Error::Unavailable {
+                    message: "no connection within the bound".to_owned(),
+                    retry_after: Duration::from_secs(1),
+                }))
+            },
+        )
+        .await;
+        assert_eq!(
+            answer.expect_err("unreachable").kind(),
+            ErrorKind::Unavailable
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "answered after {:?}: the release was awaited",
+            started.elapsed()
+        );
         tokio::time::sleep(Duration::from_millis(2500)).await;
         assert!(
             released.load(Ordering::SeqCst),

@@ -384,7 +384,7 @@ where
     let ticket = lease.ticket();
     let tx = begin_within(db, connection_wait())
         .await
-        .map_err(|e| store_error("beginning the final phase", e))?;
+        .map_err(|e| lease.store_failed(store_error("beginning the final phase", e)))?;
     if let Err(e) = fence(&tx, &ticket).await {
         let _ = tx.rollback().await;
         return Err(if e.kind() == idem_core::ErrorKind::LeaseLost {

@@ -404,7 +404,9 @@ where
     }
     let ticket = lease.ticket();
     let (d, named) = statements(pool).await;
-    let mut tx = DB::begin_claim(pool).await.map_err(begin)?;
+    let mut tx = DB::begin_claim(pool)
+        .await
+        .map_err(|e| lease.store_failed(begin(e)))?;
     let mut conn = InClaim::<DB> {
         conn: &mut tx,
         named,
