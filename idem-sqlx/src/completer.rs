@@ -9,15 +9,12 @@ use std::time::Duration;
 
 use idem_core::completer::{Due, ResumeStore, Steps, StoredCall};
 use idem_core::{BoxFuture, Error, detached};
-use idem_sql::Sql;
 use idem_sql::{Bound, CallColumns, ResumeConnection};
-use sqlx::Pool;
-use sqlx::pool::PoolConnection;
 
 use crate::atomic::InClaim;
 use crate::driver::Backend;
 use crate::driver::error::store_error;
-use crate::lease::{SqlxLeaseStore, failed, statements};
+use crate::lease::{SqlxLeaseStore, acquire, failed, statements};
 
 /// A [`Completer`](idem_core::Completer) on a sqlx pool: finishes resumable lease-mode calls
 /// whose clients did not come back. `Completer::new(SqlxLeaseStore::new(pool.clone()))`;
@@ -59,17 +56,6 @@ impl<DB: Backend> ResumeConnection for InClaim<'_, DB> {
     ) -> Result<Vec<(String, Vec<u8>)>, sqlx::Error> {
         DB::fetch_steps(self.conn, statement, self.named).await
     }
-}
-
-/// A connection of `pool`, auto-committed, and the statements of its server; `doing` names
-/// an acquire that fails.
-async fn acquire<DB: Backend>(
-    pool: &Pool<DB>,
-    doing: &'static str,
-) -> Result<(PoolConnection<DB>, &'static Sql, bool), Error> {
-    let (sql, named) = statements(pool).await;
-    let conn = pool.acquire().await.map_err(|e| store_error(doing, e))?;
-    Ok((conn, sql, named))
 }
 
 impl<DB: Backend> ResumeStore for SqlxLeaseStore<DB> {

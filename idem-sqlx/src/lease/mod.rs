@@ -87,6 +87,17 @@ pub(crate) async fn statements<DB: Backend>(pool: &Pool<DB>) -> (&'static Sql, b
     )
 }
 
+/// A connection of `pool`, auto-committed, and the statements of its server; `doing` names
+/// an acquire that fails.
+pub(crate) async fn acquire<DB: Backend>(
+    pool: &Pool<DB>,
+    doing: &'static str,
+) -> Result<(sqlx::pool::PoolConnection<DB>, &'static Sql, bool), Error> {
+    let (sql, named) = statements(pool).await;
+    let conn = pool.acquire().await.map_err(|e| store_error(doing, e))?;
+    Ok((conn, sql, named))
+}
+
 /// The lease claim ([`idem_sql::claim_lease`]): first as one auto-committed statement where
 /// it can settle the answer (one round trip, one commit), else in a transaction under the
 /// row's lock.

@@ -18,9 +18,7 @@ async fn reading<DB: Backend>(
     pool: &Pool<DB>,
     doing: &'static str,
 ) -> Result<(PoolConnection<DB>, &'static Sql, bool, bool), Error> {
-    let sql = Sql::of(DB::flavour(pool).await);
-    let named = crate::driver::pooler::named(pool);
-    let mut conn = pool.acquire().await.map_err(|e| store_error(doing, e))?;
+    let (mut conn, sql, named) = super::acquire(pool, doing).await?;
     let tables = DB::fetch_texts(&mut *conn, sql.inspect.existing_tables(), named)
         .await
         .map_err(|e| store_error("listing idem's tables", e))?;
@@ -65,9 +63,7 @@ pub async fn stuck_leases<DB: Backend>(
 /// from its recorded steps. `false`: no record, or no live lease to release.
 pub async fn release_lease<DB: Backend>(pool: &Pool<DB>, id: &[u8]) -> Result<bool, Error> {
     let doing = "releasing a lease";
-    let sql = Sql::of(DB::flavour(pool).await);
-    let named = crate::driver::pooler::named(pool);
-    let mut conn = pool.acquire().await.map_err(|e| store_error(doing, e))?;
+    let (mut conn, sql, named) = super::acquire(pool, doing).await?;
     let released = DB::execute(&mut *conn, sql.lease.release_by_hand(id), named)
         .await
         .map_err(|e| store_error(doing, e))?;
