@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use common::isolated::{Isolated, isolated};
 use common::{effects, insert_effect, unique};
 use idem::outbox::{Backoff, FnSink, Message, OutboxHealth, OutboxMessage, Sink, SinkError};
-use idem::sea_orm::{RelayCounters, RelayRound, dead_messages, purge_published, retry_dead};
+use idem::sea_orm::{DeadMessage, RelayCounters, RelayRound};
 use idem::{ErrorKind, idempotent};
 use sea_orm::{ConnectionTrait, DatabaseConnection, Statement, TransactionTrait};
 use serde::{Deserialize, Serialize};
@@ -237,6 +237,31 @@ impl Case {
                 AnyRelay::SqlxMySql(idem::sqlx::Relay::new(pool.clone(), sink))
             }
         }
+    }
+
+    /// Up to 10 dead messages, read by the case's store.
+    async fn dead_messages(&self) -> Vec<DeadMessage> {
+        on_store!(self, sea_orm => idem::sea_orm::dead_messages(&self.db, 10).await, |pool| {
+            idem::sqlx::dead_messages(pool, 10).await
+        })
+        .expect("dead messages")
+    }
+
+    /// Puts the dead message `id` back in line through the case's store.
+    async fn retry_dead(&self, id: &str) -> bool {
+        on_store!(self, sea_orm => idem::sea_orm::retry_dead(&self.db, id).await, |pool| {
+            idem::sqlx::retry_dead(pool, id).await
+        })
+        .expect("retry")
+    }
+
+    /// Purges messages published before `retention`, 2 per statement, through the case's
+    /// store.
+    async fn purge_published(&self, retention: Duration) -> u64 {
+        on_store!(self, sea_orm => idem::sea_orm::purge_published(&self.db, retention, 2).await, |pool| {
+            idem::sqlx::purge_published(pool, retention, 2).await
+        })
+        .expect("purge")
     }
 
     /// The outbox's figures, read by the case's store.
@@ -595,7 +620,7 @@ async fn a_poison_message_goes_dead_and_blocks_only_its_own_aggregate() {
                 .all(|m| m.aggregate.as_deref() != Some("sick")),
             "{name}: the message after the dead one waits"
         );
-        let dead = dead_messages(&db, 10).await.expect("dead");
+        let dead = case.dead_messages().await;
         assert_eq!(dead.len(), 1, "{name}");
         assert_eq!(dead[0].id, poison);
         assert_eq!(dead[0].attempts, 3, "{name}");
@@ -614,11 +639,8 @@ async fn a_poison_message_goes_dead_and_blocks_only_its_own_aggregate() {
 
         // The operator fixes the receiver and retries: the aggregate flows again, in order.
         *refuse.lock().expect("lock") = None;
-        assert!(retry_dead(&db, &poison).await.expect("retry"), "{name}");
-        assert!(
-            !retry_dead(&db, "no-such-id").await.expect("retry"),
-            "{name}"
-        );
+        assert!(case.retry_dead(&poison).await, "{name}");
+        assert!(!case.retry_dead("no-such-id").await, "{name}");
         drain(&relay).await;
         let sick: Vec<_> = delivered
             .deliveries()
@@ -647,7 +669,7 @@ async fn a_permanent_refusal_is_dead_at_once_and_purge_keeps_recent_messages() {
         }));
         let round = relay.run_once().await.expect("round");
         assert_eq!((round.claimed, round.dead), (1, 1), "{name}");
-        assert_eq!(dead_messages(&db, 10).await.expect("dead")[0].attempts, 1);
+        assert_eq!(case.dead_messages().await[0].attempts, 1, "{name}");
 
         for i in 0..5u8 {
             case.stage(Message::new("t.ok", vec![i]))
@@ -660,17 +682,13 @@ async fn a_permanent_refusal_is_dead_at_once_and_purge_keeps_recent_messages() {
         let published = "SELECT COUNT(*) FROM idem_outbox WHERE state = 1";
         assert_eq!(count(&db, published).await, 5, "{name}");
         assert_eq!(
-            purge_published(&db, Duration::from_secs(3600), 2)
-                .await
-                .expect("purge"),
+            case.purge_published(Duration::from_secs(3600)).await,
             0,
             "{name}: nothing is old enough"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(
-            purge_published(&db, Duration::from_millis(1), 2)
-                .await
-                .expect("purge"),
+            case.purge_published(Duration::from_millis(1)).await,
             5,
             "{name}: in batches of 2"
         );

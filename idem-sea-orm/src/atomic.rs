@@ -112,6 +112,8 @@ pub struct ClaimedTx {
     body: Option<DatabaseTransaction>,
     tx: DatabaseTransaction,
     owner: i64,
+    /// The statements of the server the claim runs on (its MySQL family's claim).
+    sql: &'static Sql,
 }
 
 /// The longest a claim waits for a pooled connection, in milliseconds ([`set_connection_wait`]).
@@ -135,12 +137,18 @@ pub(crate) fn connection_wait() -> Duration {
     Duration::from_millis(CONNECTION_WAIT_MS.load(Ordering::Relaxed))
 }
 
-/// Begins a claim's transaction, waiting at most `wait` for a connection.
+/// Begins a claim's transaction, waiting at most `wait` for a connection (and, the first time
+/// on a MySQL server, for its answer to which family it is), with every statement of its
+/// server.
 pub(crate) async fn begin_within(
     db: &DatabaseConnection,
     wait: Duration,
-) -> Result<DatabaseTransaction, DbErr> {
-    bounded(db, wait, begin(db)).await
+) -> Result<(DatabaseTransaction, &'static Sql), DbErr> {
+    bounded(db, wait, async {
+        let sql = crate::driver::of_server(db).await;
+        Ok((begin(db).await?, sql))
+    })
+    .await
 }
 
 /// Runs `work` (auto-committed statements on the pool), giving up after the connection wait:
@@ -172,10 +180,6 @@ async fn bounded<T>(
 
 pub(crate) async fn begin(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
     match db.get_database_backend() {
-        DbBackend::MySql => {
-            crate::driver::flavour::detect(db).await;
-            db.begin().await
-        }
         // Take SQLite's write lock up front: a deferred transaction that reads and then writes
         // fails with SQLITE_BUSY instead of waiting.
         DbBackend::Sqlite => {
@@ -232,10 +236,10 @@ async fn try_claim(
     db: &DatabaseConnection,
     step: &ClaimStep,
 ) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
-    let tx = begin_within(db, step.connection_wait)
+    let (tx, sql) = begin_within(db, step.connection_wait)
         .await
         .map_err(|e| ("beginning the claim transaction", e))?;
-    claim_in(tx, &step.claim).await
+    claim_in(tx, sql, &step.claim).await
 }
 
 /// A nested claim: a savepoint in the outer call's transaction, then the claim as usual. The
@@ -248,11 +252,12 @@ async fn try_claim_nested(
         .begin()
         .await
         .map_err(|e| ("beginning the nested claim's savepoint", e))?;
+    let sql = Sql::of(crate::driver::flavour::of_transaction(&tx).await);
     let step_in = idem_sql::ClaimStep {
         savepoint: false,
         ..step.claim.clone()
     };
-    match claim_in(tx, &step_in).await? {
+    match claim_in(tx, sql, &step_in).await? {
         Claim::Execute(mut claimed) if step.claim.savepoint => {
             let body = claimed
                 .tx
@@ -270,15 +275,15 @@ async fn try_claim_nested(
 /// decision asks for.
 async fn claim_in(
     tx: DatabaseTransaction,
+    sql: &'static Sql,
     step: &idem_sql::ClaimStep,
 ) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
-    // After `begin`, which learns which MySQL family the server is.
-    let d = crate::driver::of(tx.get_database_backend());
-    match idem_sql::claim(&mut InClaim { tx: &tx, sql: d }, d, step).await? {
+    match idem_sql::claim(&mut InClaim { tx: &tx, sql }, sql, step).await? {
         Claimed::Execute => Ok(Claim::Execute(ClaimedTx {
             body: None,
             tx,
             owner: step.row.owner,
+            sql,
         })),
         Claimed::Live(row) => {
             end_unwritten(tx);
@@ -431,7 +436,9 @@ impl Store for SeaOrmStore<'_> {
 
     async fn record(
         &self,
-        ClaimedTx { body, tx, owner }: ClaimedTx,
+        ClaimedTx {
+            body, tx, owner, ..
+        }: ClaimedTx,
         req: &Request,
         status: RecordStatus,
         payload: &[u8],
@@ -450,6 +457,7 @@ impl Store for SeaOrmStore<'_> {
     }
 
     async fn begin(&self) -> Result<ClaimedTx, Error> {
+        let sql = crate::driver::of(self.backend());
         let tx = match self.db {
             Conn::Pool(db) => {
                 outside_open_claim(db, "a call run with idem switched off")?;
@@ -461,6 +469,8 @@ impl Store for SeaOrmStore<'_> {
             body: None,
             tx: tx.map_err(|e| store_error("beginning the handler's transaction", e))?,
             owner: 0,
+            // A call with idem switched off claims nothing.
+            sql,
         })
     }
 
@@ -512,7 +522,7 @@ impl Store for SeaOrmStore<'_> {
         if backend != DbBackend::MySql {
             return false;
         }
-        let d = crate::driver::of(backend);
+        let d = claimed.sql;
         let read = claimed
             .tx
             .query_one_raw(statement(d, d.ledger.read_locked(req.id())))

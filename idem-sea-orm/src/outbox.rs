@@ -10,7 +10,7 @@
 //!   aggregate.
 
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use idem_core::Error;
 use idem_core::outbox::{Message, OutboxHealth};
@@ -20,7 +20,8 @@ use idem_sql::{
 };
 use sea_orm::{ConnectionTrait, DatabaseConnection, IsolationLevel, QueryResult, TransactionTrait};
 
-pub use idem_sql::{RelayCounters, RelayRound};
+use idem_sql::paced_purge;
+pub use idem_sql::{DeadMessage, RelayCounters, RelayRound};
 
 use crate::atomic::{detached, list_rows};
 use crate::driver::error::store_error;
@@ -264,26 +265,6 @@ pub async fn outbox_health<C: ConnectionTrait>(db: &C) -> Result<OutboxHealth, E
     Ok(health_of(pending, oldest, dead, now))
 }
 
-/// A message that exhausted its attempts (or that its sink refused).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct DeadMessage {
-    /// The message id.
-    pub id: String,
-    /// Its topic.
-    pub topic: String,
-    /// Its aggregate, blocked until the message is retried.
-    pub aggregate: Option<String>,
-    /// Its position in the aggregate.
-    pub aggregate_seq: Option<i64>,
-    /// Attempts made.
-    pub attempts: u32,
-    /// The last error.
-    pub last_error: Option<String>,
-    /// When it was staged (epoch ms, database clock).
-    pub created_at_ms: i64,
-}
-
 /// Lists up to `limit` dead messages, oldest first.
 pub async fn dead_messages<C: ConnectionTrait>(
     db: &C,
@@ -294,16 +275,16 @@ pub async fn dead_messages<C: ConnectionTrait>(
         .list_dead(i64::from(limit));
     list_rows(db, list, "listing dead outbox messages", |row| {
         let (id, topic, aggregate, aggregate_seq, attempts, last_error, created_at_ms) =
-            row.try_get_many_by_index::<(_, _, _, _, i32, _, _)>()?;
-        Ok(DeadMessage {
+            row.try_get_many_by_index()?;
+        Ok(DeadMessage::from_columns(
             id,
             topic,
             aggregate,
             aggregate_seq,
-            attempts: u32::try_from(attempts).unwrap_or(0),
+            attempts,
             last_error,
             created_at_ms,
-        })
+        ))
     })
     .await
 }
@@ -330,23 +311,15 @@ pub async fn purge_published<C: ConnectionTrait>(
 ) -> Result<u64, Error> {
     let sql = crate::driver::of(db.get_database_backend());
     let batch = batch.max(1);
-    let mut total = 0;
-    loop {
-        let started = Instant::now();
-        let deleted = exec(
-            db,
-            sql,
-            sql.outbox
-                .purge_published(millis(retention), i64::from(batch)),
-        )
-        .await
-        .map_err(|e| store_error("purging published outbox messages", e))?;
-        total += deleted;
-        if deleted < u64::from(batch) {
-            return Ok(total);
-        }
-        tokio::time::sleep(started.elapsed()).await;
-    }
+    paced_purge(batch, || async move {
+        let purge = sql
+            .outbox
+            .purge_published(millis(retention), i64::from(batch));
+        exec(db, sql, purge)
+            .await
+            .map_err(|e| store_error("purging published outbox messages", e))
+    })
+    .await
 }
 
 /// Where a consumer records the messages it gave up on: the dead-letter table,

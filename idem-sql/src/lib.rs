@@ -59,14 +59,15 @@ pub use names::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
 };
 pub use outbox::{
-    ClaimedMessage, ClaimedRow, FailedAttempt, NewMessage, Outbox, OutboxConnection, Relay,
-    RelayCounters, RelayRound, RelayStore, claim_messages, health_of, record_outcomes,
+    ClaimedMessage, ClaimedRow, DeadMessage, FailedAttempt, NewMessage, Outbox, OutboxConnection,
+    Relay, RelayCounters, RelayRound, RelayStore, claim_messages, health_of, paced_purge,
+    record_outcomes,
 };
 pub use schema::{Family, SCHEMA_DIALECTS, schema};
 pub use statement::bound::{Bound, Param};
 pub use statement::flavour::{
-    Dialect, FORCE_MYSQL8_ENV, Flavour, GALERA_SYNC_WAIT_ENV, SELECT_VERSION, SELECT_WSREP_ON,
-    has_returning, mysql_flavour,
+    Dialect, FORCE_MYSQL8_ENV, Flavour, GALERA_SYNC_WAIT_ENV, MySqlServer, SELECT_VERSION,
+    SELECT_WSREP_ON, has_returning, mysql_flavour,
 };
 pub use statement::render::{millis, placeholders, with_ids};
 
@@ -119,6 +120,19 @@ impl Sql {
             Flavour::MySql8 => &MYSQL8,
             Flavour::Sqlite => &SQLITE,
         }
+    }
+
+    /// The statements every server of `dialect` runs alike: all but the claim's (the ledger's
+    /// `claim`, its `nowait` form, the locked and committed reads, `claim_at_once`), which
+    /// differ between the MySQL families and need the server's [`Flavour`]. For the statements
+    /// a caller runs without knowing the server's version: an operator's reads and writes, a
+    /// handler's staging, the DDL (`tests.rs` checks that the families agree on them).
+    pub fn common(dialect: Dialect) -> &'static Sql {
+        Sql::of(match dialect {
+            Dialect::Postgres => Flavour::Postgres,
+            Dialect::MySql => Flavour::MariaDb,
+            Dialect::Sqlite => Flavour::Sqlite,
+        })
     }
 
     /// Renders every statement of `flavour`.

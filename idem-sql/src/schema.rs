@@ -5,7 +5,7 @@
 use crate::statement::names::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
 };
-use crate::{Dialect, Flavour, Sql, Tables};
+use crate::{Dialect, Sql, Tables};
 
 /// A family of idem's tables, created together. Atomic mode needs the ledger alone; lease
 /// mode the ledger and the steps; resumable calls (and their completer) the calls table too;
@@ -90,18 +90,13 @@ impl Sql {
 /// each statement ending in `;`. The same statements as `create_tables` runs; every one is
 /// idempotent (`IF NOT EXISTS`).
 pub fn schema(dialect: Dialect, family: Family) -> String {
-    let flavour = match dialect {
-        Dialect::Postgres => Flavour::Postgres,
-        Dialect::MySql => Flavour::MariaDb,
-        Dialect::Sqlite => Flavour::Sqlite,
-    };
     let mut out = format!(
         "-- idem's {} tables ({}): {}.\n",
         family.name(),
         family.tables().join(", "),
         family.serves()
     );
-    for statement in &Sql::of(flavour).tables(family).create {
+    for statement in &Sql::common(dialect).tables(family).create {
         out.push('\n');
         out.push_str(statement);
         out.push_str(";\n");

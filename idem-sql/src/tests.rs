@@ -407,3 +407,49 @@ fn the_schema_files_are_the_rendered_ddl() {
         }
     }
 }
+
+/// What [`Sql::common`] promises: the MySQL families (MariaDB, a Galera node, the MySQL 8
+/// family) render every statement alike except the claim's, so a caller that does not know the
+/// server's family may run any other.
+#[test]
+fn the_mysql_families_differ_only_in_the_claim() {
+    let outside_the_claim = |flavour| {
+        let sql = Sql::new(flavour);
+        let claim = [
+            &sql.ledger.claim,
+            &sql.ledger.claim_nowait,
+            &sql.ledger.read_locked,
+            &sql.ledger.read_row,
+        ];
+        every_statement(&sql)
+            .into_iter()
+            .filter(|statement| !claim.contains(&statement))
+            .collect::<Vec<_>>()
+    };
+    let mariadb = outside_the_claim(Flavour::MariaDb);
+    assert!(mariadb.len() > 60, "{} statements", mariadb.len());
+    for flavour in [Flavour::Galera, Flavour::MySql8] {
+        assert_eq!(outside_the_claim(flavour), mariadb, "{flavour:?}");
+    }
+    assert!(std::ptr::eq(
+        Sql::common(Dialect::MySql),
+        Sql::of(Flavour::MariaDb)
+    ));
+}
+
+/// A service may talk to MariaDB and to MySQL 8: each server keeps the family learnt of it, and
+/// a server that did not answer is asked again next time.
+#[test]
+fn each_mysql_server_keeps_its_own_family() {
+    let mysql8 = MySqlServer::new("mysql8.invalid", 3306, Some("shop"));
+    let mariadb = MySqlServer::new("mariadb.invalid", 3306, Some("shop"));
+    let down = MySqlServer::new("down.invalid", 3306, None);
+    assert_eq!(mysql8.learnt(), None);
+    assert_eq!(mysql8.learn(Some("8.0.36"), None), Flavour::MySql8);
+    let expected = mysql_flavour(Some("10.11.19-MariaDB"), Some(0));
+    assert_eq!(mariadb.learn(Some("10.11.19-MariaDB"), Some(0)), expected);
+    assert_eq!(mysql8.learnt(), Some(Flavour::MySql8));
+    assert_eq!(mariadb.learnt(), Some(expected));
+    down.learn(None, None);
+    assert_eq!(down.learnt(), None);
+}

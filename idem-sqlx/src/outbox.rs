@@ -12,7 +12,7 @@ use idem_core::Error;
 use idem_core::outbox::{Message, OutboxHealth};
 use idem_sql::{
     Bound, ClaimedMessage, ClaimedRow, FailedAttempt, Outbox as Statements, OutboxConnection,
-    RelayStore, claim_messages, health_of, record_outcomes,
+    RelayStore, claim_messages, health_of, millis, paced_purge, record_outcomes,
 };
 use sqlx::Pool;
 
@@ -20,7 +20,7 @@ use crate::driver::Backend;
 use crate::driver::error::store_error;
 use crate::driver::pooler::named;
 
-pub use idem_sql::{RelayCounters, RelayRound};
+pub use idem_sql::{DeadMessage, RelayCounters, RelayRound};
 
 /// A sqlx connection as the outbox's shared algorithm runs statements on it.
 struct OnSqlx<'c, DB: Backend> {
@@ -278,4 +278,54 @@ pub async fn outbox_health<DB: Backend>(pool: &Pool<DB>) -> Result<OutboxHealth,
         .await
         .map_err(|e| store_error(doing, e))?;
     Ok(health_of(pending, oldest, dead, now))
+}
+
+/// Lists up to `limit` dead messages, oldest first: each blocks its aggregate until
+/// [`retry_dead`] puts it back in line.
+pub async fn dead_messages<DB: Backend>(
+    pool: &Pool<DB>,
+    limit: u32,
+) -> Result<Vec<DeadMessage>, Error> {
+    let doing = "listing dead outbox messages";
+    let mut conn = pool.acquire().await.map_err(|e| store_error(doing, e))?;
+    let list = Statements::of(DB::DIALECT).list_dead(i64::from(limit));
+    DB::fetch_dead_messages(&mut *conn, list, named(pool))
+        .await
+        .map_err(|e| store_error(doing, e))
+}
+
+/// Puts a dead message back in line with fresh attempts, and wakes this process's relays;
+/// `false` if no dead message has that id.
+pub async fn retry_dead<DB: Backend>(pool: &Pool<DB>, message_id: &str) -> Result<bool, Error> {
+    let doing = "retrying a dead outbox message";
+    let mut conn = pool.acquire().await.map_err(|e| store_error(doing, e))?;
+    let retry = Statements::of(DB::DIALECT).retry_dead(message_id);
+    let retried = DB::execute(&mut *conn, retry, named(pool))
+        .await
+        .map_err(|e| store_error(doing, e))?;
+    if retried > 0 {
+        idem_core::outbox::wake();
+    }
+    Ok(retried > 0)
+}
+
+/// Deletes messages published more than `retention` ago, `batch` rows per statement, pausing
+/// after each statement for as long as it took ([`idem_sql::paced_purge`]). Returns how many
+/// it deleted.
+pub async fn purge_published<DB: Backend>(
+    pool: &Pool<DB>,
+    retention: Duration,
+    batch: u32,
+) -> Result<u64, Error> {
+    let doing = "purging published outbox messages";
+    let batch = batch.max(1);
+    paced_purge(batch, || async move {
+        let mut conn = pool.acquire().await.map_err(|e| store_error(doing, e))?;
+        let purge =
+            Statements::of(DB::DIALECT).purge_published(millis(retention), i64::from(batch));
+        DB::execute(&mut *conn, purge, named(pool))
+            .await
+            .map_err(|e| store_error(doing, e))
+    })
+    .await
 }

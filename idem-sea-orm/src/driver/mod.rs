@@ -5,31 +5,26 @@
 pub(crate) mod error;
 pub(crate) mod flavour;
 
-use sea_orm::{DbBackend, Statement, Value};
+use sea_orm::{DatabaseConnection, DbBackend, Statement, Value};
 
 pub(crate) use idem_sql::names::ALL_TABLES;
 pub(crate) use idem_sql::{
-    Bound, Dialect, Flavour, NewDeadLetter, NewMessage, NewRecord, Param, Purge, Sql, millis,
+    Bound, Dialect, NewDeadLetter, NewMessage, NewRecord, Param, Purge, Sql, millis,
 };
 pub use idem_sql::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
 };
 
-/// The statements of `backend` (on MySQL, of the server family this process talks to:
-/// [`crate::driver::flavour`]).
+/// The statements `backend` runs outside a claim: the same on every server of its dialect
+/// ([`Sql::common`]).
 pub(crate) fn of(backend: DbBackend) -> &'static Sql {
-    Sql::of(flavour(backend))
+    Sql::common(dialect(backend))
 }
 
-/// The flavour of `backend` (on MySQL, as far as this process knows yet).
-pub(crate) fn flavour(backend: DbBackend) -> Flavour {
-    match backend {
-        DbBackend::Postgres => Flavour::Postgres,
-        DbBackend::MySql if crate::driver::flavour::mysql_without_returning() => Flavour::MySql8,
-        DbBackend::MySql if crate::driver::flavour::galera() => Flavour::Galera,
-        DbBackend::MySql => Flavour::MariaDb,
-        _ => Flavour::Sqlite,
-    }
+/// Every statement of the server `db` talks to, the claim's included (on MySQL, of its
+/// family: [`flavour`]).
+pub(crate) async fn of_server(db: &DatabaseConnection) -> &'static Sql {
+    Sql::of(flavour::of(db).await)
 }
 
 /// SeaORM's name for the dialect `sql` is written in.

@@ -14,7 +14,7 @@ use idem_core::lease::{LeaseHandle, OpenPhase};
 use idem_core::ledger::ids::random_token;
 use idem_core::{BoxFuture, Error, LeaseClaim, LeaseStore, RecordStatus, Request, Ticket};
 pub use idem_sql::{ExpiredLease, StuckLease};
-use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -47,8 +47,7 @@ impl SeaOrmLeaseStore {
 
 /// Locks the ledger row of `ticket` in `tx` and checks the ticket still holds it
 /// ([`idem_sql::fence`]).
-async fn fence(tx: &DatabaseTransaction, ticket: &Ticket) -> Result<(), Error> {
-    let sql = crate::driver::of(tx.get_database_backend());
+async fn fence(tx: &DatabaseTransaction, sql: &'static Sql, ticket: &Ticket) -> Result<(), Error> {
     let holds = idem_sql::fence(&mut InClaim { tx, sql }, sql, ticket)
         .await
         .map_err(|(doing, e)| store_error(doing, e))?;
@@ -85,16 +84,15 @@ async fn claim_at_once(
 /// under the row's lock.
 async fn claim(db: DatabaseConnection, step: LeaseStep) -> Result<LeaseClaim, Error> {
     let doing = "claiming a lease";
-    if db.get_database_backend() == DbBackend::MySql {
-        crate::driver::flavour::detect(&db).await;
-    }
-    let d = crate::driver::of(db.get_database_backend());
+    let d = within_connection_wait(&db, async { Ok(crate::driver::of_server(&db).await) })
+        .await
+        .map_err(|e| store_error(doing, e))?;
     if step.claims_at_once(d)
         && let Some(answer) = claim_at_once(&db, d, &step).await?
     {
         return Ok(answer);
     }
-    let tx = begin_within(&db, connection_wait())
+    let (tx, _) = begin_within(&db, connection_wait())
         .await
         .map_err(|e| store_error(doing, e))?;
     let answer = idem_sql::claim_lease(&mut InClaim { tx: &tx, sql: d }, d, &step)
@@ -108,14 +106,13 @@ async fn claim(db: DatabaseConnection, step: LeaseStep) -> Result<LeaseClaim, Er
 /// ([`idem_sql::complete`]: kept for `ttl` from now, its steps and, for a `resumable` call,
 /// its stored call forgotten), and commits.
 async fn record_completion(
-    tx: DatabaseTransaction,
+    (tx, sql): (DatabaseTransaction, &'static Sql),
     ticket: Ticket,
     status: RecordStatus,
     payload: Vec<u8>,
     ttl: Duration,
     resumable: bool,
 ) -> Result<(), Error> {
-    let sql = crate::driver::of(tx.get_database_backend());
     let held = idem_sql::complete(
         &mut InClaim { tx: &tx, sql },
         sql,
@@ -135,9 +132,9 @@ async fn record_completion(
         .map_err(|e| store_error("recording the result", e))
 }
 
-/// A final phase's transaction kept open for the call's result (P10), and whether the call
-/// is resumable.
-struct OpenFinalPhase(DatabaseTransaction, bool);
+/// A final phase's transaction kept open for the call's result (P10) with its server's
+/// statements, and whether the call is resumable.
+struct OpenFinalPhase((DatabaseTransaction, &'static Sql), bool);
 
 impl OpenPhase for OpenFinalPhase {
     fn complete(
@@ -155,6 +152,7 @@ impl OpenPhase for OpenFinalPhase {
     fn commit(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
         Box::pin(detached(async move {
             self.0
+                .0
                 .commit()
                 .await
                 .map_err(|e| store_error("committing the final phase", e))
@@ -227,10 +225,9 @@ impl LeaseStore for SeaOrmLeaseStore {
         let (db, ticket, name, payload) =
             (self.db.clone(), *ticket, name.to_owned(), payload.to_vec());
         Box::pin(detached(async move {
-            let tx = begin_within(&db, connection_wait())
+            let (tx, sql) = begin_within(&db, connection_wait())
                 .await
                 .map_err(|e| store_error("recording a step", e))?;
-            let sql = crate::driver::of(tx.get_database_backend());
             let held =
                 idem_sql::record_step(&mut InClaim { tx: &tx, sql }, sql, &ticket, &name, &payload)
                     .await
@@ -265,10 +262,10 @@ impl LeaseStore for SeaOrmLeaseStore {
                     Err(lost())
                 };
             }
-            let tx = begin_within(&db, connection_wait())
+            let begun = begin_within(&db, connection_wait())
                 .await
                 .map_err(|e| store_error("recording the result", e))?;
-            record_completion(tx, ticket, status, payload, ttl, resumable).await
+            record_completion(begun, ticket, status, payload, ttl, resumable).await
         }))
     }
 
@@ -344,7 +341,7 @@ where
         &'t DatabaseTransaction,
     ) -> Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>,
 {
-    let tx = begin_within(db, connection_wait())
+    let (tx, _) = begin_within(db, connection_wait())
         .await
         .map_err(|e| store_error("beginning the final phase", e))?;
     let value = writes(&tx).await?;
@@ -382,10 +379,10 @@ where
         return Err(lease.lose().into());
     }
     let ticket = lease.ticket();
-    let tx = begin_within(db, connection_wait())
+    let (tx, sql) = begin_within(db, connection_wait())
         .await
         .map_err(|e| lease.store_failed(store_error("beginning the final phase", e)))?;
-    if let Err(e) = fence(&tx, &ticket).await {
+    if let Err(e) = fence(&tx, sql, &ticket).await {
         let _ = tx.rollback().await;
         return Err(if e.kind() == idem_core::ErrorKind::LeaseLost {
             lease.lose()
@@ -403,7 +400,6 @@ where
     };
     let payload = lease.encode(&value)?;
     lease.recording_step();
-    let sql = crate::driver::of(tx.get_database_backend());
     idem_sql::record_final_step(
         &mut InClaim { tx: &tx, sql },
         sql,
@@ -417,7 +413,7 @@ where
     if keep_open {
         // The engine records the call's result in this transaction when the handler
         // returns, or commits it alone if the handler does more first.
-        lease.keep_open(Box::new(OpenFinalPhase(tx, lease.is_resumable())));
+        lease.keep_open(Box::new(OpenFinalPhase((tx, sql), lease.is_resumable())));
     } else {
         tx.commit()
             .await

@@ -12,9 +12,11 @@ use std::time::Duration;
 
 use idem_core::outbox::{OutboxHealth, OutboxMessage};
 
+mod operator;
 mod relay;
 mod statements;
 
+pub use operator::{DeadMessage, paced_purge};
 pub use relay::{Relay, RelayCounters, RelayRound, RelayStore};
 pub use statements::{NewMessage, Outbox};
 

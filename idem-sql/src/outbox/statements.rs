@@ -2,7 +2,7 @@
 
 use crate::statement::names::outbox_state;
 use crate::statement::render::render;
-use crate::{Bound, Dialect, Flavour, Param, Sql, Tables, with_ids};
+use crate::{Bound, Dialect, Param, Sql, Tables, with_ids};
 
 /// The outbox's statements for one server flavour.
 #[derive(Debug)]
@@ -234,12 +234,7 @@ impl Outbox {
     /// caller that knows its database but not its server's version (a handler staging on a
     /// connection) has them.
     pub fn of(dialect: Dialect) -> &'static Outbox {
-        let flavour = match dialect {
-            Dialect::Postgres => Flavour::Postgres,
-            Dialect::MySql => Flavour::MariaDb,
-            Dialect::Sqlite => Flavour::Sqlite,
-        };
-        &Sql::of(flavour).outbox
+        &Sql::common(dialect).outbox
     }
 
     /// `sql`'s `{ids}` list filled with `ids`, bound after `before`.

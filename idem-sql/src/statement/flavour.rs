@@ -1,6 +1,8 @@
 //! Which server a store talks to, as far as its statements differ, and the two questions
 //! that tell the MySQL-protocol servers apart.
 
+use std::sync::Mutex;
+
 /// The SQL dialect a statement is written in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Dialect {
@@ -70,6 +72,43 @@ pub fn mysql_flavour(version: Option<&str>, wsrep_on: Option<i64>) -> Flavour {
         Flavour::Galera
     } else {
         Flavour::MariaDb
+    }
+}
+
+/// A MySQL-protocol server by its address (`host:port/database`), and the family this process
+/// learnt of it. Both stores ask a server once, when a claim first needs to know, whichever
+/// pool or store reaches it: the family is a fact of the server, not of the process (a
+/// service may talk to MariaDB and to MySQL 8), nor of a pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MySqlServer(String);
+
+/// The family of each server this process asked.
+static LEARNT: Mutex<Vec<(MySqlServer, Flavour)>> = Mutex::new(Vec::new());
+
+impl MySqlServer {
+    /// The server at `host:port`, database `database`.
+    pub fn new(host: &str, port: u16, database: Option<&str>) -> Self {
+        MySqlServer(format!("{host}:{port}/{}", database.unwrap_or_default()))
+    }
+
+    /// The family learnt of this server, if it was asked already.
+    pub fn learnt(&self) -> Option<Flavour> {
+        let learnt = LEARNT.lock().unwrap_or_else(|e| e.into_inner());
+        learnt.iter().find(|(s, _)| s == self).map(|(_, f)| *f)
+    }
+
+    /// The family of this server from its answers to [`SELECT_VERSION`] and
+    /// [`SELECT_WSREP_ON`] ([`mysql_flavour`]), kept for the next claim only if the server
+    /// answered: a server that is down now says nothing yet.
+    pub fn learn(&self, version: Option<&str>, wsrep_on: Option<i64>) -> Flavour {
+        let flavour = mysql_flavour(version, wsrep_on);
+        if version.is_some() {
+            let mut learnt = LEARNT.lock().unwrap_or_else(|e| e.into_inner());
+            if !learnt.iter().any(|(s, _)| s == self) {
+                learnt.push((self.clone(), flavour));
+            }
+        }
+        flavour
     }
 }
 

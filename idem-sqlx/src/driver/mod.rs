@@ -10,7 +10,8 @@ use std::future::Future;
 use std::pin::Pin;
 
 use idem_sql::{
-    Bound, CallColumns, ClaimRow, ClaimedRow, Dialect, ExpiredLease, Flavour, StuckLease,
+    Bound, CallColumns, ClaimRow, ClaimedRow, DeadMessage, Dialect, ExpiredLease, Flavour,
+    StuckLease,
 };
 use sqlx::{Pool, Transaction};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
@@ -145,6 +146,14 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         statement: Bound<'static>,
         named: bool,
     ) -> Step<'c, Vec<StuckLease>>;
+
+    /// Runs [`Outbox::list_dead`](idem_sql::Outbox::list_dead) and reads its rows.
+    #[doc(hidden)]
+    fn fetch_dead_messages<'c>(
+        conn: &'c mut Self::Connection,
+        statement: Bound<'static>,
+        named: bool,
+    ) -> Step<'c, Vec<DeadMessage>>;
 }
 
 /// The body of a `Backend` method that runs `statement` and decodes each row it returns with
@@ -369,6 +378,24 @@ macro_rules! backend {
                     ))
                 })
             }
+
+            fn fetch_dead_messages<'c>(
+                conn: &'c mut Self::Connection,
+                statement: Bound<'static>,
+                named: bool,
+            ) -> Step<'c, Vec<DeadMessage>> {
+                each_row!(conn, statement, named, |row| {
+                    Ok(DeadMessage::from_columns(
+                        row.try_get(0)?,
+                        row.try_get(1)?,
+                        row.try_get(2)?,
+                        row.try_get(3)?,
+                        row.try_get(4)?,
+                        row.try_get(5)?,
+                        row.try_get(6)?,
+                    ))
+                })
+            }
         }
 
         impl Binds for $db {
@@ -449,31 +476,20 @@ backend!(
 
 #[cfg(feature = "mysql")]
 mod mysql {
-    //! Which MySQL-protocol family a pool's server is, learnt once per server.
+    //! Which MySQL-protocol family a pool's server is, learnt once per server
+    //! ([`MySqlServer`]).
 
-    use std::sync::Mutex;
-
-    use idem_sql::Flavour;
+    use idem_sql::{Flavour, MySqlServer};
     use sqlx::{MySql, Pool};
-
-    /// The flavour of each server this process asked, by `host:port/database`.
-    static FLAVOURS: Mutex<Vec<(String, Flavour)>> = Mutex::new(Vec::new());
 
     pub(super) async fn flavour(pool: &Pool<MySql>) -> Flavour {
         let options = pool.connect_options();
-        let server = format!(
-            "{}:{}/{}",
+        let server = MySqlServer::new(
             options.get_host(),
             options.get_port(),
-            options.get_database().unwrap_or_default()
+            options.get_database(),
         );
-        let known = |flavours: &Vec<(String, Flavour)>| {
-            flavours
-                .iter()
-                .find(|(s, _)| *s == server)
-                .map(|(_, flavour)| *flavour)
-        };
-        if let Some(flavour) = known(&FLAVOURS.lock().unwrap_or_else(|e| e.into_inner())) {
+        if let Some(flavour) = server.learnt() {
             return flavour;
         }
         let version: Option<String> = sqlx::query_scalar(idem_sql::SELECT_VERSION)
@@ -484,14 +500,6 @@ mod mysql {
             .fetch_one(pool)
             .await
             .ok();
-        let flavour = idem_sql::mysql_flavour(version.as_deref(), wsrep_on);
-        // Kept only once the server answered: a server that is down now says nothing yet.
-        if version.is_some() {
-            FLAVOURS
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push((server, flavour));
-        }
-        flavour
+        server.learn(version.as_deref(), wsrep_on)
     }
 }
