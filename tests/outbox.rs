@@ -565,7 +565,7 @@ async fn each_aggregate_reaches_the_sink_in_commit_order_across_four_relays() {
 #[tokio::test]
 async fn a_poison_message_goes_dead_and_blocks_only_its_own_aggregate() {
     for case in cases().await {
-        let (name, db) = (case.name.clone(), case.db.clone());
+        let name = case.name.clone();
         let mut messages = vec![
             Message::new("t.p", b"poison".to_vec()).aggregate("sick"),
             Message::new("t.p", b"after".to_vec()).aggregate("sick"),
