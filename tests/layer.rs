@@ -21,6 +21,7 @@ use common::{Backend, Gate, backends, insert_effect, unique};
 use idem::actix::IdempotencyMiddleware;
 use idem::axum::IdempotencyLayer;
 use idem::sea_orm::SeaOrmLeaseStore;
+use idem::sqlx::SqlxLeaseStore;
 use idem::store::Concurrency;
 use sea_orm::DatabaseConnection;
 use serde_json::{Value, json};
@@ -132,6 +133,36 @@ struct Layer {
     remember_answers: Option<usize>,
     /// The key belongs to the `x-tenant` header's tenant.
     tenants: bool,
+    /// The ledger through idem's sqlx store on the same pool (SeaORM's pool is a sqlx pool),
+    /// not through the SeaORM store.
+    sqlx: bool,
+}
+
+/// `$make` with `$store` bound to `$layer`'s lease store: SeaORM's on its ledger connection,
+/// or sqlx's on the same pool.
+macro_rules! with_store {
+    ($layer:expr, |$store:ident| $make:expr) => {{
+        use sea_orm::DatabaseConnectionType as Kind;
+        let ledger = &$layer.ledger;
+        match (&$layer.sqlx, &ledger.inner) {
+            (false, _) => {
+                let $store = SeaOrmLeaseStore::new(ledger.clone());
+                $make
+            }
+            (true, Kind::SqlxSqlitePoolConnection(_)) => {
+                let $store = SqlxLeaseStore::new(ledger.get_sqlite_connection_pool().clone());
+                $make
+            }
+            (true, Kind::SqlxPostgresPoolConnection(_)) => {
+                let $store = SqlxLeaseStore::new(ledger.get_postgres_connection_pool().clone());
+                $make
+            }
+            (true, _) => {
+                let $store = SqlxLeaseStore::new(ledger.get_mysql_connection_pool().clone());
+                $make
+            }
+        }
+    }};
 }
 
 impl Layer {
@@ -144,12 +175,12 @@ impl Layer {
             concurrency: None,
             remember_answers: None,
             tenants: false,
+            sqlx: false,
         }
     }
 
     fn axum(&self) -> IdempotencyLayer {
-        let mut layer =
-            IdempotencyLayer::new(SeaOrmLeaseStore::new(self.ledger.clone()), self.scope);
+        let mut layer = with_store!(self, |store| IdempotencyLayer::new(store, self.scope));
         if let Some(bytes) = self.max_response_body {
             layer = layer.max_response_body(bytes);
         }
@@ -170,8 +201,7 @@ impl Layer {
     }
 
     fn actix(&self) -> IdempotencyMiddleware {
-        let mut layer =
-            IdempotencyMiddleware::new(SeaOrmLeaseStore::new(self.ledger.clone()), self.scope);
+        let mut layer = with_store!(self, |store| IdempotencyMiddleware::new(store, self.scope));
         if let Some(bytes) = self.max_response_body {
             layer = layer.max_response_body(bytes);
         }
@@ -635,11 +665,13 @@ async fn a_retry_this_process_recorded_is_replayed_from_memory() {
 async fn a_storm_of_keys_and_duplicates_runs_each_key_once() {
     const KEYS: usize = 24;
     const COPIES: usize = 4;
-    for front in FRONTS {
+    // Both stores: on SQLite each commits its one-statement lease writes in groups.
+    for (front, sqlx) in FRONTS.into_iter().flat_map(|f| [(f, false), (f, true)]) {
         for b in backends().await {
-            let name = format!("{}, {front:?}", b.name);
+            let name = format!("{}, {front:?}, sqlx store: {sqlx}", b.name);
             let layer = Layer {
                 remember_answers: Some(0),
+                sqlx,
                 ..Layer::new(&b.db, "layer.storm")
             };
             let router = serve(

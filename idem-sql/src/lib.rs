@@ -51,8 +51,9 @@ pub use failure::{Failure, claim_lost};
 pub use inbox::{Inbox, NewDeadLetter};
 pub use inspect::Inspect;
 pub use lease::{
-    ExpiredLease, Lease, LeaseConnection, LeaseStep, StuckLease, claim_lease, complete, completion,
-    fence, record_final_step, record_step, settled,
+    ExpiredLease, GroupCommit, Lease, LeaseConnection, LeaseStep, LeaseWrite, LeaseWritten,
+    StuckLease, claim_lease, complete, completion, fence, record_final_step, record_step, settled,
+    write_grouped,
 };
 pub use ledger::{Ledger, NewRecord, Purge, PurgeByIndex, PurgeSweep};
 pub use names::{

@@ -19,12 +19,12 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::atomic::{
-    InClaim, begin_within, connection_wait, detached, list_rows, read_row, within_connection_wait,
+    InClaim, begin_within, connection_wait, detached, list_rows, within_connection_wait,
 };
 use crate::driver::error::store_error;
 use crate::driver::{Bound, Sql, millis, statement};
-use group_commit::{Write, Written};
 use idem_sql::LeaseStep;
+use idem_sql::{LeaseWrite, LeaseWritten};
 
 /// The ledger in lease mode on a SeaORM connection; `#[idempotent(..., lease = "…")]` builds
 /// one from the handler's connection.
@@ -61,22 +61,18 @@ async fn fence(tx: &DatabaseTransaction, sql: &'static Sql, ticket: &Ticket) -> 
 /// statement commits with the group of its concurrent writes ([`group_commit`]).
 async fn claim_at_once(
     db: &DatabaseConnection,
-    d: &Sql,
+    d: &'static Sql,
     step: &LeaseStep,
 ) -> Result<Option<LeaseClaim>, Error> {
     let failed = |e: DbErr| store_error("claiming a lease", e);
     let (claim, read) = step.at_once(d);
-    let claim = Write::Claim {
-        claim: statement(d, claim),
-        read: statement(d, read),
-    };
+    let claim = LeaseWrite::Claim { claim, read };
     let written = within_connection_wait(db, group_commit::write(db, claim))
         .await
         .map_err(failed)?;
-    let Written::Row(row) = written else {
+    let LeaseWritten::Row(row) = written else {
         return Ok(None);
     };
-    let row = row.map(|row| read_row(&row)).transpose().map_err(failed)?;
     Ok(step.answer_at_once(row))
 }
 
@@ -163,16 +159,13 @@ impl OpenPhase for OpenFinalPhase {
 /// Runs `update` (binds as given) and reports whether it changed the held record.
 async fn fenced_update(
     db: &DatabaseConnection,
-    update: Bound<'_>,
+    update: Bound<'static>,
     doing: &'static str,
 ) -> Result<bool, Error> {
-    let update = Write::Update(statement(
-        crate::driver::of(db.get_database_backend()),
-        update,
-    ));
+    let update = LeaseWrite::Update(update);
     within_connection_wait(db, group_commit::write(db, update))
         .await
-        .map(|written| matches!(written, Written::Changed(1)))
+        .map(|written| matches!(written, LeaseWritten::Changed(1)))
         .map_err(|e| store_error(doing, e))
 }
 

@@ -11,9 +11,11 @@ use std::time::Duration;
 
 use idem_core::{Fingerprints, LeaseClaim, RecordStatus, Recorded, Request, Ticket};
 
+mod group_commit;
 mod operator;
 mod statements;
 
+pub use group_commit::{GroupCommit, LeaseWrite, LeaseWritten, write_grouped};
 pub use operator::{ExpiredLease, StuckLease};
 pub use statements::Lease;
 

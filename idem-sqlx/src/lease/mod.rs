@@ -4,6 +4,7 @@
 //! idem-sql's ([`idem_sql::claim_lease`] and its neighbours), the same the SeaORM lease store
 //! runs; this file begins, commits and binds.
 
+mod group_commit;
 mod operator;
 
 pub use operator::{expired_leases, release_lease, stuck_leases};
@@ -17,7 +18,7 @@ use idem_core::ledger::ids::random_token;
 use idem_core::{
     BoxFuture, Error, LeaseClaim, LeaseStore, RecordStatus, Request, Ticket, detached,
 };
-use idem_sql::{Bound, Dialect, LeaseStep, Sql};
+use idem_sql::{Bound, Dialect, LeaseStep, LeaseWrite, LeaseWritten, Sql};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sqlx::{Pool, Transaction};
@@ -109,21 +110,16 @@ async fn claim<DB: Backend>(
     let doing = "claiming a lease";
     let (d, named) = statements(&pool).await;
     if step.claims_at_once(d) {
-        let mut conn = within(wait, pool.acquire())
-            .await
-            .map_err(|e| store_error(doing, e))?;
         let (claim, read) = step.at_once(d);
-        let mut row = DB::fetch_row(&mut conn, claim, named)
-            .await
-            .map_err(|e| store_error(doing, e))?;
-        if row.is_none() {
-            // SQLite's `DO NOTHING` returns no row; nor does PostgreSQL's for a row committed
-            // while its insert waited: read it, committed.
-            row = DB::fetch_row(&mut conn, read, named)
-                .await
-                .map_err(|e| store_error(doing, e))?;
-        }
-        if let Some(answer) = step.answer_at_once(row) {
+        let written = within(
+            wait,
+            group_commit::write(&pool, LeaseWrite::Claim { claim, read }),
+        )
+        .await
+        .map_err(|e| store_error(doing, e))?;
+        if let LeaseWritten::Row(row) = written
+            && let Some(answer) = step.answer_at_once(row)
+        {
             return Ok(answer);
         }
     }
@@ -150,11 +146,9 @@ async fn fenced_update<DB: Backend>(
     update: Bound<'static>,
     doing: &'static str,
 ) -> Result<bool, Error> {
-    let named = crate::driver::pooler::named(&pool);
-    let mut conn = pool.acquire().await.map_err(|e| store_error(doing, e))?;
-    DB::execute(&mut conn, update, named)
+    group_commit::write(&pool, LeaseWrite::Update(update))
         .await
-        .map(|changed| changed == 1)
+        .map(|written| matches!(written, LeaseWritten::Changed(1)))
         .map_err(|e| store_error(doing, e))
 }
 

@@ -35,9 +35,11 @@ use axum_idempotent::{IdempotentLayer, IdempotentOptions};
 use fred::prelude::{Builder, ClientLike, Config as RedisConfig, KeysInterface, Pool};
 use idem::axum::IdempotencyLayer;
 use idem::sea_orm::SeaOrmLeaseStore;
+use idem::sqlx::SqlxLeaseStore;
 use ruts::store::SessionStore;
 use ruts::store::redis::RedisStore;
 use ruts::{CookieOptions, Id, SessionLayer};
+use sea_orm::DatabaseConnection;
 use tower_cookies::CookieManagerLayer;
 
 use crate::harness::{alternate, median, percentile, us};
@@ -63,17 +65,20 @@ pub(crate) enum Route {
     Bare,
     /// The route under `idem::axum::IdempotencyLayer` on the run's backend.
     Idem,
+    /// The same layer on idem's sqlx store, on the same pool (SeaORM's pool is a sqlx pool).
+    IdemSqlx,
     /// The route under `axum_idempotent::IdempotentLayer` (Redis).
     Peer,
 }
 
 impl Route {
-    pub(crate) const ALL: [Route; 3] = [Route::Bare, Route::Idem, Route::Peer];
+    pub(crate) const ALL: [Route; 4] = [Route::Bare, Route::Idem, Route::IdemSqlx, Route::Peer];
 
     fn path(self) -> &'static str {
         match self {
             Self::Bare => "/bare",
             Self::Idem => "/idem",
+            Self::IdemSqlx => "/idem-sqlx",
             Self::Peer => "/peer",
         }
     }
@@ -83,6 +88,7 @@ impl Route {
         match self {
             Self::Bare => "bare",
             Self::Idem => "idem",
+            Self::IdemSqlx => "idem_sqlx",
             Self::Peer => "peer",
         }
     }
@@ -90,7 +96,7 @@ impl Route {
 
 /// How often each route's handler ran: the guarantee probes count executions with it.
 #[derive(Debug, Default)]
-struct Executions([AtomicU64; 3]);
+struct Executions([AtomicU64; 4]);
 
 impl Executions {
     fn of(&self, route: Route) -> u64 {
@@ -362,7 +368,7 @@ pub(crate) struct HttpFigures {
     pub(crate) seconds: f64,
     pub(crate) request_bytes: usize,
     /// Per route; the peer's is `None` when it was not measured.
-    pub(crate) routes: [Option<RouteFigures>; 3],
+    pub(crate) routes: [Option<RouteFigures>; 4],
     /// The peer's setup, or why it was not measured.
     pub(crate) peer: Result<String, String>,
     pub(crate) guarantees: Guarantees,
@@ -373,24 +379,26 @@ impl HttpFigures {
         self.routes[route as usize].as_ref()
     }
 
-    /// idem's figure over the peer's, where both were measured.
-    fn vs_peer(&self, figure: impl Fn(&RouteFigures) -> f64) -> Option<f64> {
-        Some(figure(self.route(Route::Idem)?) / figure(self.route(Route::Peer)?))
+    /// `idem`'s figure (a route of idem's layer) over the peer's, where both were measured.
+    fn vs_peer(&self, idem: Route, figure: impl Fn(&RouteFigures) -> f64) -> Option<f64> {
+        Some(figure(self.route(idem)?) / figure(self.route(Route::Peer)?))
     }
 
-    /// idem's replay p50 over the peer's (goal ≤ 1).
-    pub(crate) fn replay_p50_vs_peer(&self) -> Option<f64> {
-        self.vs_peer(RouteFigures::replay_p50)
+    /// The replay p50 of idem's layer on `idem`'s store over the peer's (goal ≤ 1).
+    pub(crate) fn replay_p50_vs_peer(&self, idem: Route) -> Option<f64> {
+        self.vs_peer(idem, RouteFigures::replay_p50)
     }
 
-    /// idem's first-request p50 over the peer's (goal ≤ 2 on SQLite).
-    pub(crate) fn first_p50_vs_peer(&self) -> Option<f64> {
-        self.vs_peer(RouteFigures::first_p50)
+    /// The first-request p50 of idem's layer on `idem`'s store over the peer's (goal ≤ 2 on
+    /// SQLite).
+    pub(crate) fn first_p50_vs_peer(&self, idem: Route) -> Option<f64> {
+        self.vs_peer(idem, RouteFigures::first_p50)
     }
 
-    /// idem's requests/s over the peer's at 16 clients (goal ≥ 0.33 on SQLite and PostgreSQL).
-    pub(crate) fn rps_vs_peer(&self) -> Option<f64> {
-        self.vs_peer(RouteFigures::rps)
+    /// The requests/s of idem's layer on `idem`'s store over the peer's at 16 clients (goal ≥
+    /// 0.33 on SQLite and PostgreSQL).
+    pub(crate) fn rps_vs_peer(&self, idem: Route) -> Option<f64> {
+        self.vs_peer(idem, RouteFigures::rps)
     }
 }
 
@@ -573,6 +581,10 @@ pub(crate) async fn measure(b: &Arc<Bench>, plan: &Plan) -> Res<HttpFigures> {
         .route(
             Route::Idem.path(),
             route_handler(&executions, Route::Idem).route_layer(layer),
+        )
+        .route(
+            Route::IdemSqlx.path(),
+            route_handler(&executions, Route::IdemSqlx).route_layer(sqlx_layer(&b.db)),
         );
     if let Ok(peer) = &peer {
         app = app.merge(peer.router(&executions));
@@ -614,8 +626,29 @@ pub(crate) async fn measure(b: &Arc<Bench>, plan: &Plan) -> Res<HttpFigures> {
     })
 }
 
+/// idem's layer on its sqlx store, on the pool under `db` (the same connections as the SeaORM
+/// route's), in a scope of its own.
+fn sqlx_layer(db: &DatabaseConnection) -> IdempotencyLayer {
+    use sea_orm::DatabaseConnectionType as Kind;
+    const SCOPE: &str = "bench.p11.sqlx";
+    match &db.inner {
+        Kind::SqlxSqlitePoolConnection(_) => IdempotencyLayer::new(
+            SqlxLeaseStore::new(db.get_sqlite_connection_pool().clone()),
+            SCOPE,
+        ),
+        Kind::SqlxPostgresPoolConnection(_) => IdempotencyLayer::new(
+            SqlxLeaseStore::new(db.get_postgres_connection_pool().clone()),
+            SCOPE,
+        ),
+        _ => IdempotencyLayer::new(
+            SqlxLeaseStore::new(db.get_mysql_connection_pool().clone()),
+            SCOPE,
+        ),
+    }
+}
+
 /// Warm-up, then the alternating rounds.
-async fn rounds(b: &Arc<Bench>, plan: &Plan, server: &Server) -> Res<[Option<RouteFigures>; 3]> {
+async fn rounds(b: &Arc<Bench>, plan: &Plan, server: &Server) -> Res<[Option<RouteFigures>; 4]> {
     let routes = server.routes();
     let mut sequential_clients = Vec::new();
     for &route in &routes {
@@ -624,7 +657,7 @@ async fn rounds(b: &Arc<Bench>, plan: &Plan, server: &Server) -> Res<[Option<Rou
         concurrent(b, server, route, plan.clients, Duration::from_millis(300)).await?;
         sequential_clients.push(client);
     }
-    let mut out: [Option<RouteFigures>; 3] = Default::default();
+    let mut out: [Option<RouteFigures>; 4] = Default::default();
     for &route in &routes {
         out[route as usize] = Some(RouteFigures::default());
     }

@@ -126,7 +126,7 @@ impl Figure {
 /// Every figure: its id, its key in the JSON, its goal, and what it measures. Some goals hold
 /// on some backends only: [`figures`] drops them elsewhere.
 #[rustfmt::skip] // a table: one figure a line
-const FIGURES: [(&str, &str, Goal, &str); 19] = [
+const FIGURES: [(&str, &str, Goal, &str); 22] = [
     ("P1", "p1_first_vs_bare", Max(1.10), "idem first / bare latency (PostgreSQL, durable)"),
     ("F1", "f1_first_beyond_floor", Max(1.25), "(idem first - bare) / (2 x round trip)"),
     ("P2", "p2_replay_vs_first", Max(0.33), "idem replay / idem first latency"),
@@ -143,6 +143,9 @@ const FIGURES: [(&str, &str, Goal, &str); 19] = [
     ("P11r", "p11_replay_p50_vs_peer", Max(1.0), "HTTP layer replay p50, idem / axum-idempotent"),
     ("P11f", "p11_first_p50_vs_peer", Max(2.0), "HTTP layer first p50, idem / peer (goal: SQLite)"),
     ("P11t", "p11_rps_vs_peer", Min(0.33), "HTTP layer req/s at 16 clients, idem / peer"),
+    ("P11rs", "p11_sqlx_replay_p50_vs_peer", Max(1.0), "the same on idem's sqlx store: replay p50 / peer"),
+    ("P11fs", "p11_sqlx_first_p50_vs_peer", Max(2.0), "the same on idem's sqlx store: first p50 / peer"),
+    ("P11ts", "p11_sqlx_rps_vs_peer", Min(0.33), "the same on idem's sqlx store: req/s / peer"),
     ("P12", "p12_claim_p99_growth", Max(1.5), "claim p99, large / small ledger (goal: PG 10M/100k)"),
     ("P12r", "p12_replay_p99_growth", Max(1.5), "replay p99, large / small ledger (goal: PG 10M/100k)"),
     ("P12s", "p12_bytes_per_record", Max(250.0), "ledger bytes per record (142-byte answer)"),
@@ -152,8 +155,8 @@ const FIGURES: [(&str, &str, Goal, &str); 19] = [
 /// PostgreSQL, P12's growth goals on PostgreSQL between 100,000 and 10,000,000 records.
 fn goal_applies(id: &str, backend: Backend, growth: &Growth) -> bool {
     match id {
-        "P11f" => backend == Backend::Sqlite,
-        "P11t" => backend != Backend::Mysql,
+        "P11f" | "P11fs" => backend == Backend::Sqlite,
+        "P11t" | "P11ts" => backend != Backend::Mysql,
         "P12" | "P12r" => backend == Backend::Postgres && growth.compares_goal_sizes(),
         _ => true,
     }
@@ -177,9 +180,12 @@ fn figures(run: &Run<'_>, r: &Results) -> Vec<Figure> {
         outbox.map(|(p8, _)| p8.ratio()),
         outbox.map(|(_, p9)| p9.wake_p99_ms),
         Some(r.lease.ratio()),
-        r.http.replay_p50_vs_peer(),
-        r.http.first_p50_vs_peer(),
-        r.http.rps_vs_peer(),
+        r.http.replay_p50_vs_peer(Route::Idem),
+        r.http.first_p50_vs_peer(Route::Idem),
+        r.http.rps_vs_peer(Route::Idem),
+        r.http.replay_p50_vs_peer(Route::IdemSqlx),
+        r.http.first_p50_vs_peer(Route::IdemSqlx),
+        r.http.rps_vs_peer(Route::IdemSqlx),
         r.growth.claim_p99_growth(),
         r.growth.replay_p99_growth(),
         // Without P12, the ledger size figure's expired records (the same shape) give it.
@@ -194,7 +200,9 @@ fn figures(run: &Run<'_>, r: &Results) -> Vec<Figure> {
         // P8 and P9 say why NATS could not be reached, P11 why the peer's Redis could not.
         let not_measured = match id {
             "P8" | "P9" => r.outbox.as_ref().err().cloned(),
-            "P11r" | "P11f" | "P11t" => r.http.peer.as_ref().err().cloned(),
+            "P11r" | "P11f" | "P11t" | "P11rs" | "P11fs" | "P11ts" => {
+                r.http.peer.as_ref().err().cloned()
+            }
             _ => None,
         };
         Figure {
@@ -548,7 +556,7 @@ fn http_lines(out: &mut Vec<String>, http: &HttpFigures) {
         Err(reason) => out.push(format!("  peer: not measured: {reason}")),
     }
     out.push(format!(
-        "  {:<6} {:>12} {:>12} {:>13} {:>13} {:>10}   replays marked",
+        "  {:<9} {:>12} {:>12} {:>13} {:>13} {:>10}   replays marked",
         "route", "first p50 µs", "first p99 µs", "replay p50 µs", "replay p99 µs", "req/s"
     ));
     for route in Route::ALL {
@@ -556,7 +564,7 @@ fn http_lines(out: &mut Vec<String>, http: &HttpFigures) {
             continue;
         };
         out.push(format!(
-            "  {:<6} {:>12.0} {:>12.0} {:>13.0} {:>13.0} {:>10.0}   {} of {}",
+            "  {:<9} {:>12.0} {:>12.0} {:>13.0} {:>13.0} {:>10.0}   {} of {}",
             route.key(),
             f.first_p50(),
             f.first_p99(),
@@ -567,14 +575,18 @@ fn http_lines(out: &mut Vec<String>, http: &HttpFigures) {
             f.replays
         ));
     }
-    if let (Some(first), Some(replay), Some(rps)) = (
-        http.first_p50_vs_peer(),
-        http.replay_p50_vs_peer(),
-        http.rps_vs_peer(),
-    ) {
-        out.push(format!(
-            "  idem / peer: first p50 {first:.2}, replay p50 {replay:.2}, req/s {rps:.2}"
-        ));
+    for (idem, store) in [(Route::Idem, "SeaORM"), (Route::IdemSqlx, "sqlx")] {
+        if let (Some(first), Some(replay), Some(rps)) = (
+            http.first_p50_vs_peer(idem),
+            http.replay_p50_vs_peer(idem),
+            http.rps_vs_peer(idem),
+        ) {
+            out.push(format!(
+                "  {} ({store} store) / peer: first p50 {first:.2}, replay p50 {replay:.2}, \
+                 req/s {rps:.2}",
+                idem.key()
+            ));
+        }
     }
     let g = &http.guarantees;
     for (route, probe) in &g.same_key_at_once {

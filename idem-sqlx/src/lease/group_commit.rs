@@ -1,0 +1,100 @@
+//! Lease mode's one-statement writes on a sqlx pool, committed in groups on SQLite
+//! ([`idem_sql::write_grouped`]: the queue, who leads and who waits): how one write, and a
+//! group in one transaction, are applied here.
+
+use idem_sql::{Dialect, GroupCommit, LeaseWrite, LeaseWritten};
+use sqlx::Pool;
+
+use crate::driver::Backend;
+use crate::driver::pooler::{identity, named};
+
+/// A sqlx pool as the group commit applies writes on it.
+struct OnSqlx<DB: Backend>(Pool<DB>);
+
+impl<DB: Backend> Clone for OnSqlx<DB> {
+    fn clone(&self) -> Self {
+        OnSqlx(self.0.clone())
+    }
+}
+
+async fn apply<DB: Backend>(
+    conn: &mut DB::Connection,
+    write: LeaseWrite,
+    named: bool,
+) -> Result<LeaseWritten, sqlx::Error> {
+    match write {
+        LeaseWrite::Claim { claim, read } => {
+            let row = match DB::fetch_row(conn, claim, named).await? {
+                Some(row) => Some(row),
+                // SQLite's `DO NOTHING` returns no row; nor does PostgreSQL's for a row
+                // committed while its insert waited: read it, committed.
+                None => DB::fetch_row(conn, read, named).await?,
+            };
+            Ok(LeaseWritten::Row(row))
+        }
+        LeaseWrite::Update(update) => DB::execute(conn, update, named)
+            .await
+            .map(LeaseWritten::Changed),
+    }
+}
+
+impl<DB: Backend> GroupCommit for OnSqlx<DB> {
+    type Error = sqlx::Error;
+
+    async fn apply(&self, write: LeaseWrite) -> Result<LeaseWritten, sqlx::Error> {
+        let mut conn = self.0.acquire().await?;
+        apply::<DB>(&mut conn, write, named(&self.0)).await
+    }
+
+    async fn apply_group(&self, group: Vec<LeaseWrite>) -> Vec<Result<LeaseWritten, sqlx::Error>> {
+        let named = named(&self.0);
+        let mut answers = Vec::with_capacity(group.len());
+        let mut tx = match DB::begin_claim(&self.0).await {
+            Ok(tx) => tx,
+            Err(e) => {
+                // No transaction: each write on its own, as without grouping.
+                tracing::debug!(error = %e, "group commit: BEGIN failed, writing one by one");
+                for write in group {
+                    answers.push(self.apply(write).await);
+                }
+                return answers;
+            }
+        };
+        for write in group {
+            answers.push(apply::<DB>(&mut tx, write, named).await);
+        }
+        match tx.commit().await {
+            Ok(()) => answers,
+            Err(e) => {
+                let message = e.to_string();
+                answers
+                    .iter()
+                    .map(|_| {
+                        Err(sqlx::Error::Protocol(format!(
+                            "the group commit failed: {message}"
+                        )))
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    fn no_answer() -> sqlx::Error {
+        sqlx::Error::Protocol(
+            "the group commit applying this write ended without an answer".to_owned(),
+        )
+    }
+}
+
+/// Applies `write` on `pool`: on SQLite with the writes that arrive meanwhile, in one
+/// transaction; elsewhere at once.
+pub(super) async fn write<DB: Backend>(
+    pool: &Pool<DB>,
+    write: LeaseWrite,
+) -> Result<LeaseWritten, sqlx::Error> {
+    let store = OnSqlx(pool.clone());
+    if DB::DIALECT != Dialect::Sqlite {
+        return store.apply(write).await;
+    }
+    idem_sql::write_grouped(&store, identity(pool), write).await
+}
