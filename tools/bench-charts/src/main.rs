@@ -39,9 +39,10 @@ const WIDTH: u32 = 1200;
 const HEIGHT: u32 = 520;
 
 /// The routes of P11 in the order they are drawn, with their colours.
-const ROUTES: [(&str, RGBColor); 3] = [
+const ROUTES: [(&str, RGBColor); 4] = [
     ("bare", RGBColor(150, 150, 150)),
     ("idem", RGBColor(31, 119, 180)),
+    ("idem_sqlx", RGBColor(44, 160, 44)),
     ("peer", RGBColor(255, 127, 14)),
 ];
 
@@ -290,10 +291,11 @@ fn bar_chart(
 
 fn legend(root: &DrawingArea<BitMapBackend<'_>, Shift>) -> Res<()> {
     for (i, (route, colour)) in ROUTES.iter().enumerate() {
-        let x = 20 + i as i32 * 110;
+        let x = 20 + i as i32 * 150;
         root.draw(&Rectangle::new([(x, 10), (x + 14, 24)], colour.filled()))?;
         let name = match *route {
             "idem" => "idem layer",
+            "idem_sqlx" => "idem, sqlx store",
             "peer" => "axum-idempotent",
             other => other,
         };
