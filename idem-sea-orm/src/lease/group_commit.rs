@@ -3,7 +3,9 @@
 //! group in one transaction, are applied here.
 
 use idem_sql::{GroupCommit, LeaseWrite, LeaseWritten};
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, RuntimeErr};
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, RuntimeErr,
+};
 
 use crate::atomic::{begin, read_row};
 use crate::driver::{Sql, statement};
@@ -33,45 +35,29 @@ async fn apply<C: ConnectionTrait>(c: &C, write: LeaseWrite) -> Result<LeaseWrit
 
 impl GroupCommit for OnSeaOrm {
     type Error = DbErr;
+    type Tx = DatabaseTransaction;
 
     async fn apply(&self, write: LeaseWrite) -> Result<LeaseWritten, DbErr> {
         apply(&self.0, write).await
     }
 
-    async fn apply_group(&self, group: Vec<LeaseWrite>) -> Vec<Result<LeaseWritten, DbErr>> {
-        let mut answers = Vec::with_capacity(group.len());
-        let tx = match begin(&self.0).await {
-            Ok(tx) => tx,
-            Err(e) => {
-                // No transaction: each write on its own, as without grouping.
-                tracing::debug!(error = %e, "group commit: BEGIN failed, writing one by one");
-                for write in group {
-                    answers.push(apply(&self.0, write).await);
-                }
-                return answers;
-            }
-        };
-        for write in group {
-            answers.push(apply(&tx, write).await);
-        }
-        match tx.commit().await {
-            Ok(()) => answers,
-            Err(e) => {
-                let message = e.to_string();
-                answers
-                    .iter()
-                    .map(|_| {
-                        Err(DbErr::Conn(RuntimeErr::Internal(format!(
-                            "the group commit failed: {message}"
-                        ))))
-                    })
-                    .collect()
-            }
-        }
+    async fn begin(&self) -> Result<DatabaseTransaction, DbErr> {
+        begin(&self.0).await
     }
 
-    fn no_answer() -> DbErr {
-        DbErr::Custom("the group commit applying this write ended without an answer".into())
+    async fn apply_in(
+        tx: &mut DatabaseTransaction,
+        write: LeaseWrite,
+    ) -> Result<LeaseWritten, DbErr> {
+        apply(&*tx, write).await
+    }
+
+    async fn commit(tx: DatabaseTransaction) -> Result<(), DbErr> {
+        tx.commit().await
+    }
+
+    fn group_failed(why: String) -> DbErr {
+        DbErr::Conn(RuntimeErr::Internal(why))
     }
 }
 

@@ -47,11 +47,13 @@ pub enum LeaseWritten {
     Changed(u64),
 }
 
-/// How a store applies [`LeaseWrite`]s on one pool: alone (auto-committed), or a group in one
-/// transaction. Cloning shares the pool.
+/// How a store applies [`LeaseWrite`]s on one pool: alone (auto-committed), or in a
+/// transaction of its own. Cloning shares the pool.
 pub trait GroupCommit: Clone + Send + Sync + 'static {
     /// The driver's error.
-    type Error: Send + 'static;
+    type Error: Send + std::fmt::Display + 'static;
+    /// A transaction on the pool.
+    type Tx: Send;
 
     /// Applies `write` on its own.
     fn apply(
@@ -59,16 +61,53 @@ pub trait GroupCommit: Clone + Send + Sync + 'static {
         write: LeaseWrite,
     ) -> impl Future<Output = Result<LeaseWritten, Self::Error>> + Send;
 
-    /// Applies `group` in one transaction and answers each write, in order, once it committed:
-    /// a failed statement fails its own write (SQLite keeps the transaction for the rest), a
-    /// failed commit every write. Without a transaction (`BEGIN` failed), each on its own.
-    fn apply_group(
-        &self,
-        group: Vec<LeaseWrite>,
-    ) -> impl Future<Output = Vec<Result<LeaseWritten, Self::Error>>> + Send;
+    /// Begins a write transaction (SQLite: `BEGIN IMMEDIATE`).
+    fn begin(&self) -> impl Future<Output = Result<Self::Tx, Self::Error>> + Send;
 
-    /// The error of a write whose group ended without answering it.
-    fn no_answer() -> Self::Error;
+    /// Applies `write` in `tx`.
+    fn apply_in(
+        tx: &mut Self::Tx,
+        write: LeaseWrite,
+    ) -> impl Future<Output = Result<LeaseWritten, Self::Error>> + Send;
+
+    /// Commits `tx`.
+    fn commit(tx: Self::Tx) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// The error of a write whose group could not answer it: `why`.
+    fn group_failed(why: String) -> Self::Error;
+}
+
+/// Applies `group` in one transaction and answers each write, in order, once it committed: a
+/// failed statement fails its own write (SQLite keeps the transaction for the rest), a failed
+/// commit every write. Without a transaction (`BEGIN` failed), each on its own.
+async fn apply_group<G: GroupCommit>(
+    store: &G,
+    group: Vec<LeaseWrite>,
+) -> Vec<Result<LeaseWritten, G::Error>> {
+    let mut answers = Vec::with_capacity(group.len());
+    let mut tx = match store.begin().await {
+        Ok(tx) => tx,
+        Err(e) => {
+            tracing::debug!(error = %e, "group commit: BEGIN failed, writing one by one");
+            for write in group {
+                answers.push(store.apply(write).await);
+            }
+            return answers;
+        }
+    };
+    for write in group {
+        answers.push(G::apply_in(&mut tx, write).await);
+    }
+    match G::commit(tx).await {
+        Ok(()) => answers,
+        Err(e) => {
+            let why = format!("the group commit failed: {e}");
+            answers
+                .iter()
+                .map(|_| Err(G::group_failed(why.clone())))
+                .collect()
+        }
+    }
 }
 
 type Reply<E> = oneshot::Sender<Result<LeaseWritten, E>>;
@@ -132,7 +171,10 @@ where
             hand_on(store, queue);
             written
         }
-        Err(answer) => answer.await.unwrap_or_else(|_| Err(G::no_answer())),
+        Err(answer) => answer.await.unwrap_or_else(|_| {
+            let why = "the group commit applying this write ended without an answer";
+            Err(G::group_failed(why.to_owned()))
+        }),
     }
 }
 
@@ -149,7 +191,7 @@ fn hand_on<G: GroupCommit>(store: &G, queue: Shared<G::Error>) {
     let store = store.clone();
     tokio::spawn(async move {
         let (writes, replies): (Vec<_>, Vec<_>) = group.into_iter().unzip();
-        let answers = store.apply_group(writes).await;
+        let answers = apply_group(&store, writes).await;
         for (answer, reply) in answers.into_iter().zip(replies) {
             let _ = reply.send(answer);
         }

@@ -3,7 +3,7 @@
 //! group in one transaction, are applied here.
 
 use idem_sql::{Dialect, GroupCommit, LeaseWrite, LeaseWritten};
-use sqlx::Pool;
+use sqlx::{Pool, Transaction};
 
 use crate::driver::Backend;
 use crate::driver::pooler::{identity, named};
@@ -40,49 +40,30 @@ async fn apply<DB: Backend>(
 
 impl<DB: Backend> GroupCommit for OnSqlx<DB> {
     type Error = sqlx::Error;
+    type Tx = (Transaction<'static, DB>, bool);
 
     async fn apply(&self, write: LeaseWrite) -> Result<LeaseWritten, sqlx::Error> {
         let mut conn = self.0.acquire().await?;
         apply::<DB>(&mut conn, write, named(&self.0)).await
     }
 
-    async fn apply_group(&self, group: Vec<LeaseWrite>) -> Vec<Result<LeaseWritten, sqlx::Error>> {
-        let named = named(&self.0);
-        let mut answers = Vec::with_capacity(group.len());
-        let mut tx = match DB::begin_claim(&self.0).await {
-            Ok(tx) => tx,
-            Err(e) => {
-                // No transaction: each write on its own, as without grouping.
-                tracing::debug!(error = %e, "group commit: BEGIN failed, writing one by one");
-                for write in group {
-                    answers.push(self.apply(write).await);
-                }
-                return answers;
-            }
-        };
-        for write in group {
-            answers.push(apply::<DB>(&mut tx, write, named).await);
-        }
-        match tx.commit().await {
-            Ok(()) => answers,
-            Err(e) => {
-                let message = e.to_string();
-                answers
-                    .iter()
-                    .map(|_| {
-                        Err(sqlx::Error::Protocol(format!(
-                            "the group commit failed: {message}"
-                        )))
-                    })
-                    .collect()
-            }
-        }
+    async fn begin(&self) -> Result<Self::Tx, sqlx::Error> {
+        Ok((DB::begin_claim(&self.0).await?, named(&self.0)))
     }
 
-    fn no_answer() -> sqlx::Error {
-        sqlx::Error::Protocol(
-            "the group commit applying this write ended without an answer".to_owned(),
-        )
+    async fn apply_in(
+        (tx, named): &mut Self::Tx,
+        write: LeaseWrite,
+    ) -> Result<LeaseWritten, sqlx::Error> {
+        apply::<DB>(tx, write, *named).await
+    }
+
+    async fn commit((tx, _): Self::Tx) -> Result<(), sqlx::Error> {
+        tx.commit().await
+    }
+
+    fn group_failed(why: String) -> sqlx::Error {
+        sqlx::Error::Protocol(why)
     }
 }
 
