@@ -14,6 +14,12 @@
 //! The schema is the app's own migrations (`examples/newsletter/migrations/`, run with sqlx's
 //! migrator at start-up or `sqlx migrate run`); idem's ledger is one of them, as
 //! `idem schema --backend sqlite --only ledger` prints it.
+//!
+//! The delivery insert is `sqlx::query!`, checked at compile time against that schema. The
+//! check's answers are kept in `.sqlx/` (sqlx's offline data), so the example builds without
+//! a database; after changing a checked query, apply the migrations to a SQLite file and build
+//! once with `DATABASE_URL=sqlite://<file>` and `SQLX_OFFLINE_DIR=$PWD/.sqlx` (or run
+//! `cargo sqlx prepare -- --example newsletter --features sqlx-sqlite,axum`).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -75,11 +81,13 @@ async fn publish_issue(
     .bind(editor)
     .fetch_one(&mut *db)
     .await?;
-    sqlx::query(
+    // Checked at compile time against the schema (sqlx's offline data in `.sqlx/`, so the
+    // example builds without a database).
+    sqlx::query!(
         "INSERT INTO issue_delivery_queue (issue_id, subscriber_email) \
          SELECT ?, email FROM subscriptions WHERE status = 'confirmed'",
+        issue_id
     )
-    .bind(issue_id)
     .execute(&mut *db)
     .await?;
     Ok(issue_id)
