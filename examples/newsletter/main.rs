@@ -18,7 +18,8 @@
 //! The delivery insert is `sqlx::query!`, checked at compile time against that schema. The
 //! check's answers are kept in `.sqlx/` (sqlx's offline data), so the example builds without
 //! a database; after changing a checked query, apply the migrations to a SQLite file and build
-//! once with `DATABASE_URL=sqlite://<file>` and `SQLX_OFFLINE_DIR=$PWD/.sqlx` (or run
+//! once with `SQLX_OFFLINE=false`, `DATABASE_URL=sqlite://<file>` and
+//! `SQLX_OFFLINE_DIR=$PWD/.sqlx` (this workspace sets `SQLX_OFFLINE=true`; or run
 //! `cargo sqlx prepare -- --example newsletter --features sqlx-sqlite,axum`).
 
 use std::net::SocketAddr;
