@@ -1,5 +1,11 @@
 //! R4 cancellation: a call dropped after any poll leaves nothing behind, does not hide the
 //! next outcome, and leaves its pooled connection clean (docs/RELIABILITY.md, finding 2).
+//!
+//! The first two (dropped after every poll; the next outcome) run through both stores
+//! (tests/reliability/stores.rs). The pooled-connection and wait-bound cases stay on
+//! SeaORM's store: they inspect the one connection of a SeaORM pool and drive the engine
+//! API with `SeaOrmStore`; the sqlx store runs its ledger steps on tasks of their own the
+//! same way (idem-sqlx/src/atomic.rs, `detached`).
 
 use std::future::Future;
 use std::pin::pin;
@@ -10,9 +16,12 @@ use std::time::{Duration, Instant};
 use idem::{ErrorKind, Outcome, idempotent, with_outcome};
 use sea_orm::{ConnectionTrait, DatabaseConnection};
 
+use crate::stores::{
+    Case, Conn, call, on_sea_orm, on_sqlx_mysql, on_sqlx_postgres, on_sqlx_sqlite,
+};
 use crate::support::{
     Answer, Backend, Probe, SCOPE, Transfer, backends, connect, effect, key_of, ledger_row, quick,
-    recorded_answer, snapshot, stmt, transfer, unique,
+    recorded_answer, snapshot, stmt, unique,
 };
 use crate::{assert_exactly_once, cmd};
 
@@ -51,93 +60,104 @@ async fn poll_then_drop<F: Future>(future: F, n: usize) -> Result<Option<F::Outp
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_the_future_after_any_poll_leaves_nothing_behind() {
     for b in backends(4).await {
-        let started = Instant::now();
-        // The calls run on a pool of their own; every count is read on `b.db`, so what is
-        // checked is the database, whatever state the calls leave their connections in.
-        let pool = connect(&b.url, 4).await;
-        for probe in [Probe::Quiet, Probe::Yield] {
-            let run = unique("r4");
-            let mut committed_when_dropped = Vec::new();
-            let mut n = 0;
-            let polls_to_finish = loop {
-                n += 1;
-                assert!(n < 2_000, "{}: the call never finished", b.name);
-                let c = cmd(&run, n);
-                let dropped = poll_then_drop(transfer(&pool, c.clone(), &probe), n).await;
-                let finished = match dropped {
-                    Ok(Some(result)) => Some(result.expect("a call polled to the end")),
-                    Ok(None) => None,
-                    Err(e) => panic!("{} N={n}: {e}", b.name),
-                };
-                let s = snapshot(&b.db, SCOPE, &run, Some(&c.key)).await;
-                assert_eq!(s.pending, 0, "{} N={n}: a stuck claim", b.name);
-                assert_eq!(
-                    (s.effects, s.executions),
-                    (2 * s.completed, s.completed),
-                    "{} N={n}: a partial write: {s:?}",
-                    b.name
-                );
-                if finished.is_none() && s.completed == 1 {
-                    committed_when_dropped.push(n);
-                }
-                let (retried, outcome) =
-                    with_outcome(transfer(&pool, c.clone(), &Probe::Quiet)).await;
-                let retried = retried.unwrap_or_else(|e| panic!("{} N={n}: retry: {e}", b.name));
-                if finished.is_some() || s.completed == 1 {
-                    assert_eq!(outcome, Some(Outcome::Replayed), "{} N={n}", b.name);
-                }
-                if let Some(first) = &finished {
-                    assert_eq!(first, &retried, "{} N={n}", b.name);
-                }
-                assert_eq!(
-                    recorded_answer(&b.db, &c.key).await.as_ref(),
-                    Some(&retried),
-                    "{} N={n}",
-                    b.name
-                );
-                let s = snapshot(&b.db, SCOPE, &run, Some(&c.key)).await;
-                assert_eq!(
-                    (s.effects, s.executions, s.completed, s.pending),
-                    (2, 1, 1, 0),
-                    "{} N={n}: the retry executes exactly once",
-                    b.name
-                );
-                if finished.is_some() {
-                    break n;
-                }
+        // The calls run on a pool of their own (the case's); every count is read on `b.db`,
+        // so what is checked is the database, whatever state the calls leave their
+        // connections in.
+        for case in Case::both(&b, 4).await {
+            dropped_after_every_poll(&b, &case).await;
+        }
+    }
+}
+
+async fn dropped_after_every_poll(b: &Backend, case: &Case) {
+    let name = &case.name;
+    let started = Instant::now();
+    for probe in [Probe::Quiet, Probe::Yield] {
+        let run = unique("r4");
+        let mut committed_when_dropped = Vec::new();
+        let mut n = 0;
+        let polls_to_finish = loop {
+            n += 1;
+            assert!(n < 2_000, "{name}: the call never finished");
+            let c = cmd(&run, n);
+            let dropped =
+                poll_then_drop(async { call!(case, transfer(c.clone(), &probe)) }, n).await;
+            let finished = match dropped {
+                Ok(Some(result)) => Some(result.expect("a call polled to the end")),
+                Ok(None) => None,
+                Err(e) => panic!("{name} N={n}: {e}"),
             };
-            // The replay path: dropping it after any poll changes nothing.
-            let key = key_of(&run, polls_to_finish);
-            let before = ledger_row(&b.db, SCOPE, &key).await;
-            let c = cmd(&run, polls_to_finish);
-            let mut replay_polls = 0;
-            for n in 1.. {
-                let dropped = poll_then_drop(transfer(&pool, c.clone(), &Probe::Quiet), n)
-                    .await
-                    .unwrap_or_else(|e| panic!("{} replay N={n}: {e}", b.name));
-                assert_eq!(ledger_row(&b.db, SCOPE, &key).await, before, "{}", b.name);
-                if let Some(result) = dropped {
-                    assert_eq!(
-                        Some(result.expect("replay")),
-                        recorded_answer(&b.db, &key).await
-                    );
-                    replay_polls = n;
-                    break;
-                }
+            let s = snapshot(&b.db, SCOPE, &run, Some(&c.key)).await;
+            assert_eq!(s.pending, 0, "{name} N={n}: a stuck claim");
+            assert_eq!(
+                (s.effects, s.executions),
+                (2 * s.completed, s.completed),
+                "{name} N={n}: a partial write: {s:?}"
+            );
+            if finished.is_none() && s.completed == 1 {
+                committed_when_dropped.push(n);
             }
-            let s = assert_exactly_once(&b, &run, polls_to_finish, "R4").await;
-            eprintln!(
-                "R4 {} ({probe:?}): dropped after N = 1..{} polls (a call needs {polls_to_finish}; \
+            let (retried, outcome) =
+                with_outcome(async { call!(case, transfer(c.clone(), &Probe::Quiet)) }).await;
+            let retried = retried.unwrap_or_else(|e| panic!("{name} N={n}: retry: {e}"));
+            if finished.is_some() || s.completed == 1 {
+                assert_eq!(outcome, Some(Outcome::Replayed), "{name} N={n}");
+            }
+            if let Some(first) = &finished {
+                assert_eq!(first, &retried, "{name} N={n}");
+            }
+            assert_eq!(
+                recorded_answer(&b.db, &c.key).await.as_ref(),
+                Some(&retried),
+                "{name} N={n}"
+            );
+            let s = snapshot(&b.db, SCOPE, &run, Some(&c.key)).await;
+            assert_eq!(
+                (s.effects, s.executions, s.completed, s.pending),
+                (2, 1, 1, 0),
+                "{name} N={n}: the retry executes exactly once"
+            );
+            if finished.is_some() {
+                break n;
+            }
+        };
+        // The replay path: dropping it after any poll changes nothing.
+        let key = key_of(&run, polls_to_finish);
+        let before = ledger_row(&b.db, SCOPE, &key).await;
+        let c = cmd(&run, polls_to_finish);
+        let mut replay_polls = 0;
+        for n in 1.. {
+            let dropped =
+                poll_then_drop(async { call!(case, transfer(c.clone(), &Probe::Quiet)) }, n)
+                    .await
+                    .unwrap_or_else(|e| panic!("{name} replay N={n}: {e}"));
+            assert_eq!(ledger_row(&b.db, SCOPE, &key).await, before, "{name}");
+            if let Some(result) = dropped {
+                assert_eq!(
+                    Some(result.expect("replay")),
+                    recorded_answer(&b.db, &key).await
+                );
+                replay_polls = n;
+                break;
+            }
+        }
+        let s = assert_exactly_once(
+            b,
+            &run,
+            polls_to_finish,
+            &format!("R4 ({})", case.store.as_str()),
+        )
+        .await;
+        eprintln!(
+            "R4 {name} ({probe:?}): dropped after N = 1..{} polls (a call needs {polls_to_finish}; \
                  a replay {replay_polls}); dropped after commit at N = {committed_when_dropped:?}; \
                  {} executions for {polls_to_finish} keys, {} effect rows, pending {}; {:.1?}",
-                b.name,
-                polls_to_finish - 1,
-                s.executions,
-                s.effects,
-                s.pending,
-                started.elapsed()
-            );
-        }
+            polls_to_finish - 1,
+            s.executions,
+            s.effects,
+            s.pending,
+            started.elapsed()
+        );
     }
 }
 
@@ -266,7 +286,7 @@ async fn dropped_calls_leave_the_pool_clean(body_statements: bool) {
                     Probe::Yield
                 };
                 let finished = if body_statements {
-                    poll_then_drop(transfer(&pool, c, &probe), n).await
+                    poll_then_drop(on_sea_orm::transfer(&pool, c, &probe), n).await
                 } else {
                     poll_then_drop(claim_only(&pool, c, &probe), n).await
                 }
@@ -398,55 +418,49 @@ async fn duplicates_cut_off_by_the_wait_bound_return_their_connections() {
     }
 }
 
-#[idempotent(scope = "rel.outcome", key = key, skip(pause))]
-async fn paused(db: &DatabaseConnection, key: String, pause: Duration) -> Result<u8, idem::Error> {
-    let _ = db;
-    tokio::time::sleep(pause).await;
-    Ok(7)
-}
-
 /// A call cancelled inside its body must not hide how a later call in the same
 /// `with_outcome` scope was answered (the HTTP adapter's replay header depends on it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_call_does_not_hide_the_next_outcome() {
     for b in backends(4).await {
-        let (recorded, fresh) = (unique("outcome"), unique("outcome"));
-        paused(&b.db, recorded.clone(), Duration::ZERO)
-            .await
-            .expect("record");
-        let (answer, outcome) = with_outcome(async {
-            let cancelled = tokio::time::timeout(
-                Duration::from_millis(50),
-                paused(&b.db, fresh.clone(), Duration::from_secs(30)),
-            )
-            .await;
-            assert!(cancelled.is_err(), "cut off inside its body");
-            paused(&b.db, recorded.clone(), Duration::ZERO).await
-        })
-        .await;
-        assert_eq!(answer.expect("replay"), 7);
-        assert_eq!(
-            outcome,
-            Some(Outcome::Replayed),
-            "{}: the replay after a cancelled call is reported",
-            b.name
-        );
-        let (_, outcome) = with_outcome(async {
-            let _ = tokio::time::timeout(
-                Duration::from_millis(50),
-                paused(&b.db, fresh.clone(), Duration::from_secs(30)),
-            )
-            .await;
-            paused(&b.db, fresh.clone(), Duration::ZERO).await
-        })
-        .await;
-        assert_eq!(
-            outcome,
-            Some(Outcome::Executed),
-            "{}: the execution after a cancelled call is reported",
-            b.name
-        );
+        for case in Case::both(&b, 4).await {
+            outcome_after_a_cancelled_call(&case).await;
+        }
     }
+}
+
+async fn outcome_after_a_cancelled_call(case: &Case) {
+    let name = &case.name;
+    let (recorded, fresh) = (unique("outcome"), unique("outcome"));
+    call!(case, paused(recorded.clone(), Duration::ZERO)).expect("record");
+    let (answer, outcome) = with_outcome(async {
+        let cancelled = tokio::time::timeout(Duration::from_millis(50), async {
+            call!(case, paused(fresh.clone(), Duration::from_secs(30)))
+        })
+        .await;
+        assert!(cancelled.is_err(), "cut off inside its body");
+        call!(case, paused(recorded.clone(), Duration::ZERO))
+    })
+    .await;
+    assert_eq!(answer.expect("replay"), 7);
+    assert_eq!(
+        outcome,
+        Some(Outcome::Replayed),
+        "{name}: the replay after a cancelled call is reported"
+    );
+    let (_, outcome) = with_outcome(async {
+        let _ = tokio::time::timeout(Duration::from_millis(50), async {
+            call!(case, paused(fresh.clone(), Duration::from_secs(30)))
+        })
+        .await;
+        call!(case, paused(fresh.clone(), Duration::ZERO))
+    })
+    .await;
+    assert_eq!(
+        outcome,
+        Some(Outcome::Executed),
+        "{name}: the execution after a cancelled call is reported"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
