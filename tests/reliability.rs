@@ -18,8 +18,9 @@
 //! once and instantiated per store.
 //!
 //! The database-facing rows run each case through both stores, SeaORM's and sqlx's, on
-//! every backend of the run: R1 storm, R2 processes, R3 SIGKILL, R4 cancellation (its
-//! main case and the outcome case), R5 connection faults and R7 isolation. The rest stay
+//! every backend of the run: R1 storm, R2 processes, R3 SIGKILL, R4 cancellation (all but
+//! the wait-bound case, which drives the engine API with `SeaOrmStore`), R5 connection faults
+//! and R7 isolation. The rest stay
 //! on SeaORM's store, each module saying why: R6 bad input is refused before any database,
 //! R8 properties run on the in-memory store, R13 is about HTTP clients, and R14's completer
 //! suite (tests/completer.rs) already runs both stores.

@@ -1,11 +1,10 @@
 //! R4 cancellation: a call dropped after any poll leaves nothing behind, does not hide the
 //! next outcome, and leaves its pooled connection clean (docs/RELIABILITY.md, finding 2).
 //!
-//! The first two (dropped after every poll; the next outcome) run through both stores
-//! (tests/reliability/stores.rs). The pooled-connection and wait-bound cases stay on
-//! SeaORM's store: they inspect the one connection of a SeaORM pool and drive the engine
-//! API with `SeaOrmStore`; the sqlx store runs its ledger steps on tasks of their own the
-//! same way (idem-sqlx/src/atomic.rs, `detached`).
+//! Every case but the wait-bound one runs through both stores (tests/reliability/stores.rs):
+//! dropped after every poll, the next outcome, and the pooled connection's state after a drop
+//! (read on the case's own pool). The wait-bound case stays on SeaORM's store: it drives the
+//! engine API with `SeaOrmStore` directly.
 
 use std::future::Future;
 use std::pin::pin;
@@ -13,7 +12,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
-use idem::{ErrorKind, Outcome, idempotent, with_outcome};
+use idem::{ErrorKind, Outcome, with_outcome};
 use sea_orm::{ConnectionTrait, DatabaseConnection};
 
 use crate::stores::{
@@ -161,47 +160,42 @@ async fn dropped_after_every_poll(b: &Backend, case: &Case) {
     }
 }
 
-/// Whether the one connection of `pool` is back in the pool and outside any transaction, as
-/// the server sees it (SQLite: back in the pool). Bounded: a connection that never came back
-/// is an `Err` instead of a hang.
+/// Whether the one connection of the case's pool is back in the pool and outside any
+/// transaction, as the server sees it (SQLite: back in the pool). Bounded: a connection that
+/// never came back is an `Err` instead of a hang.
 async fn pool_connection_state(
     b: &Backend,
-    pool: &DatabaseConnection,
+    case: &Case,
     other: &DatabaseConnection,
     pid: i64,
 ) -> Result<bool, String> {
-    let (db, sql, values) = match b.name {
-        "mysql" => (pool, "SELECT CAST(@@in_transaction AS SIGNED)", vec![]),
-        "postgres" => (
-            other,
-            "SELECT COUNT(*) FROM pg_stat_activity WHERE pid = ? \
-             AND state LIKE 'idle in transaction%'",
-            vec![pid.into()],
-        ),
-        _ => (pool, "SELECT 0", vec![]),
-    };
     // idem finishes its own ledger steps on a task of their own after the caller stops
     // waiting, so the connection may legitimately be in use for a moment: a leak is a
     // transaction that is still open once the pool is quiet (up to 5 s).
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        if b.name == "postgres" {
-            // The check reads another connection: first make sure this one came back (its
-            // next use also flushes a rollback that sqlx queued when the transaction dropped).
-            tokio::time::timeout(Duration::from_secs(10), pool.execute_unprepared("SELECT 1"))
-                .await
-                .map_err(|_| "the connection never came back to the pool".to_owned())?
-                .map_err(|e| format!("the connection is unusable: {e}"))?;
-        }
-        let row = tokio::time::timeout(
-            Duration::from_secs(10),
-            db.query_one_raw(stmt(db, sql, values.clone())),
-        )
-        .await
-        .map_err(|_| "the connection never came back to the pool".to_owned())?
-        .map_err(|e| format!("the connection is unusable: {e}"))?
-        .expect("a row");
-        let in_transaction = row.try_get_by_index::<i64>(0).expect("a flag") != 0;
+        let in_transaction = match b.name {
+            "mysql" => within(case.query_i64("SELECT CAST(@@in_transaction AS SIGNED)")).await?,
+            "postgres" => {
+                // The check reads another connection: first make sure this one came back
+                // (its next use also flushes a rollback that sqlx queued when the
+                // transaction dropped).
+                within(case.query_i64("SELECT CAST(1 AS BIGINT)")).await?;
+                let sql = "SELECT COUNT(*) FROM pg_stat_activity WHERE pid = ? \
+                           AND state LIKE 'idle in transaction%'";
+                within(async {
+                    other
+                        .query_one_raw(stmt(other, sql, vec![pid.into()]))
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .ok_or_else(|| "no row".to_owned())?
+                        .try_get_by_index::<i64>(0)
+                        .map_err(|e| e.to_string())
+                })
+                .await?
+            }
+            _ => within(case.query_i64("SELECT 0")).await?,
+        } != 0;
         if !in_transaction || Instant::now() > deadline {
             return Ok(in_transaction);
         }
@@ -209,21 +203,12 @@ async fn pool_connection_state(
     }
 }
 
-/// A handler whose body runs no statement: every point a call can be dropped at is in idem's
-/// own ledger steps.
-#[idempotent(scope = "rel.claim-only", key = cmd.key, skip(probe))]
-async fn claim_only(
-    db: &DatabaseConnection,
-    cmd: Transfer,
-    probe: &Probe,
-) -> Result<Answer, idem::Error> {
-    let _ = db;
-    probe.at("after-claim").await;
-    Ok(Answer {
-        key: cmd.key,
-        amount: cmd.amount,
-        execution: unique("exec"),
-    })
+/// `read`, bounded: a connection that never comes back is an error, not a hang.
+async fn within(read: impl Future<Output = Result<i64, String>>) -> Result<i64, String> {
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .map_err(|_| "the connection never came back to the pool".to_owned())?
+        .map_err(|e| format!("the connection is unusable: {e}"))
 }
 
 /// A call dropped at any point of idem's own steps (begin, claim, record, release) must leave
@@ -255,69 +240,57 @@ async fn dropped_calls_leave_the_pool_clean(body_statements: bool) {
     let rounds = if quick() { 20 } else { 60 };
     let mut failures = Vec::new();
     for b in backends(4).await {
-        let started = Instant::now();
         // One connection, so every check sees the connection the dropped call used.
-        let pool = connect(&b.url, 1).await;
-        let other = connect(&b.url, 1).await;
-        let pid: i64 = match b.name {
-            "postgres" => pool
-                .query_one_raw(stmt(
-                    &pool,
-                    "SELECT CAST(pg_backend_pid() AS BIGINT)",
-                    vec![],
-                ))
-                .await
-                .expect("pid")
-                .expect("a row")
-                .try_get_by_index(0)
-                .expect("pid"),
-            _ => 0,
-        };
-        let run = unique("r4tx");
-        let mut drops = 0;
-        let mut leaked = Vec::new();
-        let mut lost = None;
-        'rounds: for round in 0..rounds {
-            for n in 1..=4 {
-                let c = cmd(&run, round * 10 + n);
-                let probe = if round % 2 == 0 {
-                    Probe::Quiet
-                } else {
-                    Probe::Yield
-                };
-                let finished = if body_statements {
-                    poll_then_drop(on_sea_orm::transfer(&pool, c, &probe), n).await
-                } else {
-                    poll_then_drop(claim_only(&pool, c, &probe), n).await
-                }
-                .unwrap_or_else(|e| panic!("{} N={n}: {e}", b.name));
-                if finished.is_some() {
-                    break;
-                }
-                drops += 1;
-                match pool_connection_state(&b, &pool, &other, pid).await {
-                    Ok(false) => {}
-                    Ok(true) => {
-                        leaked.push(format!("round {round} ({probe:?}) N={n}"));
-                        // End it, so the rest of the run measures the next drop alone.
-                        pool.execute_unprepared("ROLLBACK").await.expect("rollback");
+        for case in Case::both(&b, 1).await {
+            let name = &case.name;
+            let started = Instant::now();
+            let other = connect(&b.url, 1).await;
+            let pid = case.pool_connection_id().await;
+            let run = unique("r4tx");
+            let mut drops = 0;
+            let mut leaked = Vec::new();
+            let mut lost = None;
+            'rounds: for round in 0..rounds {
+                for n in 1..=4 {
+                    let c = cmd(&run, round * 10 + n);
+                    let probe = if round % 2 == 0 {
+                        Probe::Quiet
+                    } else {
+                        Probe::Yield
+                    };
+                    let finished = if body_statements {
+                        poll_then_drop(async { call!(case, transfer(c, &probe)) }, n).await
+                    } else {
+                        poll_then_drop(async { call!(case, claim_only(c, &probe)) }, n).await
                     }
-                    Err(e) => {
-                        lost = Some(format!("round {round} ({probe:?}) N={n}: {e}"));
-                        break 'rounds;
+                    .unwrap_or_else(|e| panic!("{name} N={n}: {e}"));
+                    if finished.is_some() {
+                        break;
+                    }
+                    drops += 1;
+                    match pool_connection_state(&b, &case, &other, pid).await {
+                        Ok(false) => {}
+                        Ok(true) => {
+                            leaked.push(format!("round {round} ({probe:?}) N={n}"));
+                            // End it, so the rest of the run measures the next drop alone.
+                            case.execute("ROLLBACK").await.expect("rollback");
+                        }
+                        Err(e) => {
+                            lost = Some(format!("round {round} ({probe:?}) N={n}: {e}"));
+                            break 'rounds;
+                        }
                     }
                 }
             }
-        }
-        let report = format!(
-            "{}: {drops} calls dropped after 1..4 polls on a one-connection pool: {} left it \
+            let report = format!(
+                "{name}: {drops} calls dropped after 1..4 polls on a one-connection pool: {} left it \
              inside a transaction {leaked:?}; connection lost: {lost:?}",
-            b.name,
-            leaked.len(),
-        );
-        eprintln!("R4 {report}; {:.1?}", started.elapsed());
-        if !leaked.is_empty() || lost.is_some() {
-            failures.push(report);
+                leaked.len(),
+            );
+            eprintln!("R4 {report}; {:.1?}", started.elapsed());
+            if !leaked.is_empty() || lost.is_some() {
+                failures.push(report);
+            }
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");

@@ -150,6 +150,44 @@ impl Case {
         }
     }
 
+    /// Reads one integer on the calls' pool (on the one connection of a one-connection pool).
+    pub async fn query_i64(&self, sql: &'static str) -> Result<i64, String> {
+        match &self.conn {
+            Conn::SeaOrm => {
+                return self
+                    .db
+                    .query_one_raw(stmt(&self.db, sql, vec![]))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .ok_or_else(|| "no row".to_owned())?
+                    .try_get_by_index::<i64>(0)
+                    .map_err(|e| e.to_string());
+            }
+            Conn::SqlxSqlite(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
+            Conn::SqlxPostgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
+            Conn::SqlxMySql(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
+        }
+        .map_err(|e: sqlx::Error| e.to_string())
+    }
+
+    /// Runs `sql` unprepared on the calls' pool.
+    pub async fn execute(&self, sql: &'static str) -> Result<(), String> {
+        match &self.conn {
+            Conn::SeaOrm => {
+                return self
+                    .db
+                    .execute_unprepared(sql)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string());
+            }
+            Conn::SqlxSqlite(pool) => sqlx::raw_sql(sql).execute(pool).await.map(drop),
+            Conn::SqlxPostgres(pool) => sqlx::raw_sql(sql).execute(pool).await.map(drop),
+            Conn::SqlxMySql(pool) => sqlx::raw_sql(sql).execute(pool).await.map(drop),
+        }
+        .map_err(|e: sqlx::Error| e.to_string())
+    }
+
     /// Closes the calls' pool (the database becomes unreachable for them).
     pub async fn close(&self) {
         match &self.conn {
@@ -211,6 +249,23 @@ macro_rules! handlers {
                     key: cmd.key,
                     amount: cmd.amount,
                     execution,
+                })
+            }
+
+            /// R4: a handler whose body runs no statement: every point a call can be
+            /// dropped at is in idem's own ledger steps.
+            #[idempotent(scope = "rel.claim-only", key = cmd.key, skip(probe))]
+            pub async fn claim_only(
+                db: &$conn,
+                cmd: Transfer,
+                probe: &Probe,
+            ) -> Result<Answer, idem::Error> {
+                let _ = db;
+                probe.at("after-claim").await;
+                Ok(Answer {
+                    key: cmd.key,
+                    amount: cmd.amount,
+                    execution: unique("exec"),
                 })
             }
 
