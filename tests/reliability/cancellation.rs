@@ -1,5 +1,10 @@
 //! R4 cancellation: a call dropped after any poll leaves nothing behind, does not hide the
 //! next outcome, and leaves its pooled connection clean (docs/RELIABILITY.md, finding 2).
+//!
+//! Every case but the wait-bound one runs through both stores (tests/reliability/stores.rs):
+//! dropped after every poll, the next outcome, and the pooled connection's state after a drop
+//! (read on the case's own pool). The wait-bound case stays on SeaORM's store: it drives the
+//! engine API with `SeaOrmStore` directly.
 
 use std::future::Future;
 use std::pin::pin;
@@ -7,12 +12,15 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
-use idem::{ErrorKind, Outcome, idempotent, with_outcome};
+use idem::{ErrorKind, Outcome, with_outcome};
 use sea_orm::{ConnectionTrait, DatabaseConnection};
 
+use crate::stores::{
+    Case, Conn, call, on_sea_orm, on_sqlx_mysql, on_sqlx_postgres, on_sqlx_sqlite,
+};
 use crate::support::{
     Answer, Backend, Probe, SCOPE, Transfer, backends, connect, effect, key_of, ledger_row, quick,
-    recorded_answer, snapshot, stmt, transfer, unique,
+    recorded_answer, snapshot, stmt, unique,
 };
 use crate::{assert_exactly_once, cmd};
 
@@ -51,137 +59,143 @@ async fn poll_then_drop<F: Future>(future: F, n: usize) -> Result<Option<F::Outp
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_the_future_after_any_poll_leaves_nothing_behind() {
     for b in backends(4).await {
-        let started = Instant::now();
-        // The calls run on a pool of their own; every count is read on `b.db`, so what is
-        // checked is the database, whatever state the calls leave their connections in.
-        let pool = connect(&b.url, 4).await;
-        for probe in [Probe::Quiet, Probe::Yield] {
-            let run = unique("r4");
-            let mut committed_when_dropped = Vec::new();
-            let mut n = 0;
-            let polls_to_finish = loop {
-                n += 1;
-                assert!(n < 2_000, "{}: the call never finished", b.name);
-                let c = cmd(&run, n);
-                let dropped = poll_then_drop(transfer(&pool, c.clone(), &probe), n).await;
-                let finished = match dropped {
-                    Ok(Some(result)) => Some(result.expect("a call polled to the end")),
-                    Ok(None) => None,
-                    Err(e) => panic!("{} N={n}: {e}", b.name),
-                };
-                let s = snapshot(&b.db, SCOPE, &run, Some(&c.key)).await;
-                assert_eq!(s.pending, 0, "{} N={n}: a stuck claim", b.name);
-                assert_eq!(
-                    (s.effects, s.executions),
-                    (2 * s.completed, s.completed),
-                    "{} N={n}: a partial write: {s:?}",
-                    b.name
-                );
-                if finished.is_none() && s.completed == 1 {
-                    committed_when_dropped.push(n);
-                }
-                let (retried, outcome) =
-                    with_outcome(transfer(&pool, c.clone(), &Probe::Quiet)).await;
-                let retried = retried.unwrap_or_else(|e| panic!("{} N={n}: retry: {e}", b.name));
-                if finished.is_some() || s.completed == 1 {
-                    assert_eq!(outcome, Some(Outcome::Replayed), "{} N={n}", b.name);
-                }
-                if let Some(first) = &finished {
-                    assert_eq!(first, &retried, "{} N={n}", b.name);
-                }
-                assert_eq!(
-                    recorded_answer(&b.db, &c.key).await.as_ref(),
-                    Some(&retried),
-                    "{} N={n}",
-                    b.name
-                );
-                let s = snapshot(&b.db, SCOPE, &run, Some(&c.key)).await;
-                assert_eq!(
-                    (s.effects, s.executions, s.completed, s.pending),
-                    (2, 1, 1, 0),
-                    "{} N={n}: the retry executes exactly once",
-                    b.name
-                );
-                if finished.is_some() {
-                    break n;
-                }
-            };
-            // The replay path: dropping it after any poll changes nothing.
-            let key = key_of(&run, polls_to_finish);
-            let before = ledger_row(&b.db, SCOPE, &key).await;
-            let c = cmd(&run, polls_to_finish);
-            let mut replay_polls = 0;
-            for n in 1.. {
-                let dropped = poll_then_drop(transfer(&pool, c.clone(), &Probe::Quiet), n)
-                    .await
-                    .unwrap_or_else(|e| panic!("{} replay N={n}: {e}", b.name));
-                assert_eq!(ledger_row(&b.db, SCOPE, &key).await, before, "{}", b.name);
-                if let Some(result) = dropped {
-                    assert_eq!(
-                        Some(result.expect("replay")),
-                        recorded_answer(&b.db, &key).await
-                    );
-                    replay_polls = n;
-                    break;
-                }
-            }
-            let s = assert_exactly_once(&b, &run, polls_to_finish, "R4").await;
-            eprintln!(
-                "R4 {} ({probe:?}): dropped after N = 1..{} polls (a call needs {polls_to_finish}; \
-                 a replay {replay_polls}); dropped after commit at N = {committed_when_dropped:?}; \
-                 {} executions for {polls_to_finish} keys, {} effect rows, pending {}; {:.1?}",
-                b.name,
-                polls_to_finish - 1,
-                s.executions,
-                s.effects,
-                s.pending,
-                started.elapsed()
-            );
+        // The calls run on a pool of their own (the case's); every count is read on `b.db`,
+        // so what is checked is the database, whatever state the calls leave their
+        // connections in.
+        for case in Case::both(&b, 4).await {
+            dropped_after_every_poll(&b, &case).await;
         }
     }
 }
 
-/// Whether the one connection of `pool` is back in the pool and outside any transaction, as
-/// the server sees it (SQLite: back in the pool). Bounded: a connection that never came back
-/// is an `Err` instead of a hang.
+async fn dropped_after_every_poll(b: &Backend, case: &Case) {
+    let name = &case.name;
+    let started = Instant::now();
+    for probe in [Probe::Quiet, Probe::Yield] {
+        let run = unique("r4");
+        let mut committed_when_dropped = Vec::new();
+        let mut n = 0;
+        let polls_to_finish = loop {
+            n += 1;
+            assert!(n < 2_000, "{name}: the call never finished");
+            let c = cmd(&run, n);
+            let dropped =
+                poll_then_drop(async { call!(case, transfer(c.clone(), &probe)) }, n).await;
+            let finished = match dropped {
+                Ok(Some(result)) => Some(result.expect("a call polled to the end")),
+                Ok(None) => None,
+                Err(e) => panic!("{name} N={n}: {e}"),
+            };
+            let s = snapshot(&b.db, SCOPE, &run, Some(&c.key)).await;
+            assert_eq!(s.pending, 0, "{name} N={n}: a stuck claim");
+            assert_eq!(
+                (s.effects, s.executions),
+                (2 * s.completed, s.completed),
+                "{name} N={n}: a partial write: {s:?}"
+            );
+            if finished.is_none() && s.completed == 1 {
+                committed_when_dropped.push(n);
+            }
+            let (retried, outcome) =
+                with_outcome(async { call!(case, transfer(c.clone(), &Probe::Quiet)) }).await;
+            let retried = retried.unwrap_or_else(|e| panic!("{name} N={n}: retry: {e}"));
+            if finished.is_some() || s.completed == 1 {
+                assert_eq!(outcome, Some(Outcome::Replayed), "{name} N={n}");
+            }
+            if let Some(first) = &finished {
+                assert_eq!(first, &retried, "{name} N={n}");
+            }
+            assert_eq!(
+                recorded_answer(&b.db, &c.key).await.as_ref(),
+                Some(&retried),
+                "{name} N={n}"
+            );
+            let s = snapshot(&b.db, SCOPE, &run, Some(&c.key)).await;
+            assert_eq!(
+                (s.effects, s.executions, s.completed, s.pending),
+                (2, 1, 1, 0),
+                "{name} N={n}: the retry executes exactly once"
+            );
+            if finished.is_some() {
+                break n;
+            }
+        };
+        // The replay path: dropping it after any poll changes nothing.
+        let key = key_of(&run, polls_to_finish);
+        let before = ledger_row(&b.db, SCOPE, &key).await;
+        let c = cmd(&run, polls_to_finish);
+        let mut replay_polls = 0;
+        for n in 1.. {
+            let dropped =
+                poll_then_drop(async { call!(case, transfer(c.clone(), &Probe::Quiet)) }, n)
+                    .await
+                    .unwrap_or_else(|e| panic!("{name} replay N={n}: {e}"));
+            assert_eq!(ledger_row(&b.db, SCOPE, &key).await, before, "{name}");
+            if let Some(result) = dropped {
+                assert_eq!(
+                    Some(result.expect("replay")),
+                    recorded_answer(&b.db, &key).await
+                );
+                replay_polls = n;
+                break;
+            }
+        }
+        let s = assert_exactly_once(
+            b,
+            &run,
+            polls_to_finish,
+            &format!("R4 ({})", case.store.as_str()),
+        )
+        .await;
+        eprintln!(
+            "R4 {name} ({probe:?}): dropped after N = 1..{} polls (a call needs {polls_to_finish}; \
+                 a replay {replay_polls}); dropped after commit at N = {committed_when_dropped:?}; \
+                 {} executions for {polls_to_finish} keys, {} effect rows, pending {}; {:.1?}",
+            polls_to_finish - 1,
+            s.executions,
+            s.effects,
+            s.pending,
+            started.elapsed()
+        );
+    }
+}
+
+/// Whether the one connection of the case's pool is back in the pool and outside any
+/// transaction, as the server sees it (SQLite: back in the pool). Bounded: a connection that
+/// never came back is an `Err` instead of a hang.
 async fn pool_connection_state(
     b: &Backend,
-    pool: &DatabaseConnection,
+    case: &Case,
     other: &DatabaseConnection,
     pid: i64,
 ) -> Result<bool, String> {
-    let (db, sql, values) = match b.name {
-        "mysql" => (pool, "SELECT CAST(@@in_transaction AS SIGNED)", vec![]),
-        "postgres" => (
-            other,
-            "SELECT COUNT(*) FROM pg_stat_activity WHERE pid = ? \
-             AND state LIKE 'idle in transaction%'",
-            vec![pid.into()],
-        ),
-        _ => (pool, "SELECT 0", vec![]),
-    };
     // idem finishes its own ledger steps on a task of their own after the caller stops
     // waiting, so the connection may legitimately be in use for a moment: a leak is a
     // transaction that is still open once the pool is quiet (up to 5 s).
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        if b.name == "postgres" {
-            // The check reads another connection: first make sure this one came back (its
-            // next use also flushes a rollback that sqlx queued when the transaction dropped).
-            tokio::time::timeout(Duration::from_secs(10), pool.execute_unprepared("SELECT 1"))
-                .await
-                .map_err(|_| "the connection never came back to the pool".to_owned())?
-                .map_err(|e| format!("the connection is unusable: {e}"))?;
-        }
-        let row = tokio::time::timeout(
-            Duration::from_secs(10),
-            db.query_one_raw(stmt(db, sql, values.clone())),
-        )
-        .await
-        .map_err(|_| "the connection never came back to the pool".to_owned())?
-        .map_err(|e| format!("the connection is unusable: {e}"))?
-        .expect("a row");
-        let in_transaction = row.try_get_by_index::<i64>(0).expect("a flag") != 0;
+        let in_transaction = match b.name {
+            "mysql" => within(case.query_i64("SELECT CAST(@@in_transaction AS SIGNED)")).await?,
+            "postgres" => {
+                // The check reads another connection: first make sure this one came back
+                // (its next use also flushes a rollback that sqlx queued when the
+                // transaction dropped).
+                within(case.query_i64("SELECT CAST(1 AS BIGINT)")).await?;
+                let sql = "SELECT COUNT(*) FROM pg_stat_activity WHERE pid = ? \
+                           AND state LIKE 'idle in transaction%'";
+                within(async {
+                    other
+                        .query_one_raw(stmt(other, sql, vec![pid.into()]))
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .ok_or_else(|| "no row".to_owned())?
+                        .try_get_by_index::<i64>(0)
+                        .map_err(|e| e.to_string())
+                })
+                .await?
+            }
+            _ => within(case.query_i64("SELECT 0")).await?,
+        } != 0;
         if !in_transaction || Instant::now() > deadline {
             return Ok(in_transaction);
         }
@@ -189,21 +203,12 @@ async fn pool_connection_state(
     }
 }
 
-/// A handler whose body runs no statement: every point a call can be dropped at is in idem's
-/// own ledger steps.
-#[idempotent(scope = "rel.claim-only", key = cmd.key, skip(probe))]
-async fn claim_only(
-    db: &DatabaseConnection,
-    cmd: Transfer,
-    probe: &Probe,
-) -> Result<Answer, idem::Error> {
-    let _ = db;
-    probe.at("after-claim").await;
-    Ok(Answer {
-        key: cmd.key,
-        amount: cmd.amount,
-        execution: unique("exec"),
-    })
+/// `read`, bounded: a connection that never comes back is an error, not a hang.
+async fn within(read: impl Future<Output = Result<i64, String>>) -> Result<i64, String> {
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .map_err(|_| "the connection never came back to the pool".to_owned())?
+        .map_err(|e| format!("the connection is unusable: {e}"))
 }
 
 /// A call dropped at any point of idem's own steps (begin, claim, record, release) must leave
@@ -235,69 +240,57 @@ async fn dropped_calls_leave_the_pool_clean(body_statements: bool) {
     let rounds = if quick() { 20 } else { 60 };
     let mut failures = Vec::new();
     for b in backends(4).await {
-        let started = Instant::now();
         // One connection, so every check sees the connection the dropped call used.
-        let pool = connect(&b.url, 1).await;
-        let other = connect(&b.url, 1).await;
-        let pid: i64 = match b.name {
-            "postgres" => pool
-                .query_one_raw(stmt(
-                    &pool,
-                    "SELECT CAST(pg_backend_pid() AS BIGINT)",
-                    vec![],
-                ))
-                .await
-                .expect("pid")
-                .expect("a row")
-                .try_get_by_index(0)
-                .expect("pid"),
-            _ => 0,
-        };
-        let run = unique("r4tx");
-        let mut drops = 0;
-        let mut leaked = Vec::new();
-        let mut lost = None;
-        'rounds: for round in 0..rounds {
-            for n in 1..=4 {
-                let c = cmd(&run, round * 10 + n);
-                let probe = if round % 2 == 0 {
-                    Probe::Quiet
-                } else {
-                    Probe::Yield
-                };
-                let finished = if body_statements {
-                    poll_then_drop(transfer(&pool, c, &probe), n).await
-                } else {
-                    poll_then_drop(claim_only(&pool, c, &probe), n).await
-                }
-                .unwrap_or_else(|e| panic!("{} N={n}: {e}", b.name));
-                if finished.is_some() {
-                    break;
-                }
-                drops += 1;
-                match pool_connection_state(&b, &pool, &other, pid).await {
-                    Ok(false) => {}
-                    Ok(true) => {
-                        leaked.push(format!("round {round} ({probe:?}) N={n}"));
-                        // End it, so the rest of the run measures the next drop alone.
-                        pool.execute_unprepared("ROLLBACK").await.expect("rollback");
+        for case in Case::both(&b, 1).await {
+            let name = &case.name;
+            let started = Instant::now();
+            let other = connect(&b.url, 1).await;
+            let pid = case.pool_connection_id().await;
+            let run = unique("r4tx");
+            let mut drops = 0;
+            let mut leaked = Vec::new();
+            let mut lost = None;
+            'rounds: for round in 0..rounds {
+                for n in 1..=4 {
+                    let c = cmd(&run, round * 10 + n);
+                    let probe = if round % 2 == 0 {
+                        Probe::Quiet
+                    } else {
+                        Probe::Yield
+                    };
+                    let finished = if body_statements {
+                        poll_then_drop(async { call!(case, transfer(c, &probe)) }, n).await
+                    } else {
+                        poll_then_drop(async { call!(case, claim_only(c, &probe)) }, n).await
                     }
-                    Err(e) => {
-                        lost = Some(format!("round {round} ({probe:?}) N={n}: {e}"));
-                        break 'rounds;
+                    .unwrap_or_else(|e| panic!("{name} N={n}: {e}"));
+                    if finished.is_some() {
+                        break;
+                    }
+                    drops += 1;
+                    match pool_connection_state(&b, &case, &other, pid).await {
+                        Ok(false) => {}
+                        Ok(true) => {
+                            leaked.push(format!("round {round} ({probe:?}) N={n}"));
+                            // End it, so the rest of the run measures the next drop alone.
+                            case.execute("ROLLBACK").await.expect("rollback");
+                        }
+                        Err(e) => {
+                            lost = Some(format!("round {round} ({probe:?}) N={n}: {e}"));
+                            break 'rounds;
+                        }
                     }
                 }
             }
-        }
-        let report = format!(
-            "{}: {drops} calls dropped after 1..4 polls on a one-connection pool: {} left it \
+            let report = format!(
+                "{name}: {drops} calls dropped after 1..4 polls on a one-connection pool: {} left it \
              inside a transaction {leaked:?}; connection lost: {lost:?}",
-            b.name,
-            leaked.len(),
-        );
-        eprintln!("R4 {report}; {:.1?}", started.elapsed());
-        if !leaked.is_empty() || lost.is_some() {
-            failures.push(report);
+                leaked.len(),
+            );
+            eprintln!("R4 {report}; {:.1?}", started.elapsed());
+            if !leaked.is_empty() || lost.is_some() {
+                failures.push(report);
+            }
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");
@@ -398,55 +391,49 @@ async fn duplicates_cut_off_by_the_wait_bound_return_their_connections() {
     }
 }
 
-#[idempotent(scope = "rel.outcome", key = key, skip(pause))]
-async fn paused(db: &DatabaseConnection, key: String, pause: Duration) -> Result<u8, idem::Error> {
-    let _ = db;
-    tokio::time::sleep(pause).await;
-    Ok(7)
-}
-
 /// A call cancelled inside its body must not hide how a later call in the same
 /// `with_outcome` scope was answered (the HTTP adapter's replay header depends on it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_call_does_not_hide_the_next_outcome() {
     for b in backends(4).await {
-        let (recorded, fresh) = (unique("outcome"), unique("outcome"));
-        paused(&b.db, recorded.clone(), Duration::ZERO)
-            .await
-            .expect("record");
-        let (answer, outcome) = with_outcome(async {
-            let cancelled = tokio::time::timeout(
-                Duration::from_millis(50),
-                paused(&b.db, fresh.clone(), Duration::from_secs(30)),
-            )
-            .await;
-            assert!(cancelled.is_err(), "cut off inside its body");
-            paused(&b.db, recorded.clone(), Duration::ZERO).await
-        })
-        .await;
-        assert_eq!(answer.expect("replay"), 7);
-        assert_eq!(
-            outcome,
-            Some(Outcome::Replayed),
-            "{}: the replay after a cancelled call is reported",
-            b.name
-        );
-        let (_, outcome) = with_outcome(async {
-            let _ = tokio::time::timeout(
-                Duration::from_millis(50),
-                paused(&b.db, fresh.clone(), Duration::from_secs(30)),
-            )
-            .await;
-            paused(&b.db, fresh.clone(), Duration::ZERO).await
-        })
-        .await;
-        assert_eq!(
-            outcome,
-            Some(Outcome::Executed),
-            "{}: the execution after a cancelled call is reported",
-            b.name
-        );
+        for case in Case::both(&b, 4).await {
+            outcome_after_a_cancelled_call(&case).await;
+        }
     }
+}
+
+async fn outcome_after_a_cancelled_call(case: &Case) {
+    let name = &case.name;
+    let (recorded, fresh) = (unique("outcome"), unique("outcome"));
+    call!(case, paused(recorded.clone(), Duration::ZERO)).expect("record");
+    let (answer, outcome) = with_outcome(async {
+        let cancelled = tokio::time::timeout(Duration::from_millis(50), async {
+            call!(case, paused(fresh.clone(), Duration::from_secs(30)))
+        })
+        .await;
+        assert!(cancelled.is_err(), "cut off inside its body");
+        call!(case, paused(recorded.clone(), Duration::ZERO))
+    })
+    .await;
+    assert_eq!(answer.expect("replay"), 7);
+    assert_eq!(
+        outcome,
+        Some(Outcome::Replayed),
+        "{name}: the replay after a cancelled call is reported"
+    );
+    let (_, outcome) = with_outcome(async {
+        let _ = tokio::time::timeout(Duration::from_millis(50), async {
+            call!(case, paused(fresh.clone(), Duration::from_secs(30)))
+        })
+        .await;
+        call!(case, paused(fresh.clone(), Duration::ZERO))
+    })
+    .await;
+    assert_eq!(
+        outcome,
+        Some(Outcome::Executed),
+        "{name}: the execution after a cancelled call is reported"
+    );
 }
 
 // ---------------------------------------------------------------------------------------

@@ -11,6 +11,9 @@
 //! every claimed call finished, 0 double charges, one payment per charge, no lease left
 //! unfinished, and a late client retry of every key replays the recorded answer. The time from
 //! each kill to the call's completion is measured on the database clock.
+//!
+//! SeaORM's store only: the completer suite (tests/completer.rs) runs its cases through both
+//! stores; this row is the crash schedule on top of it.
 
 use std::collections::BTreeMap;
 use std::process::Stdio;

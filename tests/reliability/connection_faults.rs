@@ -1,54 +1,50 @@
 //! R5 database faults: a connection killed under the call, or a pool closed under it, is a
-//! `Store` error with no partial effects, and the retry succeeds exactly once.
+//! `Store` error with no partial effects, and the retry succeeds exactly once. Every fault
+//! through both stores (SeaORM's and sqlx's, tests/reliability/stores.rs).
 
 use std::time::{Duration, Instant};
 
-use idem::{ErrorKind, Outcome, idempotent, with_outcome};
+use idem::{ErrorKind, Outcome, with_outcome};
 use sea_orm::{ConnectionTrait, DatabaseConnection};
 
 use crate::cmd;
+use crate::stores::{
+    Case, Conn, Store, call, on_sea_orm, on_sqlx_mysql, on_sqlx_postgres, on_sqlx_sqlite,
+};
 use crate::support::{
-    Answer, Backend, Snapshot, Transfer, backends, connect, effect, snapshot, stmt, unique,
+    Answer, Backend, Snapshot, Transfer, backends, connect, snapshot, stmt, unique,
 };
 
 /// What R5 breaks, and when.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum FaultAt {
+pub(crate) enum FaultAt {
     /// The handler's connection is killed after the claim, before the body's writes.
     BeforeWrites,
     /// The handler's connection is killed after the body's writes, before the record.
     BeforeRecord,
 }
 
-struct Fault {
-    at: Option<FaultAt>,
+pub(crate) struct Fault {
+    pub(crate) at: Option<FaultAt>,
     /// Another connection, to kill the handler's with.
-    killer: DatabaseConnection,
+    pub(crate) killer: DatabaseConnection,
 }
 
 impl Fault {
-    /// Kills the server connection `tx` runs on, from the other connection, and waits until
-    /// the server has dropped it.
-    async fn strike<C: ConnectionTrait>(&self, tx: &C) {
-        let (me, kill, gone) = match tx.get_database_backend() {
+    /// Kills the server connection `id` (the handler's, read in its transaction by
+    /// `faulty`, tests/reliability/stores.rs) from the other connection, and waits until the
+    /// server has dropped it.
+    pub(crate) async fn strike(&self, id: i64) {
+        let (kill, gone) = match self.killer.get_database_backend() {
             sea_orm::DbBackend::Postgres => (
-                "SELECT CAST(pg_backend_pid() AS BIGINT)",
                 "SELECT pg_terminate_backend(CAST(? AS INTEGER))",
                 "SELECT COUNT(*) FROM pg_stat_activity WHERE pid = ?",
             ),
             _ => (
-                "SELECT CAST(CONNECTION_ID() AS SIGNED)",
                 "KILL CONNECTION ?",
                 "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?",
             ),
         };
-        let id: i64 = tx
-            .query_one_raw(stmt(tx, me, vec![]))
-            .await
-            .expect("own connection id")
-            .expect("a row")
-            .try_get_by_index(0)
-            .expect("an id");
         kill_connection(&self.killer, kill, gone, id).await;
     }
 }
@@ -85,71 +81,50 @@ async fn kill_connection(killer: &DatabaseConnection, kill: &str, gone: &str, id
     panic!("connection {id} survived its kill");
 }
 
-#[idempotent(scope = "rel.fault", key = cmd.key, skip(fault))]
-async fn faulty(
-    db: &DatabaseConnection,
-    cmd: Transfer,
-    fault: &Fault,
-) -> Result<Answer, idem::Error> {
-    if fault.at == Some(FaultAt::BeforeWrites) {
-        fault.strike(db).await;
-    }
-    let execution = unique("exec");
-    effect(db, &cmd.run, &cmd.key, "debit", &execution).await?;
-    effect(db, &cmd.run, &cmd.key, "credit", &execution).await?;
-    if fault.at == Some(FaultAt::BeforeRecord) {
-        fault.strike(db).await;
-    }
-    Ok(Answer {
-        key: cmd.key,
-        amount: cmd.amount,
-        execution,
-    })
-}
-
-/// Runs `faulty` in a task of its own, so a panic is reported as such.
+/// Runs `faulty` through the case's store in a task of its own, so a panic is reported as
+/// such.
 async fn run_faulty(
-    db: &DatabaseConnection,
+    case: &Case,
     c: &Transfer,
     fault: Fault,
 ) -> Result<(Result<Answer, idem::Error>, Option<Outcome>), String> {
-    let (db, c) = (db.clone(), c.clone());
-    tokio::spawn(async move { with_outcome(faulty(&db, c, &fault)).await })
+    let (case, c) = (case.clone(), c.clone());
+    tokio::spawn(async move { with_outcome(async { call!(case, faulty(c, &fault)) }).await })
         .await
         .map_err(|e| format!("the call panicked: {e}"))
 }
 
-/// After a fault: a typed store error (or `Unavailable`), nothing half-written; the retry executes exactly once.
+/// After a fault: a typed store error (or `Unavailable`), nothing half-written; the retry
+/// (through `retry`, the same store) executes exactly once.
 async fn after_fault(
     b: &Backend,
-    retry_db: &DatabaseConnection,
+    retry: &Case,
     killer: &DatabaseConnection,
     run: &str,
     c: &Transfer,
     what: &str,
     result: Result<(Result<Answer, idem::Error>, Option<Outcome>), String>,
 ) -> String {
-    let (result, _) = result.unwrap_or_else(|e| panic!("{} {what}: {e}", b.name));
+    let name = &retry.name;
+    let (result, _) = result.unwrap_or_else(|e| panic!("{name} {what}: {e}"));
     let err = match result {
-        Ok(a) => panic!("{} {what}: succeeded despite the fault: {a:?}", b.name),
+        Ok(a) => panic!("{name} {what}: succeeded despite the fault: {a:?}"),
         Err(e) => e,
     };
     // A connection lost mid-call is a store error; a pool that gives none (closed) is an
     // outage: both are 503s, and neither wrote anything.
     assert!(
         matches!(err.kind(), ErrorKind::Store | ErrorKind::Unavailable),
-        "{} {what}: {err}",
-        b.name
+        "{name} {what}: {err}"
     );
     let s = snapshot(&b.db, "rel.fault", run, Some(&c.key)).await;
     assert_eq!(
         s,
         Snapshot::default(),
-        "{} {what}: nothing half-written",
-        b.name
+        "{name} {what}: nothing half-written"
     );
-    let retry = run_faulty(
-        retry_db,
+    let again = run_faulty(
+        retry,
         c,
         Fault {
             at: None,
@@ -157,31 +132,25 @@ async fn after_fault(
         },
     )
     .await
-    .unwrap_or_else(|e| panic!("{} {what}: retry: {e}", b.name));
+    .unwrap_or_else(|e| panic!("{name} {what}: retry: {e}"));
     let (answer, outcome) = (
-        retry
+        again
             .0
-            .unwrap_or_else(|e| panic!("{} {what}: retry: {e}", b.name)),
-        retry.1,
+            .unwrap_or_else(|e| panic!("{name} {what}: retry: {e}")),
+        again.1,
     );
-    assert_eq!(outcome, Some(Outcome::Executed), "{} {what}", b.name);
-    let again = faulty(
-        retry_db,
-        c.clone(),
-        &Fault {
-            at: None,
-            killer: killer.clone(),
-        },
-    )
-    .await
-    .expect("replay");
-    assert_eq!(again, answer, "{} {what}: replayed", b.name);
+    assert_eq!(outcome, Some(Outcome::Executed), "{name} {what}");
+    let fault = Fault {
+        at: None,
+        killer: killer.clone(),
+    };
+    let replayed = call!(retry, faulty(c.clone(), &fault)).expect("replay");
+    assert_eq!(replayed, answer, "{name} {what}: replayed");
     let s = snapshot(&b.db, "rel.fault", run, Some(&c.key)).await;
     assert_eq!(
         (s.effects, s.executions, s.completed, s.pending),
         (2, 1, 1, 0),
-        "{} {what}: the retry executed exactly once",
-        b.name
+        "{name} {what}: the retry executed exactly once"
     );
     format!("{what}: {err}")
 }
@@ -189,137 +158,133 @@ async fn after_fault(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_connection_is_a_store_error_and_the_retry_succeeds_once() {
     for b in backends(4).await {
-        let started = Instant::now();
-        let run = unique("r5");
-        let mut seen = Vec::new();
-        let killer = connect(&b.url, 2).await;
-        if b.name != "sqlite" {
-            // The handler's pool has ONE connection: the retry must not get the dead one.
-            let db = connect(&b.url, 1).await;
-            for (i, at) in [FaultAt::BeforeWrites, FaultAt::BeforeRecord]
-                .into_iter()
-                .enumerate()
-            {
-                let c = cmd(&run, i);
-                let result = run_faulty(
-                    &db,
-                    &c,
-                    Fault {
-                        at: Some(at),
-                        killer: killer.clone(),
-                    },
-                )
-                .await;
-                seen.push(
-                    after_fault(&b, &db, &killer, &run, &c, &format!("{at:?}"), result).await,
-                );
-            }
+        for store in Store::ALL {
+            faults_on(&b, store).await;
+        }
+    }
+}
 
-            // Killed while its claim waits for the key's row lock, held by another
-            // transaction with an uncommitted ledger row of the same id. The handler's pool
-            // has one connection: its id is the claim's.
-            let c = cmd(&run, 2);
-            let postgres = b.name == "postgres";
-            let (own_id, waits, kill, gone) = if postgres {
-                (
-                    "SELECT CAST(pg_backend_pid() AS BIGINT)",
-                    "SELECT COUNT(*) FROM pg_stat_activity WHERE pid = ? \
-                     AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO idem_ledger%'",
-                    "SELECT pg_terminate_backend(CAST(? AS INTEGER))",
-                    "SELECT COUNT(*) FROM pg_stat_activity WHERE pid = ?",
-                )
-            } else {
-                // `%` first: on Galera the claim starts `SET STATEMENT wsrep_sync_wait = …`.
-                (
-                    "SELECT CAST(CONNECTION_ID() AS SIGNED)",
-                    "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ? \
-                     AND INFO LIKE '%INSERT INTO idem_ledger%'",
-                    "KILL CONNECTION ?",
-                    "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?",
-                )
-            };
-            let claimer: i64 = db
-                .query_one_raw(stmt(&db, own_id, vec![]))
-                .await
-                .expect("the pool's connection id")
-                .expect("a row")
-                .try_get_by_index(0)
-                .expect("an id");
-            let blocker = sea_orm::TransactionTrait::begin(&killer)
-                .await
-                .expect("begin");
-            blocker
-                .execute_raw(stmt(
-                    &blocker,
-                    "INSERT INTO idem_ledger (id, scope, principal, idem_key, owner, fingerprint, \
-                     state, response, created_at_ms, expires_at_ms) \
-                     VALUES (?, 'rel.fault', '', ?, 1, ?, 0, NULL, 0, 9000000000000)",
-                    vec![
-                        idem::store::record_id("rel.fault", "", &c.key)
-                            .to_vec()
-                            .into(),
-                        c.key.clone().into(),
-                        vec![0_u8; 32].into(),
-                    ],
-                ))
-                .await
-                .expect("the blocking row");
-            let call = {
-                let (db, c, killer) = (db.clone(), c.clone(), killer.clone());
-                tokio::spawn(async move {
-                    with_outcome(faulty(&db, c, &Fault { at: None, killer })).await
-                })
-            };
-            let mut waiting = false;
-            for _ in 0..300 {
-                let n: i64 = killer
-                    .query_one_raw(stmt(&killer, waits, vec![claimer.into()]))
-                    .await
-                    .expect("is the claim waiting")
-                    .expect("a row")
-                    .try_get_by_index(0)
-                    .expect("a count");
-                if n == 1 {
-                    waiting = true;
-                    break;
-                }
-                assert!(!call.is_finished(), "{}: the claim did not wait", b.name);
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            assert!(
-                waiting,
-                "{}: the claim never waited on connection {claimer}",
-                b.name
-            );
-            kill_connection(&killer, kill, gone, claimer).await;
-            let result = call.await.map_err(|e| format!("the call panicked: {e}"));
-            blocker.rollback().await.expect("release the blocking row");
-            seen.push(after_fault(&b, &db, &killer, &run, &c, "WhileClaiming", result).await);
+async fn faults_on(b: &Backend, store: Store) {
+    let started = Instant::now();
+    let run = unique("r5");
+    let mut seen = Vec::new();
+    let killer = connect(&b.url, 2).await;
+    // The handler's pool has ONE connection: the retry must not get the dead one.
+    let case = Case::open(&b.url, store, 1).await;
+    let name = case.name.clone();
+    if b.name != "sqlite" {
+        for (i, at) in [FaultAt::BeforeWrites, FaultAt::BeforeRecord]
+            .into_iter()
+            .enumerate()
+        {
+            let c = cmd(&run, i);
+            let result = run_faulty(
+                &case,
+                &c,
+                Fault {
+                    at: Some(at),
+                    killer: killer.clone(),
+                },
+            )
+            .await;
+            seen.push(after_fault(b, &case, &killer, &run, &c, &format!("{at:?}"), result).await);
         }
 
-        // The pool is closed under the caller (the database is unreachable).
-        let c = cmd(&run, 3);
-        let closed = connect(&b.url, 1).await;
-        closed.close_by_ref().await.expect("close");
-        let result = run_faulty(
-            &closed,
-            &c,
-            Fault {
-                at: None,
-                killer: killer.clone(),
-            },
-        )
-        .await;
-        let fresh = connect(&b.url, 1).await;
-        seen.push(after_fault(&b, &fresh, &killer, &run, &c, "PoolClosed", result).await);
-        eprintln!(
-            "R5 {}: {} faults, each a Store error, nothing written, one execution on retry: \
-             {seen:#?}; {:.1?}",
-            b.name,
-            seen.len(),
-            started.elapsed()
+        // Killed while its claim waits for the key's row lock, held by another
+        // transaction with an uncommitted ledger row of the same id. The handler's pool
+        // has one connection: its id is the claim's.
+        let c = cmd(&run, 2);
+        let postgres = b.name == "postgres";
+        let (waits, kill, gone) = if postgres {
+            (
+                "SELECT COUNT(*) FROM pg_stat_activity WHERE pid = ? \
+                 AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO idem_ledger%'",
+                "SELECT pg_terminate_backend(CAST(? AS INTEGER))",
+                "SELECT COUNT(*) FROM pg_stat_activity WHERE pid = ?",
+            )
+        } else {
+            // `%` first: on Galera the claim starts `SET STATEMENT wsrep_sync_wait = …`.
+            (
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ? \
+                 AND INFO LIKE '%INSERT INTO idem_ledger%'",
+                "KILL CONNECTION ?",
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?",
+            )
+        };
+        let claimer = case.pool_connection_id().await;
+        let blocker = sea_orm::TransactionTrait::begin(&killer)
+            .await
+            .expect("begin");
+        blocker
+            .execute_raw(stmt(
+                &blocker,
+                "INSERT INTO idem_ledger (id, scope, principal, idem_key, owner, fingerprint, \
+                 state, response, created_at_ms, expires_at_ms) \
+                 VALUES (?, 'rel.fault', '', ?, 1, ?, 0, NULL, 0, 9000000000000)",
+                vec![
+                    idem::store::record_id("rel.fault", "", &c.key)
+                        .to_vec()
+                        .into(),
+                    c.key.clone().into(),
+                    vec![0_u8; 32].into(),
+                ],
+            ))
+            .await
+            .expect("the blocking row");
+        let call = {
+            let (case, c, killer) = (case.clone(), c.clone(), killer.clone());
+            tokio::spawn(async move {
+                let fault = Fault { at: None, killer };
+                with_outcome(async { call!(case, faulty(c, &fault)) }).await
+            })
+        };
+        let mut waiting = false;
+        for _ in 0..300 {
+            let n: i64 = killer
+                .query_one_raw(stmt(&killer, waits, vec![claimer.into()]))
+                .await
+                .expect("is the claim waiting")
+                .expect("a row")
+                .try_get_by_index(0)
+                .expect("a count");
+            if n == 1 {
+                waiting = true;
+                break;
+            }
+            assert!(!call.is_finished(), "{name}: the claim did not wait");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            waiting,
+            "{name}: the claim never waited on connection {claimer}"
         );
+        kill_connection(&killer, kill, gone, claimer).await;
+        let result = call.await.map_err(|e| format!("the call panicked: {e}"));
+        blocker.rollback().await.expect("release the blocking row");
+        seen.push(after_fault(b, &case, &killer, &run, &c, "WhileClaiming", result).await);
     }
+
+    // The pool is closed under the caller (the database is unreachable).
+    let c = cmd(&run, 3);
+    let closed = Case::open(&b.url, store, 1).await;
+    closed.close().await;
+    let result = run_faulty(
+        &closed,
+        &c,
+        Fault {
+            at: None,
+            killer: killer.clone(),
+        },
+    )
+    .await;
+    let fresh = Case::open(&b.url, store, 1).await;
+    seen.push(after_fault(b, &fresh, &killer, &run, &c, "PoolClosed", result).await);
+    eprintln!(
+        "R5 {name}: {} faults, each a Store error, nothing written, one execution on retry: \
+         {seen:#?}; {:.1?}",
+        seen.len(),
+        started.elapsed()
+    );
 }
 
 // ---------------------------------------------------------------------------------------

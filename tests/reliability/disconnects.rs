@@ -5,6 +5,10 @@
 //! with sqlx 0.9 (docs/RELIABILITY.md, finding 2). `idem::axum::respond` finishes every call
 //! it started on a task of its own, so afterwards: no session idle in transaction, no
 //! connection lost, every order paid exactly once, every key's retry replays.
+//!
+//! SeaORM's store only: this row is about the HTTP adapter dropping (or no longer dropping)
+//! calls, and the payments example it serves runs on SeaORM. R4 drops calls at every poll
+//! through both stores.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -1,5 +1,8 @@
 //! R8 properties (proptest): fingerprints are canonical and discriminating, ledger ids
 //! separate (scope, principal, key), key parsing never panics.
+//!
+//! No database store: these are properties of the fingerprint, the key and the ledger id,
+//! on the in-memory store, the same whichever store persists them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};

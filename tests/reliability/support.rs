@@ -1,7 +1,7 @@
 //! Plumbing of the reliability suite (`tests/reliability.rs`, docs/RELIABILITY.md): the
 //! backends (`crate::common`'s, with the suite's tables), an effects table the handlers write to, single-snapshot counts of effects and
-//! ledger states, a seeded PRNG, the shared `transfer` handler, and the child processes of
-//! R2/R3 (the suite's own test binary, re-executed).
+//! ledger states, a seeded PRNG, and the child processes of R2/R3 (the suite's own test
+//! binary, re-executed). The handlers are in `stores.rs`.
 //!
 //! Every count is read in ONE statement, so a commit can never fall between two of its
 //! figures.
@@ -14,7 +14,6 @@ use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use idem::idempotent;
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement, Value};
 use serde::{Deserialize, Serialize};
 
@@ -339,27 +338,6 @@ impl Probe {
             }
         }
     }
-}
-
-/// The handler of R1-R5: two effect rows per execution (a debit and a credit, so a partial
-/// write shows as an odd count), with named points between its steps.
-#[idempotent(scope = "rel.transfer", key = cmd.key, skip(probe))]
-pub async fn transfer(
-    db: &DatabaseConnection,
-    cmd: Transfer,
-    probe: &Probe,
-) -> Result<Answer, idem::Error> {
-    probe.at("after-claim").await;
-    let execution = unique("exec");
-    effect(db, &cmd.run, &cmd.key, "debit", &execution).await?;
-    probe.at("mid-body").await;
-    effect(db, &cmd.run, &cmd.key, "credit", &execution).await?;
-    probe.at("before-commit").await;
-    Ok(Answer {
-        key: cmd.key,
-        amount: cmd.amount,
-        execution,
-    })
 }
 
 /// The key of the `i`-th call target of a run.
