@@ -1,5 +1,5 @@
-//! The two stores a parametrised suite runs each case through (the lease, completer and
-//! outbox suites): SeaORM's, on the backend's connection, or sqlx's, on a pool of its own to
+//! The two stores a parametrised suite runs each case through (the behaviour, lease,
+//! completer and outbox suites): SeaORM's, on the backend's connection, or sqlx's, on a pool of its own to
 //! the same database. Each suite writes its handlers once per connection type, in modules
 //! `on_sea_orm`, `on_sqlx_sqlite`, `on_sqlx_postgres` and `on_sqlx_mysql`.
 
