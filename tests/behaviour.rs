@@ -316,20 +316,17 @@ handlers!(
     count = |db, run| effects_in(db, run).await,
 );
 
-/// The sqlx handlers of database `$db`, their statements in its placeholders `$p`.
+/// The sqlx handlers of database `$db`, their statements in its placeholders: `$p1` the
+/// first, `$values` the three of an effect row.
 macro_rules! sqlx_handlers {
-    ($module:ident, $db:ty, $p1:literal, $p2:literal, $p3:literal) => {
+    ($module:ident, $db:ty, $p1:literal, $values:literal) => {
         handlers!(
             $module,
             sqlx::Pool<$db>,
             &mut <$db as sqlx::Database>::Connection,
             insert = |db, run, label, amount| sqlx::query(concat!(
                 "INSERT INTO idem_test_effects (run_id, label, amount) VALUES (",
-                $p1,
-                ", ",
-                $p2,
-                ", ",
-                $p3,
+                $values,
                 ")"
             ))
             .bind(run)
@@ -350,9 +347,9 @@ macro_rules! sqlx_handlers {
     };
 }
 
-sqlx_handlers!(on_sqlx_sqlite, sqlx::Sqlite, "?", "?", "?");
-sqlx_handlers!(on_sqlx_postgres, sqlx::Postgres, "$1", "$2", "$3");
-sqlx_handlers!(on_sqlx_mysql, sqlx::MySql, "?", "?", "?");
+sqlx_handlers!(on_sqlx_sqlite, sqlx::Sqlite, "?", "?, ?, ?");
+sqlx_handlers!(on_sqlx_postgres, sqlx::Postgres, "$1", "$1, $2, $3");
+sqlx_handlers!(on_sqlx_mysql, sqlx::MySql, "?", "?, ?, ?");
 
 /// A run's effect rows as transaction `db` sees them.
 async fn effects_in<C: ConnectionTrait>(db: &C, run: &str) -> i64 {
@@ -391,12 +388,7 @@ impl std::fmt::Display for Case {
 impl Case {
     /// Asserts that run `run` has `expected` committed effect rows; `what` says why.
     async fn assert_effects(&self, run: &str, expected: i64, what: &str) {
-        assert_eq!(
-            effects(&self.db, run).await,
-            expected,
-            "{}: {what}",
-            self.name
-        );
+        assert_eq!(effects(&self.db, run).await, expected, "{self}: {what}");
     }
 }
 
@@ -405,32 +397,11 @@ impl Case {
 async fn cases() -> Vec<Case> {
     let mut cases = Vec::new();
     for b in backends().await {
-        let failed = "sqlx connects to the run's database";
-        let (name, conn) = match b.name {
-            "sqlite" => {
-                let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(4);
-                let pool = options.connect(&b.url).await.expect(failed);
-                ("sqlite (sqlx)", Conn::SqlxSqlite(pool))
-            }
-            "postgres" => {
-                let pool = sqlx::PgPool::connect(&b.url).await.expect(failed);
-                ("postgres (sqlx)", Conn::SqlxPostgres(pool))
-            }
-            _ => {
-                let pool = sqlx::MySqlPool::connect(&b.url).await.expect(failed);
-                ("mysql (sqlx)", Conn::SqlxMySql(pool))
-            }
-        };
-        cases.push(Case {
-            name: b.name,
-            db: b.db.clone(),
-            conn: Conn::SeaOrm,
-        });
-        cases.push(Case {
-            name,
-            db: b.db,
-            conn,
-        });
+        let sqlx = Conn::sqlx(b.name, &b.url).await;
+        for conn in [Conn::SeaOrm, sqlx] {
+            let (name, db) = (conn.name(b.name), b.db.clone());
+            cases.push(Case { name, db, conn });
+        }
     }
     cases
 }
@@ -438,24 +409,17 @@ async fn cases() -> Vec<Case> {
 /// An SQLite database in memory without idem's tables, through each store: any database
 /// work there is a store error.
 async fn bare_cases() -> Vec<Case> {
-    let db = sea_orm::Database::connect("sqlite::memory:")
-        .await
-        .expect("db");
-    let pool = sqlx::SqlitePool::connect("sqlite::memory:")
-        .await
-        .expect("sqlite");
-    vec![
-        Case {
-            name: "sqlite",
+    let db = sea_orm::Database::connect("sqlite::memory:").await;
+    let db = db.expect("SQLite in memory");
+    let sqlx = Conn::sqlx("sqlite", "sqlite::memory:").await;
+    let conns = [Conn::SeaOrm, sqlx].map(|conn| (conn.name("sqlite"), conn));
+    conns
+        .map(|(name, conn)| Case {
+            name,
             db: db.clone(),
-            conn: Conn::SeaOrm,
-        },
-        Case {
-            name: "sqlite (sqlx)",
-            db,
-            conn: Conn::SqlxSqlite(pool),
-        },
-    ]
+            conn,
+        })
+        .into()
 }
 
 #[tokio::test]
@@ -914,7 +878,13 @@ async fn a_wait_past_its_bound_is_in_flight_then_the_retry_replays() {
         );
         gate.release();
         let first = first.await.expect("join").expect("first");
-        let retry = call!(t, bounded_wait_pay(Pay::new(&run, 5), Gate::default()));
+        // A retry that ran its body would wait at its gate: bounded, so it fails instead.
+        let retry = tokio::time::timeout(Duration::from_secs(5), async {
+            call!(t, bounded_wait_pay(Pay::new(&run, 5), Gate::default()))
+        });
+        let retry = retry
+            .await
+            .expect("the retry replays, its body does not run");
         assert_eq!(retry.expect("replay"), first, "{t}");
         t.assert_effects(&run, 1, "ran once").await;
     }

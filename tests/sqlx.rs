@@ -180,6 +180,7 @@ macro_rules! suite {
                 let migrator = sqlx::migrate::Migrator::new(dir.as_path()).await.expect("migrations");
                 migrator.run(&pool).await.expect("sqlx migrate run");
                 let _ = std::fs::remove_dir_all(&dir);
+                // A `Conn` function called at the top, on the pool.
                 let runs = AtomicUsize::new(0);
                 let c = cmd(9);
                 let first = charge((&pool).into(), c.clone(), false, &runs).await;
@@ -276,18 +277,6 @@ macro_rules! suite {
                 let replayed = charge((&pool).into(), inner.clone(), true, &runs).await;
                 assert_eq!(replayed, Err(PayError::Declined), "the refusal was recorded with the order");
                 assert_eq!(runs.load(Ordering::SeqCst), 1);
-            }
-
-            #[tokio::test]
-            async fn a_conn_function_runs_at_the_top_on_the_pool() {
-                let Some(pool) = pool().await else { return };
-                let runs = AtomicUsize::new(0);
-                let c = cmd(4);
-                let first = charge((&pool).into(), c.clone(), false, &runs).await;
-                let again = charge((&pool).into(), c.clone(), false, &runs).await;
-                assert_eq!((first, again), (Ok(4), Ok(4)));
-                assert_eq!(runs.load(Ordering::SeqCst), 1);
-                assert_eq!(effects(&pool, &c.run).await, 1);
             }
 
             const ORDERS: idem::sqlx::StateTable =
