@@ -392,8 +392,8 @@ impl Case {
     }
 }
 
-/// Every backend of the run through each store, a backend's two cases side by side: SeaORM's,
-/// then sqlx's on a pool of its own.
+/// Every backend of the run through each store, a backend's two cases side by side (in
+/// `chunks(2)`): SeaORM's, then sqlx's on a pool of its own.
 async fn cases() -> Vec<Case> {
     let mut cases = Vec::new();
     for b in backends().await {
@@ -412,14 +412,12 @@ async fn bare_cases() -> Vec<Case> {
     let db = sea_orm::Database::connect("sqlite::memory:").await;
     let db = db.expect("SQLite in memory");
     let sqlx = Conn::sqlx("sqlite", "sqlite::memory:").await;
-    let conns = [Conn::SeaOrm, sqlx].map(|conn| (conn.name("sqlite"), conn));
-    conns
-        .map(|(name, conn)| Case {
-            name,
-            db: db.clone(),
-            conn,
-        })
-        .into()
+    let case = |conn: Conn| Case {
+        name: conn.name("sqlite"),
+        db: db.clone(),
+        conn,
+    };
+    vec![case(Conn::SeaOrm), case(sqlx)]
 }
 
 #[tokio::test]
@@ -722,15 +720,14 @@ async fn a_record_that_no_longer_decodes_is_an_unreadable_answer() {
     }
 }
 
-/// The expiry is the store's claim (through each store); the purge is SeaORM's, over the
-/// records either store wrote. Each waits out its records' expiry, so the backends run at
-/// once; a backend's two stores one after the other, or one's purge would take the other's
-/// records too.
+/// The expiry is the store's claim (through each store); the purge is SeaORM's, and removes
+/// the expired records both stores wrote. Each waits out two expiries, so every case runs at
+/// once, and a backend's purge follows both of its cases.
 #[tokio::test]
 async fn an_expired_key_executes_anew_and_purge_removes_it() {
     let cases = cases().await;
     futures_util::future::join_all(cases.chunks(2).map(|backend| async move {
-        for t in backend {
+        let runs = futures_util::future::join_all(backend.iter().map(|t| async move {
             let run = unique("expiry");
             let first = call!(t, short_lived(Pay::new(&run, 1))).expect("first");
             let replay = call!(t, short_lived(Pay::new(&run, 1))).expect("replay");
@@ -739,14 +736,18 @@ async fn an_expired_key_executes_anew_and_purge_removes_it() {
             let later = call!(t, short_lived(Pay::new(&run, 1))).expect("after expiry");
             assert_ne!(first, later, "{t}: executed anew");
             t.assert_effects(&run, 2, "ran again after expiry").await;
-
-            // Expire it again, keep a live record beside it, and purge.
+            // Expire it again, and keep a live record beside it.
             let live = unique("live");
             call!(t, pay(Pay::new(&live, 1))).expect("live");
-            tokio::time::sleep(Duration::from_millis(1300)).await;
-            let deleted = idem::sea_orm::purge_expired(&t.db, 2).await.expect("purge");
-            assert!(deleted >= 1, "{t}");
-            assert_purged(&t.db, t.name, &run, &live).await;
+            (run, live)
+        }))
+        .await;
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        let db = &backend[0].db;
+        let deleted = idem::sea_orm::purge_expired(db, 2).await.expect("purge");
+        assert!(deleted >= 1, "{}", backend[0]);
+        for (t, (run, live)) in backend.iter().zip(runs) {
+            assert_purged(db, t.name, &run, &live).await;
         }
     }))
     .await;
