@@ -313,7 +313,7 @@ handlers!(
     DatabaseConnection,
     &sea_orm::DatabaseTransaction,
     insert = |db, run, label, amount| insert_effect(db, run, label, amount).await,
-    count = |db, run| effects_in(db, run).await,
+    count = |db, run| effects(db, run).await,
 );
 
 /// The sqlx handlers of database `$db`, their statements in its placeholders: `$p1` the
@@ -351,25 +351,6 @@ sqlx_handlers!(on_sqlx_sqlite, sqlx::Sqlite, "?", "?, ?, ?");
 sqlx_handlers!(on_sqlx_postgres, sqlx::Postgres, "$1", "$1, $2, $3");
 sqlx_handlers!(on_sqlx_mysql, sqlx::MySql, "?", "?, ?, ?");
 
-/// A run's effect rows as transaction `db` sees them.
-async fn effects_in<C: ConnectionTrait>(db: &C, run: &str) -> i64 {
-    let backend = db.get_database_backend();
-    let sql = idem::sea_orm::placeholders(
-        backend,
-        "SELECT COUNT(*) FROM idem_test_effects WHERE run_id = ?",
-    );
-    let row = db
-        .query_one_raw(sea_orm::Statement::from_sql_and_values(
-            backend,
-            sql,
-            [run.into()],
-        ))
-        .await
-        .expect("count effects in the claim's transaction")
-        .expect("a row");
-    row.try_get_by_index::<i64>(0).expect("count")
-}
-
 /// One backend of the run through one store. `db` is the backend's SeaORM connection: the
 /// test counts effects and ledger records through it, whichever store the calls use.
 #[derive(Clone)]
@@ -389,6 +370,11 @@ impl Case {
     /// Asserts that run `run` has `expected` committed effect rows; `what` says why.
     async fn assert_effects(&self, run: &str, expected: i64, what: &str) {
         assert_eq!(effects(&self.db, run).await, expected, "{self}: {what}");
+    }
+
+    /// How many ledger records hold the key of run `run`.
+    async fn records(&self, run: &str) -> i64 {
+        ledger_rows(&self.db, &format!("{run}-key")).await
     }
 }
 
@@ -435,7 +421,7 @@ async fn first_call_executes_and_a_retry_replays() {
         assert_eq!(again_outcome, Some(Outcome::Replayed), "{t}");
         assert_eq!(body_runs(&run), 1, "{t}: the body ran once");
         t.assert_effects(&run, 1, "one committed effect").await;
-        assert_eq!(ledger_rows(&t.db, &format!("{run}-key")).await, 1, "{t}");
+        assert_eq!(t.records(&run).await, 1, "{t}");
     }
 }
 
@@ -495,11 +481,7 @@ async fn a_transient_error_releases_the_key_and_rolls_back() {
         let failed = call!(t, flaky_pay(Pay::new(&run, 5), true));
         assert!(matches!(failed, Err(PayError::Flaky)), "{t}");
         t.assert_effects(&run, 0, "write rolled back").await;
-        assert_eq!(
-            ledger_rows(&t.db, &format!("{run}-key")).await,
-            0,
-            "{t}: key free"
-        );
+        assert_eq!(t.records(&run).await, 0, "{t}: key free");
         let retried = call!(t, flaky_pay(Pay::new(&run, 5), false)).expect("the retry");
         assert_eq!(retried.seen, 1, "{t}: the rolled-back row is gone");
         assert_eq!(body_runs(&run), 2, "{t}: the retry ran again");
@@ -533,11 +515,7 @@ async fn a_final_error_is_recorded_and_replayed() {
         );
         t.assert_effects(&run, 0, "the body's write rolled back")
             .await;
-        assert_eq!(
-            ledger_rows(&t.db, &format!("{run}-key")).await,
-            1,
-            "{t}: error recorded"
-        );
+        assert_eq!(t.records(&run).await, 1, "{t}: error recorded");
     }
 }
 
@@ -767,16 +745,15 @@ async fn assert_purged(db: &DatabaseConnection, backend: &str, expired: &str, li
 /// SeaORM's alone: `ExpiredPurge` is SeaORM's API.
 #[tokio::test]
 async fn a_stepped_purge_removes_every_expired_record_and_no_live_one() {
+    use on_sea_orm::{pay, short_lived};
     for b in backends().await {
         let run = unique("sweep");
         let name = |kind: &str, i: usize| format!("{run}-{kind}{i}");
         for i in 0..12 {
-            on_sea_orm::short_lived(&b.db, Pay::new(&name("e", i), 1))
+            short_lived(&b.db, Pay::new(&name("e", i), 1))
                 .await
                 .expect("short-lived");
-            on_sea_orm::pay(&b.db, Pay::new(&name("l", i), 1))
-                .await
-                .expect("live");
+            pay(&b.db, Pay::new(&name("l", i), 1)).await.expect("live");
         }
         tokio::time::sleep(Duration::from_millis(1300)).await;
         let mut purge = idem::sea_orm::ExpiredPurge::new();
@@ -804,6 +781,7 @@ async fn a_stepped_purge_removes_every_expired_record_and_no_live_one() {
 /// store's skips a ledger that exists).
 #[tokio::test]
 async fn a_sqlite_ledger_of_an_earlier_version_loses_its_index_and_keeps_working() {
+    use on_sea_orm::{pay, short_lived};
     // The layout of earlier versions: WITHOUT ROWID, with an expiry index.
     let db = common::connect(&common::sqlite_url("idem-old-ledger"), 1).await;
     db.execute_unprepared(
@@ -829,16 +807,10 @@ async fn a_sqlite_ledger_of_an_earlier_version_loses_its_index_and_keeps_working
     assert_eq!(row.try_get_by_index::<i64>(0).expect("count"), 0);
 
     let (run, live) = (unique("old-expired"), unique("old-live"));
-    let first = on_sea_orm::short_lived(&db, Pay::new(&run, 1))
-        .await
-        .expect("first");
-    let replay = on_sea_orm::short_lived(&db, Pay::new(&run, 1))
-        .await
-        .expect("replay");
+    let first = short_lived(&db, Pay::new(&run, 1)).await.expect("first");
+    let replay = short_lived(&db, Pay::new(&run, 1)).await.expect("replay");
     assert_eq!(first, replay);
-    on_sea_orm::pay(&db, Pay::new(&live, 1))
-        .await
-        .expect("live");
+    pay(&db, Pay::new(&live, 1)).await.expect("live");
     tokio::time::sleep(Duration::from_millis(1300)).await;
     let deleted = idem::sea_orm::purge_expired(&db, 1).await.expect("purge");
     assert_eq!(deleted, 1);
@@ -953,26 +925,18 @@ async fn create_tables_issues_no_ddl_where_the_tables_exist() {
             .expect_err("the session really refuses DDL");
         assert!(e.to_string().contains("read-only"), "{e}");
 
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&url)
-            .await
-            .expect("PostgreSQL");
-        let all = idem::sqlx::Family::ALL;
-        idem::sqlx::create_tables(&pool, &all)
-            .await
-            .expect("create");
-        sqlx::raw_sql("SET default_transaction_read_only = on")
-            .execute(&pool)
-            .await
-            .expect("read-only session");
-        idem::sqlx::create_tables(&pool, &all)
-            .await
-            .expect("sqlx: everything exists: nothing to create");
-        let e = sqlx::raw_sql("CREATE TABLE IF NOT EXISTS idem_ledger (id INTEGER)")
-            .execute(&pool)
-            .await
-            .expect_err("the session really refuses DDL");
+        // sqlx's, on a pool of one connection: the session's setting holds for its calls.
+        let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1);
+        let pool = pool.connect(&url).await.expect("PostgreSQL");
+        let (all, sql) = (idem::sqlx::Family::ALL, sqlx::raw_sql);
+        let created = idem::sqlx::create_tables(&pool, &all).await;
+        created.expect("create");
+        let set = sql("SET default_transaction_read_only = on").execute(&pool);
+        set.await.expect("read-only session");
+        let again = idem::sqlx::create_tables(&pool, &all).await;
+        again.expect("sqlx: everything exists: nothing to create");
+        let ddl = sql("CREATE TABLE IF NOT EXISTS idem_ledger (id INTEGER)").execute(&pool);
+        let e = ddl.await.expect_err("the session really refuses DDL");
         assert!(e.to_string().contains("read-only"), "{e}");
     }
 }
