@@ -1,11 +1,27 @@
-//! Atomic-mode semantics (DESIGN §2), on every backend of the run: each test counts the
-//! handler's effects in the database.
+//! Atomic-mode semantics (DESIGN §2), through both stores on every backend of the run: each
+//! case runs once with SeaORM's store (the handler takes `&DatabaseConnection`, the body
+//! `&DatabaseTransaction`) and once with sqlx's (a pool of its own to the same database, the
+//! body `&mut SqliteConnection` etc.). The handlers are written once, in `handlers!`, per
+//! connection type (`on_sea_orm`, `on_sqlx_sqlite`, `on_sqlx_postgres`, `on_sqlx_mysql`);
+//! [`cases`] makes the cases and `call!` (`tests/common/stores.rs`) sends a call to its store.
+//! Each test counts the handler's effects in the database (through SeaORM, whichever store
+//! wrote them) and how often its body ran.
+//!
+//! SeaORM's alone: the purge (`purge_expired` and `ExpiredPurge` are SeaORM's; the sqlx store
+//! has none, so the expiry case purges the records both stores wrote with SeaORM's, and the
+//! stepped purge runs on SeaORM's records), and an earlier version's SQLite ledger (SeaORM's
+//! `create_tables` reruns SQLite's DDL, which drops the old expiry index; sqlx's skips a
+//! ledger that exists). The sqlx store's own cases (nested `Conn` calls, `StateTable`, the
+//! schema as a sqlx migration, PgBouncer, an unreachable server) are in `tests/sqlx.rs`.
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::stores::{Conn, call};
 use common::{Gate, backends, effects, insert_effect, ledger_rows, unique};
 use idem::{ErrorKind, FinalError, Outcome, idempotent, with_outcome};
 use sea_orm::{ConnectionTrait, DatabaseConnection};
@@ -33,6 +49,9 @@ struct Receipt {
     amount: i64,
     /// Differs between executions, so a replay is told from a second execution.
     execution: String,
+    /// The run's effect rows the body's transaction saw after its write: its own uncommitted
+    /// row, and none that rolled back.
+    seen: i64,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -67,55 +86,37 @@ impl PayError {
     }
 }
 
-/// What most handlers do: write the call's effect (labelled `label`), and answer a receipt
-/// of this execution.
-async fn write_receipt<C: ConnectionTrait>(db: &C, cmd: &Pay, label: &str) -> Receipt {
-    insert_effect(db, &cmd.run, label, cmd.amount).await;
-    Receipt {
-        amount: cmd.amount,
-        execution: unique("exec"),
-    }
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct TenantPay {
+    tenant: String,
+    key: String,
+    run: String,
 }
 
-#[idempotent(scope = "test.pay", key = cmd.key)]
-async fn pay(db: &DatabaseConnection, cmd: Pay) -> Result<Receipt, PayError> {
-    Ok(write_receipt(db, &cmd, "pay").await)
+/// How many times a body of each run began (rolled back or not), by run id.
+static BODY_RUNS: Mutex<BTreeMap<String, usize>> = Mutex::new(BTreeMap::new());
+
+/// A body of run `run` began.
+fn ran(run: &str) {
+    *BODY_RUNS
+        .lock()
+        .expect("lock")
+        .entry(run.to_owned())
+        .or_default() += 1;
 }
 
-#[tokio::test]
-async fn first_call_executes_and_a_retry_replays() {
-    for b in backends().await {
-        let run = unique("replay");
-        let (first, first_outcome) = with_outcome(pay(&b.db, Pay::new(&run, 1200))).await;
-        let (again, again_outcome) = with_outcome(pay(&b.db, Pay::new(&run, 1200))).await;
-        let first = first.expect("first call");
-        assert_eq!(first, again.expect("retry"), "{}", b.name);
-        assert_eq!(first_outcome, Some(Outcome::Executed), "{}", b.name);
-        assert_eq!(again_outcome, Some(Outcome::Replayed), "{}", b.name);
-        b.assert_effects(&run, 1, "body ran once").await;
-        assert_eq!(ledger_rows(&b.db, &format!("{run}-key")).await, 1);
-    }
+/// How many bodies of run `run` began.
+fn body_runs(run: &str) -> usize {
+    let runs = BODY_RUNS.lock().expect("lock");
+    runs.get(run).copied().unwrap_or_default()
 }
 
-#[tokio::test]
-async fn same_key_with_other_arguments_is_key_reused() {
-    for b in backends().await {
-        let run = unique("reused");
-        let first = pay(&b.db, Pay::new(&run, 1200)).await.expect("first");
-        let other = pay(&b.db, Pay::new(&run, 9900)).await.unwrap_err();
-        assert_eq!(other.kind(), Some(ErrorKind::KeyReused), "{}", b.name);
-        // The recorded result is untouched.
-        let again = pay(&b.db, Pay::new(&run, 1200)).await.expect("replay");
-        assert_eq!(first, again, "{}", b.name);
-        b.assert_effects(&run, 1, "ran once").await;
-    }
-}
-
+/// A handler of `$name` that records an empty value of type `$ty` and counts its runs.
 macro_rules! empty_value_handler {
-    ($name:ident, $ty:ty, $value:expr) => {
+    ($conn:ty, $name:ident, $ty:ty, $value:expr) => {
         #[idempotent(scope = "test.empty", key = key, skip(runs))]
-        async fn $name(
-            db: &DatabaseConnection,
+        pub(crate) async fn $name(
+            db: &$conn,
             key: String,
             runs: &AtomicUsize,
         ) -> Result<$ty, idem::Error> {
@@ -125,360 +126,568 @@ macro_rules! empty_value_handler {
         }
     };
 }
-empty_value_handler!(unit_value, (), ());
-empty_value_handler!(none_value, Option<u32>, None);
-empty_value_handler!(zero_value, u64, 0);
-empty_value_handler!(empty_vec, Vec<String>, Vec::new());
-empty_value_handler!(empty_string, String, String::new());
+
+/// The handlers, once per kind of connection: `$conn` is what they take (SeaORM's connection
+/// or a sqlx pool), `$tx` what their bodies get (the claim's transaction); `insert` writes an
+/// effect row in it, `count` counts a run's rows as it sees them.
+macro_rules! handlers {
+    (
+        $module:ident,
+        $conn:ty,
+        $tx:ty,
+        insert = |$idb:ident, $irun:ident, $label:ident, $amount:ident| $insert:expr,
+        count = |$cdb:ident, $crun:ident| $count:expr $(,)?
+    ) => {
+        mod $module {
+            use super::*;
+
+            async fn write_effect($idb: $tx, $irun: &str, $label: &str, $amount: i64) {
+                $insert;
+            }
+
+            async fn seen_effects($cdb: $tx, $crun: &str) -> i64 {
+                $count
+            }
+
+            /// What most handlers do: count the run, write the call's effect (labelled
+            /// `label`), and answer a receipt of this execution.
+            async fn write_receipt(db: $tx, cmd: &Pay, label: &str) -> Receipt {
+                ran(&cmd.run);
+                write_effect(db, &cmd.run, label, cmd.amount).await;
+                Receipt {
+                    amount: cmd.amount,
+                    execution: unique("exec"),
+                    seen: seen_effects(db, &cmd.run).await,
+                }
+            }
+
+            /// A body that writes its effect, then holds the claim at `gate` until released.
+            async fn write_then_hold(db: $tx, cmd: Pay, gate: &Gate) -> Result<Receipt, PayError> {
+                let receipt = write_receipt(db, &cmd, "held").await;
+                gate.pass().await;
+                Ok(receipt)
+            }
+
+            #[idempotent(scope = "test.pay", key = cmd.key)]
+            pub(crate) async fn pay(db: &$conn, cmd: Pay) -> Result<Receipt, PayError> {
+                Ok(write_receipt(db, &cmd, "pay").await)
+            }
+
+            empty_value_handler!($conn, unit_value, (), ());
+            empty_value_handler!($conn, none_value, Option<u32>, None);
+            empty_value_handler!($conn, zero_value, u64, 0);
+            empty_value_handler!($conn, empty_vec, Vec<String>, Vec::new());
+            empty_value_handler!($conn, empty_string, String, String::new());
+
+            #[idempotent(scope = "test.flaky", key = cmd.key, skip(fail))]
+            pub(crate) async fn flaky_pay(
+                db: &$conn,
+                cmd: Pay,
+                fail: bool,
+            ) -> Result<Receipt, PayError> {
+                let receipt = write_receipt(db, &cmd, "flaky").await;
+                if fail {
+                    return Err(PayError::Flaky);
+                }
+                Ok(receipt)
+            }
+
+            #[idempotent(scope = "test.declined", key = cmd.key, skip(runs))]
+            pub(crate) async fn declined_pay(
+                db: &$conn,
+                cmd: Pay,
+                runs: &AtomicUsize,
+            ) -> Result<Receipt, PayError> {
+                runs.fetch_add(1, Ordering::SeqCst);
+                write_effect(db, &cmd.run, "declined", cmd.amount).await;
+                Err(PayError::Declined {
+                    reason: format!("card declined for {}", cmd.amount),
+                })
+            }
+
+            #[idempotent(scope = "test.slow", key = cmd.key, skip(pause))]
+            pub(crate) async fn slow_pay(
+                db: &$conn,
+                cmd: Pay,
+                pause: Duration,
+            ) -> Result<Receipt, PayError> {
+                let receipt = write_receipt(db, &cmd, "slow").await;
+                tokio::time::sleep(pause).await;
+                Ok(receipt)
+            }
+
+            #[idempotent(scope = "test.reject", key = cmd.key, on_concurrent = reject, skip(gate))]
+            pub(crate) async fn held_pay(
+                db: &$conn,
+                cmd: Pay,
+                gate: Gate,
+            ) -> Result<Receipt, PayError> {
+                write_then_hold(db, cmd, &gate).await
+            }
+
+            #[idempotent(scope = "test.tenant", key = cmd.key, principal = cmd.tenant, skip(cmd))]
+            pub(crate) async fn tenant_pay(
+                db: &$conn,
+                cmd: TenantPay,
+            ) -> Result<String, idem::Error> {
+                write_effect(db, &cmd.run, &cmd.tenant, 1).await;
+                Ok(format!("{} paid", cmd.tenant))
+            }
+
+            #[idempotent(scope = "test.other-scope", key = cmd.key)]
+            pub(crate) async fn other_scope_pay(db: &$conn, cmd: Pay) -> Result<Receipt, PayError> {
+                Ok(write_receipt(db, &cmd, "other").await)
+            }
+
+            #[idempotent(scope = "test.optional", key = key)]
+            pub(crate) async fn optional_key(
+                db: &$conn,
+                key: Option<String>,
+            ) -> Result<u8, idem::Error> {
+                let _ = db;
+                Ok(1)
+            }
+
+            #[idempotent(scope = "test.decode", key = key)]
+            pub(crate) async fn decode_v1(db: &$conn, key: String) -> Result<String, idem::Error> {
+                let _ = db;
+                Ok("version one".to_owned())
+            }
+
+            #[idempotent(scope = "test.decode", key = key)]
+            pub(crate) async fn decode_v2(db: &$conn, key: String) -> Result<u64, idem::Error> {
+                let _ = db;
+                Ok(2)
+            }
+
+            #[idempotent(scope = "test.expiry", key = cmd.key, ttl = "1s")]
+            pub(crate) async fn short_lived(db: &$conn, cmd: Pay) -> Result<Receipt, PayError> {
+                Ok(write_receipt(db, &cmd, "short").await)
+            }
+
+            pub(crate) struct Payments {
+                pub(crate) db: $conn,
+            }
+
+            impl Payments {
+                #[idempotent(scope = "test.method", key = cmd.key, conn = self.db as db)]
+                pub(crate) async fn pay(&self, cmd: Pay) -> Result<Receipt, PayError> {
+                    Ok(write_receipt(db, &cmd, "method").await)
+                }
+            }
+
+            /// A method call on a service holding the connection.
+            pub(crate) async fn pay_by_method(db: &$conn, cmd: Pay) -> Result<Receipt, PayError> {
+                Payments { db: db.clone() }.pay(cmd).await
+            }
+
+            #[idempotent(scope = "test.wait", key = cmd.key, on_concurrent = wait("300ms"), skip(gate))]
+            pub(crate) async fn bounded_wait_pay(
+                db: &$conn,
+                cmd: Pay,
+                gate: Gate,
+            ) -> Result<Receipt, PayError> {
+                write_then_hold(db, cmd, &gate).await
+            }
+
+            /// Writes its effect, then panics while `panics` is set.
+            #[idempotent(scope = "test.panics", key = cmd.key, skip(panics))]
+            pub(crate) async fn pay_or_panic(
+                db: &$conn,
+                panics: &AtomicBool,
+                cmd: Pay,
+            ) -> Result<Receipt, PayError> {
+                let receipt = write_receipt(db, &cmd, "panics").await;
+                assert!(
+                    !panics.swap(false, Ordering::SeqCst),
+                    "the body panicked after its write"
+                );
+                Ok(receipt)
+            }
+        }
+    };
+}
+
+handlers!(
+    on_sea_orm,
+    DatabaseConnection,
+    &sea_orm::DatabaseTransaction,
+    insert = |db, run, label, amount| insert_effect(db, run, label, amount).await,
+    count = |db, run| effects(db, run).await,
+);
+
+/// The sqlx handlers of database `$db`, their statements in its placeholders: `$p1` the
+/// first, `$values` the three of an effect row.
+macro_rules! sqlx_handlers {
+    ($module:ident, $db:ty, $p1:literal, $values:literal) => {
+        handlers!(
+            $module,
+            sqlx::Pool<$db>,
+            &mut <$db as sqlx::Database>::Connection,
+            insert = |db, run, label, amount| sqlx::query(concat!(
+                "INSERT INTO idem_test_effects (run_id, label, amount) VALUES (",
+                $values,
+                ")"
+            ))
+            .bind(run)
+            .bind(label)
+            .bind(amount)
+            .execute(&mut *db)
+            .await
+            .expect("insert effect in the claim's transaction"),
+            count = |db, run| sqlx::query_scalar::<_, i64>(concat!(
+                "SELECT COUNT(*) FROM idem_test_effects WHERE run_id = ",
+                $p1
+            ))
+            .bind(run)
+            .fetch_one(&mut *db)
+            .await
+            .expect("count effects in the claim's transaction"),
+        );
+    };
+}
+
+sqlx_handlers!(on_sqlx_sqlite, sqlx::Sqlite, "?", "?, ?, ?");
+sqlx_handlers!(on_sqlx_postgres, sqlx::Postgres, "$1", "$1, $2, $3");
+sqlx_handlers!(on_sqlx_mysql, sqlx::MySql, "?", "?, ?, ?");
+
+/// One backend of the run through one store. `db` is the backend's SeaORM connection: the
+/// test counts effects and ledger records through it, whichever store the calls use.
+#[derive(Clone)]
+struct Case {
+    name: &'static str,
+    db: DatabaseConnection,
+    conn: Conn,
+}
+
+impl std::fmt::Display for Case {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+impl Case {
+    /// Asserts that run `run` has `expected` committed effect rows; `what` says why.
+    async fn assert_effects(&self, run: &str, expected: i64, what: &str) {
+        assert_eq!(effects(&self.db, run).await, expected, "{self}: {what}");
+    }
+
+    /// How many ledger records hold the key of run `run`.
+    async fn records(&self, run: &str) -> i64 {
+        ledger_rows(&self.db, &format!("{run}-key")).await
+    }
+}
+
+/// Every backend of the run through each store, a backend's two cases side by side (in
+/// `chunks(2)`): SeaORM's, then sqlx's on a pool of its own.
+async fn cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for b in backends().await {
+        let sqlx = Conn::sqlx(b.name, &b.url).await;
+        for conn in [Conn::SeaOrm, sqlx] {
+            let (name, db) = (conn.name(b.name), b.db.clone());
+            cases.push(Case { name, db, conn });
+        }
+    }
+    cases
+}
+
+/// An SQLite database in memory without idem's tables, through each store: any database
+/// work there is a store error.
+async fn bare_cases() -> Vec<Case> {
+    let db = sea_orm::Database::connect("sqlite::memory:").await;
+    let db = db.expect("SQLite in memory");
+    let sqlx = Conn::sqlx("sqlite", "sqlite::memory:").await;
+    let case = |conn: Conn| Case {
+        name: conn.name("sqlite"),
+        db: db.clone(),
+        conn,
+    };
+    vec![case(Conn::SeaOrm), case(sqlx)]
+}
+
+#[tokio::test]
+async fn first_call_executes_and_a_retry_replays() {
+    for t in cases().await {
+        let run = unique("replay");
+        let (first, first_outcome) =
+            with_outcome(async { call!(t, pay(Pay::new(&run, 1200))) }).await;
+        let (again, again_outcome) =
+            with_outcome(async { call!(t, pay(Pay::new(&run, 1200))) }).await;
+        let first = first.expect("first call");
+        assert_eq!(first.seen, 1, "{t}: the body saw its own uncommitted row");
+        assert_eq!(first, again.expect("retry"), "{t}");
+        assert_eq!(first_outcome, Some(Outcome::Executed), "{t}");
+        assert_eq!(again_outcome, Some(Outcome::Replayed), "{t}");
+        assert_eq!(body_runs(&run), 1, "{t}: the body ran once");
+        t.assert_effects(&run, 1, "one committed effect").await;
+        assert_eq!(t.records(&run).await, 1, "{t}");
+    }
+}
+
+#[tokio::test]
+async fn same_key_with_other_arguments_is_key_reused() {
+    for t in cases().await {
+        let run = unique("reused");
+        let first = call!(t, pay(Pay::new(&run, 1200))).expect("first");
+        let other = call!(t, pay(Pay::new(&run, 9900))).unwrap_err();
+        assert_eq!(other.kind(), Some(ErrorKind::KeyReused), "{t}");
+        t.assert_effects(&run, 1, "a reused key wrote nothing")
+            .await;
+        // The recorded result is untouched.
+        let again = call!(t, pay(Pay::new(&run, 1200))).expect("replay");
+        assert_eq!(first, again, "{t}");
+        t.assert_effects(&run, 1, "ran once").await;
+    }
+}
 
 #[tokio::test]
 async fn empty_values_are_recorded_and_replayed() {
-    for b in backends().await {
+    for t in cases().await {
         let runs = AtomicUsize::new(0);
         let run = unique("empty");
         for round in 0..2 {
-            unit_value(&b.db, format!("{run}-unit"), &runs)
-                .await
-                .expect("unit");
+            call!(t, unit_value(format!("{run}-unit"), &runs)).expect("unit");
             assert_eq!(
-                none_value(&b.db, format!("{run}-none"), &runs)
-                    .await
-                    .expect("none"),
+                call!(t, none_value(format!("{run}-none"), &runs)).expect("none"),
                 None
             );
             assert_eq!(
-                zero_value(&b.db, format!("{run}-zero"), &runs)
-                    .await
-                    .expect("zero"),
+                call!(t, zero_value(format!("{run}-zero"), &runs)).expect("zero"),
                 0
             );
             assert!(
-                empty_vec(&b.db, format!("{run}-vec"), &runs)
-                    .await
+                call!(t, empty_vec(format!("{run}-vec"), &runs))
                     .expect("vec")
                     .is_empty()
             );
             assert_eq!(
-                empty_string(&b.db, format!("{run}-str"), &runs)
-                    .await
-                    .expect("str"),
+                call!(t, empty_string(format!("{run}-str"), &runs)).expect("str"),
                 ""
             );
             assert_eq!(
                 runs.load(Ordering::SeqCst),
                 5,
-                "{} round {round}: bodies ran once",
-                b.name
+                "{t} round {round}: bodies ran once"
             );
         }
     }
 }
 
-#[idempotent(scope = "test.flaky", key = cmd.key, skip(fail))]
-async fn flaky_pay(db: &DatabaseConnection, cmd: Pay, fail: bool) -> Result<Receipt, PayError> {
-    let receipt = write_receipt(db, &cmd, "flaky").await;
-    if fail {
-        return Err(PayError::Flaky);
-    }
-    Ok(receipt)
-}
-
 #[tokio::test]
 async fn a_transient_error_releases_the_key_and_rolls_back() {
-    for b in backends().await {
+    for t in cases().await {
         let run = unique("flaky");
-        let failed = flaky_pay(&b.db, Pay::new(&run, 5), true).await;
-        assert!(matches!(failed, Err(PayError::Flaky)), "{}", b.name);
-        b.assert_effects(&run, 0, "write rolled back").await;
-        assert_eq!(
-            ledger_rows(&b.db, &format!("{run}-key")).await,
-            0,
-            "{}: key free",
-            b.name
-        );
-        let retried = flaky_pay(&b.db, Pay::new(&run, 5), false).await;
-        assert!(retried.is_ok(), "{}", b.name);
-        b.assert_effects(&run, 1, "the retry ran").await;
+        let failed = call!(t, flaky_pay(Pay::new(&run, 5), true));
+        assert!(matches!(failed, Err(PayError::Flaky)), "{t}");
+        t.assert_effects(&run, 0, "write rolled back").await;
+        assert_eq!(t.records(&run).await, 0, "{t}: key free");
+        let retried = call!(t, flaky_pay(Pay::new(&run, 5), false)).expect("the retry");
+        assert_eq!(retried.seen, 1, "{t}: the rolled-back row is gone");
+        assert_eq!(body_runs(&run), 2, "{t}: the retry ran again");
+        t.assert_effects(&run, 1, "the retry ran").await;
     }
-}
-
-#[idempotent(scope = "test.declined", key = cmd.key, skip(runs))]
-async fn declined_pay(
-    db: &DatabaseConnection,
-    cmd: Pay,
-    runs: &AtomicUsize,
-) -> Result<Receipt, PayError> {
-    runs.fetch_add(1, Ordering::SeqCst);
-    insert_effect(db, &cmd.run, "declined", cmd.amount).await;
-    Err(PayError::Declined {
-        reason: format!("card declined for {}", cmd.amount),
-    })
 }
 
 #[tokio::test]
 async fn a_final_error_is_recorded_and_replayed() {
-    for b in backends().await {
+    for t in cases().await {
         let run = unique("declined");
         let runs = AtomicUsize::new(0);
-        let (first, outcome) = with_outcome(declined_pay(&b.db, Pay::new(&run, 7), &runs)).await;
+        let (first, outcome) =
+            with_outcome(async { call!(t, declined_pay(Pay::new(&run, 7), &runs)) }).await;
         assert!(
-            matches!(&first, Err(PayError::Declined { reason }) if reason == "card declined for 7")
+            matches!(&first, Err(PayError::Declined { reason }) if reason == "card declined for 7"),
+            "{t}: {first:?}"
         );
-        assert_eq!(outcome, Some(Outcome::Executed));
-        let (again, outcome) = with_outcome(declined_pay(&b.db, Pay::new(&run, 7), &runs)).await;
+        assert_eq!(outcome, Some(Outcome::Executed), "{t}");
+        let (again, outcome) =
+            with_outcome(async { call!(t, declined_pay(Pay::new(&run, 7), &runs)) }).await;
         assert!(
             matches!(&again, Err(PayError::Declined { reason }) if reason == "card declined for 7"),
-            "{}: {again:?}",
-            b.name
+            "{t}: {again:?}"
         );
-        assert_eq!(outcome, Some(Outcome::Replayed), "{}", b.name);
+        assert_eq!(outcome, Some(Outcome::Replayed), "{t}");
         assert_eq!(
             runs.load(Ordering::SeqCst),
             1,
-            "{}: replayed without running",
-            b.name
+            "{t}: replayed without running"
         );
-        b.assert_effects(&run, 0, "the body's write rolled back")
+        t.assert_effects(&run, 0, "the body's write rolled back")
             .await;
-        assert_eq!(
-            ledger_rows(&b.db, &format!("{run}-key")).await,
-            1,
-            "{}: error recorded",
-            b.name
-        );
+        assert_eq!(t.records(&run).await, 1, "{t}: error recorded");
     }
-}
-
-#[idempotent(scope = "test.slow", key = cmd.key, skip(pause))]
-async fn slow_pay(db: &DatabaseConnection, cmd: Pay, pause: Duration) -> Result<Receipt, PayError> {
-    let receipt = write_receipt(db, &cmd, "slow").await;
-    tokio::time::sleep(pause).await;
-    Ok(receipt)
 }
 
 #[tokio::test]
 async fn a_dropped_call_leaves_nothing_behind() {
-    for b in backends().await {
+    for t in cases().await {
         let run = unique("dropped");
-        let cancelled = tokio::time::timeout(
-            Duration::from_millis(300),
-            slow_pay(&b.db, Pay::new(&run, 3), Duration::from_secs(30)),
-        )
+        let cancelled = tokio::time::timeout(Duration::from_millis(300), async {
+            call!(t, slow_pay(Pay::new(&run, 3), Duration::from_secs(30)))
+        })
         .await;
-        assert!(cancelled.is_err(), "{}: the call was cut off", b.name);
-        let retried = slow_pay(&b.db, Pay::new(&run, 3), Duration::ZERO).await;
-        assert!(retried.is_ok(), "{}: {retried:?}", b.name);
-        b.assert_effects(&run, 1, "exactly one effect").await;
+        assert!(cancelled.is_err(), "{t}: the call was cut off");
+        let retried = call!(t, slow_pay(Pay::new(&run, 3), Duration::ZERO));
+        assert!(retried.is_ok(), "{t}: {retried:?}");
+        t.assert_effects(&run, 1, "exactly one effect").await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_duplicates_execute_once_and_agree() {
-    for b in backends().await {
+    for t in cases().await {
         let run = unique("storm");
         let mut tasks = tokio::task::JoinSet::new();
         for _ in 0..64 {
-            let db = b.db.clone();
-            let cmd = Pay::new(&run, 640);
-            tasks.spawn(async move { pay(&db, cmd).await });
+            let (call, cmd) = (t.clone(), Pay::new(&run, 640));
+            tasks.spawn(async move { call!(call, pay(cmd)) });
         }
         let answers: Vec<Receipt> = tasks
             .join_all()
             .await
             .into_iter()
-            .map(|r| r.unwrap_or_else(|e| panic!("{}: {e:?}", b.name)))
+            .map(|r| r.unwrap_or_else(|e| panic!("{t}: {e:?}")))
             .collect();
         assert_eq!(answers.len(), 64);
         assert!(
             answers.iter().all(|a| a == &answers[0]),
-            "{}: 64 identical answers",
-            b.name
+            "{t}: 64 identical answers"
         );
-        b.assert_effects(&run, 1, "exactly one effect").await;
+        assert_eq!(body_runs(&run), 1, "{t}: the body ran once");
+        t.assert_effects(&run, 1, "exactly one effect").await;
     }
-}
-
-#[idempotent(scope = "test.reject", key = cmd.key, on_concurrent = reject, skip(gate))]
-async fn held_pay(db: &DatabaseConnection, cmd: Pay, gate: Gate) -> Result<Receipt, PayError> {
-    write_then_hold(db, cmd, &gate).await
-}
-
-/// A body that writes its effect, then holds the claim at `gate` until released.
-async fn write_then_hold<C: ConnectionTrait>(
-    db: &C,
-    cmd: Pay,
-    gate: &Gate,
-) -> Result<Receipt, PayError> {
-    let receipt = write_receipt(db, &cmd, "held").await;
-    gate.pass().await;
-    Ok(receipt)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reject_fails_fast_while_the_first_call_runs() {
-    for b in backends().await {
+    for t in cases().await {
         let run = unique("reject");
         let gate = Gate::default();
-        let (db, cmd, held) = (b.db.clone(), Pay::new(&run, 1), gate.clone());
-        let first = tokio::spawn(async move { held_pay(&db, cmd, held).await });
+        let (holder, cmd, held) = (t.clone(), Pay::new(&run, 1), gate.clone());
+        let first = tokio::spawn(async move { call!(holder, held_pay(cmd, held)) });
         gate.entered().await;
         let started = Instant::now();
-        let (db, cmd) = (b.db.clone(), Pay::new(&run, 1));
-        let duplicate = tokio::spawn(async move { held_pay(&db, cmd, Gate::default()).await });
+        let (dup, cmd) = (t.clone(), Pay::new(&run, 1));
+        let duplicate = tokio::spawn(async move { call!(dup, held_pay(cmd, Gate::default())) });
         // In one process the duplicate meets the first call's single flight and is refused at
         // once on every backend (across processes SQLite, one writer, makes it wait).
         let second = duplicate.await.expect("join");
         let elapsed = started.elapsed();
-        assert_eq!(
-            second.unwrap_err().kind(),
-            Some(ErrorKind::InFlight),
-            "{}",
-            b.name
-        );
+        assert_eq!(second.unwrap_err().kind(), Some(ErrorKind::InFlight), "{t}");
         assert!(
             elapsed < Duration::from_secs(2),
-            "{}: rejected in {elapsed:?}",
-            b.name
+            "{t}: rejected in {elapsed:?}"
         );
         gate.release();
         first.await.expect("join").expect("first");
-        b.assert_effects(&run, 1, "ran once").await;
+        assert_eq!(body_runs(&run), 1, "{t}: the duplicate ran nothing");
+        t.assert_effects(&run, 1, "ran once").await;
     }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct TenantPay {
-    tenant: String,
-    key: String,
-    run: String,
-}
-
-#[idempotent(scope = "test.tenant", key = cmd.key, principal = cmd.tenant, skip(cmd))]
-async fn tenant_pay(db: &DatabaseConnection, cmd: TenantPay) -> Result<String, idem::Error> {
-    insert_effect(db, &cmd.run, &cmd.tenant, 1).await;
-    Ok(format!("{} paid", cmd.tenant))
-}
-
-#[idempotent(scope = "test.other-scope", key = cmd.key)]
-async fn other_scope_pay(db: &DatabaseConnection, cmd: Pay) -> Result<Receipt, PayError> {
-    Ok(write_receipt(db, &cmd, "other").await)
 }
 
 #[tokio::test]
 async fn principals_and_scopes_never_share_records() {
-    for b in backends().await {
+    for t in cases().await {
         let run = unique("isolation");
         let key = format!("{run}-shared");
-        let call = |tenant: &str| TenantPay {
+        let tenant = |tenant: &str| TenantPay {
             tenant: tenant.to_owned(),
             key: key.clone(),
             run: run.clone(),
         };
         assert_eq!(
-            tenant_pay(&b.db, call("acme")).await.expect("acme"),
+            call!(t, tenant_pay(tenant("acme"))).expect("acme"),
             "acme paid"
         );
         assert_eq!(
-            tenant_pay(&b.db, call("globex")).await.expect("globex"),
+            call!(t, tenant_pay(tenant("globex"))).expect("globex"),
             "globex paid"
         );
         assert_eq!(
-            tenant_pay(&b.db, call("acme")).await.expect("acme replay"),
+            call!(t, tenant_pay(tenant("acme"))).expect("acme replay"),
             "acme paid"
         );
-        b.assert_effects(&run, 2, "one execution per principal")
+        t.assert_effects(&run, 2, "one execution per principal")
             .await;
 
         let scoped = unique("scopes");
-        let a = pay(&b.db, Pay::new(&scoped, 1)).await.expect("pay");
-        let o = other_scope_pay(&b.db, Pay::new(&scoped, 1))
-            .await
-            .expect("other scope");
-        assert_ne!(a, o, "{}: another scope executes anew", b.name);
-        b.assert_effects(&scoped, 2, "one execution per scope")
+        let a = call!(t, pay(Pay::new(&scoped, 1))).expect("pay");
+        let o = call!(t, other_scope_pay(Pay::new(&scoped, 1))).expect("other scope");
+        assert_ne!(a, o, "{t}: another scope executes anew");
+        t.assert_effects(&scoped, 2, "one execution per scope")
             .await;
     }
 }
 
 #[tokio::test]
 async fn bad_keys_fail_before_any_database_work() {
-    // No ledger table at all: any database work would be a store error instead.
-    let db = sea_orm::Database::connect("sqlite::memory:")
-        .await
-        .expect("db");
     let long = "k".repeat(256);
-    for (key, expected) in [
-        ("", ErrorKind::InvalidKey),
-        (long.as_str(), ErrorKind::InvalidKey),
-        ("line\nbreak", ErrorKind::InvalidKey),
-        ("nul\0", ErrorKind::InvalidKey),
-    ] {
-        let cmd = Pay {
-            key: key.to_owned(),
-            run: unique("badkey"),
-            amount: 1,
-        };
-        assert_eq!(
-            pay(&db, cmd).await.unwrap_err().kind(),
-            Some(expected),
-            "{key:?}"
-        );
+    for t in bare_cases().await {
+        for (key, expected) in [
+            ("", ErrorKind::InvalidKey),
+            (long.as_str(), ErrorKind::InvalidKey),
+            ("line\nbreak", ErrorKind::InvalidKey),
+            ("nul\0", ErrorKind::InvalidKey),
+        ] {
+            let cmd = Pay {
+                key: key.to_owned(),
+                run: unique("badkey"),
+                amount: 1,
+            };
+            assert_eq!(
+                call!(t, pay(cmd)).unwrap_err().kind(),
+                Some(expected),
+                "{t}: {key:?}"
+            );
+        }
     }
-}
-
-#[idempotent(scope = "test.optional", key = key)]
-async fn optional_key(db: &DatabaseConnection, key: Option<String>) -> Result<u8, idem::Error> {
-    let _ = db;
-    Ok(1)
 }
 
 #[tokio::test]
 async fn an_absent_optional_key_is_missing_key() {
-    let db = common::sqlite().await;
-    assert_eq!(
-        optional_key(&db, None).await.unwrap_err().kind(),
-        ErrorKind::MissingKey
-    );
-    assert_eq!(
-        optional_key(&db, Some(unique("k"))).await.expect("present"),
-        1
-    );
+    for t in cases().await {
+        assert_eq!(
+            call!(t, optional_key(None)).unwrap_err().kind(),
+            ErrorKind::MissingKey,
+            "{t}"
+        );
+        assert_eq!(
+            call!(t, optional_key(Some(unique("k")))).expect("present"),
+            1,
+            "{t}"
+        );
+    }
 }
 
 #[tokio::test]
 async fn a_missing_ledger_table_names_the_fix() {
-    let db = sea_orm::Database::connect("sqlite::memory:")
-        .await
-        .expect("db");
-    let err = pay(&db, Pay::new(&unique("noledger"), 1))
-        .await
-        .unwrap_err();
-    let PayError::Idem(err) = err else {
-        panic!("expected an idem error")
-    };
-    assert_eq!(err.kind(), ErrorKind::Store);
-    assert!(err.to_string().contains("create_tables"), "{err}");
-}
-
-#[idempotent(scope = "test.decode", key = key)]
-async fn decode_v1(db: &DatabaseConnection, key: String) -> Result<String, idem::Error> {
-    let _ = db;
-    Ok("version one".to_owned())
-}
-
-#[idempotent(scope = "test.decode", key = key)]
-async fn decode_v2(db: &DatabaseConnection, key: String) -> Result<u64, idem::Error> {
-    let _ = db;
-    Ok(2)
+    for t in bare_cases().await {
+        let err = call!(t, pay(Pay::new(&unique("noledger"), 1))).unwrap_err();
+        let PayError::Idem(err) = err else {
+            panic!("{t}: expected an idem error")
+        };
+        assert_eq!(err.kind(), ErrorKind::Store, "{t}");
+        let message = err.to_string();
+        // The store's own fix: its `create_tables`, or (sqlx) `idem schema` in migrations.
+        let fixes: &[&str] = match t.conn {
+            Conn::SeaOrm => &["idem::sea_orm::create_tables"],
+            _ => &["idem::sqlx::create_tables", "idem schema"],
+        };
+        assert!(message.contains("idem_ledger"), "{t}: {message}");
+        for fix in fixes {
+            assert!(message.contains(fix), "{t}: {message}");
+        }
+    }
 }
 
 #[tokio::test]
 async fn a_record_that_no_longer_decodes_is_an_unreadable_answer() {
-    for b in backends().await {
+    for t in cases().await {
         let key = unique("decode");
-        decode_v1(&b.db, key.clone()).await.expect("v1");
-        let err = decode_v2(&b.db, key.clone()).await.unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::AnswerUnreadable, "{}", b.name);
+        call!(t, decode_v1(key.clone())).expect("v1");
+        let err = call!(t, decode_v2(key.clone())).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::AnswerUnreadable, "{t}");
         assert_eq!(err.http_status(), 410);
         let message = err.to_string();
         // The key only by its hash: keys can carry user data.
@@ -489,33 +698,37 @@ async fn a_record_that_no_longer_decodes_is_an_unreadable_answer() {
     }
 }
 
-#[idempotent(scope = "test.expiry", key = cmd.key, ttl = "1s")]
-async fn short_lived(db: &DatabaseConnection, cmd: Pay) -> Result<Receipt, PayError> {
-    Ok(write_receipt(db, &cmd, "short").await)
-}
-
+/// The expiry is the store's claim (through each store); the purge is SeaORM's, and removes
+/// the expired records both stores wrote. Each waits out two expiries, so every case runs at
+/// once, and a backend's purge follows both of its cases.
 #[tokio::test]
 async fn an_expired_key_executes_anew_and_purge_removes_it() {
-    for b in backends().await {
-        let run = unique("expiry");
-        let first = short_lived(&b.db, Pay::new(&run, 1)).await.expect("first");
-        let replay = short_lived(&b.db, Pay::new(&run, 1)).await.expect("replay");
-        assert_eq!(first, replay, "{}", b.name);
+    let cases = cases().await;
+    futures_util::future::join_all(cases.chunks(2).map(|backend| async move {
+        let runs = futures_util::future::join_all(backend.iter().map(|t| async move {
+            let run = unique("expiry");
+            let first = call!(t, short_lived(Pay::new(&run, 1))).expect("first");
+            let replay = call!(t, short_lived(Pay::new(&run, 1))).expect("replay");
+            assert_eq!(first, replay, "{t}");
+            tokio::time::sleep(Duration::from_millis(1300)).await;
+            let later = call!(t, short_lived(Pay::new(&run, 1))).expect("after expiry");
+            assert_ne!(first, later, "{t}: executed anew");
+            t.assert_effects(&run, 2, "ran again after expiry").await;
+            // Expire it again, and keep a live record beside it.
+            let live = unique("live");
+            call!(t, pay(Pay::new(&live, 1))).expect("live");
+            (run, live)
+        }))
+        .await;
         tokio::time::sleep(Duration::from_millis(1300)).await;
-        let later = short_lived(&b.db, Pay::new(&run, 1))
-            .await
-            .expect("after expiry");
-        assert_ne!(first, later, "{}: executed anew", b.name);
-        b.assert_effects(&run, 2, "ran again after expiry").await;
-
-        // Expire it again, keep a live record beside it, and purge.
-        let live = unique("live");
-        pay(&b.db, Pay::new(&live, 1)).await.expect("live");
-        tokio::time::sleep(Duration::from_millis(1300)).await;
-        let deleted = idem::sea_orm::purge_expired(&b.db, 2).await.expect("purge");
-        assert!(deleted >= 1, "{}", b.name);
-        assert_purged(&b.db, b.name, &run, &live).await;
-    }
+        let db = &backend[0].db;
+        let deleted = idem::sea_orm::purge_expired(db, 2).await.expect("purge");
+        assert!(deleted >= 1, "{}", backend[0]);
+        for (t, (run, live)) in backend.iter().zip(runs) {
+            assert_purged(db, t.name, &run, &live).await;
+        }
+    }))
+    .await;
 }
 
 /// The record of run `expired` is gone, the record of run `live` is still there.
@@ -529,8 +742,10 @@ async fn assert_purged(db: &DatabaseConnection, backend: &str, expired: &str, li
     assert_eq!(ledger_rows(db, &live_key).await, 1, "{backend}: {live}");
 }
 
+/// SeaORM's alone: `ExpiredPurge` is SeaORM's API.
 #[tokio::test]
 async fn a_stepped_purge_removes_every_expired_record_and_no_live_one() {
+    use on_sea_orm::{pay, short_lived};
     for b in backends().await {
         let run = unique("sweep");
         let name = |kind: &str, i: usize| format!("{run}-{kind}{i}");
@@ -562,8 +777,11 @@ async fn a_stepped_purge_removes_every_expired_record_and_no_live_one() {
     }
 }
 
+/// SeaORM's alone: its `create_tables` reruns SQLite's DDL, which drops the index (the sqlx
+/// store's skips a ledger that exists).
 #[tokio::test]
 async fn a_sqlite_ledger_of_an_earlier_version_loses_its_index_and_keeps_working() {
+    use on_sea_orm::{pay, short_lived};
     // The layout of earlier versions: WITHOUT ROWID, with an expiry index.
     let db = common::connect(&common::sqlite_url("idem-old-ledger"), 1).await;
     db.execute_unprepared(
@@ -600,65 +818,48 @@ async fn a_sqlite_ledger_of_an_earlier_version_loses_its_index_and_keeps_working
     assert_purged(&db, "sqlite (earlier layout)", &run, &live).await;
 }
 
-struct Payments {
-    db: DatabaseConnection,
-}
-
-impl Payments {
-    #[idempotent(scope = "test.method", key = cmd.key, conn = self.db as db)]
-    async fn pay(&self, cmd: Pay) -> Result<Receipt, PayError> {
-        Ok(write_receipt(db, &cmd, "method").await)
-    }
-}
-
 #[tokio::test]
 async fn methods_take_the_connection_from_self() {
-    for b in backends().await {
-        let service = Payments { db: b.db.clone() };
+    for t in cases().await {
         let run = unique("method");
-        let first = service.pay(Pay::new(&run, 4)).await.expect("first");
-        let again = service.pay(Pay::new(&run, 4)).await.expect("again");
-        assert_eq!(first, again);
-        b.assert_effects(&run, 1, "ran once").await;
+        let first = call!(t, pay_by_method(Pay::new(&run, 4))).expect("first");
+        let again = call!(t, pay_by_method(Pay::new(&run, 4))).expect("again");
+        assert_eq!(first, again, "{t}");
+        t.assert_effects(&run, 1, "ran once").await;
     }
-}
-
-#[idempotent(scope = "test.bounded-wait", key = cmd.key, on_concurrent = wait("300ms"), skip(gate))]
-async fn bounded_wait_pay(
-    db: &DatabaseConnection,
-    cmd: Pay,
-    gate: Gate,
-) -> Result<Receipt, PayError> {
-    write_then_hold(db, cmd, &gate).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_wait_past_its_bound_is_in_flight_then_the_retry_replays() {
-    for b in backends().await {
+    for t in cases().await {
         let run = unique("bounded");
         let gate = Gate::default();
-        let (db, cmd, held) = (b.db.clone(), Pay::new(&run, 5), gate.clone());
-        let first = tokio::spawn(async move { bounded_wait_pay(&db, cmd, held).await });
+        let (holder, cmd, held) = (t.clone(), Pay::new(&run, 5), gate.clone());
+        let first = tokio::spawn(async move { call!(holder, bounded_wait_pay(cmd, held)) });
         gate.entered().await;
         let started = Instant::now();
-        let duplicate = bounded_wait_pay(&b.db, Pay::new(&run, 5), Gate::default()).await;
+        let duplicate = call!(t, bounded_wait_pay(Pay::new(&run, 5), Gate::default()));
         let waited = started.elapsed();
         assert_eq!(
             duplicate.unwrap_err().kind(),
             Some(ErrorKind::InFlight),
-            "{}",
-            b.name
+            "{t}"
         );
         assert!(
             waited >= Duration::from_millis(250) && waited < Duration::from_secs(3),
-            "{}: waited {waited:?} for a 300 ms bound",
-            b.name
+            "{t}: waited {waited:?} for a 300 ms bound"
         );
         gate.release();
         let first = first.await.expect("join").expect("first");
-        let retry = bounded_wait_pay(&b.db, Pay::new(&run, 5), Gate::default()).await;
-        assert_eq!(retry.expect("replay"), first, "{}", b.name);
-        b.assert_effects(&run, 1, "ran once").await;
+        // A retry that ran its body would wait at its gate: bounded, so it fails instead.
+        let retry = tokio::time::timeout(Duration::from_secs(5), async {
+            call!(t, bounded_wait_pay(Pay::new(&run, 5), Gate::default()))
+        });
+        let retry = retry
+            .await
+            .expect("the retry replays, its body does not run");
+        assert_eq!(retry.expect("replay"), first, "{t}");
+        t.assert_effects(&run, 1, "ran once").await;
     }
 }
 
@@ -667,13 +868,13 @@ async fn a_wait_past_its_bound_is_in_flight_then_the_retry_replays() {
 /// transaction that holds one (MySQL's claim locks the row; SQLite serialises writers).
 #[tokio::test]
 async fn a_replay_on_postgres_takes_no_row_lock() {
-    for b in backends().await {
-        if b.db.get_database_backend() != sea_orm::DbBackend::Postgres {
+    for t in cases().await {
+        if t.db.get_database_backend() != sea_orm::DbBackend::Postgres {
             continue;
         }
         let run = unique("nolock");
-        let first = pay(&b.db, Pay::new(&run, 700)).await.expect("first call");
-        let blocker = sea_orm::TransactionTrait::begin(&b.db)
+        let first = call!(t, pay(Pay::new(&run, 700))).expect("first call");
+        let blocker = sea_orm::TransactionTrait::begin(&t.db)
             .await
             .expect("begin");
         let id = idem::store::record_id("test.pay", "", &format!("{run}-key"));
@@ -688,21 +889,22 @@ async fn a_replay_on_postgres_takes_no_row_lock() {
             .expect("the record");
         let (again, outcome) = tokio::time::timeout(
             Duration::from_secs(3),
-            with_outcome(pay(&b.db, Pay::new(&run, 700))),
+            with_outcome(async { call!(t, pay(Pay::new(&run, 700))) }),
         )
         .await
-        .expect("the replay waited for the row lock");
+        .unwrap_or_else(|_| panic!("{t}: the replay waited for the row lock"));
         drop(blocker);
-        assert_eq!(again.expect("replay"), first);
-        assert_eq!(outcome, Some(Outcome::Replayed));
-        assert_eq!(effects(&b.db, &run).await, 1, "body ran once");
+        assert_eq!(again.expect("replay"), first, "{t}");
+        assert_eq!(outcome, Some(Outcome::Replayed), "{t}");
+        t.assert_effects(&run, 1, "body ran once").await;
     }
 }
 
 /// `create_tables` reads the catalogue and issues no DDL where the tables exist (on a
 /// cluster even `CREATE TABLE IF NOT EXISTS` aborts commits cluster-wide). PostgreSQL proves
 /// it: a read-only session refuses any DDL, existing table or not (SQLite and MariaDB let a
-/// no-op `IF NOT EXISTS` through, so they cannot tell).
+/// no-op `IF NOT EXISTS` through, so they cannot tell). Each store's `create_tables`, on a
+/// pool of one connection, so the session's setting holds for it.
 #[tokio::test]
 async fn create_tables_issues_no_ddl_where_the_tables_exist() {
     for (name, url) in common::server_urls() {
@@ -722,37 +924,37 @@ async fn create_tables_issues_no_ddl_where_the_tables_exist() {
             .await
             .expect_err("the session really refuses DDL");
         assert!(e.to_string().contains("read-only"), "{e}");
-    }
-}
 
-/// Writes its effect, then panics while `panics` is set.
-#[idempotent(scope = "test.panics", key = cmd.key, skip(panics))]
-async fn pay_or_panic(
-    db: &DatabaseConnection,
-    panics: &std::sync::atomic::AtomicBool,
-    cmd: Pay,
-) -> Result<Receipt, PayError> {
-    let receipt = write_receipt(db, &cmd, "panics").await;
-    assert!(
-        !panics.swap(false, Ordering::SeqCst),
-        "the body panicked after its write"
-    );
-    Ok(receipt)
+        // sqlx's, on a pool of one connection: the session's setting holds for its calls.
+        let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1);
+        let pool = pool.connect(&url).await.expect("PostgreSQL");
+        let (all, sql) = (idem::sqlx::Family::ALL, sqlx::raw_sql);
+        let created = idem::sqlx::create_tables(&pool, &all).await;
+        created.expect("create");
+        let set = sql("SET default_transaction_read_only = on").execute(&pool);
+        set.await.expect("read-only session");
+        let again = idem::sqlx::create_tables(&pool, &all).await;
+        again.expect("sqlx: everything exists: nothing to create");
+        let ddl = sql("CREATE TABLE IF NOT EXISTS idem_ledger (id INTEGER)").execute(&pool);
+        let e = ddl.await.expect_err("the session really refuses DDL");
+        assert!(e.to_string().contains("read-only"), "{e}");
+    }
 }
 
 #[tokio::test]
 async fn a_panic_in_an_atomic_body_rolls_back_and_frees_the_key() {
-    for b in backends().await {
+    for t in cases().await {
         let run = unique("panic");
-        let panics = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let (db, first, cmd) = (b.db.clone(), panics.clone(), Pay::new(&run, 1));
-        let panicked = tokio::spawn(async move { pay_or_panic(&db, &first, cmd).await }).await;
-        assert!(panicked.is_err_and(|e| e.is_panic()), "{}", b.name);
-        b.assert_effects(&run, 0, "the panicked write rolled back")
+        let panics = Arc::new(AtomicBool::new(true));
+        let (call, flag, cmd) = (t.clone(), panics.clone(), Pay::new(&run, 1));
+        let panicked = tokio::spawn(async move { call!(call, pay_or_panic(&flag, cmd)) }).await;
+        assert!(panicked.is_err_and(|e| e.is_panic()), "{t}");
+        t.assert_effects(&run, 0, "the panicked write rolled back")
             .await;
-        let (retry, outcome) = with_outcome(pay_or_panic(&b.db, &panics, Pay::new(&run, 1))).await;
-        assert!(retry.is_ok(), "{}: {retry:?}", b.name);
-        assert_eq!(outcome, Some(Outcome::Executed), "{}", b.name);
-        b.assert_effects(&run, 1, "the retry ran it once").await;
+        let (retry, outcome) =
+            with_outcome(async { call!(t, pay_or_panic(&panics, Pay::new(&run, 1))) }).await;
+        assert!(retry.is_ok(), "{t}: {retry:?}");
+        assert_eq!(outcome, Some(Outcome::Executed), "{t}");
+        t.assert_effects(&run, 1, "the retry ran it once").await;
     }
 }

@@ -345,28 +345,8 @@ struct Case {
 async fn cases(run: &str) -> Vec<Case> {
     let mut cases = Vec::new();
     for backend in backends().await {
-        let (name, conn) = match backend.name {
-            "sqlite" => {
-                let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(4);
-                let pool = options
-                    .connect(&backend.url)
-                    .await
-                    .expect("sqlx connects to the run's database");
-                ("sqlite (sqlx)", Conn::SqlxSqlite(pool))
-            }
-            "postgres" => {
-                let pool = sqlx::PgPool::connect(&backend.url)
-                    .await
-                    .expect("sqlx connects to the run's database");
-                ("postgres (sqlx)", Conn::SqlxPostgres(pool))
-            }
-            _ => {
-                let pool = sqlx::MySqlPool::connect(&backend.url)
-                    .await
-                    .expect("sqlx connects to the run's database");
-                ("mysql (sqlx)", Conn::SqlxMySql(pool))
-            }
-        };
+        let conn = Conn::sqlx(backend.name, &backend.url).await;
+        let name = conn.name(backend.name);
         cases.push(Case {
             name,
             db: backend.db.clone(),

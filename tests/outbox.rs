@@ -147,18 +147,7 @@ async fn cases() -> Vec<Case> {
         });
     }
     for Isolated { name, db, url } in isolated().await {
-        let failed = "sqlx connects to the case's database";
-        let conn = match name {
-            "sqlite" => Conn::SqlxSqlite(
-                sqlx::sqlite::SqlitePoolOptions::new()
-                    .max_connections(4)
-                    .connect(&url)
-                    .await
-                    .expect(failed),
-            ),
-            "postgres" => Conn::SqlxPostgres(sqlx::PgPool::connect(&url).await.expect(failed)),
-            _ => Conn::SqlxMySql(sqlx::MySqlPool::connect(&url).await.expect(failed)),
-        };
+        let conn = Conn::sqlx(name, &url).await;
         cases.push(Case {
             name: format!("{name} (sqlx)"),
             db,

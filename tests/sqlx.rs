@@ -1,8 +1,11 @@
-//! The sqlx store (issue 31 item 1): `#[idempotent]` on functions whose connection is a sqlx
-//! pool, the body's `sqlx::query(..).execute(&mut *db)` in the claim's transaction. The same
-//! cases on every backend of the run (SQLite always; PostgreSQL and MariaDB when their URL is
-//! set), each counting the effect rows that committed, never trusting return values: claims,
-//! replays, final and transient errors, duplicates, nested calls (`Conn`), guarded transitions.
+//! The sqlx store's own cases (issue 31 item 1): `#[idempotent]` on functions whose connection
+//! is a sqlx pool, the body's `sqlx::query(..).execute(&mut *db)` in the claim's transaction.
+//! Atomic mode's semantics (claims, replays, final and transient errors, duplicates, expiry)
+//! run through both stores in `tests/behaviour.rs`, lease mode in `tests/lease.rs`; here, on
+//! every backend of the run (SQLite always; PostgreSQL and MariaDB when their URL is set),
+//! what only sqlx has: nested calls (`Conn`), guarded transitions (`StateTable`), idem's schema
+//! as a sqlx migration, PgBouncer, an unreachable server, a lease call inside an atomic body on
+//! SQLite. Each counts the effect rows that committed, never trusting return values.
 
 mod common;
 
@@ -11,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::pgbouncer::PgBouncer;
-use common::{Gate, server_urls, sqlite_url, unique};
+use common::{server_urls, sqlite_url, unique};
 use idem::{ErrorKind, FinalError, idempotent};
 use serde::{Deserialize, Serialize};
 
@@ -111,11 +114,10 @@ impl<DB: idem::sqlx::Backend> PoolOf for sqlx::Pool<DB> {
     type Db = DB;
 }
 
-/// What the body does after its write.
+/// What the outer body does after its nested call.
 #[derive(Clone, Copy, Debug, Serialize)]
 enum Then {
     Answer,
-    Decline,
     Fail,
 }
 
@@ -133,7 +135,7 @@ macro_rules! suite {
             const COUNT: &str =
                 concat!("SELECT COUNT(*) FROM idem_sqlx_effects WHERE run_id = ", $p1);
 
-            async fn pool() -> Option<$pool> {
+            pub(super) async fn pool() -> Option<$pool> {
                 let pool: $pool = $connect?;
                 idem::sqlx::create_tables(&pool, &[idem::sqlx::Family::Ledger])
                     .await
@@ -147,64 +149,12 @@ macro_rules! suite {
             }
 
             /// Committed effect rows of `run`.
-            async fn effects(pool: &$pool, run: &str) -> i64 {
+            pub(super) async fn effects(pool: &$pool, run: &str) -> i64 {
                 sqlx::query_scalar::<_, i64>(COUNT)
                     .bind(run)
                     .fetch_one(pool)
                     .await
                     .expect("count")
-            }
-
-            #[idempotent(scope = "sqlx.pay", key = cmd.key, skip(then, runs, gate))]
-            async fn pay(
-                db: &$pool,
-                cmd: Pay,
-                then: Then,
-                runs: &AtomicUsize,
-                gate: Option<&Gate>,
-            ) -> Result<i64, PayError> {
-                runs.fetch_add(1, Ordering::SeqCst);
-                // The body's own query, in the claim's transaction.
-                sqlx::query(INSERT)
-                    .bind(&cmd.run)
-                    .bind("charge")
-                    .bind(cmd.amount)
-                    .execute(&mut *db)
-                    .await
-                    .expect("insert in the claim's transaction");
-                // A read in the same transaction sees the uncommitted write.
-                let seen: i64 = sqlx::query_scalar(COUNT)
-                    .bind(&cmd.run)
-                    .fetch_one(&mut *db)
-                    .await
-                    .expect("count in the claim's transaction");
-                if let Some(gate) = gate {
-                    gate.pass().await;
-                }
-                match then {
-                    Then::Answer => Ok(seen * 1000 + cmd.amount),
-                    Then::Decline => Err(PayError::Declined),
-                    Then::Fail => Err(PayError::Flaky),
-                }
-            }
-
-            #[idempotent(scope = "sqlx.pay.reject", key = cmd.key, on_concurrent = reject, skip(runs, gate))]
-            async fn pay_or_reject(
-                db: &$pool,
-                cmd: Pay,
-                runs: &AtomicUsize,
-                gate: &Gate,
-            ) -> Result<i64, PayError> {
-                runs.fetch_add(1, Ordering::SeqCst);
-                sqlx::query(INSERT)
-                    .bind(&cmd.run)
-                    .bind("charge")
-                    .bind(cmd.amount)
-                    .execute(&mut *db)
-                    .await
-                    .expect("insert");
-                gate.pass().await;
-                Ok(cmd.amount)
             }
 
             fn cmd(amount: i64) -> Pay {
@@ -230,105 +180,18 @@ macro_rules! suite {
                 let migrator = sqlx::migrate::Migrator::new(dir.as_path()).await.expect("migrations");
                 migrator.run(&pool).await.expect("sqlx migrate run");
                 let _ = std::fs::remove_dir_all(&dir);
+                // A `Conn` function called at the top, on the pool.
                 let runs = AtomicUsize::new(0);
                 let c = cmd(9);
-                let first = pay(&pool, c.clone(), Then::Answer, &runs, None).await;
-                let again = pay(&pool, c.clone(), Then::Answer, &runs, None).await;
-                assert_eq!(first, Ok(1009));
+                let first = charge((&pool).into(), c.clone(), false, &runs).await;
+                let again = charge((&pool).into(), c.clone(), false, &runs).await;
+                assert_eq!(first, Ok(9));
                 assert_eq!(again, first, "replayed");
                 assert_eq!(runs.load(Ordering::SeqCst), 1);
                 assert_eq!(effects(&pool, &c.run).await, 1);
                 if let Some(drop_it) = drop_it {
                     sqlx::raw_sql(sqlx::AssertSqlSafe(drop_it)).execute(&pool).await.expect("drop");
                 }
-            }
-
-            #[tokio::test]
-            async fn a_retry_replays_and_the_body_commits_with_the_record() {
-                let Some(pool) = pool().await else { return };
-                let runs = AtomicUsize::new(0);
-                let c = cmd(7);
-                let first = pay(&pool, c.clone(), Then::Answer, &runs, None).await;
-                assert_eq!(first, Ok(1007), "the body saw its own uncommitted row");
-                let again = pay(&pool, c.clone(), Then::Answer, &runs, None).await;
-                assert_eq!(again, first, "replayed");
-                assert_eq!(runs.load(Ordering::SeqCst), 1, "the body ran once");
-                assert_eq!(effects(&pool, &c.run).await, 1, "one committed effect");
-                let other = Pay { amount: 8, ..c.clone() };
-                let reused = pay(&pool, other, Then::Answer, &runs, None).await;
-                assert_eq!(reused, Err(PayError::Idem(ErrorKind::KeyReused)));
-                assert_eq!(effects(&pool, &c.run).await, 1, "a reused key wrote nothing");
-            }
-
-            #[tokio::test]
-            async fn a_transient_error_rolls_the_body_back_and_a_retry_runs_again() {
-                let Some(pool) = pool().await else { return };
-                let runs = AtomicUsize::new(0);
-                let c = cmd(3);
-                let failed = pay(&pool, c.clone(), Then::Fail, &runs, None).await;
-                assert_eq!(failed, Err(PayError::Flaky));
-                assert_eq!(effects(&pool, &c.run).await, 0, "rolled back with the claim");
-                let retried = pay(&pool, c.clone(), Then::Answer, &runs, None).await;
-                assert_eq!(retried, Ok(1003));
-                assert_eq!(runs.load(Ordering::SeqCst), 2);
-                assert_eq!(effects(&pool, &c.run).await, 1);
-            }
-
-            #[tokio::test]
-            async fn a_final_error_is_recorded_without_the_bodys_writes() {
-                let Some(pool) = pool().await else { return };
-                let runs = AtomicUsize::new(0);
-                let c = cmd(4);
-                let declined = pay(&pool, c.clone(), Then::Decline, &runs, None).await;
-                assert_eq!(declined, Err(PayError::Declined));
-                let again = pay(&pool, c.clone(), Then::Answer, &runs, None).await;
-                assert_eq!(again, Err(PayError::Declined), "the final error replays");
-                assert_eq!(runs.load(Ordering::SeqCst), 1);
-                assert_eq!(effects(&pool, &c.run).await, 0, "back to the claim's savepoint");
-            }
-
-            #[tokio::test]
-            async fn concurrent_duplicates_run_the_body_once() {
-                let Some(pool) = pool().await else { return };
-                let runs = Arc::new(AtomicUsize::new(0));
-                let c = cmd(5);
-                let calls = (0..10).map(|_| {
-                    let (pool, c, runs) = (pool.clone(), c.clone(), Arc::clone(&runs));
-                    tokio::spawn(async move { pay(&pool, c, Then::Answer, &runs, None).await })
-                });
-                let answers = futures_util::future::join_all(calls).await;
-                for answer in answers {
-                    assert_eq!(answer.expect("task"), Ok(1005));
-                }
-                assert_eq!(runs.load(Ordering::SeqCst), 1, "the body ran once");
-                assert_eq!(effects(&pool, &c.run).await, 1, "one committed effect");
-            }
-
-            #[tokio::test]
-            async fn reject_answers_in_flight_while_the_first_call_runs() {
-                let Some(pool) = pool().await else { return };
-                let runs = Arc::new(AtomicUsize::new(0));
-                let gate = Gate::default();
-                let c = cmd(6);
-                let first = {
-                    let (pool, c, runs, gate) =
-                        (pool.clone(), c.clone(), Arc::clone(&runs), gate.clone());
-                    tokio::spawn(async move { pay_or_reject(&pool, c, &runs, &gate).await })
-                };
-                gate.entered().await;
-                // A duplicate in this process is refused at once on every backend (single
-                // flight), before its claim would wait for SQLite's one writer.
-                let second = tokio::time::timeout(
-                    Duration::from_secs(10),
-                    pay_or_reject(&pool, c.clone(), &runs, &gate),
-                )
-                .await
-                .expect("reject answers at once");
-                gate.release();
-                assert_eq!(first.await.expect("task"), Ok(6));
-                assert_eq!(second, Err(PayError::Idem(ErrorKind::InFlight)));
-                assert_eq!(runs.load(Ordering::SeqCst), 1);
-                assert_eq!(effects(&pool, &c.run).await, 1);
             }
 
             /// A charge callable at the top (a pool) or nested (another call's body `db`).
@@ -414,18 +277,6 @@ macro_rules! suite {
                 let replayed = charge((&pool).into(), inner.clone(), true, &runs).await;
                 assert_eq!(replayed, Err(PayError::Declined), "the refusal was recorded with the order");
                 assert_eq!(runs.load(Ordering::SeqCst), 1);
-            }
-
-            #[tokio::test]
-            async fn a_conn_function_runs_at_the_top_on_the_pool() {
-                let Some(pool) = pool().await else { return };
-                let runs = AtomicUsize::new(0);
-                let c = cmd(4);
-                let first = charge((&pool).into(), c.clone(), false, &runs).await;
-                let again = charge((&pool).into(), c.clone(), false, &runs).await;
-                assert_eq!((first, again), (Ok(4), Ok(4)));
-                assert_eq!(runs.load(Ordering::SeqCst), 1);
-                assert_eq!(effects(&pool, &c.run).await, 1);
             }
 
             const ORDERS: idem::sqlx::StateTable =
@@ -603,24 +454,6 @@ fn server_url(name: &str) -> Option<String> {
         .map(|(_, url)| url)
 }
 
-#[idempotent(scope = "sqlx.bare", key = key)]
-async fn bare(db: &sqlx::SqlitePool, key: String) -> Result<u8, idem::Error> {
-    let _ = &mut *db;
-    Ok(1)
-}
-
-#[tokio::test]
-async fn a_missing_ledger_is_named_with_the_fix() {
-    let pool = sqlx::SqlitePool::connect(&sqlite_url("idem-sqlx-bare"))
-        .await
-        .expect("sqlite");
-    let e = bare(&pool, "k-1".into()).await.expect_err("no ledger");
-    let message = e.to_string();
-    assert!(message.contains("idem_ledger"), "{message}");
-    assert!(message.contains("create_tables"), "{message}");
-    assert!(message.contains("idem schema"), "{message}");
-}
-
 #[idempotent(scope = "sqlx.outage", key = key)]
 async fn during_outage(db: &sqlx::PgPool, key: String) -> Result<u8, idem::Error> {
     let _ = &mut *db;
@@ -688,27 +521,9 @@ async fn behind_pgbouncer_in_transaction_mode_the_store_runs_unnamed_statements(
     let Some(url) = server_url("postgres") else {
         return;
     };
-    let direct = sqlx::PgPool::connect(&url).await.expect("PostgreSQL");
-    idem::sqlx::create_tables(&direct, &[idem::sqlx::Family::Ledger])
-        .await
-        .expect("ledger");
-    if sqlx::query("SELECT 1 FROM idem_sqlx_effects WHERE 1 = 0")
-        .execute(&direct)
-        .await
-        .is_err()
-    {
-        sqlx::query("CREATE TABLE IF NOT EXISTS idem_sqlx_effects (id BIGSERIAL PRIMARY KEY, run_id VARCHAR(200) NOT NULL, label VARCHAR(255) NOT NULL, amount BIGINT NOT NULL)")
-            .execute(&direct)
-            .await
-            .expect("effects table");
-    }
-    let count = async |run: &str| -> i64 {
-        sqlx::query_scalar("SELECT COUNT(*) FROM idem_sqlx_effects WHERE run_id = $1")
-            .bind(run)
-            .fetch_one(&direct)
-            .await
-            .expect("count")
-    };
+    // The ledger and the effects table, on a direct pool.
+    let direct = postgres::pool().await.expect("PostgreSQL");
+    let count = async |run: &str| postgres::effects(&direct, run).await;
     // One server connection: every client connection's statements meet on it.
     let bouncer = PgBouncer::start(&url, 1);
     let connect = || {

@@ -228,8 +228,9 @@ pub async fn insert_effect<C: ConnectionTrait>(db: &C, run_id: &str, label: &str
     .expect("insert effect");
 }
 
-/// How many effect rows a run wrote (committed ones only: a fresh statement on the pool).
-pub async fn effects(db: &DatabaseConnection, run_id: &str) -> i64 {
+/// How many effect rows a run wrote, as `db` sees them: on the pool, the committed ones; in a
+/// transaction, its own uncommitted ones too.
+pub async fn effects<C: ConnectionTrait>(db: &C, run_id: &str) -> i64 {
     let backend = db.get_database_backend();
     let sql = placeholders(
         backend,

@@ -1,5 +1,5 @@
-//! The two stores a parametrised suite runs each case through (the lease, completer and
-//! outbox suites): SeaORM's, on the backend's connection, or sqlx's, on a pool of its own to
+//! The two stores a parametrised suite runs each case through (the behaviour, lease,
+//! completer and outbox suites): SeaORM's, on the backend's connection, or sqlx's, on a pool of its own to
 //! the same database. Each suite writes its handlers once per connection type, in modules
 //! `on_sea_orm`, `on_sqlx_sqlite`, `on_sqlx_postgres` and `on_sqlx_mysql`.
 
@@ -10,6 +10,32 @@ pub enum Conn {
     SqlxSqlite(sqlx::SqlitePool),
     SqlxPostgres(sqlx::PgPool),
     SqlxMySql(sqlx::MySqlPool),
+}
+
+impl Conn {
+    /// sqlx's store, on a pool of its own to the database of backend `backend` at `url`
+    /// (SQLite's of 4 connections). A database that cannot be reached fails the test.
+    pub async fn sqlx(backend: &str, url: &str) -> Self {
+        let failed = "sqlx connects to the test's database";
+        match backend {
+            "sqlite" => {
+                let options = sqlx::sqlite::SqlitePoolOptions::new().max_connections(4);
+                Self::SqlxSqlite(options.connect(url).await.expect(failed))
+            }
+            "postgres" => Self::SqlxPostgres(sqlx::PgPool::connect(url).await.expect(failed)),
+            _ => Self::SqlxMySql(sqlx::MySqlPool::connect(url).await.expect(failed)),
+        }
+    }
+
+    /// The name of a case through this store on backend `backend`.
+    pub fn name(&self, backend: &'static str) -> &'static str {
+        match self {
+            Self::SeaOrm => backend,
+            Self::SqlxSqlite(_) => "sqlite (sqlx)",
+            Self::SqlxPostgres(_) => "postgres (sqlx)",
+            Self::SqlxMySql(_) => "mysql (sqlx)",
+        }
+    }
 }
 
 /// Calls `handler` of the case's store (the suite's `on_*` module), with the case's
