@@ -438,10 +438,11 @@ pub mod sea_orm {
 pub mod sqlx {
     pub use idem_sqlx::{
         Backend, Bindable, ClaimedTx, Completer, Conn, ConnClaimed, ConnStore, DeadMessage,
-        ExpiredLease, Family, Nested, NestedClaim, Outbox, Relay, RelayCounters, RelayRound,
-        SqlxLeaseStore, SqlxOutbox, SqlxStore, StateConnection, StateTable, StuckLease,
+        ExpiredLease, ExpiredPurge, Family, Nested, NestedClaim, Outbox, Relay, RelayCounters,
+        RelayRound, SqlxLeaseStore, SqlxOutbox, SqlxStore, StateConnection, StateTable, StuckLease,
         create_tables, dead_messages, expired_leases, final_step, finish, outbox_health,
-        purge_published, release_lease, retry_dead, stuck_leases, through_transaction_pooler,
+        purge_expired, purge_published, release_lease, retry_dead, stuck_leases,
+        through_transaction_pooler,
     };
 }
 

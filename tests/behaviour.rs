@@ -7,11 +7,8 @@
 //! Each test counts the handler's effects in the database (through SeaORM, whichever store
 //! wrote them) and how often its body ran.
 //!
-//! SeaORM's alone: the purge (`purge_expired` and `ExpiredPurge` are SeaORM's; the sqlx store
-//! has none, so the expiry case purges the records both stores wrote with SeaORM's, and the
-//! stepped purge runs on SeaORM's records), and an earlier version's SQLite ledger (SeaORM's
-//! `create_tables` reruns SQLite's DDL, which drops the old expiry index; sqlx's skips a
-//! ledger that exists). The sqlx store's own cases (nested `Conn` calls, `StateTable`, the
+//! SeaORM's alone: an earlier version's SQLite ledger (SeaORM's `create_tables` reruns
+//! SQLite's DDL, which drops the old expiry index; sqlx's skips a ledger that exists). The sqlx store's own cases (nested `Conn` calls, `StateTable`, the
 //! schema as a sqlx migration, PgBouncer, an unreachable server) are in `tests/sqlx.rs`.
 
 mod common;
@@ -698,9 +695,10 @@ async fn a_record_that_no_longer_decodes_is_an_unreadable_answer() {
     }
 }
 
-/// The expiry is the store's claim (through each store); the purge is SeaORM's, and removes
-/// the expired records both stores wrote. Each waits out two expiries, so every case runs at
-/// once, and a backend's purge follows both of its cases.
+/// The expiry is the store's claim (through each store); the purge is the sqlx store's, and
+/// removes the expired records both stores wrote (SeaORM's purge is stepped below). Each
+/// waits out two expiries, so every case runs at once, and a backend's purge follows both of
+/// its cases.
 #[tokio::test]
 async fn an_expired_key_executes_anew_and_purge_removes_it() {
     let cases = cases().await;
@@ -722,8 +720,13 @@ async fn an_expired_key_executes_anew_and_purge_removes_it() {
         .await;
         tokio::time::sleep(Duration::from_millis(1300)).await;
         let db = &backend[0].db;
-        let deleted = idem::sea_orm::purge_expired(db, 2).await.expect("purge");
-        assert!(deleted >= 1, "{}", backend[0]);
+        let deleted = match &backend[1].conn {
+            Conn::SeaOrm => idem::sea_orm::purge_expired(db, 2).await,
+            Conn::SqlxSqlite(pool) => idem::sqlx::purge_expired(pool, 2).await,
+            Conn::SqlxPostgres(pool) => idem::sqlx::purge_expired(pool, 2).await,
+            Conn::SqlxMySql(pool) => idem::sqlx::purge_expired(pool, 2).await,
+        };
+        assert!(deleted.expect("purge") >= 2, "{}", backend[1]);
         for (t, (run, live)) in backend.iter().zip(runs) {
             assert_purged(db, t.name, &run, &live).await;
         }
@@ -742,38 +745,43 @@ async fn assert_purged(db: &DatabaseConnection, backend: &str, expired: &str, li
     assert_eq!(ledger_rows(db, &live_key).await, 1, "{backend}: {live}");
 }
 
-/// SeaORM's alone: `ExpiredPurge` is SeaORM's API.
+/// Each store's `ExpiredPurge`, a step at a time, on the records its own calls wrote.
 #[tokio::test]
 async fn a_stepped_purge_removes_every_expired_record_and_no_live_one() {
-    use on_sea_orm::{pay, short_lived};
-    for b in backends().await {
+    for t in cases().await {
         let run = unique("sweep");
         let name = |kind: &str, i: usize| format!("{run}-{kind}{i}");
         for i in 0..12 {
-            short_lived(&b.db, Pay::new(&name("e", i), 1))
-                .await
-                .expect("short-lived");
-            pay(&b.db, Pay::new(&name("l", i), 1)).await.expect("live");
+            call!(t, short_lived(Pay::new(&name("e", i), 1))).expect("short-lived");
+            call!(t, pay(Pay::new(&name("l", i), 1))).expect("live");
         }
         tokio::time::sleep(Duration::from_millis(1300)).await;
-        let mut purge = idem::sea_orm::ExpiredPurge::new();
+        let (mut sea_orm, mut sqlx) = (
+            idem::sea_orm::ExpiredPurge::new(),
+            idem::sqlx::ExpiredPurge::new(),
+        );
+        let mut step = async || match &t.conn {
+            Conn::SeaOrm => sea_orm.step(&t.db, 3).await,
+            Conn::SqlxSqlite(pool) => sqlx.step(pool, 3).await,
+            Conn::SqlxPostgres(pool) => sqlx.step(pool, 3).await,
+            Conn::SqlxMySql(pool) => sqlx.step(pool, 3).await,
+        };
         let mut steps = 0;
-        while purge.step(&b.db, 3).await.expect("step").is_some() {
+        while step().await.expect("step").is_some() {
             steps += 1;
         }
-        assert!(purge.is_finished(), "{}", b.name);
+        assert_eq!(step().await.expect("after"), None, "{t}");
+        let (finished, deleted) = match t.conn {
+            Conn::SeaOrm => (sea_orm.is_finished(), sea_orm.deleted()),
+            _ => (sqlx.is_finished(), sqlx.deleted()),
+        };
+        assert!(finished, "{t}");
         // Three rows per statement: twelve expired records need at least four statements.
-        assert!(steps >= 4, "{}: {steps} steps", b.name);
-        assert!(purge.deleted() >= 12, "{}: {}", b.name, purge.deleted());
+        assert!(steps >= 4, "{t}: {steps} steps");
+        assert!(deleted >= 12, "{t}: {deleted}");
         for i in 0..12 {
-            assert_purged(&b.db, b.name, &name("e", i), &name("l", i)).await;
+            assert_purged(&t.db, t.name, &name("e", i), &name("l", i)).await;
         }
-        assert_eq!(
-            purge.step(&b.db, 3).await.expect("after"),
-            None,
-            "{}",
-            b.name
-        );
     }
 }
 

@@ -55,7 +55,9 @@ pub use lease::{
     StuckLease, claim_lease, complete, completion, fence, record_final_step, record_step, settled,
     write_grouped,
 };
-pub use ledger::{Ledger, NewRecord, Purge, PurgeByIndex, PurgeSweep};
+pub use ledger::{
+    ExpiredPurge, Ledger, NewRecord, Purge, PurgeByIndex, PurgeConnection, PurgeSweep,
+};
 pub use names::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
 };

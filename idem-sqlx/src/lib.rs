@@ -29,6 +29,7 @@
 mod atomic;
 mod completer;
 mod driver;
+mod expiry;
 mod lease;
 mod nested;
 mod outbox;
@@ -39,6 +40,7 @@ pub use atomic::{ClaimedTx, SqlxStore};
 pub use completer::Completer;
 pub use driver::Backend;
 pub use driver::pooler::through_transaction_pooler;
+pub use expiry::{ExpiredPurge, purge_expired};
 pub use idem_sql::Family;
 pub use idem_sql::{ExpiredLease, StuckLease};
 pub use lease::{SqlxLeaseStore, expired_leases, final_step, finish, release_lease, stuck_leases};

@@ -9,7 +9,7 @@ use sea_orm::{DatabaseConnection, DbBackend, Statement, Value};
 
 pub(crate) use idem_sql::names::ALL_TABLES;
 pub(crate) use idem_sql::{
-    Bound, Dialect, NewDeadLetter, NewMessage, NewRecord, Param, Purge, Sql, millis,
+    Bound, Dialect, NewDeadLetter, NewMessage, NewRecord, Param, Sql, millis,
 };
 pub use idem_sql::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,

@@ -441,31 +441,6 @@ pub async fn expired_leases<C: ConnectionTrait>(
     .await
 }
 
-/// Deletes the steps and stored calls whose record no longer exists (deleted by hand, or by the
-/// purge of versions that purged unfinished calls). `purge_expired` only deletes records
-/// with neither, so this finds nothing in a ledger it alone purged. The steps table only
-/// holds calls in progress, so this stays small.
-pub(crate) async fn purge_orphaned_steps<C: ConnectionTrait>(
-    db: &C,
-    steps_table: bool,
-    calls_table: bool,
-) -> Result<u64, Error> {
-    let sql = crate::driver::of(db.get_database_backend());
-    let mut purged = 0;
-    let orphans = [
-        steps_table.then(|| sql.lease.purge_orphaned_steps()),
-        calls_table.then(|| sql.completer.purge_orphaned_calls()),
-    ];
-    for orphans in orphans.into_iter().flatten() {
-        purged += db
-            .execute_raw(statement(sql, orphans))
-            .await
-            .map(|r| r.rows_affected())
-            .map_err(|e| store_error("purging the steps and calls of purged records", e))?;
-    }
-    Ok(purged)
-}
-
 /// Ends the lease of the call in progress under record `id` by hand (`idem release`), fenced:
 /// the lease's token goes up by one, as a takeover's would, and the lease ends now. The holder,
 /// if it still runs, is refused its next step, renewal and completion

@@ -2,11 +2,11 @@
 //! batches, never a call not finished.
 
 use idem_core::Error;
-use sea_orm::ConnectionTrait;
+use idem_sql::PurgeConnection;
+use sea_orm::{ConnectionTrait, DbErr};
 
 use crate::driver::error::store_error;
-use crate::driver::{Bound, Purge, statement};
-use crate::{CALLS_TABLE, STEPS_TABLE, inspect, lease};
+use crate::driver::{Bound, statement};
 
 /// A purge of expired records, one bounded statement at a time. [`purge_expired`] runs one to
 /// the end; step one yourself to pace it your own way.
@@ -37,15 +37,7 @@ use crate::{CALLS_TABLE, STEPS_TABLE, inspect, lease};
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(run()).unwrap();
 /// ```
 #[derive(Debug, Default, Clone)]
-pub struct ExpiredPurge {
-    /// SQLite: the last key a step examined (empty before the first step: below every key).
-    after: Vec<u8>,
-    /// Which of the steps and calls tables exist, learnt at the first step: a schema of
-    /// atomic calls has the ledger alone (`idem schema --only ledger`).
-    tables: Option<OptionalTables>,
-    finished: bool,
-    deleted: u64,
-}
+pub struct ExpiredPurge(idem_sql::ExpiredPurge);
 
 impl ExpiredPurge {
     /// A purge that has not started.
@@ -55,13 +47,13 @@ impl ExpiredPurge {
 
     /// Records deleted so far.
     pub fn deleted(&self) -> u64 {
-        self.deleted
+        self.0.deleted()
     }
 
     /// Whether the purge has finished: every record that had ended and expired when it
     /// started is gone.
     pub fn is_finished(&self) -> bool {
-        self.finished
+        self.0.is_finished()
     }
 
     /// Runs one statement (`batch` rows at most, at least 1) and returns the records it
@@ -72,74 +64,36 @@ impl ExpiredPurge {
         db: &C,
         batch: u32,
     ) -> Result<Option<u64>, Error> {
-        if self.finished {
-            return Ok(None);
-        }
-        let batch = batch.max(1);
-        let d = crate::driver::of(db.get_database_backend());
-        let tables = match self.tables {
-            Some(tables) => tables,
-            None => *self.tables.insert(OptionalTables::of(db).await?),
-        };
-        let delete = |bound: Bound<'static>| {
-            let delete = statement(d, bound);
-            async move {
-                db.execute_raw(delete)
-                    .await
-                    .map(|done| done.rows_affected())
-                    .map_err(|e| store_error("purging expired records", e))
-            }
-        };
-        let deleted = match d.ledger.purge(tables.calls) {
-            Purge::ByIndex(purge) => {
-                let deleted = delete(purge.delete(i64::from(batch))).await?;
-                self.finished = deleted < u64::from(batch);
-                deleted
-            }
-            Purge::Sweep(sweep) => {
-                let last = db
-                    .query_one_raw(statement(d, sweep.bound(&self.after, i64::from(batch - 1))))
-                    .await
-                    .and_then(|row| {
-                        row.map(|row| row.try_get_by_index::<Vec<u8>>(0))
-                            .transpose()
-                    })
-                    .map_err(|e| store_error("finding the next records to purge", e))?;
-                match last {
-                    Some(last) => {
-                        let deleted = delete(sweep.delete(&self.after, &last)).await?;
-                        self.after = last;
-                        deleted
-                    }
-                    None => {
-                        self.finished = true;
-                        delete(sweep.delete_rest(&self.after)).await?
-                    }
-                }
-            }
-        };
-        self.deleted += deleted;
-        if self.finished {
-            lease::purge_orphaned_steps(db, tables.steps, tables.calls).await?;
-        }
-        Ok(Some(deleted))
+        let sql = crate::driver::of(db.get_database_backend());
+        self.0
+            .step(&mut OnSeaOrm(db), sql, batch)
+            .await
+            .map_err(|(doing, e)| store_error(doing, e))
     }
 }
 
-/// Which of the tables that only some features use exist.
-#[derive(Debug, Clone, Copy)]
-struct OptionalTables {
-    steps: bool,
-    calls: bool,
-}
+/// A SeaORM connection as the purge runs statements on it.
+struct OnSeaOrm<'c, C>(&'c C);
 
-impl OptionalTables {
-    async fn of<C: ConnectionTrait>(db: &C) -> Result<Self, Error> {
-        let missing = inspect::missing_tables(db).await?;
-        Ok(Self {
-            steps: !missing.contains(&STEPS_TABLE),
-            calls: !missing.contains(&CALLS_TABLE),
-        })
+impl<C: ConnectionTrait> PurgeConnection for OnSeaOrm<'_, C> {
+    type Error = DbErr;
+
+    async fn execute(&mut self, bound: Bound<'static>) -> Result<u64, DbErr> {
+        let sql = crate::driver::of(self.0.get_database_backend());
+        let done = self.0.execute_raw(statement(sql, bound)).await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn fetch_key(&mut self, bound: Bound<'static>) -> Result<Option<Vec<u8>>, DbErr> {
+        let sql = crate::driver::of(self.0.get_database_backend());
+        let row = self.0.query_one_raw(statement(sql, bound)).await?;
+        row.map(|row| row.try_get_by_index(0)).transpose()
+    }
+
+    async fn fetch_texts(&mut self, bound: Bound<'static>) -> Result<Vec<String>, DbErr> {
+        let sql = crate::driver::of(self.0.get_database_backend());
+        let rows = self.0.query_all_raw(statement(sql, bound)).await?;
+        rows.iter().map(|row| row.try_get_by_index(0)).collect()
     }
 }
 
@@ -153,15 +107,11 @@ impl OptionalTables {
 /// claims queue behind at most one batch. Small batches keep that wait short (the benchmark's
 /// P7: about 150 rows per statement on PostgreSQL keep a statement near 2 ms).
 pub async fn purge_expired<C: ConnectionTrait>(db: &C, batch: u32) -> Result<u64, Error> {
-    let mut purge = ExpiredPurge::new();
-    loop {
-        let started = std::time::Instant::now();
-        purge.step(db, batch).await?;
-        if purge.is_finished() {
-            return Ok(purge.deleted());
-        }
-        tokio::time::sleep(started.elapsed()).await;
-    }
+    let sql = crate::driver::of(db.get_database_backend());
+    idem_sql::ExpiredPurge::new()
+        .run(&mut OnSeaOrm(db), sql, batch)
+        .await
+        .map_err(|(doing, e)| store_error(doing, e))
 }
 
 /// The database's clock, in milliseconds since the Unix epoch (what expiry is measured on).

@@ -119,6 +119,15 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         named: bool,
     ) -> Step<'c, Option<i64>>;
 
+    /// Runs `statement` and reads the one bytes column of the row it returns, if any (the
+    /// purge's next key).
+    #[doc(hidden)]
+    fn fetch_key<'c>(
+        conn: &'c mut Self::Connection,
+        statement: Bound<'static>,
+        named: bool,
+    ) -> Step<'c, Option<Vec<u8>>>;
+
     /// Runs `statement` and reads each row's `scope, count`.
     #[doc(hidden)]
     fn fetch_counts<'c>(
@@ -316,6 +325,19 @@ macro_rules! backend {
                     let query = query::<Self>(statement, named);
                     let row = query.fetch_optional(&mut *conn).await?;
                     Ok(row.map(|row| row.try_get(0)).transpose()?.flatten())
+                })
+            }
+
+            fn fetch_key<'c>(
+                conn: &'c mut Self::Connection,
+                statement: Bound<'static>,
+                named: bool,
+            ) -> Step<'c, Option<Vec<u8>>> {
+                Box::pin(async move {
+                    use sqlx::Row as _;
+                    let query = query::<Self>(statement, named);
+                    let row = query.fetch_optional(&mut *conn).await?;
+                    row.map(|row| row.try_get(0)).transpose()
                 })
             }
 

@@ -1,5 +1,9 @@
 //! The ledger: one row per key, claimed, taken over, recorded, purged.
 
+mod expiry;
+
+pub use expiry::{ExpiredPurge, PurgeConnection};
+
 use crate::statement::render::{render, upsert};
 use crate::{Bound, Dialect, Param, Tables};
 
