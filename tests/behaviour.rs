@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::pgbouncer::PgBouncer;
 use common::stores::{Conn, call};
 use common::{Gate, backends, effects, insert_effect, ledger_rows, unique};
 use idem::{ErrorKind, FinalError, Outcome, idempotent, with_outcome};
@@ -329,6 +330,9 @@ macro_rules! sqlx_handlers {
             .bind(run)
             .bind(label)
             .bind(amount)
+            // Unnamed, as a body's own statements must be behind a transaction pooler (the
+            // PgBouncer case): a named one would meet another client's on a server connection.
+            .persistent(false)
             .execute(&mut *db)
             .await
             .expect("insert effect in the claim's transaction"),
@@ -337,6 +341,7 @@ macro_rules! sqlx_handlers {
                 $p1
             ))
             .bind(run)
+            .persistent(false)
             .fetch_one(&mut *db)
             .await
             .expect("count effects in the claim's transaction"),
@@ -353,8 +358,13 @@ sqlx_handlers!(on_sqlx_mysql, sqlx::MySql, "?", "?, ?, ?");
 #[derive(Clone)]
 struct Case {
     name: &'static str,
+    /// The backend's name: its cases run side by side.
+    backend: &'static str,
     db: DatabaseConnection,
     conn: Conn,
+    /// The PgBouncer the case's pool goes through, kept running while the case lives.
+    #[allow(dead_code)] // held, not read
+    pooler: Option<Arc<PgBouncer>>,
 }
 
 impl std::fmt::Display for Case {
@@ -375,15 +385,42 @@ impl Case {
     }
 }
 
-/// Every backend of the run through each store, a backend's two cases side by side (in
-/// `chunks(2)`): SeaORM's, then sqlx's on a pool of its own.
+/// Every backend of the run through each store, a backend's cases side by side: SeaORM's,
+/// then sqlx's on a pool of its own, and on PostgreSQL sqlx's again through a PgBouncer of
+/// the case's own in transaction mode (SeaORM's store cannot run there: it always names its
+/// statements).
 async fn cases() -> Vec<Case> {
     let mut cases = Vec::new();
     for b in backends().await {
         let sqlx = Conn::sqlx(b.name, &b.url).await;
         for conn in [Conn::SeaOrm, sqlx] {
             let (name, db) = (conn.name(b.name), b.db.clone());
-            cases.push(Case { name, db, conn });
+            let (backend, pooler) = (b.name, None);
+            cases.push(Case {
+                name,
+                backend,
+                db,
+                conn,
+                pooler,
+            });
+        }
+        if b.name == "postgres" {
+            // One server connection for up to 8 clients: every client's statements meet on it,
+            // where named ones would collide.
+            let bouncer = PgBouncer::start(&b.url, 1);
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(8)
+                .connect(&bouncer.url)
+                .await
+                .expect("PostgreSQL through PgBouncer");
+            idem::sqlx::through_transaction_pooler(&pool);
+            cases.push(Case {
+                name: "postgres (sqlx, PgBouncer)",
+                backend: b.name,
+                db: b.db.clone(),
+                conn: Conn::SqlxPostgres(pool),
+                pooler: Some(Arc::new(bouncer)),
+            });
         }
     }
     cases
@@ -397,8 +434,10 @@ async fn bare_cases() -> Vec<Case> {
     let sqlx = Conn::sqlx("sqlite", "sqlite::memory:").await;
     let case = |conn: Conn| Case {
         name: conn.name("sqlite"),
+        backend: "sqlite",
         db: db.clone(),
         conn,
+        pooler: None,
     };
     vec![case(Conn::SeaOrm), case(sqlx)]
 }
@@ -701,8 +740,10 @@ async fn a_record_that_no_longer_decodes_is_an_unreadable_answer() {
 /// its cases.
 #[tokio::test]
 async fn an_expired_key_executes_anew_and_purge_removes_it() {
+    let _alone = PURGES.lock().await;
     let cases = cases().await;
-    futures_util::future::join_all(cases.chunks(2).map(|backend| async move {
+    let backends = cases.chunk_by(|a, b| a.backend == b.backend);
+    futures_util::future::join_all(backends.map(|backend| async move {
         let runs = futures_util::future::join_all(backend.iter().map(|t| async move {
             let run = unique("expiry");
             let first = call!(t, short_lived(Pay::new(&run, 1))).expect("first");
@@ -734,6 +775,10 @@ async fn an_expired_key_executes_anew_and_purge_removes_it() {
     .await;
 }
 
+/// Held by a test that purges: a purge deletes every expired record, whichever test wrote it,
+/// so the counts of another purge's test would come out short.
+static PURGES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The record of run `expired` is gone, the record of run `live` is still there.
 async fn assert_purged(db: &DatabaseConnection, backend: &str, expired: &str, live: &str) {
     let (expired_key, live_key) = (format!("{expired}-key"), format!("{live}-key"));
@@ -748,6 +793,7 @@ async fn assert_purged(db: &DatabaseConnection, backend: &str, expired: &str, li
 /// Each store's `ExpiredPurge`, a step at a time, on the records its own calls wrote.
 #[tokio::test]
 async fn a_stepped_purge_removes_every_expired_record_and_no_live_one() {
+    let _alone = PURGES.lock().await;
     for t in cases().await {
         let run = unique("sweep");
         let name = |kind: &str, i: usize| format!("{run}-{kind}{i}");
