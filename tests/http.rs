@@ -450,7 +450,20 @@ async fn fifty_concurrent_pays_over_a_real_socket_make_one_payment() {
                 async move { raw_post(addr, &path, &key, r#"{"amount_cents":1200}"#).await },
             );
         }
-        let answers = tasks.join_all().await;
+        let mut answers = tasks.join_all().await;
+        // A 503 says nothing was done and to retry (on Galera, a request whose tries all
+        // deadlocked with other tests' transactions; seen once in 2 CI runs): the client
+        // retries, and must then get the one payment like everybody else.
+        for answer in answers.iter_mut() {
+            for _ in 0..5 {
+                if answer.0 != 503 {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                let path = format!("/orders/{id}/pay");
+                *answer = raw_post(addr, &path, &key, r#"{"amount_cents":1200}"#).await;
+            }
+        }
         assert!(
             answers.iter().all(|(status, _, _)| *status == 200),
             "{name}: {answers:?}"
