@@ -648,6 +648,23 @@ mod tests {
         }
     }
 
+    /// Runs `body` as a lease-mode call of `site` on a [`DeadNode`] whose release takes 2 s:
+    /// its answer, when the call started, and whether the release has run.
+    async fn on_a_dead_node(
+        site: &'static Site,
+        body: impl AsyncFnOnce() -> Result<u8, Error>,
+    ) -> (Result<u8, Error>, Instant, Arc<AtomicBool>) {
+        let released = Arc::new(AtomicBool::new(false));
+        let store = DeadNode {
+            inner: MemoryStore::new(),
+            released: Arc::clone(&released),
+        };
+        let started = Instant::now();
+        let call = Call::new(site, Key::new("k-1"));
+        let answer = run_lease(Arc::new(store), call, Duration::from_secs(30), None, body).await;
+        (answer, started, released)
+    }
+
     /// A step that found the store unreachable answers at once; the lease's release, which
     /// would wait the connection bound out again, runs behind the answer.
     #[tokio::test]
@@ -657,19 +674,9 @@ mod tests {
             Duration::from_secs(60),
             Concurrency::Reject,
         );
-        let released = Arc::new(AtomicBool::new(false));
-        let store = DeadNode {
-            inner: MemoryStore::new(),
-            released: Arc::clone(&released),
-        };
-        let started = Instant::now();
-        let answer: Result<u8, Error> = run_lease(
-            Arc::new(store),
-            Call::new(&SITE, Key::new("k-1")),
-            Duration::from_secs(30),
-            None,
-            async || step("charge", |_key| async { Ok::<u8, Error>(1) }).await,
-        )
+        let (answer, started, released) = on_a_dead_node(&SITE, async || {
+            step("charge", |_key| async { Ok::<u8, Error>(1) }).await
+        })
         .await;
         assert_eq!(
             answer.expect_err("unreachable").kind(),
@@ -697,25 +704,13 @@ mod tests {
             Duration::from_secs(60),
             Concurrency::Reject,
         );
-        let released = Arc::new(AtomicBool::new(false));
-        let store = DeadNode {
-            inner: MemoryStore::new(),
-            released: Arc::clone(&released),
-        };
-        let started = Instant::now();
-        let answer: Result<u8, Error> = run_lease(
-            Arc::new(store),
-            Call::new(&SITE, Key::new("k-1")),
-            Duration::from_secs(30),
-            None,
-            async || {
-                let lease = LeaseHandle::current("a final phase")?;
-                Err(lease.store_failed(Error::Unavailable {
-                    message: "no connection within the bound".to_owned(),
-                    retry_after: Duration::from_secs(1),
-                }))
-            },
-        )
+        let (answer, started, released) = on_a_dead_node(&SITE, async || {
+            let lease = LeaseHandle::current("a final phase")?;
+            Err(lease.store_failed(Error::Unavailable {
+                message: "no connection within the bound".to_owned(),
+                retry_after: Duration::from_secs(1),
+            }))
+        })
         .await;
         assert_eq!(
             answer.expect_err("unreachable").kind(),

@@ -43,8 +43,7 @@ impl<DB: Backend> GroupCommit for OnSqlx<DB> {
     type Tx = (Transaction<'static, DB>, bool);
 
     async fn apply(&self, write: LeaseWrite) -> Result<LeaseWritten, sqlx::Error> {
-        let mut conn = self.0.acquire().await?;
-        apply::<DB>(&mut conn, write, named(&self.0)).await
+        apply_alone(&self.0, write).await
     }
 
     async fn begin(&self) -> Result<Self::Tx, sqlx::Error> {
@@ -73,9 +72,17 @@ pub(super) async fn write<DB: Backend>(
     pool: &Pool<DB>,
     write: LeaseWrite,
 ) -> Result<LeaseWritten, sqlx::Error> {
-    let store = OnSqlx(pool.clone());
     if DB::DIALECT != Dialect::Sqlite {
-        return store.apply(write).await;
+        return apply_alone(pool, write).await;
     }
-    idem_sql::write_grouped(&store, identity(pool), write).await
+    idem_sql::write_grouped(&OnSqlx(pool.clone()), identity(pool), write).await
+}
+
+/// `write` on a connection of `pool`, on its own.
+async fn apply_alone<DB: Backend>(
+    pool: &Pool<DB>,
+    write: LeaseWrite,
+) -> Result<LeaseWritten, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    apply::<DB>(&mut conn, write, named(pool)).await
 }
