@@ -60,7 +60,6 @@ pub mod __private {
     pub use crate::atomic::run;
     pub use crate::call::handler::{
         FinalProbe, HandlerOutput, Rerun, RerunProbe, ViaClone, ViaFinal, ViaMove, ViaPlain,
-        not_rerunnable,
     };
     pub use crate::call::{Call, Site};
     pub use crate::declared;

@@ -22,12 +22,10 @@ pub(crate) struct Args {
     pub(crate) lease_ms: Option<u64>,
     /// `resumable`: the call's arguments are stored with its claim, so a completer can
     /// finish it (lease mode only).
-    pub(crate) resumable: Option<Span>,
+    pub(crate) resumable: bool,
     /// `deadline = "5m"`: how long a lease-mode call's body may run in all, in milliseconds
     /// (the engine's default, a multiple of the lease, when `None`).
     pub(crate) deadline_ms: Option<u64>,
-    /// Where `deadline` was written: atomic mode refuses it.
-    deadline_span: Option<Span>,
     pub(crate) conn: Option<Conn>,
     pub(crate) krate: Option<Path>,
     /// `answer_version = N`: the version the answer type writes (`idem::Versioned::VERSION`),
@@ -54,30 +52,13 @@ pub(crate) enum Conn {
     Expr { expr: Expr, binding: Ident },
 }
 
-/// One argument: its name, the names people reach for instead (they get a "did you mean"),
-/// and how its value, everything after the name, parses into `Args` with its own checks.
-struct Argument {
-    name: &'static str,
-    mistaken_for: &'static [&'static str],
-    parse: fn(ParseStream<'_>, &mut Args) -> syn::Result<()>,
-}
+/// How an argument's value, everything after its name, parses into `Args` with its own checks.
+type ParseValue = fn(ParseStream<'_>, &mut Args) -> syn::Result<()>;
 
-/// An `Argument`: in the table, a call reads shorter than a struct literal.
-const fn arg(
-    name: &'static str,
-    mistaken_for: &'static [&'static str],
-    parse: fn(ParseStream<'_>, &mut Args) -> syn::Result<()>,
-) -> Argument {
-    Argument {
-        name,
-        mistaken_for,
-        parse,
-    }
-}
-
-/// Every argument, in the order the docs list them.
-const ARGUMENTS: &[Argument] = &[
-    arg("scope", &["name", "operation"], |input, args| {
+/// Every argument, in the order the docs list them: its name, the names people reach for
+/// instead (they get a "did you mean"), and its value's parser.
+const ARGUMENTS: &[(&str, &[&str], ParseValue)] = &[
+    ("scope", &["name", "operation"], |input, args| {
         let hint = "`scope` takes a string literal, e.g. `scope = \"orders.pay\"`";
         let scope = string(value(input)?, hint)?;
         let text = scope.value();
@@ -94,28 +75,28 @@ const ARGUMENTS: &[Argument] = &[
         let message = format!("`scope` {problem}; name the operation, e.g. \"orders.pay\"");
         Err(syn::Error::new(scope.span(), message))
     }),
-    arg("key", &["idempotency_key"], |input, args| {
+    ("key", &["idempotency_key"], |input, args| {
         args.key = value(input)?.parse()?;
         Ok(())
     }),
-    arg("principal", &["tenant", "user"], |input, args| {
+    ("principal", &["tenant", "user"], |input, args| {
         args.principal = Some(value(input)?.parse()?);
         Ok(())
     }),
-    arg("skip", &["exclude", "ignore"], |input, args| {
+    ("skip", &["exclude", "ignore"], |input, args| {
         let names;
         syn::parenthesized!(names in input);
         args.skip = Vec::from_iter(names.parse_terminated(Ident::parse, Token![,])?);
         Ok(())
     }),
-    arg("ttl", &["expiry", "expires"], |input, args| {
+    ("ttl", &["expiry", "expires"], |input, args| {
         let hint = "`ttl` takes a string literal, e.g. `ttl = \"24h\"`";
         let ttl = string(value(input)?, hint)?;
         let zero = "a record that expires at once deduplicates nothing";
         args.ttl_ms = duration_ms(&ttl, "ttl", zero)?;
         Ok(())
     }),
-    arg(
+    (
         "on_concurrent",
         &["concurrency", "on_conflict"],
         |input, args| {
@@ -144,7 +125,7 @@ const ARGUMENTS: &[Argument] = &[
             Ok(())
         },
     ),
-    arg("lease", &["mode", "lease_ms"], |input, args| {
+    ("lease", &["mode", "lease_ms"], |input, args| {
         if !input.peek(Token![=]) {
             args.lease_ms = Some(30_000); // `lease` alone
             return Ok(());
@@ -156,26 +137,25 @@ const ARGUMENTS: &[Argument] = &[
         args.lease_ms = Some(duration_ms(&lease, "lease", zero)?);
         Ok(())
     }),
-    arg("deadline", &["timeout", "max_duration"], |input, args| {
+    ("deadline", &["timeout", "max_duration"], |input, args| {
         let hint = "`deadline` takes a duration string, e.g. `deadline = \"5m\"`";
         let deadline = string(value(input)?, hint)?;
         let zero = "a zero deadline stops the body before it starts; give the longest a call may take in all, e.g. `deadline = \"5m\"`";
         args.deadline_ms = Some(duration_ms(&deadline, "deadline", zero)?);
         Ok(())
     }),
-    arg(
+    (
         "resumable",
         &["resume", "durable", "complete"],
         |input, args| {
             if input.peek(Token![=]) {
                 return Err(input.error("`resumable` takes no value: write `resumable`"));
             }
-            // Where the word is written is set by `parse`, which sees the name's span.
-            args.resumable = Some(Span::call_site());
+            args.resumable = true;
             Ok(())
         },
     ),
-    arg(
+    (
         "answer_version",
         &["version", "answer", "versioned", "answers"],
         |input, args| {
@@ -197,11 +177,11 @@ const ARGUMENTS: &[Argument] = &[
             Ok(())
         },
     ),
-    arg("conn", &["db", "store", "connection"], |input, args| {
+    ("conn", &["db", "store", "connection"], |input, args| {
         args.conn = Some(conn(value(input)?.parse()?)?);
         Ok(())
     }),
-    arg("crate", &["krate"], |input, args| {
+    ("crate", &["krate"], |input, args| {
         let hint = "`crate` takes a path as a string, e.g. `crate = \"::my_app::idem\"`";
         let krate = string(value(input)?, hint)?;
         let text = krate.value();
@@ -224,39 +204,29 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Vec<syn::Error>) -> Option<A
         ttl_ms: 24 * 3_600_000,
         policy: Policy::Wait { bound_ms: None },
         lease_ms: None,
-        resumable: None,
+        resumable: false,
         deadline_ms: None,
-        deadline_span: None,
         conn: None,
         krate: None,
         answer_version: None,
         bare_wait: None,
     };
-    let mut given: Vec<&str> = Vec::new();
+    // Each argument given, and where its name is written.
+    let mut given: Vec<(&str, Span)> = Vec::new();
     let each_argument = syn::meta::parser(|meta| {
-        let Some(&Argument { name, parse, .. }) =
-            ARGUMENTS.iter().find(|a| meta.path.is_ident(a.name))
-        else {
+        let Some(&(name, _, parse)) = ARGUMENTS.iter().find(|a| meta.path.is_ident(a.0)) else {
             errors.push(unknown_argument(&meta));
             return skip_value(meta.input);
         };
-        if given.contains(&name) {
+        if given.iter().any(|(seen, _)| *seen == name) {
             errors.push(meta.error(format!("duplicate argument `{name}`; give it once")));
         }
-        given.push(name);
+        given.push((name, meta.path.span()));
         // The value parses in a fork, so a mistake inside its brackets is not reported again
         // as an unparsed token when the whole list ends.
         let speculative = meta.input.fork();
         match parse(&speculative, &mut args) {
-            Ok(()) => {
-                meta.input.advance_to(&speculative);
-                if name == "resumable" {
-                    args.resumable = Some(meta.path.span());
-                }
-                if name == "deadline" {
-                    args.deadline_span = Some(meta.path.span());
-                }
-            }
+            Ok(()) => meta.input.advance_to(&speculative),
             Err(error) => {
                 errors.push(error);
                 skip_value(meta.input)?;
@@ -269,25 +239,38 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Vec<syn::Error>) -> Option<A
         return None;
     }
 
+    let at = |name| {
+        given
+            .iter()
+            .find(|(seen, _)| *seen == name)
+            .map(|&(_, span)| span)
+    };
     let example = "#[idempotent(scope = \"orders.pay\", key = cmd.idempotency_key)]";
     for (name, fix) in [
         ("scope", "name the operation"),
         ("key", "say where the idempotency key comes from"),
     ] {
-        if !given.contains(&name) {
+        if at(name).is_none() {
             let message = format!("missing `{name}`: {fix}, e.g. `{example}`");
             errors.push(syn::Error::new(Span::call_site(), message));
         }
     }
-    if let (Some(span), None) = (args.resumable, args.lease_ms) {
-        let message = "`resumable` needs lease mode: add `lease = \"30s\"` (an atomic-mode call needs no completer: a crash rolls it back)";
-        errors.push(syn::Error::new(span, message));
+    for (name, why) in [
+        (
+            "resumable",
+            "an atomic-mode call needs no completer: a crash rolls it back",
+        ),
+        (
+            "deadline",
+            "an atomic-mode call holds a transaction; bound it with the database's statement timeout",
+        ),
+    ] {
+        if let (Some(span), None) = (at(name), args.lease_ms) {
+            let message = format!("`{name}` needs lease mode: add `lease = \"30s\"` ({why})");
+            errors.push(syn::Error::new(span, message));
+        }
     }
-    if let (Some(span), None) = (args.deadline_span, args.lease_ms) {
-        let message = "`deadline` needs lease mode: add `lease = \"30s\"` (an atomic-mode call holds a transaction; bound it with the database's statement timeout)";
-        errors.push(syn::Error::new(span, message));
-    }
-    if given.contains(&"lease") {
+    if at("lease").is_some() {
         if let Some(span) = args.bare_wait {
             let message = "in lease mode a duplicate cannot wait on the claim's lock (the claim has committed); \
                  use `reject` (the default: `InFlight` with Retry-After until the lease ends) or \
@@ -295,7 +278,7 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Vec<syn::Error>) -> Option<A
             errors.push(syn::Error::new(span, message));
         }
         // Lease mode answers a duplicate at once by default: its claim is no lock to wait on.
-        if !given.contains(&"on_concurrent") {
+        if at("on_concurrent").is_none() {
             args.policy = Policy::Reject;
         }
     }
@@ -327,11 +310,11 @@ fn unknown_argument(meta: &ParseNestedMeta<'_>) -> syn::Error {
     let name = meta.path.to_token_stream().to_string().replace(' ', "");
     let hint = ARGUMENTS
         .iter()
-        .find(|a| a.mistaken_for.contains(&name.as_str()))
-        .or_else(|| ARGUMENTS.iter().find(|a| edit_distance(a.name, &name) <= 2))
-        .map(|a| format!(" (did you mean `{}`?)", a.name))
+        .find(|(_, mistaken_for, _)| mistaken_for.contains(&name.as_str()))
+        .or_else(|| ARGUMENTS.iter().find(|a| edit_distance(a.0, &name) <= 2))
+        .map(|a| format!(" (did you mean `{}`?)", a.0))
         .unwrap_or_default();
-    let all = crate::code_list(ARGUMENTS.iter().map(|a| a.name));
+    let all = crate::code_list(ARGUMENTS.iter().map(|a| a.0));
     let message = format!("unknown argument `{name}`{hint}; expected one of {all}");
     meta.error(message)
 }

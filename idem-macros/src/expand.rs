@@ -4,40 +4,29 @@
 //! go through its connection traits (`IntoStore`, `IntoLeaseStore`).
 
 use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
-use quote::{ToTokens, quote, quote_spanned};
+use quote::{ToTokens, format_ident, quote, quote_spanned};
+use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::visit::Visit;
-use syn::{Expr, FnArg, Ident, ItemFn, Pat, ReturnType, Signature, Type};
+use syn::{Expr, FnArg, Ident, ItemFn, LitStr, Pat, ReturnType, Signature, Type};
 
 use crate::args::{Args, Conn, Policy};
-
-/// A name that goes into the fingerprint, and where its parameter's type is.
-struct Fingerprinted {
-    name: Ident,
-    ty: Range,
-}
 
 /// What the checks found out about the signature.
 struct Plan {
     conn_expr: TokenStream,
     conn_binding: Ident,
-    fingerprinted: Vec<Fingerprinted>,
+    /// The names that go into the fingerprint, each with where its parameter's type is.
+    fingerprinted: Vec<(Ident, Range)>,
     /// Atomic mode: every parameter binding but the connection's, with whether it is `mut`,
     /// handed afresh to each try of the body.
     rerun: Vec<(Ident, bool)>,
     output: Type,
 }
 
-/// The identifiers a pattern binds (`Point { x, y }` binds `x` and `y`).
-fn bindings(pat: &Pat) -> Vec<Ident> {
-    binding_modes(pat)
-        .into_iter()
-        .map(|(name, _)| name)
-        .collect()
-}
-
-/// The identifiers a pattern binds, each with whether it is bound `mut`.
-fn binding_modes(pat: &Pat) -> Vec<(Ident, bool)> {
+/// The identifiers a pattern binds (`Point { x, y }` binds `x` and `y`), each with whether it
+/// is bound `mut`.
+fn bindings(pat: &Pat) -> Vec<(Ident, bool)> {
     struct Bindings(Vec<(Ident, bool)>);
     impl<'ast> Visit<'ast> for Bindings {
         fn visit_pat_ident(&mut self, p: &'ast syn::PatIdent) {
@@ -93,7 +82,10 @@ fn plan(args: &Args, sig: &Signature, errors: &mut Vec<syn::Error>) -> Option<Pl
     errors.extend(failed.map(|(span, message)| syn::Error::new(span, message)));
 
     let params: Vec<(&Pat, &Type)> = typed_params(sig).collect();
-    let param_names: Vec<Ident> = params.iter().flat_map(|(pat, _)| bindings(pat)).collect();
+    let param_names: Vec<Ident> = params
+        .iter()
+        .flat_map(|(pat, _)| bindings(pat).into_iter().map(|(name, _)| name))
+        .collect();
     let listing = if param_names.is_empty() {
         "the function has no named parameters".to_owned()
     } else {
@@ -132,34 +124,31 @@ fn plan(args: &Args, sig: &Signature, errors: &mut Vec<syn::Error>) -> Option<Pl
     };
     // A connection parameter is rebound to the transaction, not fingerprinted.
     let conn_param = (!matches!(args.conn, Some(Conn::Expr { .. }))).then_some(&conn_binding);
-    let mut fingerprinted = Vec::new();
-    let resumable = args.resumable.is_some() && args.lease_ms.is_some();
-    let rerun = match args.lease_ms {
-        Some(_) => Vec::new(),
-        None => params
-            .iter()
-            .flat_map(|(pat, _)| binding_modes(pat))
-            .filter(|(name, _)| Some(name) != conn_param)
-            .collect(),
-    };
+    let resumable = args.resumable && args.lease_ms.is_some();
+    let (mut fingerprinted, mut rerun) = (Vec::new(), Vec::new());
     for (pat, ty) in params {
-        // A borrowed argument cannot be rebuilt by a completer: say so at the type (serde's
-        // own error names lifetimes, not the fix).
-        if let (true, Type::Reference(reference)) = (resumable, ty) {
-            let stored = bindings(pat)
-                .into_iter()
-                .find(|name| Some(name) != conn_param && !args.skip.contains(name));
-            if let Some(name) = stored {
-                let message = format!(
-                    "`{name}` is borrowed, but a resumable call stores its arguments for a completer to rebuild: take an owned type (`String` for `&str`, `Vec<T>` for `&[T]`), or `skip({name})` and supply it in the completer's resumer"
-                );
-                errors.push(syn::Error::new_spanned(reference, message));
+        let first = fingerprinted.len();
+        for (name, mutable) in bindings(pat) {
+            if Some(&name) == conn_param {
+                continue;
+            }
+            if args.lease_ms.is_none() {
+                rerun.push((name.clone(), mutable));
+            }
+            if !args.skip.contains(&name) {
+                fingerprinted.push((name, Range::of(ty)));
             }
         }
-        let ty = Range::of(ty);
-        let names = bindings(pat).into_iter();
-        let names = names.filter(|name| Some(name) != conn_param && !args.skip.contains(name));
-        fingerprinted.extend(names.map(|name| Fingerprinted { name, ty }));
+        // A borrowed argument cannot be rebuilt by a completer: say so at the type (serde's
+        // own error names lifetimes, not the fix).
+        if let (true, Type::Reference(reference), Some((name, _))) =
+            (resumable, ty, fingerprinted.get(first))
+        {
+            let message = format!(
+                "`{name}` is borrowed, but a resumable call stores its arguments for a completer to rebuild: take an owned type (`String` for `&str`, `Vec<T>` for `&[T]`), or `skip({name})` and supply it in the completer's resumer"
+            );
+            errors.push(syn::Error::new_spanned(reference, message));
+        }
     }
     let ReturnType::Type(_, output) = &sig.output else {
         return None;
@@ -179,13 +168,7 @@ pub(crate) fn returns_boxed_future(sig: &Signature) -> bool {
     let ReturnType::Type(_, ty) = &sig.output else {
         return false;
     };
-    let Type::Path(path) = &**ty else {
-        return false;
-    };
-    path.path
-        .segments
-        .last()
-        .is_some_and(|last| last.ident == "Pin")
+    matches!(&**ty, Type::Path(path) if path.path.segments.last().is_some_and(|last| last.ident == "Pin"))
 }
 
 /// The function as written, for when the attribute has errors: only what the reported errors
@@ -196,7 +179,7 @@ pub(crate) fn fallback(mut item: ItemFn) -> TokenStream {
     // An `#[async_trait]` method: its body names what the attribute would have bound (`db`);
     // the signature alone keeps the impl whole without errors the real one already explains.
     let names: Vec<Ident> = typed_params(&item.sig)
-        .flat_map(|(pat, _)| bindings(pat))
+        .flat_map(|(pat, _)| bindings(pat).into_iter().map(|(name, _)| name))
         .collect();
     if returns_boxed_future(&item.sig) {
         if let Ok(block) = syn::parse2(quote!({ #(let _ = &#names;)* ::core::unimplemented!() })) {
@@ -316,7 +299,7 @@ fn impl_trait_span(output: &ReturnType) -> Option<Span> {
 ///     let __idem_conn = &(db);
 ///     let mut __idem_call = Call::new(&__IDEM_SITE, key(&cmd.key));
 ///     Call::named_arg(&mut __idem_call, "cmd", &cmd);
-///     let __idem_arg_cmd = Rerun::new(cmd);
+///     let __idem_arg_cmd = Rerun::new(cmd, "cmd");
 ///     // claim; replay, or run the body in the claim's transaction; record + commit, or release
 ///     run::<_, Result<Receipt, PayError>, _, _>(
 ///         store(__idem_conn),
@@ -324,7 +307,7 @@ fn impl_trait_span(output: &ReturnType) -> Option<Span> {
 ///         (&&FinalProbe::<PayError>::new()).finality(),
 ///         // a factory: each try (after a conflict) gets its own body and arguments
 ///         move || {
-///             let cmd = match (&&RerunProbe(&__idem_arg_cmd)).next_try() { .. };
+///             let cmd = (&&RerunProbe(&__idem_arg_cmd)).next_try("orders.pay")?;
 ///             Ok(body_for(__idem_conn, async move |db| -> Result<Receipt, PayError> {
 ///                 let __idem_out: Result<Receipt, PayError> = { BODY };
 ///                 __idem_out
@@ -363,39 +346,32 @@ pub(crate) fn expand(
         Range::of(expr).call_with_borrow(&quote!(#p::key), &quote!(), &borrow_operand(expr))
     };
     let key_call = key(&args.key);
-    let principal = args.principal.as_ref().map(|principal| {
-        let call = key(principal);
-        quote!(__idem_call.principal(#call);)
-    });
-    let deadline = args
-        .deadline_ms
-        .filter(|_| args.lease_ms.is_some())
-        .map(|ms| quote!(__idem_call.deadline(#p::Duration::from_millis(#ms));));
-    // A resumable call also stores each fingerprinted argument, for a completer to rebuild
-    // the call from: its type must read back (the bound is checked at the parameter's type).
-    let store_arg = args
-        .resumable
-        .filter(|_| args.lease_ms.is_some())
-        .map(|_| quote!(#p::Call::store_arg));
-    // Each argument is fingerprinted under its parameter's name, so a parameter added as
-    // `None` is left out and the order of parameters does not matter.
-    let arg = quote!(#p::Call::named_arg);
-    let fingerprint_args = fingerprinted.iter().map(|Fingerprinted { name, ty }| {
-        let label = syn::LitStr::new(&syn::ext::IdentExt::unraw(name).to_string(), name.span());
-        let name = Ident::new(&name.to_string(), name.span().located_at(ty.last));
-        let call = ty.call_with_borrow(
-            &arg,
-            &quote!(&mut __idem_call, #label,),
-            &name.to_token_stream(),
-        );
-        // The call carries the user's spans, so clippy sees `_name` used as user code.
+    let principal = args.principal.as_ref().map(key);
+    let principal = principal.map(|call| quote!(__idem_call.principal(#call);));
+    // (`deadline` and `resumable` without a lease are errors, which discard the expansion.)
+    let deadline = args.deadline_ms;
+    let deadline = deadline.map(|ms| quote!(__idem_call.deadline(#p::Duration::from_millis(#ms));));
+    // The call carries the user's spans, so clippy sees `_name` used as user code.
+    let allow_underscored = |name: &Ident| {
         let underscored = name.to_string().starts_with('_');
-        let allow = underscored.then(|| quote!(#[allow(clippy::used_underscore_binding)]));
-        let stored = store_arg.as_ref().map(|store_arg| {
+        underscored.then(|| quote!(#[allow(clippy::used_underscore_binding)]))
+    };
+    // Each argument is fingerprinted under its parameter's name, so a parameter added as
+    // `None` is left out and the order of parameters does not matter. A resumable call also
+    // stores each one, for a completer to rebuild the call from: its type must read back (the
+    // bound is checked at the parameter's type).
+    let fingerprint_args = fingerprinted.iter().map(|(name, ty)| {
+        let label = LitStr::new(&name.unraw().to_string(), name.span());
+        let allow = allow_underscored(name);
+        let name = Ident::new(&name.to_string(), name.span().located_at(ty.last));
+        let name = name.to_token_stream();
+        let leading = quote!(&mut __idem_call, #label,);
+        let call = ty.call_with_borrow(&quote!(#p::Call::named_arg), &leading, &name);
+        let stored = args.resumable.then(|| {
             let call = ty.call_with_borrow(
-                store_arg,
+                &quote!(#p::Call::store_arg),
                 &quote!(&mut __idem_call,),
-                &name.to_token_stream(),
+                &name,
             );
             quote!(#allow #call;)
         });
@@ -403,9 +379,6 @@ pub(crate) fn expand(
     });
     let conn_span = Span::call_site().located_at(conn_expr.span());
     let conn = Ident::new("__idem_conn", conn_span);
-    // One span for the whole call: the connection's bound and its `Store` projection then
-    // fail on the same span, and rustc reports them once.
-    let store_call = respan(&quote!(#p::store(#conn)), conn.span());
     // `run` checks the return type's bounds, and so does every use of its future (the
     // `.await`). All of that glue, the return type inside it included, sits on one span (the
     // return type's first token), so rustc reports an unsuitable type once.
@@ -449,97 +422,85 @@ pub(crate) fn expand(
     // Atomic mode: a try the database aborts for a conflict is run again, so the body is
     // handed its arguments afresh each time (a clone, or the value itself for the one try
     // a non-`Clone` argument allows).
-    let holder = |name: &Ident| {
-        Ident::new(
-            &format!("__idem_arg_{}", syn::ext::IdentExt::unraw(name)),
-            Span::call_site(),
-        )
-    };
+    let holder =
+        |name: &Ident| format_ident!("__idem_arg_{}", name.unraw(), span = Span::call_site());
     let holders = rerun.iter().map(|(name, _)| {
-        let underscored = name.to_string().starts_with('_');
-        let allow = underscored.then(|| quote!(#[allow(clippy::used_underscore_binding)]));
-        let holder = holder(name);
-        quote!(#allow let #holder = #p::Rerun::new(#name);)
+        let (allow, holder, written) = (
+            allow_underscored(name),
+            holder(name),
+            name.unraw().to_string(),
+        );
+        quote!(#allow let #holder = #p::Rerun::new(#name, #written);)
     });
     let takes = rerun.iter().map(|(name, mutable)| {
-        let holder = holder(name);
-        let mutability = mutable.then(|| quote!(mut));
-        let written = syn::ext::IdentExt::unraw(name).to_string();
+        let (holder, mutability) = (holder(name), mutable.then(|| quote!(mut)));
         quote! {
             #[allow(unused_variables, unused_mut)]
-            let #mutability #name = match (&&#p::RerunProbe(&#holder)).next_try() {
-                ::core::option::Option::Some(value) => value,
-                ::core::option::Option::None => {
-                    return ::core::result::Result::Err(#p::not_rerunnable(#scope, #written));
-                }
-            };
+            let #mutability #name = (&&#p::RerunProbe(&#holder)).next_try(#scope)?;
         }
     });
-    let holders: Vec<TokenStream> = holders.collect();
-    let takes: Vec<TokenStream> = takes.collect();
-    if args.lease_ms.is_none() {
-        // The parameter itself is only moved into its holder now.
-        for input in &mut item.sig.inputs {
-            if let FnArg::Typed(typed) = input
-                && binding_modes(&typed.pat)
-                    .iter()
-                    .any(|(_, mutable)| *mutable)
-            {
-                typed.attrs.push(syn::parse_quote!(#[allow(unused_mut)]));
-            }
+    // The parameters themselves are only moved into their holders now.
+    for input in item
+        .sig
+        .inputs
+        .iter_mut()
+        .filter(|_| args.lease_ms.is_none())
+    {
+        if let FnArg::Typed(typed) = input
+            && bindings(&typed.pat).iter().any(|(_, mutable)| *mutable)
+        {
+            typed.attrs.push(syn::parse_quote!(#[allow(unused_mut)]));
         }
     }
+    // The `let` gives the body its expected type, so a type mismatch is reported inside it.
     let body = &item.block;
-    // The mode decides the engine entry, its leading arguments, the closure's parameter and
-    // anything bound before the call; the rest of the expansion is shared.
-    let (entry, leading, closure_param, rebind) = match args.lease_ms {
+    let closure = |param: TokenStream| {
+        quote! {
+            async move |#param| -> #output {
+                let __idem_out: #output = #body;
+                #[allow(unreachable_code)] // after a body that ends in `return`
+                __idem_out
+            }
+        }
+    };
+    // The mode decides the engine entry, its leading arguments and the body's closure; the
+    // rest of the expansion is shared. (The connection's bound and its projection sit on one
+    // span, so that rustc reports them once.)
+    let (entry, leading, closure) = match args.lease_ms {
         // Lease mode: the body runs outside any claim transaction, on the connection itself
-        // (a `conn = expr as name` binding is made here); its steps and final phase reach the
+        // (under the name `conn = expr as name` gives it); its steps and final phase reach the
         // lease through `idem::step` and `idem::sea_orm::final_step`.
         Some(lease_ms) => {
             let lease_store = respan(&quote!(#p::lease_store(#conn)), conn.span());
-            let leading = quote!(#lease_store, __idem_call, #p::Duration::from_millis(#lease_ms),);
-            let rebind = match &args.conn {
-                Some(Conn::Expr { binding, .. }) => quote!(let #binding = #conn;),
-                _ => quote!(),
-            };
-            (quote!(run_lease::<#output, _>), leading, quote!(), rebind)
+            let lease = quote!(#p::Duration::from_millis(#lease_ms));
+            let leading = quote!(#lease_store, __idem_call, #lease,);
+            (quote!(run_lease::<#output, _>), leading, closure(quote!()))
         }
         // Atomic mode: the body sees the claim's transaction under the connection's name, so
-        // its writes commit (or roll back) together with the recorded result.
+        // its writes commit (or roll back) together with the recorded result. A factory makes
+        // the body for each try, with its own arguments.
         None => {
-            let closure_param = quote!(#[allow(unused_variables)] #conn_binding);
-            let leading = quote!(#store_call, __idem_call,);
-            (
-                quote!(run::<_, #output, _, _>),
-                leading,
-                closure_param,
-                quote!(),
-            )
-        }
-    };
-    let entry = respan(&quote!(#p::#entry), at);
-    // The `let` gives the body its expected type, so a type mismatch is reported inside it.
-    let closure = quote! {
-        async move |#closure_param| -> #output {
-            let __idem_out: #output = #body;
-            #[allow(unreachable_code)] // after a body that ends in `return`
-            __idem_out
-        }
-    };
-    // Atomic mode: a factory that makes the body for each try, with its own arguments.
-    let closure = match args.lease_ms {
-        Some(_) => closure,
-        None => {
+            let store_call = respan(&quote!(#p::store(#conn)), conn.span());
             let body_for = respan(&quote!(#p::body_for), conn.span());
-            quote! {
+            let closure = closure(quote!(#[allow(unused_variables)] #conn_binding));
+            let factory = quote! {
                 move || {
                     #(#takes)*
                     ::core::result::Result::Ok(#body_for(#conn, #closure))
                 }
-            }
+            };
+            (
+                quote!(run::<_, #output, _, _>),
+                quote!(#store_call, __idem_call,),
+                factory,
+            )
         }
     };
+    let rebind = match (&args.conn, args.lease_ms) {
+        (Some(Conn::Expr { binding, .. }), Some(_)) => Some(quote!(let #binding = #conn;)),
+        _ => None,
+    };
+    let entry = respan(&quote!(#p::#entry), at);
     let run_args = quote! {
         #leading
         #finality,

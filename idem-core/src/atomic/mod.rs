@@ -24,8 +24,9 @@ use crate::store::Store;
 /// record or its `COMMIT`) left nothing behind, so it is run again, claim, body and record,
 /// after a jittered backoff. So `bodies` makes the body afresh for each try that executes
 /// (the macro hands each one its own copy of the arguments), or says why the body cannot run
-/// again ([`not_rerunnable`](crate::call::handler::not_rerunnable)), which the caller is answered. Usually the
-/// second try finds the record a concurrent duplicate committed and replays it.
+/// again (an argument that is not `Clone` went into the first try: [`Rerun`](crate::call::handler::Rerun)),
+/// which the caller is answered. Usually the second try finds the record a concurrent
+/// duplicate committed and replays it.
 pub fn run<S, R, F, B>(
     store: S,
     call: Call,

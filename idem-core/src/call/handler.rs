@@ -148,29 +148,52 @@ impl<E> ViaPlain<E> for FinalProbe<E> {
 
 /// An argument of an atomic-mode handler, kept so that every try of its body gets one: a try
 /// the database aborts for a conflict is run again ([`conflict`](crate::retry::conflict)). The
-/// generated code takes it out with `(&&RerunProbe(&arg)).next_try()` for each try that
+/// generated code takes it out with `(&&RerunProbe(&arg)).next_try(scope)?` for each try that
 /// executes (a replay takes nothing): a `Clone` argument (references are) is cloned; any other
-/// is moved into the first try, and a second try is refused with [`not_rerunnable`].
-pub struct Rerun<T>(std::sync::Mutex<Option<T>>);
+/// is moved into the first try, and a second try is refused with a conflict that names it.
+pub struct Rerun<T> {
+    slot: std::sync::Mutex<Option<T>>,
+    /// The parameter's name, for the error of a try that cannot have it.
+    name: &'static str,
+}
 
 impl<T> std::fmt::Debug for Rerun<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Rerun")
+        f.debug_struct("Rerun")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
     }
 }
 
 impl<T> Rerun<T> {
-    /// Keeps `value` for the tries of a call.
-    pub const fn new(value: T) -> Self {
-        Self(std::sync::Mutex::new(Some(value)))
+    /// Keeps `value`, the argument of parameter `name`, for the tries of a call.
+    pub const fn new(value: T, name: &'static str) -> Self {
+        Self {
+            slot: std::sync::Mutex::new(Some(value)),
+            name,
+        }
     }
 
     /// The argument's slot (a lock, never contended: the tries of a call run one after
     /// another; it makes the holder `Sync`, so the handler's future stays `Send`).
     fn slot(&self) -> std::sync::MutexGuard<'_, Option<T>> {
-        self.0
+        self.slot
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The argument a try gets, or why it gets none: the database aborted the first try of
+    /// `scope` for a conflict, and the argument (not `Clone`) was moved into it.
+    fn or_not_rerunnable(&self, argument: Option<T>, scope: &str) -> Result<T, Error> {
+        argument.ok_or_else(|| Error::Conflict {
+            scope: scope.to_owned(),
+            message: format!(
+                "the call cannot run again in this process: its argument `{}` is not `Clone` (derive `Clone` for it so a conflicting call is run again instead of answered with this error)",
+                self.name
+            ),
+            attempts: 1,
+            retry_after: crate::retry::CONFLICT_RETRY_AFTER,
+        })
     }
 }
 
@@ -180,36 +203,29 @@ pub struct RerunProbe<'a, T>(pub &'a Rerun<T>);
 
 /// Chosen when the argument is `Clone`: every try gets a clone.
 pub trait ViaClone<T> {
-    /// The argument for the next try.
-    fn next_try(&self) -> Option<T>;
+    /// The argument for the next try of a call of `scope`.
+    ///
+    /// # Errors
+    /// Never: a clone is always there.
+    fn next_try(&self, scope: &str) -> Result<T, Error>;
 }
 impl<T: Clone> ViaClone<T> for &RerunProbe<'_, T> {
-    fn next_try(&self) -> Option<T> {
-        self.0.slot().clone()
+    fn next_try(&self, scope: &str) -> Result<T, Error> {
+        self.0.or_not_rerunnable(self.0.slot().clone(), scope)
     }
 }
 
-/// Chosen for every other argument: the first try gets it, later tries get `None`.
+/// Chosen for every other argument: the first try gets it.
 pub trait ViaMove<T> {
-    /// The argument for the next try, if there is one.
-    fn next_try(&self) -> Option<T>;
+    /// The argument for the next try of a call of `scope`.
+    ///
+    /// # Errors
+    /// [`Error::Conflict`] for a try after the first, which cannot have the argument.
+    fn next_try(&self, scope: &str) -> Result<T, Error>;
 }
 impl<T> ViaMove<T> for RerunProbe<'_, T> {
-    fn next_try(&self) -> Option<T> {
-        self.0.slot().take()
-    }
-}
-
-/// Why a try cannot run: the database aborted the first for a conflict, and argument `arg`
-/// (not `Clone`) was moved into it.
-pub fn not_rerunnable(scope: &str, arg: &str) -> Error {
-    Error::Conflict {
-        scope: scope.to_owned(),
-        message: format!(
-            "the call cannot run again in this process: its argument `{arg}` is not `Clone` (derive `Clone` for it so a conflicting call is run again instead of answered with this error)"
-        ),
-        attempts: 1,
-        retry_after: crate::retry::CONFLICT_RETRY_AFTER,
+    fn next_try(&self, scope: &str) -> Result<T, Error> {
+        self.0.or_not_rerunnable(self.0.slot().take(), scope)
     }
 }
 
@@ -262,5 +278,29 @@ where
             scope: scope.to_owned(),
             source: Box::new(e),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Rerun, RerunProbe, ViaClone as _, ViaMove as _};
+    use crate::ErrorKind;
+
+    /// Not `Clone`: a second try cannot have it.
+    struct Note;
+
+    #[test]
+    #[allow(clippy::needless_borrow)] // `&&` as the expansion writes it: autoref chooses
+    fn every_try_gets_a_clone_and_only_the_first_gets_a_moved_argument() {
+        let cloned = Rerun::new(String::from("ada"), "name");
+        for _ in 0..3 {
+            let name = (&&RerunProbe(&cloned)).next_try("greet").expect("a clone");
+            assert_eq!(name, "ada");
+        }
+        let moved = Rerun::new(Note, "note");
+        assert!((&&RerunProbe(&moved)).next_try("greet").is_ok());
+        let second = (&&RerunProbe(&moved)).next_try("greet").err().expect("refused");
+        assert_eq!(second.kind(), ErrorKind::Conflict);
+        assert!(second.to_string().contains("`note` is not `Clone`"), "{second}");
     }
 }
