@@ -91,9 +91,8 @@ const ARGUMENTS: &[(&str, &[&str], ParseValue)] = &[
     }),
     ("ttl", &["expiry", "expires"], |input, args| {
         let hint = "`ttl` takes a string literal, e.g. `ttl = \"24h\"`";
-        let ttl = string(value(input)?, hint)?;
         let zero = "a record that expires at once deduplicates nothing";
-        args.ttl_ms = duration_ms(&ttl, "ttl", zero)?;
+        args.ttl_ms = duration_ms(value(input)?, "ttl", hint, zero)?;
         Ok(())
     }),
     (
@@ -105,11 +104,10 @@ const ARGUMENTS: &[(&str, &[&str], ParseValue)] = &[
             args.policy = match policy.to_string().as_str() {
                 "wait" if input.peek(syn::token::Paren) => {
                     let hint = "`wait(..)` takes the longest wait as a string, e.g. `wait(\"2s\")`";
+                    let zero = "a duplicate would never wait; use `reject` to fail fast";
                     let bound;
                     syn::parenthesized!(bound in input);
-                    let bound = string(&bound, hint)?;
-                    let zero = "a duplicate would never wait; use `reject` to fail fast";
-                    let bound_ms = Some(duration_ms(&bound, "wait", zero)?);
+                    let bound_ms = Some(duration_ms(&bound, "wait", hint, zero)?);
                     Policy::Wait { bound_ms }
                 }
                 "wait" => {
@@ -132,16 +130,14 @@ const ARGUMENTS: &[(&str, &[&str], ParseValue)] = &[
         }
         let hint =
             "`lease` takes a duration string, e.g. `lease = \"30s\"` (or `lease` alone for 30 s)";
-        let lease = string(value(input)?, hint)?;
         let zero = "a zero lease ends before the body starts; give the longest the body may take, e.g. `lease = \"30s\"`";
-        args.lease_ms = Some(duration_ms(&lease, "lease", zero)?);
+        args.lease_ms = Some(duration_ms(value(input)?, "lease", hint, zero)?);
         Ok(())
     }),
     ("deadline", &["timeout", "max_duration"], |input, args| {
         let hint = "`deadline` takes a duration string, e.g. `deadline = \"5m\"`";
-        let deadline = string(value(input)?, hint)?;
         let zero = "a zero deadline stops the body before it starts; give the longest a call may take in all, e.g. `deadline = \"5m\"`";
-        args.deadline_ms = Some(duration_ms(&deadline, "deadline", zero)?);
+        args.deadline_ms = Some(duration_ms(value(input)?, "deadline", hint, zero)?);
         Ok(())
     }),
     (
@@ -335,8 +331,9 @@ fn edit_distance(a: &str, b: &str) -> usize {
 }
 
 /// A duration such as `"24h"`, `"90s"`, `"1h30m"` or `"500ms"`, in milliseconds. Errors span the
-/// literal and name the argument (`what`); `zero` says why a zero duration is refused.
-fn duration_ms(literal: &LitStr, what: &str, zero: &str) -> syn::Result<u64> {
+/// literal and name the argument (`what`); `hint` says how to write one that is no string
+/// literal, `zero` why a zero duration is refused.
+fn duration_ms(input: ParseStream<'_>, what: &str, hint: &str, zero: &str) -> syn::Result<u64> {
     const UNITS_MS: &[(&str, u64)] = &[
         ("ms", 1), // before "m"
         ("s", 1_000),
@@ -344,34 +341,35 @@ fn duration_ms(literal: &LitStr, what: &str, zero: &str) -> syn::Result<u64> {
         ("h", 3_600_000),
         ("d", 86_400_000),
     ];
+    let literal = string(input, hint)?;
+    let (text, span) = (literal.value(), literal.span());
     let hint = "write it as a number and a unit: `30s`, `15m`, `24h`, `7d` or `1h30m`";
-    let text = literal.value();
-    let error = |message: String| syn::Error::new(literal.span(), message);
-    let too_large = || error(format!("`{what}` \"{text}\" is too large"));
+    let error = |problem: String| Err(syn::Error::new(span, format!("{problem}; {hint}")));
     if text.is_empty() {
-        return Err(error(format!("empty `{what}`; {hint}")));
+        return error(format!("empty `{what}`"));
     }
     let (mut total, mut rest) = (0_u64, text.as_str());
     while !rest.is_empty() {
         let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
-        if digits == 0 {
-            return Err(error(format!("invalid `{what}` \"{text}\"; {hint}")));
-        }
-        let number: u64 = rest[..digits].parse().map_err(|_| too_large())?;
-        rest = &rest[digits..];
-        let Some((unit, unit_ms)) = UNITS_MS.iter().find(|(unit, _)| rest.starts_with(unit)) else {
-            let message = format!("invalid `{what}` \"{text}\": missing unit; {hint}");
-            return Err(error(message));
+        let unit = UNITS_MS
+            .iter()
+            .find(|(unit, _)| rest[digits..].starts_with(unit));
+        let (1.., Some((unit, unit_ms))) = (digits, unit) else {
+            let missing = if digits == 0 { "" } else { ": missing unit" };
+            return error(format!("invalid `{what}` \"{text}\"{missing}"));
         };
-        rest = &rest[unit.len()..];
-        total = number
-            .checked_mul(*unit_ms)
+        let ms = rest[..digits]
+            .parse()
+            .ok()
+            .and_then(|n: u64| n.checked_mul(*unit_ms));
+        let too_large = || syn::Error::new(span, format!("`{what}` \"{text}\" is too large"));
+        total = ms
             .and_then(|ms| total.checked_add(ms))
             .ok_or_else(too_large)?;
+        rest = &rest[digits + unit.len()..];
     }
     if total == 0 {
-        let message = format!("`{what}` must be longer than zero: {zero}; {hint}");
-        return Err(error(message));
+        return error(format!("`{what}` must be longer than zero: {zero}"));
     }
     Ok(total)
 }
@@ -423,7 +421,10 @@ mod tests {
 
     #[test]
     fn durations() {
-        let ms = |text| duration_ms(&LitStr::new(text, Span::call_site()), "ttl", "").ok();
+        let ms = |text: &str| {
+            let parse = |input: ParseStream<'_>| duration_ms(input, "ttl", "", "");
+            parse.parse_str(&format!("{text:?}")).ok()
+        };
         assert_eq!(ms("24h"), Some(86_400_000));
         assert_eq!(ms("2m5s"), Some(125_000));
         assert_eq!(ms("500ms"), Some(500));

@@ -299,8 +299,14 @@ mod tests {
         }
         let moved = Rerun::new(Note, "note");
         assert!((&&RerunProbe(&moved)).next_try("greet").is_ok());
-        let second = (&&RerunProbe(&moved)).next_try("greet").err().expect("refused");
+        let second = (&&RerunProbe(&moved))
+            .next_try("greet")
+            .err()
+            .expect("refused");
         assert_eq!(second.kind(), ErrorKind::Conflict);
-        assert!(second.to_string().contains("`note` is not `Clone`"), "{second}");
+        assert!(
+            second.to_string().contains("`note` is not `Clone`"),
+            "{second}"
+        );
     }
 }
