@@ -307,27 +307,16 @@ fn unknown_argument(meta: &ParseNestedMeta<'_>) -> syn::Error {
     let hint = ARGUMENTS
         .iter()
         .find(|(_, mistaken_for, _)| mistaken_for.contains(&name.as_str()))
-        .or_else(|| ARGUMENTS.iter().find(|a| edit_distance(a.0, &name) <= 2))
+        .or_else(|| {
+            ARGUMENTS
+                .iter()
+                .find(|a| strsim::levenshtein(a.0, &name) <= 2)
+        })
         .map(|a| format!(" (did you mean `{}`?)", a.0))
         .unwrap_or_default();
     let all = crate::code_list(ARGUMENTS.iter().map(|a| a.0));
     let message = format!("unknown argument `{name}`{hint}; expected one of {all}");
     meta.error(message)
-}
-
-/// Levenshtein distance, for "did you mean" hints on misspelt arguments.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut diagonal = std::mem::replace(&mut row[0], i + 1);
-        for (j, &cb) in b.iter().enumerate() {
-            let substituted = diagonal + usize::from(ca != cb);
-            diagonal = row[j + 1];
-            row[j + 1] = substituted.min(row[j] + 1).min(diagonal + 1);
-        }
-    }
-    row[b.len()]
 }
 
 /// A duration such as `"24h"`, `"90s"`, `"1h30m"` or `"500ms"`, in milliseconds. Errors span the
