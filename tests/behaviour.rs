@@ -7,8 +7,9 @@
 //! Each test counts the handler's effects in the database (through SeaORM, whichever store
 //! wrote them) and how often its body ran.
 //!
-//! SeaORM's alone: an earlier version's SQLite ledger (SeaORM's `create_tables` reruns
-//! SQLite's DDL, which drops the old expiry index; sqlx's skips a ledger that exists). The sqlx store's own cases (nested `Conn` calls, `StateTable`, the
+//! SeaORM's alone: an earlier version's SQLite ledger (its `create_tables` reruns SQLite's
+//! DDL, which drops the old expiry index; the sqlx store's own case is in `tests/sqlx.rs`).
+//! The sqlx store's own cases (nested `Conn` calls, `StateTable`, the
 //! schema as a sqlx migration, PgBouncer, an unreachable server) are in `tests/sqlx.rs`.
 
 mod common;
@@ -831,8 +832,8 @@ async fn a_stepped_purge_removes_every_expired_record_and_no_live_one() {
     }
 }
 
-/// SeaORM's alone: its `create_tables` reruns SQLite's DDL, which drops the index (the sqlx
-/// store's skips a ledger that exists).
+/// SeaORM's: its `create_tables` reruns SQLite's DDL, which drops the index (the sqlx store's
+/// case, the same through its own `create_tables`, is in `tests/sqlx.rs`).
 #[tokio::test]
 async fn a_sqlite_ledger_of_an_earlier_version_loses_its_index_and_keeps_working() {
     use on_sea_orm::{pay, short_lived};

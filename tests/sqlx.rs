@@ -5,7 +5,7 @@
 //! every backend of the run (SQLite always; PostgreSQL and MariaDB when their URL is set),
 //! what only sqlx has: nested calls (`Conn`), guarded transitions (`StateTable`), idem's schema
 //! as a sqlx migration, PgBouncer, an unreachable server, a lease call inside an atomic body on
-//! SQLite. Each counts the effect rows that committed, never trusting return values.
+//! SQLite, an earlier version's SQLite ledger. Each counts the effect rows that committed, never trusting return values.
 
 mod common;
 
@@ -608,4 +608,52 @@ async fn on_sqlite_a_lease_call_inside_an_atomic_body_is_refused_at_once() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// The sqlx store's `create_tables`, like SeaORM's, reruns SQLite's DDL, which drops the expiry
+/// index of an earlier version's ledger (every SQLite commit paid for it); the ledger keeps
+/// its records and works on.
+#[tokio::test]
+async fn a_sqlite_ledger_of_an_earlier_version_loses_its_index_and_keeps_working() {
+    let pool = sqlx::SqlitePool::connect(&sqlite_url("idem-sqlx-old-ledger"))
+        .await
+        .expect("sqlite");
+    // The layout of earlier versions: WITHOUT ROWID, with an expiry index.
+    sqlx::raw_sql(
+        "CREATE TABLE idem_ledger (id BLOB NOT NULL PRIMARY KEY, scope TEXT NOT NULL, \
+         principal TEXT NOT NULL, idem_key TEXT NOT NULL, owner INTEGER NOT NULL, \
+         fingerprint BLOB NOT NULL, state INTEGER NOT NULL, response BLOB NULL, \
+         created_at_ms INTEGER NOT NULL, expires_at_ms INTEGER NOT NULL) WITHOUT ROWID; \
+         CREATE INDEX idem_ledger_expires ON idem_ledger (expires_at_ms)",
+    )
+    .execute(&pool)
+    .await
+    .expect("the old ledger");
+    let indexes = || {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = 'idem_ledger_expires'",
+        )
+        .fetch_one(&pool)
+    };
+    assert_eq!(indexes().await.expect("schema"), 1);
+    idem::sqlx::create_tables(&pool, &[idem::sqlx::Family::Ledger])
+        .await
+        .expect("tables");
+    assert_eq!(
+        indexes().await.expect("schema"),
+        0,
+        "the old index is dropped"
+    );
+    let key = unique("old-ledger");
+    let first = old_ledger_greet(&pool, key.clone(), 1)
+        .await
+        .expect("first");
+    let replay = old_ledger_greet(&pool, key, 2).await.expect("replay");
+    assert_eq!((first, replay), (1, 1), "the second call replays the first");
+}
+
+#[idempotent(scope = "sqlx.old_ledger", key = key, skip(n))]
+async fn old_ledger_greet(db: &sqlx::SqlitePool, key: String, n: u8) -> Result<u8, idem::Error> {
+    let _ = &mut *db;
+    Ok(n)
 }

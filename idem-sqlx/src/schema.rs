@@ -2,7 +2,7 @@
 //! own migrations (`idem schema` prints the same statements as files).
 
 use idem_core::Error;
-use idem_sql::{Family, Sql};
+use idem_sql::{Dialect, Family, Sql};
 use sqlx::Pool;
 
 use crate::driver::Backend;
@@ -11,7 +11,9 @@ use crate::driver::error::store_error;
 /// Creates the tables of `families` (atomic mode needs [`Family::Ledger`] alone; see
 /// [`Family`]) if they are missing. It reads the catalogue first and runs DDL only for a
 /// family with a missing table, so a restart runs no DDL against a live ledger (on a Galera
-/// cluster even `CREATE TABLE IF NOT EXISTS` aborts transactions cluster-wide).
+/// cluster even `CREATE TABLE IF NOT EXISTS` aborts transactions cluster-wide). SQLite runs
+/// its (idempotent) DDL every time, as SeaORM's store does: it is embedded, so no other node
+/// aborts, and the DDL drops the expiry index that ledgers of earlier versions have.
 ///
 /// ```
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -33,7 +35,7 @@ pub async fn create_tables<DB: Backend>(pool: &Pool<DB>, families: &[Family]) ->
         .map_err(|e| store_error("listing idem's tables", e))?;
     for &family in families {
         let present = |table: &&str| existing.iter().any(|name| name == table);
-        if family.tables().iter().all(present) {
+        if sql.dialect != Dialect::Sqlite && family.tables().iter().all(present) {
             continue;
         }
         for statement in &sql.tables(family).create {
