@@ -14,6 +14,9 @@ use crate::stores::{
 use crate::support::{Answer, Backend, Probe, Rng, backends, key_of, quick, unique};
 use crate::{assert_exactly_once, cmd, recorded_answers};
 
+/// Longer than any call takes under the storm, conflict retries and their backoff included.
+const HUNG: Duration = Duration::from_secs(60);
+
 #[derive(Debug, Default)]
 struct StormStats {
     answers: Vec<(usize, Answer, Option<Outcome>)>,
@@ -56,6 +59,7 @@ async fn storm(b: &Backend, case: &Case, calls: usize, keys: usize, tasks_n: usi
     for _ in 0..tasks_n {
         let (case, run, schedule, next) =
             (case.clone(), run.clone(), schedule.clone(), next.clone());
+        let name = name.clone();
         tasks.spawn(async move {
             let mut stats = StormStats::default();
             loop {
@@ -80,7 +84,12 @@ async fn storm(b: &Backend, case: &Case, calls: usize, keys: usize, tasks_n: usi
                                 }
                             }
                         }
-                        None => call.await,
+                        // A call that never answers (a starved pool, a lost wake-up) fails
+                        // the run here instead of hanging it.
+                        None => match tokio::time::timeout(HUNG, call).await {
+                            Ok(result) => result,
+                            Err(_) => panic!("{name}: a call of key {k} hung for {HUNG:?}"),
+                        },
                     };
                     match result {
                         (Ok(answer), outcome) => {
