@@ -8,7 +8,8 @@ use idem_core::Error;
 pub enum Failure {
     /// The ledger table does not exist.
     MissingTable,
-    /// No connection: the pool could not get one in time, or the server went away.
+    /// No connection: the pool could not get one in time, or the server went away or ended
+    /// the connection under a statement.
     Unavailable,
     /// A lock wait gave up (PostgreSQL 55P03, MySQL 1205): another transaction holds the key.
     LockTimeout,
@@ -31,6 +32,14 @@ impl Failure {
             // Galera: the node is not part of the primary component (being restarted,
             // partitioned away, or still joining): no service on this node for now.
             (_, Some(1047)) => Failure::Unavailable,
+            // The server ended the connection under the statement: PostgreSQL's lost or
+            // refused connections (08000, 08001, 08003, 08004, 08006; not 08007, whose
+            // commit may have happened, nor 08P01, a protocol violation) and shutdowns (57P01
+            // a terminated backend, as at a failover; 57P02, 57P03), MySQL's killed
+            // connection (1927) and shutdown (1053). A retry on a new connection may succeed.
+            ("08000" | "08001" | "08003" | "08004" | "08006", None)
+            | ("57P01" | "57P02" | "57P03", None)
+            | (_, Some(1927 | 1053)) => Failure::Unavailable,
             // SQLite: SQLITE_BUSY and SQLITE_LOCKED, with their extended codes.
             ("5" | "6" | "261" | "262" | "517", None) => Failure::Transient,
             _ => return None,
@@ -103,5 +112,12 @@ mod tests {
         assert_eq!(Failure::of_code("42P01", None), Some(Failure::MissingTable));
         assert_eq!(Failure::of_code("517", None), Some(Failure::Transient));
         assert_eq!(Failure::of_code("23505", None), None);
+        for (code, number) in [("57P01", None), ("08006", None), ("70100", Some(1927))] {
+            let failure = Failure::of_code(code, number);
+            assert_eq!(failure, Some(Failure::Unavailable), "{code} {number:?}");
+        }
+        // The commit may have happened; the peer broke the protocol: not an outage.
+        assert_eq!(Failure::of_code("08007", None), None);
+        assert_eq!(Failure::of_code("08P01", None), None);
     }
 }
