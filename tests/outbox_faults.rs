@@ -174,7 +174,8 @@ async fn run_consumer<H, Fut>(
     }
 }
 
-/// Waits until the run has `n` effect rows, or panics after `limit`.
+/// Waits until the run has `n` effect rows, or panics after `limit` saying which side
+/// stalled: messages left unpublished in the outbox are the relay's, the rest the consumer's.
 async fn await_effects(db: &DatabaseConnection, run: &str, n: usize, limit: Duration, what: &str) {
     let started = Instant::now();
     loop {
@@ -182,10 +183,13 @@ async fn await_effects(db: &DatabaseConnection, run: &str, n: usize, limit: Dura
         if have >= n {
             return;
         }
-        assert!(
-            started.elapsed() < limit,
-            "{what}: {have} of {n} effects after {limit:?}"
-        );
+        if started.elapsed() >= limit {
+            let health = outbox_health(db).await;
+            panic!(
+                "{what}: {have} of {n} effects after {limit:?}; the outbox then: {health:?} \
+                 (pending messages: the relay stalled; none: the consumer did)"
+            );
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -289,7 +293,9 @@ async fn faults_child() {
                     result
                 }
             };
-            let ack_wait = Duration::from_secs(1);
+            // How soon NATS redelivers what a killed child left unacknowledged: each of
+            // R10's kills waits for it (RabbitMQ redelivers when the connection closes).
+            let ack_wait = Duration::from_millis(300);
             run_consumer(
                 kind,
                 &broker_url,
@@ -376,129 +382,148 @@ fn seed() -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn relays_killed_at_a_hundred_points_lose_and_duplicate_nothing() {
+    // Two runs at a time (of each broker on each database): a run spends most of its time
+    // waiting for its relay processes, so two take little longer than one. More would
+    // share the two cores of a CI machine too thinly for each run's time limit.
+    let two_at_a_time = Arc::new(tokio::sync::Semaphore::new(2));
+    let mut runs = tokio::task::JoinSet::new();
     for kind in brokers() {
-        for Isolated { name, db, url } in isolated().await {
-            let broker = Broker::start(kind);
-            broker.prepare().await;
-            let label = format!("{name}/{}", kind.name());
-            let name = label.as_str();
-            let run = unique("r9").replace('-', "_");
-            let kills_wanted = if quick() { 40 } else { 100 };
-            let subject = format!("faults.{run}");
-            // Messages keep coming until the relays have been killed often enough.
-            let mut ids = stage(&db, &subject, 80, 24).await;
-            let stop = Arc::new(AtomicBool::new(false));
-            let deliveries = Arc::new(AtomicUsize::new(0));
-            let consumer = spawn_consumer(&db, &broker, &stop, &deliveries);
+        for isolated in isolated().await {
+            let turn = two_at_a_time.clone();
+            runs.spawn(async move {
+                let _turn = turn
+                    .acquire_owned()
+                    .await
+                    .expect("the semaphore stays open");
+                relays_killed_on(kind, isolated).await;
+            });
+        }
+    }
+    // A run's panic is resumed here.
+    runs.join_all().await;
+}
 
-            let seed = seed();
-            let mut rng = Rng(seed);
-            let points = ["before", "after", "mid", "parent"];
-            let mut kills: BTreeMap<&str, usize> = BTreeMap::new();
-            let plan = |rng: &mut Rng, kills: &BTreeMap<&str, usize>| -> (&'static str, u64) {
-                if kills.values().sum::<usize>() >= kills_wanted {
-                    ("none", 0)
-                } else {
-                    (points[rng.below(4) as usize], 1 + rng.below(6))
-                }
-            };
-            let mut relays: Vec<(Reaped, &str, Instant, u64)> = (0..4)
-                .map(|_| {
-                    let (point, at) = plan(&mut rng, &kills);
-                    let child = spawn_child("relay", &url, &broker, point, at);
-                    (child, point, Instant::now(), 50 + rng.below(400))
-                })
-                .collect();
-            let started = Instant::now();
-            let limit = Duration::from_secs(if quick() { 120 } else { 240 });
-            loop {
-                let pending = outbox_health(&db).await.expect("health").pending;
-                let killed = kills.values().sum::<usize>();
-                let delivered = effects(&db, &run).await.len();
-                if killed < kills_wanted && pending < 40 && ids.len() - delivered < 120 {
-                    ids.extend(stage(&db, &subject, 40, 24).await);
-                }
-                if std::env::var("IDEM_FAULTS_DEBUG").is_ok() {
-                    println!(
-                        "r9 {name} {:?}: pending {pending}, staged {}, delivered {delivered}, kills {kills:?}",
-                        started.elapsed(),
-                        ids.len()
-                    );
-                }
-                let done = pending == 0 && delivered >= ids.len();
-                if done && killed >= kills_wanted {
-                    break;
-                }
-                assert!(
-                    started.elapsed() < limit,
-                    "{name}: r9 stuck: pending {pending}, kills {kills:?}, seed {seed}"
-                );
-                for slot in &mut relays {
-                    let (child, point, since, parent_after_ms) = slot;
-                    let died = child.try_wait().expect("child status").is_some();
-                    let parent_kills = *point == "parent"
-                        && since.elapsed() > Duration::from_millis(*parent_after_ms);
-                    if parent_kills {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                    }
-                    if died || parent_kills {
-                        if *point != "none" {
-                            *kills.entry(point).or_default() += 1;
-                        }
-                        let (next, at) = plan(&mut rng, &kills);
-                        *slot = (
-                            spawn_child("relay", &url, &broker, next, at),
-                            next,
-                            Instant::now(),
-                            50 + rng.below(400),
-                        );
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(25)).await;
-            }
-            for (mut child, ..) in relays {
+/// R9 through `kind` on one database.
+async fn relays_killed_on(kind: BrokerKind, Isolated { name, db, url }: Isolated) {
+    let broker = Broker::start(kind);
+    broker.prepare().await;
+    let label = format!("{name}/{}", kind.name());
+    let name = label.as_str();
+    let run = unique("r9").replace('-', "_");
+    let kills_wanted = if quick() { 40 } else { 100 };
+    let subject = format!("faults.{run}");
+    // Messages keep coming until the relays have been killed often enough.
+    let mut ids = stage(&db, &subject, 80, 24).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let deliveries = Arc::new(AtomicUsize::new(0));
+    let consumer = spawn_consumer(&db, &broker, &stop, &deliveries);
+
+    let seed = seed();
+    let mut rng = Rng(seed);
+    let points = ["before", "after", "mid", "parent"];
+    let mut kills: BTreeMap<&str, usize> = BTreeMap::new();
+    let plan = |rng: &mut Rng, kills: &BTreeMap<&str, usize>| -> (&'static str, u64) {
+        if kills.values().sum::<usize>() >= kills_wanted {
+            ("none", 0)
+        } else {
+            (points[rng.below(4) as usize], 1 + rng.below(6))
+        }
+    };
+    let mut relays: Vec<(Reaped, &str, Instant, u64)> = (0..4)
+        .map(|_| {
+            let (point, at) = plan(&mut rng, &kills);
+            let child = spawn_child("relay", &url, &broker, point, at);
+            (child, point, Instant::now(), 50 + rng.below(400))
+        })
+        .collect();
+    let started = Instant::now();
+    let limit = Duration::from_secs(if quick() { 120 } else { 240 });
+    loop {
+        let pending = outbox_health(&db).await.expect("health").pending;
+        let killed = kills.values().sum::<usize>();
+        let delivered = effects(&db, &run).await.len();
+        if killed < kills_wanted && pending < 40 && ids.len() - delivered < 120 {
+            ids.extend(stage(&db, &subject, 40, 24).await);
+        }
+        if std::env::var("IDEM_FAULTS_DEBUG").is_ok() {
+            println!(
+                "r9 {name} {:?}: pending {pending}, staged {}, delivered {delivered}, kills {kills:?}",
+                started.elapsed(),
+                ids.len()
+            );
+        }
+        let done = pending == 0 && delivered >= ids.len();
+        if done && killed >= kills_wanted {
+            break;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "{name}: r9 stuck: pending {pending}, kills {kills:?}, seed {seed}"
+        );
+        for slot in &mut relays {
+            let (child, point, since, parent_after_ms) = slot;
+            let died = child.try_wait().expect("child status").is_some();
+            let parent_kills =
+                *point == "parent" && since.elapsed() > Duration::from_millis(*parent_after_ms);
+            if parent_kills {
                 let _ = child.kill();
                 let _ = child.wait();
             }
-            let n = ids.len();
-            await_effects(&db, &run, n, Duration::from_secs(30), name).await;
-            tokio::time::sleep(Duration::from_millis(500)).await; // late redeliveries, if any
-            stop.store(true, Ordering::Relaxed);
-            consumer.await.expect("consumer task");
-            let seen = effects(&db, &run).await;
-            assert_exactly_once(&format!("{name} r9 (seed {seed})"), &ids, &seen);
-            let stream_messages = match kind {
-                BrokerKind::Nats => jetstream(&broker.url())
-                    .await
-                    .get_stream(FAULTS)
-                    .await
-                    .expect("stream")
-                    .info()
-                    .await
-                    .expect("info")
-                    .state
-                    .messages
-                    .to_string(),
-                // RabbitMQ keeps no copy once a message is acknowledged, and drops no duplicate.
-                BrokerKind::RabbitMq => "no copies (RabbitMQ)".to_owned(),
-            };
-            let health = outbox_health(&db).await.expect("health");
-            assert_eq!((health.pending, health.dead), (0, 0), "{name}");
-            println!(
-                "R9 {name}: {n} messages, {} relay kills {kills:?}, stream holds {stream_messages} (NATS drops re-publishes by Nats-Msg-Id), {} deliveries ({} redeliveries absorbed by the inbox), consumer effects {} for {} ids, 0 lost, 0 duplicated, {:.1} s, seed {seed}",
-                kills.values().sum::<usize>(),
-                deliveries.load(Ordering::Relaxed),
-                deliveries
-                    .load(Ordering::Relaxed)
-                    .saturating_sub(seen.len()),
-                seen.len(),
-                ids.len(),
-                started.elapsed().as_secs_f64()
-            );
-            assert!(kills.values().sum::<usize>() >= kills_wanted, "{name}");
+            if died || parent_kills {
+                if *point != "none" {
+                    *kills.entry(point).or_default() += 1;
+                }
+                let (next, at) = plan(&mut rng, &kills);
+                *slot = (
+                    spawn_child("relay", &url, &broker, next, at),
+                    next,
+                    Instant::now(),
+                    50 + rng.below(400),
+                );
+            }
         }
+        tokio::time::sleep(Duration::from_millis(25)).await;
     }
+    for (mut child, ..) in relays {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let n = ids.len();
+    await_effects(&db, &run, n, Duration::from_secs(30), name).await;
+    tokio::time::sleep(Duration::from_millis(500)).await; // late redeliveries, if any
+    stop.store(true, Ordering::Relaxed);
+    consumer.await.expect("consumer task");
+    let seen = effects(&db, &run).await;
+    assert_exactly_once(&format!("{name} r9 (seed {seed})"), &ids, &seen);
+    let stream_messages = match kind {
+        BrokerKind::Nats => jetstream(&broker.url())
+            .await
+            .get_stream(FAULTS)
+            .await
+            .expect("stream")
+            .info()
+            .await
+            .expect("info")
+            .state
+            .messages
+            .to_string(),
+        // RabbitMQ keeps no copy once a message is acknowledged, and drops no duplicate.
+        BrokerKind::RabbitMq => "no copies (RabbitMQ)".to_owned(),
+    };
+    let health = outbox_health(&db).await.expect("health");
+    assert_eq!((health.pending, health.dead), (0, 0), "{name}");
+    println!(
+        "R9 {name}: {n} messages, {} relay kills {kills:?}, stream holds {stream_messages} (NATS drops re-publishes by Nats-Msg-Id), {} deliveries ({} redeliveries absorbed by the inbox), consumer effects {} for {} ids, 0 lost, 0 duplicated, {:.1} s, seed {seed}",
+        kills.values().sum::<usize>(),
+        deliveries.load(Ordering::Relaxed),
+        deliveries
+            .load(Ordering::Relaxed)
+            .saturating_sub(seen.len()),
+        seen.len(),
+        ids.len(),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(kills.values().sum::<usize>() >= kills_wanted, "{name}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
