@@ -238,7 +238,9 @@ async fn call(
     let status = match &result {
         Ok(_) => 200,
         Err(TestError::Idem(e)) => e.http_status(),
-        Err(TestError::Db(_)) => 500,
+        // The body's own statement failed (its node killed under it): nothing committed, and
+        // the service answers as the shop example does, 503, so the client retries elsewhere.
+        Err(TestError::Db(_)) => 503,
     };
     Answer {
         key: key.to_owned(),
