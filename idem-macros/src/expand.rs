@@ -39,6 +39,11 @@ fn bindings(pat: &Pat) -> Vec<(Ident, bool)> {
     bindings.0
 }
 
+/// The identifiers a pattern binds.
+fn names(pat: &Pat) -> impl Iterator<Item = Ident> {
+    bindings(pat).into_iter().map(|(name, _)| name)
+}
+
 /// The typed parameters: the receiver is neither fingerprinted nor the connection.
 fn typed_params(sig: &Signature) -> impl Iterator<Item = (&Pat, &Type)> {
     sig.inputs.iter().filter_map(|arg| match arg {
@@ -82,10 +87,7 @@ fn plan(args: &Args, sig: &Signature, errors: &mut Vec<syn::Error>) -> Option<Pl
     errors.extend(failed.map(|(span, message)| syn::Error::new(span, message)));
 
     let params: Vec<(&Pat, &Type)> = typed_params(sig).collect();
-    let param_names: Vec<Ident> = params
-        .iter()
-        .flat_map(|(pat, _)| bindings(pat).into_iter().map(|(name, _)| name))
-        .collect();
+    let param_names: Vec<Ident> = params.iter().flat_map(|(pat, _)| names(pat)).collect();
     let listing = if param_names.is_empty() {
         "the function has no named parameters".to_owned()
     } else {
@@ -179,7 +181,7 @@ pub(crate) fn fallback(mut item: ItemFn) -> TokenStream {
     // An `#[async_trait]` method: its body names what the attribute would have bound (`db`);
     // the signature alone keeps the impl whole without errors the real one already explains.
     let names: Vec<Ident> = typed_params(&item.sig)
-        .flat_map(|(pat, _)| bindings(pat).into_iter().map(|(name, _)| name))
+        .flat_map(|(pat, _)| names(pat))
         .collect();
     if returns_boxed_future(&item.sig) {
         if let Ok(block) = syn::parse2(quote!({ #(let _ = &#names;)* ::core::unimplemented!() })) {
@@ -349,8 +351,9 @@ pub(crate) fn expand(
     let principal = args.principal.as_ref().map(key);
     let principal = principal.map(|call| quote!(__idem_call.principal(#call);));
     // (`deadline` and `resumable` without a lease are errors, which discard the expansion.)
-    let deadline = args.deadline_ms;
-    let deadline = deadline.map(|ms| quote!(__idem_call.deadline(#p::Duration::from_millis(#ms));));
+    let deadline = args
+        .deadline_ms
+        .map(|ms| quote!(__idem_call.deadline(#p::Duration::from_millis(#ms));));
     // The call carries the user's spans, so clippy sees `_name` used as user code.
     let allow_underscored = |name: &Ident| {
         let underscored = name.to_string().starts_with('_');
@@ -440,16 +443,13 @@ pub(crate) fn expand(
         }
     });
     // The parameters themselves are only moved into their holders now.
-    for input in item
-        .sig
-        .inputs
-        .iter_mut()
-        .filter(|_| args.lease_ms.is_none())
-    {
-        if let FnArg::Typed(typed) = input
-            && bindings(&typed.pat).iter().any(|(_, mutable)| *mutable)
-        {
-            typed.attrs.push(syn::parse_quote!(#[allow(unused_mut)]));
+    if args.lease_ms.is_none() {
+        for input in &mut item.sig.inputs {
+            if let FnArg::Typed(typed) = input
+                && bindings(&typed.pat).iter().any(|(_, mutable)| *mutable)
+            {
+                typed.attrs.push(syn::parse_quote!(#[allow(unused_mut)]));
+            }
         }
     }
     // The `let` gives the body its expected type, so a type mismatch is reported inside it.

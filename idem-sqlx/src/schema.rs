@@ -29,13 +29,19 @@ pub async fn create_tables<DB: Backend>(pool: &Pool<DB>, families: &[Family]) ->
         .acquire()
         .await
         .map_err(|e| store_error("creating idem's tables", e))?;
-    let named = crate::driver::pooler::named(pool);
-    let existing = DB::fetch_texts(&mut *conn, sql.inspect.existing_tables(), named)
-        .await
-        .map_err(|e| store_error("listing idem's tables", e))?;
+    // SQLite reruns every family's DDL: no need to read its catalogue.
+    let existing = if sql.dialect == Dialect::Sqlite {
+        None
+    } else {
+        let named = crate::driver::pooler::named(pool);
+        let existing = DB::fetch_texts(&mut *conn, sql.inspect.existing_tables(), named)
+            .await
+            .map_err(|e| store_error("listing idem's tables", e))?;
+        Some(existing)
+    };
     for &family in families {
-        let present = |table: &&str| existing.iter().any(|name| name == table);
-        if sql.dialect != Dialect::Sqlite && family.tables().iter().all(present) {
+        let present = |table: &&str| existing.iter().flatten().any(|name| name == table);
+        if existing.is_some() && family.tables().iter().all(present) {
             continue;
         }
         for statement in &sql.tables(family).create {
