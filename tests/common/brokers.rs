@@ -56,10 +56,21 @@ pub fn brokers() -> Vec<BrokerKind> {
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    // The kernel may hand the same free port to two of a binary's parallel tests (each closes
+    // its probe before its server binds); the loser's server then fails to listen while its
+    // readiness probe reaches the winner's. So a port is handed out once per process.
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        if !handed_out.contains(&port) {
+            handed_out.push(port);
+            return port;
+        }
+    }
 }
 
 fn wait_for_port(port: u16, what: &str) {

@@ -29,45 +29,65 @@ impl PgBouncer {
         std::fs::create_dir_all(&dir).expect("pgbouncer dir");
         // PgBouncer refuses to run as root: it drops to `postgres`, which must reach the dir.
         let _ = Command::new("chmod").arg("0777").arg(&dir).status();
-        let listen = free_port();
         std::fs::write(dir.join("users.txt"), format!("\"{user}\" \"\"\n")).expect("users");
-        let ini = format!(
-            "[databases]\n{database} = host={host} port={port} dbname={database} user={user}\n\n\
-             [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {listen}\nunix_socket_dir =\n\
-             auth_type = trust\nauth_file = {users}\npool_mode = transaction\n\
-             default_pool_size = {server_connections}\nmax_client_conn = 200\n\
-             ignore_startup_parameters = extra_float_digits\n\
-             logfile = {log}\npidfile = {pid}\n",
-            users = dir.join("users.txt").display(),
-            log = dir.join("pgbouncer.log").display(),
-            pid = dir.join("pgbouncer.pid").display(),
-        );
-        let config = dir.join("pgbouncer.ini");
-        std::fs::write(&config, ini).expect("pgbouncer.ini");
-        let mut command = Command::new("pgbouncer");
-        if std::env::var("USER").map_or(true, |u| u == "root") {
-            command.arg("-u").arg("postgres");
-        }
-        let child = command
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start pgbouncer (Debian's `pgbouncer` package; .ci/run installs it)");
-        let started = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", listen)).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "pgbouncer did not listen on {listen}: {}",
-                std::fs::read_to_string(dir.join("pgbouncer.log")).unwrap_or_default()
+        let log = dir.join("pgbouncer.log");
+        // A port found free may be taken again before PgBouncer binds it (by another test's
+        // client or server); PgBouncer then logs "nowhere to listen on" and exits, while a
+        // probe of the port may reach whoever took it. So readiness is PgBouncer's own log line,
+        // and a start that could not listen is tried again on another port.
+        for _attempt in 0..5 {
+            let listen = free_port();
+            let ini = format!(
+                "[databases]\n{database} = host={host} port={port} dbname={database} user={user}\n\n\
+                 [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {listen}\nunix_socket_dir =\n\
+                 auth_type = trust\nauth_file = {users}\npool_mode = transaction\n\
+                 default_pool_size = {server_connections}\nmax_client_conn = 200\n\
+                 ignore_startup_parameters = extra_float_digits\n\
+                 logfile = {log}\npidfile = {pid}\n",
+                users = dir.join("users.txt").display(),
+                log = log.display(),
+                pid = dir.join("pgbouncer.pid").display(),
             );
-            std::thread::sleep(Duration::from_millis(20));
+            let config = dir.join("pgbouncer.ini");
+            std::fs::write(&config, ini).expect("pgbouncer.ini");
+            let _ = std::fs::remove_file(&log);
+            let mut command = Command::new("pgbouncer");
+            if std::env::var("USER").map_or(true, |u| u == "root") {
+                command.arg("-u").arg("postgres");
+            }
+            let mut child = command
+                .arg(&config)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start pgbouncer (Debian's `pgbouncer` package; .ci/run installs it)");
+            let listening = format!("listening on 127.0.0.1:{listen}");
+            let started = Instant::now();
+            loop {
+                let logged = std::fs::read_to_string(&log).unwrap_or_default();
+                if logged.contains(&listening) {
+                    return PgBouncer {
+                        child,
+                        url: format!("postgres://{user}@127.0.0.1:{listen}/{database}"),
+                        dir,
+                    };
+                }
+                if matches!(child.try_wait(), Ok(Some(_))) || logged.contains("FATAL") {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break; // another port
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "pgbouncer did not listen on {listen}: {logged}"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
-        PgBouncer {
-            child,
-            url: format!("postgres://{user}@127.0.0.1:{listen}/{database}"),
-            dir,
-        }
+        panic!(
+            "pgbouncer could not listen on five free ports: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        )
     }
 }
 
