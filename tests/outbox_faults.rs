@@ -772,6 +772,62 @@ async fn the_broker_and_the_database_go_away_for_five_seconds_and_nothing_is_los
     }
 }
 
+/// A broker that stops reading mid-connection (hung, not dead: its sockets stay open) costs a
+/// publish its bound, and the next publish opens a new connection. R11 stalled twice in CI on
+/// RabbitMQ with the relay's messages pending: before this, the send of a publish awaited
+/// the frames' write without a bound, so one publish on a connection that stopped taking
+/// bytes held the relay forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_to_a_broker_that_stopped_reading_fails_within_its_bound_and_the_next_reconnects()
+{
+    if !brokers().contains(&BrokerKind::RabbitMq) {
+        return;
+    }
+    let broker = Broker::start(BrokerKind::RabbitMq);
+    broker.prepare().await;
+    let bound = Duration::from_secs(2);
+    let sink = idem::rabbitmq::AmqpSink::new(broker.url(), FAULTS).confirm_timeout(bound);
+    let run = unique("hung").replace('-', "_");
+    let message = |n: usize, bytes: usize| {
+        OutboxMessage::new(
+            format!("{run}-{n}"),
+            format!("faults.{run}"),
+            vec![b'x'; bytes],
+        )
+    };
+    sink.publish(&message(0, 16))
+        .await
+        .expect("a publish to a live broker");
+
+    broker.freeze();
+    // Larger than the sockets' buffers, so its frames cannot all be written.
+    let started = Instant::now();
+    let large = message(1, 24 << 20);
+    let outcome = tokio::time::timeout(Duration::from_secs(20), sink.publish(&large)).await;
+    let took = started.elapsed();
+    broker.thaw();
+    match outcome {
+        Err(_) => panic!("a publish to a broker that stopped reading was still waiting after 20 s"),
+        Ok(Ok(())) => panic!("a frozen broker confirmed a publish"),
+        Ok(Err(error)) => assert!(
+            took < bound + Duration::from_secs(3),
+            "the publish failed only after {took:?} (bound {bound:?}): {error}"
+        ),
+    }
+
+    // The broker is back: the next publish gets through (on a new connection: the old one
+    // carries the unfinished message).
+    let mut last = None;
+    for _ in 0..20 {
+        match sink.publish(&message(2, 16)).await {
+            Ok(()) => return,
+            Err(error) => last = Some(error),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("no publish got through after the broker came back: {last:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn order_holds_per_aggregate_and_a_poison_message_holds_only_its_own() {
     for kind in brokers() {

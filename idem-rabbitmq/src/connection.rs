@@ -13,9 +13,14 @@ pub(crate) async fn open(uri: &str) -> Result<Connection, lapin::Error> {
     let properties = ConnectionProperties::default().with_connection_name("idem".into());
     match tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(uri, properties)).await {
         Ok(connection) => connection,
-        Err(_) => Err(lapin::Error::from(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("no answer from RabbitMQ within {CONNECT_TIMEOUT:?}"),
-        ))),
+        Err(_) => Err(timed_out("connecting")),
     }
+}
+
+/// The error of a step (`what`) the broker did not answer within [`CONNECT_TIMEOUT`].
+pub(crate) fn timed_out(what: &str) -> lapin::Error {
+    lapin::Error::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("{what}: no answer from RabbitMQ within {CONNECT_TIMEOUT:?}"),
+    ))
 }

@@ -26,13 +26,18 @@ const PERSISTENT: u8 = 2;
 ///
 /// The connection is opened at the first publish and again after it broke (the broker
 /// restarted): a publish that fails on it is an error the relay retries with backoff.
+/// Every step of a publish is bounded (opening the channel by the connect timeout, sending
+/// and confirming by [`confirm_timeout`](Self::confirm_timeout)), and a connection on which a
+/// publish failed without the broker's answer is dropped, so the next publish opens a new
+/// one: a relay never waits forever on a connection that died or stopped reading.
 /// Clones share the connection and its channel.
 #[derive(Clone)]
 pub struct AmqpSink {
     uri: Arc<str>,
     exchange: Arc<str>,
     confirm_timeout: Duration,
-    open: Arc<Mutex<Option<(Connection, Channel)>>>,
+    /// The open connection, its channel, and which opening it was (to drop only that one).
+    open: Arc<Mutex<Option<(Connection, Channel, u64)>>>,
 }
 
 impl AmqpSink {
@@ -56,27 +61,59 @@ impl AmqpSink {
         self
     }
 
-    /// A channel in confirm mode on a live connection: the open one, or a new one.
-    async fn channel(&self) -> Result<Channel, lapin::Error> {
+    /// A channel in confirm mode on a live connection, the open one or a new one, with its
+    /// opening's number.
+    async fn channel(&self) -> Result<(Channel, u64), lapin::Error> {
         let mut open = self.open.lock().await;
-        if let Some((connection, channel)) = open.as_ref()
+        if let Some((connection, channel, opening)) = open.as_ref()
             && connection.status().connected()
             && channel.status().connected()
         {
-            return Ok(channel.clone());
+            return Ok((channel.clone(), *opening));
         }
-        *open = None;
+        let opening = open.take().map_or(0, |(connection, _, opening)| {
+            forget(connection);
+            opening + 1
+        });
         let connection = connection::open(&self.uri).await?;
-        let channel = connection.create_channel().await?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await?;
-        *open = Some((connection, channel.clone()));
-        Ok(channel)
+        // A broker can take the connection and then not answer the channel's opening (it is
+        // still booting, or stopped): bounded like the connect, the lock is not held forever.
+        let channel = tokio::time::timeout(connection::CONNECT_TIMEOUT, async {
+            let channel = connection.create_channel().await?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await?;
+            Ok::<_, lapin::Error>(channel)
+        })
+        .await;
+        let channel = match channel {
+            Ok(Ok(channel)) => channel,
+            Ok(Err(e)) => {
+                forget(connection);
+                return Err(e);
+            }
+            Err(_) => {
+                forget(connection);
+                return Err(connection::timed_out("opening a channel"));
+            }
+        };
+        *open = Some((connection, channel.clone(), opening));
+        Ok((channel, opening))
+    }
+
+    /// Drops the connection of `opening` if it is still the open one (a concurrent publish
+    /// may already have replaced it).
+    async fn drop_connection(&self, opening: u64) {
+        let mut open = self.open.lock().await;
+        if open.as_ref().is_some_and(|(_, _, open)| *open == opening)
+            && let Some((connection, _, _)) = open.take()
+        {
+            forget(connection);
+        }
     }
 
     async fn publish_confirmed(&self, message: &OutboxMessage) -> Result<(), SinkError> {
-        let channel = self
+        let (channel, opening) = self
             .channel()
             .await
             .map_err(|e| SinkError::transient(format!("connecting to RabbitMQ: {e}")))?;
@@ -102,25 +139,38 @@ impl AmqpSink {
             mandatory: true,
             ..Default::default()
         };
-        let confirm = channel
-            .basic_publish(
-                self.exchange.as_ref().into(),
-                message.topic.as_str().into(),
-                options,
-                &message.payload,
-                properties,
-            )
-            .await
-            .map_err(|e| SinkError::transient(format!("publishing to RabbitMQ: {e}")))?;
-        let confirmation = tokio::time::timeout(self.confirm_timeout, confirm)
-            .await
-            .map_err(|_| {
-                SinkError::transient(format!(
-                    "RabbitMQ did not confirm the publish within {:?}",
-                    self.confirm_timeout
-                ))
-            })?
-            .map_err(|e| SinkError::transient(format!("waiting for RabbitMQ's confirm: {e}")))?;
+        // Sending waits until the frames are written, which a broker that stopped reading
+        // never lets happen; the confirm may never come. Both under one bound.
+        let sent_and_confirmed = tokio::time::timeout(self.confirm_timeout, async {
+            let confirm = channel
+                .basic_publish(
+                    self.exchange.as_ref().into(),
+                    message.topic.as_str().into(),
+                    options,
+                    &message.payload,
+                    properties,
+                )
+                .await
+                .map_err(|e| format!("publishing to RabbitMQ: {e}"))?;
+            confirm
+                .await
+                .map_err(|e| format!("waiting for RabbitMQ's confirm: {e}"))
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(format!(
+                "RabbitMQ did not take and confirm the publish within {:?}",
+                self.confirm_timeout
+            ))
+        });
+        let confirmation = match sent_and_confirmed {
+            Ok(confirmation) => confirmation,
+            Err(problem) => {
+                // No answer from the broker on this connection: the next publish opens another.
+                self.drop_connection(opening).await;
+                return Err(SinkError::transient(problem));
+            }
+        };
         match confirmation {
             Confirmation::Ack(None) => Ok(()),
             Confirmation::Ack(Some(_)) => Err(SinkError::transient(format!(
@@ -136,6 +186,15 @@ impl AmqpSink {
             }
         }
     }
+}
+
+/// Closes a connection idem no longer uses, in the background and bounded: a dead broker
+/// must not hold up the publish that gave up on it.
+fn forget(connection: Connection) {
+    tokio::spawn(async move {
+        let closing = connection.close(0, "idem: reconnecting".into());
+        let _ = tokio::time::timeout(connection::CONNECT_TIMEOUT, closing).await;
+    });
 }
 
 impl Sink for AmqpSink {

@@ -191,6 +191,28 @@ impl Broker {
         }
     }
 
+    /// Stops the server without closing its connections (SIGSTOP): it takes no more bytes and
+    /// answers nothing until [`thaw`](Self::thaw), like a broker that hangs. RabbitMQ only.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a frozen server run again (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        assert_eq!(
+            self.kind,
+            BrokerKind::RabbitMq,
+            "signals go to a RabbitMQ node"
+        );
+        let pid = std::fs::read_to_string(self.store.join("pid")).expect("the node's pid file");
+        let sent = Command::new("kill").args([signal, pid.trim()]).status();
+        assert!(sent.is_ok_and(|s| s.success()), "kill {signal} {pid}");
+    }
+
     /// Kills the server and starts it again on the same port and store.
     pub fn restart(&mut self) {
         self.kill();
