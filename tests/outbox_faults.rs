@@ -828,6 +828,50 @@ async fn a_publish_to_a_broker_that_stopped_reading_fails_within_its_bound_and_t
     panic!("no publish got through after the broker came back: {last:?}");
 }
 
+/// The consumer's side of the same hang: reconnecting closed the old connection and waited
+/// for the broker's answer, which a hung broker never gives (lapin notices only when its
+/// heartbeats lapse, minutes later). Now the old connection is closed in the background and
+/// the new one's setup is bounded: a reconnect to a frozen broker fails within the connect
+/// timeout, and one after the thaw consumes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_reconnecting_to_a_broker_that_stopped_answering_fails_within_its_bound() {
+    use idem::inbox::Source as _;
+    if !brokers().contains(&BrokerKind::RabbitMq) {
+        return;
+    }
+    let broker = Broker::start(BrokerKind::RabbitMq);
+    broker.prepare().await;
+    let mut source = idem::rabbitmq::AmqpSource::new(broker.url(), FAULTS, unique("hung"));
+    source.connect().await.expect("a consumer on a live broker");
+
+    broker.freeze();
+    let started = Instant::now();
+    let outcome = tokio::time::timeout(Duration::from_secs(20), source.connect()).await;
+    let took = started.elapsed();
+    broker.thaw();
+    match outcome {
+        Err(_) => {
+            panic!("a reconnect to a broker that stopped answering was still waiting after 20 s")
+        }
+        Ok(Ok(())) => panic!("a frozen broker took a new consumer"),
+        // The connect's bound is 5 s; its channel's setup has another 5 s.
+        Ok(Err(error)) => assert!(
+            took < Duration::from_secs(13),
+            "failed only after {took:?}: {error}"
+        ),
+    }
+
+    let mut last = None;
+    for _ in 0..20 {
+        match source.connect().await {
+            Ok(()) => return,
+            Err(error) => last = Some(error),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("no consumer connected after the broker came back: {last:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn order_holds_per_aggregate_and_a_poison_message_holds_only_its_own() {
     for kind in brokers() {

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lapin::{Connection, ConnectionProperties};
+use lapin::{Channel, Connection, ConnectionProperties};
 
 /// How long opening a connection may take: a broker that accepts TCP but does not answer
 /// (stopped, overloaded) is an error the caller retries, not a hang.
@@ -23,4 +23,38 @@ pub(crate) fn timed_out(what: &str) -> lapin::Error {
         std::io::ErrorKind::TimedOut,
         format!("{what}: no answer from RabbitMQ within {CONNECT_TIMEOUT:?}"),
     ))
+}
+
+/// Opens a connection and a channel on it, set up by `setup` (confirm mode, a consumer). A
+/// broker can take the connection and then not answer the channel's opening (it is still
+/// booting, or it hangs): the setup is bounded like the connect, and a connection whose
+/// setup failed is closed.
+pub(crate) async fn open_channel<T>(
+    uri: &str,
+    setup: impl AsyncFnOnce(&Channel) -> Result<T, lapin::Error>,
+) -> Result<(Connection, Channel, T), lapin::Error> {
+    let connection = open(uri).await?;
+    let opened = tokio::time::timeout(CONNECT_TIMEOUT, async {
+        let channel = connection.create_channel().await?;
+        let set_up = setup(&channel).await?;
+        Ok::<_, lapin::Error>((channel, set_up))
+    })
+    .await
+    .unwrap_or_else(|_| Err(timed_out("opening a channel")));
+    match opened {
+        Ok((channel, set_up)) => Ok((connection, channel, set_up)),
+        Err(e) => {
+            forget(connection);
+            Err(e)
+        }
+    }
+}
+
+/// Closes a connection idem no longer uses, in the background and bounded: a broker that
+/// hangs never answers the close, and must not hold up the caller that gave up on it.
+pub(crate) fn forget(connection: Connection) {
+    tokio::spawn(async move {
+        let closing = connection.close(200, "idem: reconnecting".into());
+        let _ = tokio::time::timeout(CONNECT_TIMEOUT, closing).await;
+    });
 }

@@ -72,31 +72,14 @@ impl AmqpSink {
             return Ok((channel.clone(), *opening));
         }
         let opening = open.take().map_or(0, |(connection, _, opening)| {
-            forget(connection);
+            connection::forget(connection);
             opening + 1
         });
-        let connection = connection::open(&self.uri).await?;
-        // A broker can take the connection and then not answer the channel's opening (it is
-        // still booting, or stopped): bounded like the connect, the lock is not held forever.
-        let channel = tokio::time::timeout(connection::CONNECT_TIMEOUT, async {
-            let channel = connection.create_channel().await?;
-            channel
-                .confirm_select(ConfirmSelectOptions::default())
-                .await?;
-            Ok::<_, lapin::Error>(channel)
-        })
-        .await;
-        let channel = match channel {
-            Ok(Ok(channel)) => channel,
-            Ok(Err(e)) => {
-                forget(connection);
-                return Err(e);
-            }
-            Err(_) => {
-                forget(connection);
-                return Err(connection::timed_out("opening a channel"));
-            }
+        let confirm_mode = async |channel: &Channel| {
+            let options = ConfirmSelectOptions::default();
+            channel.confirm_select(options).await
         };
+        let (connection, channel, ()) = connection::open_channel(&self.uri, confirm_mode).await?;
         *open = Some((connection, channel.clone(), opening));
         Ok((channel, opening))
     }
@@ -108,7 +91,7 @@ impl AmqpSink {
         if open.as_ref().is_some_and(|(_, _, open)| *open == opening)
             && let Some((connection, _, _)) = open.take()
         {
-            forget(connection);
+            connection::forget(connection);
         }
     }
 
@@ -186,15 +169,6 @@ impl AmqpSink {
             }
         }
     }
-}
-
-/// Closes a connection idem no longer uses, in the background and bounded: a dead broker
-/// must not hold up the publish that gave up on it.
-fn forget(connection: Connection) {
-    tokio::spawn(async move {
-        let closing = connection.close(0, "idem: reconnecting".into());
-        let _ = tokio::time::timeout(connection::CONNECT_TIMEOUT, closing).await;
-    });
 }
 
 impl Sink for AmqpSink {

@@ -122,21 +122,24 @@ impl Source for AmqpSource {
     async fn connect(&mut self) -> Result<(), BoxError> {
         if let Some(open) = self.open.take() {
             // Unacknowledged deliveries of the old connection return to the queue with it.
-            let _ = open.connection.close(200, "reconnecting".into()).await;
+            connection::forget(open.connection);
         }
-        let connection = connection::open(&self.uri).await?;
-        let channel = connection.create_channel().await?;
-        channel
-            .basic_qos(self.prefetch, BasicQosOptions::default())
-            .await?;
-        let consumer = channel
-            .basic_consume(
-                self.queue.as_str().into(),
-                self.consumer_tag.as_str().into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await?;
+        let (queue, tag, prefetch) = (
+            self.queue.as_str(),
+            self.consumer_tag.as_str(),
+            self.prefetch,
+        );
+        let consume = async |channel: &Channel| {
+            channel
+                .basic_qos(prefetch, BasicQosOptions::default())
+                .await?;
+            let options = BasicConsumeOptions::default();
+            let arguments = FieldTable::default();
+            channel
+                .basic_consume(queue.into(), tag.into(), options, arguments)
+                .await
+        };
+        let (connection, channel, consumer) = connection::open_channel(&self.uri, consume).await?;
         self.open = Some(Open {
             connection,
             _channel: channel,
