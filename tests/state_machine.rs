@@ -26,19 +26,32 @@ async fn new_order(db: &DatabaseConnection, run: &str, status: OrderStatus) -> S
         }
     }
     let id = unique("ord");
-    model::insert_order(db, &id, run, 1200)
-        .await
-        .expect("insert order");
-    if status != OrderStatus::Pending {
-        order::Entity::update_many()
-            .col_expr(
-                order::Column::Status,
-                sea_orm::sea_query::Expr::value(status),
-            )
-            .filter(order::Column::Id.eq(id.as_str()))
-            .exec(db)
-            .await
-            .expect("set status");
+    // A Galera node answers a write that lost certification to a concurrent test's write on
+    // another row's index entry with 1213 (deadlock), as it does any client: the setup retries.
+    for attempt in 1..=5 {
+        let written = async {
+            model::insert_order(db, &id, run, 1200).await?;
+            if status != OrderStatus::Pending {
+                order::Entity::update_many()
+                    .col_expr(
+                        order::Column::Status,
+                        sea_orm::sea_query::Expr::value(status),
+                    )
+                    .filter(order::Column::Id.eq(id.as_str()))
+                    .exec(db)
+                    .await?;
+            }
+            Ok::<_, DbErr>(())
+        };
+        match written.await {
+            Ok(()) => break,
+            Err(e) if attempt < 5 && e.to_string().contains("Deadlock") => {
+                // The insert may have committed before the update lost: start over on a clean row.
+                order::Entity::delete_by_id(id.clone()).exec(db).await.ok();
+                tokio::time::sleep(std::time::Duration::from_millis(50 * attempt)).await;
+            }
+            Err(e) => panic!("insert the order at {status:?}: {e}"),
+        }
     }
     id
 }
