@@ -799,33 +799,22 @@ async fn a_publish_to_a_broker_that_stopped_reading_fails_within_its_bound_and_t
         .await
         .expect("a publish to a live broker");
 
-    broker.freeze();
     // Larger than the sockets' buffers, so its frames cannot all be written.
-    let started = Instant::now();
     let large = message(1, 24 << 20);
-    let outcome = tokio::time::timeout(Duration::from_secs(20), sink.publish(&large)).await;
-    let took = started.elapsed();
-    broker.thaw();
-    match outcome {
-        Err(_) => panic!("a publish to a broker that stopped reading was still waiting after 20 s"),
-        Ok(Ok(())) => panic!("a frozen broker confirmed a publish"),
-        Ok(Err(error)) => assert!(
-            took < bound + Duration::from_secs(3),
-            "the publish failed only after {took:?} (bound {bound:?}): {error}"
-        ),
-    }
+    fails_while_frozen(
+        &broker,
+        "a publish",
+        bound + Duration::from_secs(3),
+        sink.publish(&large),
+    )
+    .await;
 
     // The broker is back: the next publish gets through (on a new connection: the old one
     // carries the unfinished message).
-    let mut last = None;
-    for _ in 0..20 {
-        match sink.publish(&message(2, 16)).await {
-            Ok(()) => return,
-            Err(error) => last = Some(error),
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    panic!("no publish got through after the broker came back: {last:?}");
+    eventually("a publish after the broker came back", async || {
+        sink.publish(&message(2, 16)).await
+    })
+    .await;
 }
 
 /// The consumer's side of the same hang: reconnecting closed the old connection and waited
@@ -844,32 +833,59 @@ async fn a_consumer_reconnecting_to_a_broker_that_stopped_answering_fails_within
     let mut source = idem::rabbitmq::AmqpSource::new(broker.url(), FAULTS, unique("hung"));
     source.connect().await.expect("a consumer on a live broker");
 
+    // The connect's bound is 5 s; its channel's setup has another 5 s.
+    fails_while_frozen(
+        &broker,
+        "a reconnect",
+        Duration::from_secs(13),
+        source.connect(),
+    )
+    .await;
+
+    eventually("a consumer after the broker came back", async || {
+        source.connect().await
+    })
+    .await;
+}
+
+/// Runs `attempt` on `broker` frozen, and requires it to fail, within `within`: not to hang
+/// (20 s), not to succeed on a broker that answers nothing.
+async fn fails_while_frozen<E: std::fmt::Display>(
+    broker: &Broker,
+    what: &str,
+    within: Duration,
+    attempt: impl std::future::Future<Output = Result<(), E>>,
+) {
     broker.freeze();
     let started = Instant::now();
-    let outcome = tokio::time::timeout(Duration::from_secs(20), source.connect()).await;
+    let outcome = tokio::time::timeout(Duration::from_secs(20), attempt).await;
     let took = started.elapsed();
     broker.thaw();
     match outcome {
-        Err(_) => {
-            panic!("a reconnect to a broker that stopped answering was still waiting after 20 s")
-        }
-        Ok(Ok(())) => panic!("a frozen broker took a new consumer"),
-        // The connect's bound is 5 s; its channel's setup has another 5 s.
+        Err(_) => panic!("{what} to a broker that stopped answering was still waiting after 20 s"),
+        Ok(Ok(())) => panic!("{what} succeeded on a frozen broker"),
         Ok(Err(error)) => assert!(
-            took < Duration::from_secs(13),
-            "failed only after {took:?}: {error}"
+            took < within,
+            "{what} failed only after {took:?} (bound {within:?}): {error}"
         ),
     }
+}
 
+/// Tries `attempt` up to 20 times, 250 ms apart, until it succeeds (a thawed broker takes a
+/// moment to answer again).
+async fn eventually<E: std::fmt::Debug>(
+    what: &str,
+    mut attempt: impl AsyncFnMut() -> Result<(), E>,
+) {
     let mut last = None;
     for _ in 0..20 {
-        match source.connect().await {
+        match attempt().await {
             Ok(()) => return,
             Err(error) => last = Some(error),
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    panic!("no consumer connected after the broker came back: {last:?}");
+    panic!("no success of {what}: {last:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
