@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use common::link::Link;
 use common::pgbouncer::PgBouncer;
 use common::{server_urls, sqlite_url, unique};
 use idem::{ErrorKind, FinalError, idempotent};
@@ -477,6 +478,74 @@ async fn a_database_that_cannot_be_reached_is_an_outage_told_promptly() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// A lease-mode call whose server goes away during its final phase: the link is cut inside
+/// the phase's writes, which then return (the phase's own record fails) or, with
+/// `statement_after_the_cut`, run a statement of the handler's (which fails).
+#[idempotent(scope = "sqlx.outage.final_phase", key = key, lease = "30s", skip(link))]
+async fn final_phase_loses_its_server(
+    db: &sqlx::PgPool,
+    link: Arc<Link>,
+    key: String,
+    statement_after_the_cut: bool,
+) -> Result<u8, PayError> {
+    idem::sqlx::finish(db, "write", move |conn| {
+        Box::pin(async move {
+            link.cut().await;
+            if statement_after_the_cut {
+                sqlx::query("SELECT 1")
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(|_| PayError::Flaky)?;
+            }
+            Ok(3)
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_server_lost_under_a_final_phase_is_answered_before_the_lease_is_released() {
+    let Some(url) = server_url("postgres") else {
+        return;
+    };
+    // The ledger, on a direct pool.
+    postgres::pool().await.expect("PostgreSQL");
+    let wait = Duration::from_secs(1);
+    for statement_after_the_cut in [false, true] {
+        let link = Arc::new(Link::to(&url).await);
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .acquire_timeout(wait)
+            .connect(&link.url(&url))
+            .await
+            .expect("through the link");
+        let started = Instant::now();
+        let answer = final_phase_loses_its_server(
+            &pool,
+            Arc::clone(&link),
+            unique("f"),
+            statement_after_the_cut,
+        )
+        .await;
+        let took = started.elapsed();
+        let expected = match statement_after_the_cut {
+            false => PayError::Idem(ErrorKind::Unavailable),
+            true => PayError::Flaky,
+        };
+        assert_eq!(
+            answer,
+            Err(expected),
+            "statement after the cut: {statement_after_the_cut}"
+        );
+        // The release cannot reach the server either: awaited, it would wait the pool's
+        // acquire timeout out before the answer.
+        assert!(
+            took < wait / 2,
+            "statement after the cut: {statement_after_the_cut}: answered after {took:?}"
+        );
+        println!("statement after the cut: {statement_after_the_cut}: answered after {took:?}");
+    }
 }
 
 /// A handler for a pool behind a transaction pooler: its own query runs unnamed too.

@@ -4,8 +4,8 @@
 //! effects in the database rather than trusting return values ([`Backend::assert_effects`]),
 //! and a [`Gate`] that holds a call inside its body. `isolated` gives a test databases of its
 //! own, `http` sends requests to a router, `brokers` starts a nats-server or RabbitMQ node of a
-//! test's own, `pgbouncer` a PgBouncer in transaction mode; the reliability suite adds its tables in
-//! `tests/reliability/support.rs`.
+//! test's own, `pgbouncer` a PgBouncer in transaction mode, `link` a TCP link to a server that a
+//! test can cut; the reliability suite adds its tables in `tests/reliability/support.rs`.
 //!
 //! SQLite always runs (a fresh file per test). PostgreSQL and MySQL/MariaDB run when
 //! `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_MYSQL_URL` are set; a set but unreachable server
@@ -17,6 +17,7 @@ pub mod brokers;
 pub mod crash;
 pub mod http;
 pub mod isolated;
+pub mod link;
 pub mod pgbouncer;
 pub mod stores;
 

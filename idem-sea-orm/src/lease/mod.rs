@@ -375,19 +375,25 @@ where
     let (tx, sql) = begin_within(db, connection_wait())
         .await
         .map_err(|e| lease.store_failed(store_error("beginning the final phase", e)))?;
+    // Every failure on the phase's connection goes through `store_failed`: a server that went
+    // away under the phase makes the call release its lease behind its answer.
     if let Err(e) = fence(&tx, sql, &ticket).await {
         let _ = tx.rollback().await;
         return Err(if e.kind() == idem_core::ErrorKind::LeaseLost {
             lease.lose()
         } else {
-            e
+            lease.store_failed(e)
         }
         .into());
     }
     let value = match writes(&tx).await {
         Ok(value) => value,
         Err(e) => {
-            let _ = tx.rollback().await;
+            // The handler's error says nothing idem can read; a rollback that finds no
+            // connection says the server went away.
+            if let Err(rollback) = tx.rollback().await {
+                lease.store_failed(store_error("rolling back the final phase", rollback));
+            }
             return Err(e);
         }
     };
@@ -402,7 +408,7 @@ where
         lease.is_resumable(),
     )
     .await
-    .map_err(|(doing, e)| store_error(doing, e))?;
+    .map_err(|(doing, e)| lease.store_failed(store_error(doing, e)))?;
     if keep_open {
         // The engine records the call's result in this transaction when the handler
         // returns, or commits it alone if the handler does more first.
@@ -410,7 +416,7 @@ where
     } else {
         tx.commit()
             .await
-            .map_err(|e| store_error("committing the final phase", e))?;
+            .map_err(|e| lease.store_failed(store_error("committing the final phase", e)))?;
     }
     lease.note_recorded(name, payload);
     Ok(value)

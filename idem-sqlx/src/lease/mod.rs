@@ -416,6 +416,8 @@ where
         conn: &mut tx,
         named,
     };
+    // Every failure on the phase's connection goes through `store_failed`: a server that went
+    // away under the phase makes the call release its lease behind its answer.
     match idem_sql::fence(&mut conn, d, &ticket).await {
         Ok(true) => {}
         Ok(false) => {
@@ -424,13 +426,17 @@ where
         }
         Err(e) => {
             let _ = tx.rollback().await;
-            return Err(failed(e).into());
+            return Err(lease.store_failed(failed(e)).into());
         }
     }
     let value = match writes(&mut tx).await {
         Ok(value) => value,
         Err(e) => {
-            let _ = tx.rollback().await;
+            // The handler's error says nothing idem can read; a rollback that finds no
+            // connection says the server went away.
+            if let Err(rollback) = tx.rollback().await {
+                lease.store_failed(store_error("rolling back the final phase", rollback));
+            }
             return Err(e);
         }
     };
@@ -443,7 +449,7 @@ where
     let resumable = lease.is_resumable();
     idem_sql::record_final_step(&mut conn, d, &ticket, name, &payload, resumable)
         .await
-        .map_err(failed)?;
+        .map_err(|e| lease.store_failed(failed(e)))?;
     if keep_open {
         // The engine records the call's result in this transaction when the handler
         // returns, or commits it alone if the handler does more first.
@@ -453,7 +459,9 @@ where
             resumable,
         }));
     } else {
-        tx.commit().await.map_err(committing)?;
+        tx.commit()
+            .await
+            .map_err(|e| lease.store_failed(committing(e)))?;
     }
     lease.note_recorded(name, payload);
     Ok(value)
