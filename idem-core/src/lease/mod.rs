@@ -73,13 +73,17 @@ struct Context {
 
 impl Context {
     /// Commits a final phase kept open, before anything else runs (a later step must not wait
-    /// on its locks). Fails if that commit fails: the phase's writes are gone.
+    /// on its locks). Fails if that commit fails: the phase's writes are gone (and if the
+    /// store was unreachable, the lease ends behind the answer).
     async fn commit_open_phase(&self) -> Result<(), Error> {
         let mut slot = self.open_phase.lock().await;
         if let Some(open) = slot.take()
             && let Err(e) = open.commit().await
         {
             self.phase_failed.store(true, Ordering::SeqCst);
+            if e.kind() == crate::ErrorKind::Unavailable {
+                self.store_unreachable.store(true, Ordering::SeqCst);
+            }
             return Err(e);
         }
         if self.phase_failed.load(Ordering::SeqCst) {
@@ -665,19 +669,13 @@ mod tests {
         (answer, started, released)
     }
 
-    /// A step that found the store unreachable answers at once; the lease's release, which
-    /// would wait the connection bound out again, runs behind the answer.
-    #[tokio::test]
-    async fn a_step_that_found_the_store_unreachable_is_answered_before_the_release() {
-        static SITE: Site = Site::new(
-            "lease.dead-node",
-            Duration::from_secs(60),
-            Concurrency::Reject,
-        );
-        let (answer, started, released) = on_a_dead_node(&SITE, async || {
-            step("charge", |_key| async { Ok::<u8, Error>(1) }).await
-        })
-        .await;
+    /// Checks that a call on a [`DeadNode`] was answered `Unavailable` at once, and its lease
+    /// released behind the answer (the release takes 2 s).
+    async fn answered_before_the_release(
+        answer: Result<u8, Error>,
+        started: Instant,
+        released: &AtomicBool,
+    ) {
         assert_eq!(
             answer.expect_err("unreachable").kind(),
             ErrorKind::Unavailable
@@ -693,6 +691,22 @@ mod tests {
             released.load(Ordering::SeqCst),
             "the release ran behind the answer"
         );
+    }
+
+    /// A step that found the store unreachable answers at once; the lease's release, which
+    /// would wait the connection bound out again, runs behind the answer.
+    #[tokio::test]
+    async fn a_step_that_found_the_store_unreachable_is_answered_before_the_release() {
+        static SITE: Site = Site::new(
+            "lease.dead-node",
+            Duration::from_secs(60),
+            Concurrency::Reject,
+        );
+        let (answer, started, released) = on_a_dead_node(&SITE, async || {
+            step("charge", |_key| async { Ok::<u8, Error>(1) }).await
+        })
+        .await;
+        answered_before_the_release(answer, started, &released).await;
     }
 
     /// The same for a final phase that could not begin on a dead node (a store's
@@ -712,20 +726,47 @@ mod tests {
             }))
         })
         .await;
-        assert_eq!(
-            answer.expect_err("unreachable").kind(),
-            ErrorKind::Unavailable
+        answered_before_the_release(answer, started, &released).await;
+    }
+
+    /// A final phase kept open whose commit finds the store unreachable.
+    struct PhaseOnADeadNode;
+
+    impl OpenPhase for PhaseOnADeadNode {
+        fn complete(
+            self: Box<Self>,
+            _ticket: Ticket,
+            _status: RecordStatus,
+            _payload: Vec<u8>,
+            _ttl: Duration,
+        ) -> BoxFuture<'static, Result<(), Error>> {
+            self.commit()
+        }
+
+        fn commit(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
+            Box::pin(async {
+                Err(Error::Unavailable {
+                    message: "the connection went away".to_owned(),
+                    retry_after: Duration::from_secs(1),
+                })
+            })
+        }
+    }
+
+    /// The same for a final phase kept open that could not commit when the next step began.
+    #[tokio::test]
+    async fn an_open_phase_that_could_not_commit_is_answered_before_the_release() {
+        static SITE: Site = Site::new(
+            "lease.dead-node-open-phase",
+            Duration::from_secs(60),
+            Concurrency::Reject,
         );
-        assert!(
-            started.elapsed() < Duration::from_secs(1),
-            "answered after {:?}: the release was awaited",
-            started.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(2500)).await;
-        assert!(
-            released.load(Ordering::SeqCst),
-            "the release ran behind the answer"
-        );
+        let (answer, started, released) = on_a_dead_node(&SITE, async || {
+            LeaseHandle::current("a final phase")?.keep_open(Box::new(PhaseOnADeadNode));
+            step("after", |_key| async { Ok::<u8, Error>(1) }).await
+        })
+        .await;
+        answered_before_the_release(answer, started, &released).await;
     }
 
     #[tokio::test]
