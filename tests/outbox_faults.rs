@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use common::brokers::{Broker, BrokerKind, BrokerSink, FAULTS, broker_sink, brokers, jetstream};
 use common::crash::kill_self;
 use common::isolated::{Isolated, connect, isolated};
+use common::link::Link;
 use common::{insert_effect, unique};
 use idem::idempotent;
 use idem::inbox::Delivery;
@@ -815,6 +816,52 @@ async fn a_publish_to_a_broker_that_stopped_reading_fails_within_its_bound_and_t
         sink.publish(&message(2, 16)).await
     })
     .await;
+}
+
+/// A publish its caller stops waiting for still drops a connection the broker never answered
+/// on. The relay bounds each publish by its lease; with a lease shorter than the sink's
+/// confirm timeout (R11's is 2 s against 10 s), every publish on a half-open connection (the
+/// peer gone without a FIN: lapin still calls it connected) was cancelled before the sink's
+/// own bound could drop it, so every later publish took the same connection until its
+/// heartbeats lapsed: R11's relay stalled in CI with 1,332 messages pending for 110 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_its_caller_gave_up_on_still_drops_a_half_open_connection() {
+    if !brokers().contains(&BrokerKind::RabbitMq) {
+        return;
+    }
+    let broker = Broker::start(BrokerKind::RabbitMq);
+    broker.prepare().await;
+    let link = Link::to(&broker.url()).await;
+    let sink = idem::rabbitmq::AmqpSink::new(link.url(&broker.url()), FAULTS)
+        .confirm_timeout(Duration::from_secs(2));
+    let run = unique("half-open").replace('-', "_");
+    let message =
+        |n: u32| OutboxMessage::new(format!("{run}-{n}"), format!("faults.{run}"), vec![b'x']);
+    sink.publish(&message(0))
+        .await
+        .expect("a publish through the link");
+
+    link.hang();
+    // A relay's bound, shorter than the confirm timeout: each publish is given up on.
+    let caller_bound = Duration::from_millis(500);
+    let started = Instant::now();
+    let mut attempts = 1;
+    while !matches!(
+        tokio::time::timeout(caller_bound, sink.publish(&message(attempts))).await,
+        Ok(Ok(()))
+    ) {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "publishes given up on after {caller_bound:?} still failed after 20 s ({attempts} \
+             attempts): the half-open connection was kept"
+        );
+        attempts += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "half-open connection: a publish got through on a new one after {:?} ({attempts} attempts)",
+        started.elapsed()
+    );
 }
 
 /// The consumer's side of the same hang: reconnecting closed the old connection and waited

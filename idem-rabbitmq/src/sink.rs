@@ -172,8 +172,17 @@ impl AmqpSink {
 }
 
 impl Sink for AmqpSink {
+    /// Publishes on a task of its own, which the caller may stop waiting for (the relay's
+    /// lease bounds each publish): the publish still runs to its own bounds, so a connection
+    /// the broker never answered on is dropped even then. Awaited in place, a caller whose
+    /// bound is shorter than the confirm timeout cancelled it every time before it could drop
+    /// the connection, and a half-open one (lapin still calls it connected) took every
+    /// publish until its heartbeats lapsed.
     async fn publish(&self, message: &OutboxMessage) -> Result<(), SinkError> {
-        self.publish_confirmed(message).await
+        let (sink, message) = (self.clone(), message.clone());
+        tokio::spawn(async move { sink.publish_confirmed(&message).await })
+            .await
+            .unwrap_or_else(|e| Err(SinkError::transient(format!("the publish task ended: {e}"))))
     }
 }
 

@@ -1,6 +1,7 @@
-//! A TCP link to a database server that a test can cut: every connection through it ends and
-//! new ones are refused, which is what a server that died looks like to a pool (a killed
-//! Galera node, on any server, without killing the shared one).
+//! A TCP link to a server that a test can break, without touching the server: cut, every
+//! connection through it ends and new ones are refused (a server that died, as a pool sees it:
+//! a killed Galera node); hung, the connections it has stop carrying bytes but stay open (a
+//! peer gone without a word: a dropped route, a NAT that forgot the flow), while new ones work.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,6 +14,8 @@ use tokio::sync::watch;
 pub struct Link {
     port: u16,
     cut: watch::Sender<bool>,
+    /// Bumped by [`hang`](Self::hang): connections made before stop carrying bytes.
+    hung: watch::Sender<u64>,
     /// The listener and the connections still open through it.
     open: Arc<AtomicUsize>,
 }
@@ -21,6 +24,7 @@ impl Link {
     /// Forwards a free local port to the server `url` names (`scheme://[user@]host:port/...`).
     pub async fn to(url: &str) -> Self {
         let upstream = authority(url).to_owned();
+        let (hung, on_hang) = watch::channel(0);
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("a local port");
@@ -35,9 +39,13 @@ impl Link {
                     accepted = listener.accept() => {
                         let Ok((client, _)) = accepted else { continue };
                         listening.fetch_add(1, Ordering::SeqCst);
-                        let (open, on_cut, upstream) =
-                            (Arc::clone(&listening), on_cut.clone(), upstream.clone());
-                        tokio::spawn(forward(client, upstream, on_cut, open));
+                        let (open, on_cut, on_hang, upstream) = (
+                            Arc::clone(&listening),
+                            on_cut.clone(),
+                            on_hang.clone(),
+                            upstream.clone(),
+                        );
+                        tokio::spawn(forward(client, upstream, on_cut, on_hang, open));
                     }
                 }
             }
@@ -45,12 +53,23 @@ impl Link {
             drop(listener);
             listening.fetch_sub(1, Ordering::SeqCst);
         });
-        Link { port, cut, open }
+        Link {
+            port,
+            cut,
+            hung,
+            open,
+        }
     }
 
     /// `url` with its host and port replaced by this link's.
     pub fn url(&self, url: &str) -> String {
         url.replacen(authority(url), &format!("127.0.0.1:{}", self.port), 1)
+    }
+
+    /// Makes the connections through the link stop carrying bytes, both ways, without closing
+    /// them; connections made afterwards work.
+    pub fn hang(&self) {
+        self.hung.send_modify(|generation| *generation += 1);
     }
 
     /// Ends every connection through the link and stops listening; returns once both are
@@ -74,13 +93,21 @@ async fn forward(
     mut client: TcpStream,
     upstream: String,
     mut on_cut: watch::Receiver<bool>,
+    mut on_hang: watch::Receiver<u64>,
     open: Arc<AtomicUsize>,
 ) {
+    let born = *on_hang.borrow_and_update();
     if let Ok(mut server) = TcpStream::connect(&upstream).await {
-        tokio::select! {
-            _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
-            _ = on_cut.wait_for(|cut| *cut) => {}
+        let hung = tokio::select! {
+            _ = tokio::io::copy_bidirectional(&mut client, &mut server) => false,
+            _ = on_cut.wait_for(|cut| *cut) => false,
+            _ = on_hang.wait_for(|generation| *generation != born) => true,
+        };
+        if hung {
+            // Both sockets stay open, carrying nothing, until the link is cut or dropped.
+            let _ = on_cut.wait_for(|cut| *cut).await;
         }
+        drop(server);
     }
     drop(client);
     open.fetch_sub(1, Ordering::SeqCst);
