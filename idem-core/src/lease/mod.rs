@@ -593,6 +593,14 @@ mod tests {
     use crate::call::{Call, Site};
     use crate::{Concurrency, ErrorKind, Key, MemoryStore};
 
+    /// What a dead node's pool answers.
+    fn unreachable() -> Error {
+        Error::Unavailable {
+            message: "no connection within the bound".to_owned(),
+            retry_after: Duration::from_secs(1),
+        }
+    }
+
     /// A dead node's pool: steps find the store unreachable, and a release takes 2 s to fail.
     struct DeadNode {
         inner: MemoryStore,
@@ -622,12 +630,7 @@ mod tests {
             _name: &'a str,
             _payload: &'a [u8],
         ) -> BoxFuture<'a, Result<(), Error>> {
-            Box::pin(async {
-                Err(Error::Unavailable {
-                    message: "no connection within the bound".to_owned(),
-                    retry_after: Duration::from_secs(1),
-                })
-            })
+            Box::pin(async { Err(unreachable()) })
         }
 
         fn complete<'a>(
@@ -720,10 +723,7 @@ mod tests {
         );
         let (answer, started, released) = on_a_dead_node(&SITE, async || {
             let lease = LeaseHandle::current("a final phase")?;
-            Err(lease.store_failed(Error::Unavailable {
-                message: "no connection within the bound".to_owned(),
-                retry_after: Duration::from_secs(1),
-            }))
+            Err(lease.store_failed(unreachable()))
         })
         .await;
         answered_before_the_release(answer, started, &released).await;
@@ -744,12 +744,7 @@ mod tests {
         }
 
         fn commit(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
-            Box::pin(async {
-                Err(Error::Unavailable {
-                    message: "the connection went away".to_owned(),
-                    retry_after: Duration::from_secs(1),
-                })
-            })
+            Box::pin(async { Err(unreachable()) })
         }
     }
 
