@@ -33,6 +33,18 @@ use idem::outbox::{Backoff, FnSink, Message, OutboxMessage, Sink, SinkError};
 use idem::sea_orm::{DeadLetterTable, Outbox, Relay, dead_messages, outbox_health};
 use sea_orm::{ConnectionTrait, DatabaseConnection, Statement, TransactionTrait};
 
+/// Logs idem's events to the test's output when `RUST_LOG` asks for them (e.g.
+/// `RUST_LOG=idem_sql=trace,idem_core=trace,idem_rabbitmq=trace`: the relay's and the inbox
+/// runner's every await).
+fn log_if_asked() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
+}
+
 fn quick() -> bool {
     std::env::var("IDEM_RELIABILITY_QUICK").is_ok_and(|v| v == "1")
 }
@@ -670,6 +682,7 @@ fn target_of(url: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_broker_and_the_database_go_away_for_five_seconds_and_nothing_is_lost() {
+    log_if_asked();
     for kind in brokers() {
         for Isolated { name, db, url } in isolated().await {
             let mut broker = Broker::start(kind);
@@ -862,6 +875,167 @@ async fn a_publish_its_caller_gave_up_on_still_drops_a_half_open_connection() {
         "half-open connection: a publish got through on a new one after {:?} ({attempts} attempts)",
         started.elapsed()
     );
+}
+
+/// The relay's liveness guard, whatever the sink: a sink whose connection hangs past every
+/// bound inside it (a half-open connection and a confirm timeout of an hour, so each publish
+/// waits until the relay's lease gives up on it, and the next takes the same connection) held
+/// the relay for as long as that connection looked alive. Now a relay whose publishes all fail
+/// for `sink_stall` drops the sink's connection, says so (counters, `outbox_health`), and the
+/// messages go through on a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_whose_sink_hangs_past_its_own_bounds_restarts_it() {
+    if !brokers().contains(&BrokerKind::RabbitMq) {
+        return;
+    }
+    let broker = Broker::start(BrokerKind::RabbitMq);
+    broker.prepare().await;
+    let link = Link::to(&broker.url()).await;
+    let sink = idem::rabbitmq::AmqpSink::new(link.url(&broker.url()), FAULTS)
+        .confirm_timeout(Duration::from_secs(3600));
+    let db = common::sqlite().await;
+    let subject = format!("faults.{}", unique("stall").replace('-', "_"));
+    let relay = Arc::new(
+        Relay::new(db.clone(), sink)
+            .lease(Duration::from_millis(500))
+            .sink_stall(Duration::from_secs(2))
+            .backoff(Backoff {
+                initial: Duration::from_millis(50),
+                max: Duration::from_millis(200),
+            })
+            .max_attempts(1000)
+            .poll_interval(Duration::from_millis(50)),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let (r, s) = (relay.clone(), stop.clone());
+    let running = tokio::spawn(async move { r.run(stopped(s)).await });
+    let all_published = async |what: &str, bound: Duration| {
+        let started = Instant::now();
+        loop {
+            let health = outbox_health(&db).await.expect("health");
+            if health.pending == 0 {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < bound,
+                "{what}: still {health:?} after {bound:?}; relay {:?}",
+                relay.counters()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    stage(&db, &subject, 1, 1).await;
+    all_published("through the link", Duration::from_secs(20)).await;
+    assert_eq!(relay.counters().sink_restarts, 0, "a live sink is kept");
+
+    link.hang();
+    stage(&db, &subject, 20, 4).await;
+    let took = all_published("after the hang", Duration::from_secs(20)).await;
+    let counters = relay.counters();
+    assert!(
+        counters.sink_restarts >= 1,
+        "published without a restart? {counters:?}"
+    );
+    assert!(
+        outbox_health(&db).await.expect("health").sink_restarts >= counters.sink_restarts,
+        "outbox_health counts this process's sink restarts"
+    );
+    stop.store(true, Ordering::Relaxed);
+    running.await.expect("relay task").expect("relay");
+    println!(
+        "hung sink: 20 messages published {took:?} after the hang, {} sink restart(s)",
+        counters.sink_restarts
+    );
+}
+
+/// A consumer whose broker dies while its handler runs settles the delivery on a dead
+/// connection (lapin answers at once: the channel is gone), then reconnects and consumes
+/// again once the broker is back.
+///
+/// This test is also the on-demand reproduction of R11's RabbitMQ "stalls": it kills the node
+/// 300 ms after the queue was declared. Before `Broker::prepare` waited for the queue's Raft
+/// membership to reach the node's disk, it failed both times it ran: the restarted node had
+/// started the queue as a new, empty member that never elected itself, and no publish was
+/// confirmed for 200 s (`rabbitmq-queues quorum_status`: a follower at term 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_whose_broker_died_under_its_handler_consumes_again_after_the_restart() {
+    log_if_asked();
+    if !brokers().contains(&BrokerKind::RabbitMq) {
+        return;
+    }
+    let mut broker = Broker::start(BrokerKind::RabbitMq);
+    broker.prepare().await;
+    let sink = idem::rabbitmq::AmqpSink::new(broker.url(), FAULTS);
+    let run = unique("died").replace('-', "_");
+    let message =
+        |n: u32| OutboxMessage::new(format!("{run}-{n}"), format!("faults.{run}"), vec![b'x']);
+    let db = common::sqlite().await;
+    let gate = common::Gate::default();
+    let handled = Arc::new(Mutex::new(Vec::<String>::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let consumer = {
+        let (gate, handled, stop, url, db) = (
+            gate.clone(),
+            handled.clone(),
+            stop.clone(),
+            broker.url(),
+            db.clone(),
+        );
+        tokio::spawn(async move {
+            let handler = |d: Delivery| {
+                let (gate, handled) = (gate.clone(), handled.clone());
+                async move {
+                    if handled.lock().expect("lock").is_empty() {
+                        gate.pass().await;
+                    }
+                    handled.lock().expect("lock").push(d.id().to_owned());
+                    Ok::<(), idem::Error>(())
+                }
+            };
+            let dead = DeadLetterTable::new(db);
+            idem::rabbitmq::Consumer::new(url, FAULTS, "died")
+                .max_deliver(1000)
+                .run(handler, &dead, stopped(stop))
+                .await
+                .expect("consumer");
+        })
+    };
+    sink.publish(&message(0)).await.expect("publish");
+    gate.entered().await;
+    broker.kill();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The handler returns now: its acknowledgement goes to a connection whose broker died.
+    gate.release();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    broker.restart();
+    broker.prepare().await;
+    let restarted = Instant::now();
+    let sink = idem::rabbitmq::AmqpSink::new(broker.url(), FAULTS);
+    eventually("a publish after the restart", async || {
+        sink.publish(&message(1)).await
+    })
+    .await;
+    println!("publish after the restart took {:?}", restarted.elapsed());
+    let started = Instant::now();
+    while !handled
+        .lock()
+        .expect("lock")
+        .iter()
+        .any(|id| id.ends_with("-1"))
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the consumer did not consume again within 30 s of the restart (handled {:?})",
+            handled.lock().expect("lock")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!(
+        "consumer: consumed again {:?} after the restart",
+        started.elapsed()
+    );
+    stop.store(true, Ordering::Relaxed);
+    consumer.await.expect("consumer task");
 }
 
 /// The consumer's side of the same hang: reconnecting closed the old connection and waited

@@ -313,6 +313,7 @@ impl<S: Source> Runner<S> {
             };
             match connected {
                 Ok(()) => loop {
+                    tracing::trace!(consumer = %self.name, "inbox: waiting for the next delivery");
                     let next = tokio::select! {
                         _ = shutdown.as_mut() => return Ok(()),
                         next = self.source.next() => next,
@@ -360,6 +361,7 @@ impl<S: Source> Runner<S> {
         D: DeadLetters,
     {
         let delivered = delivery.delivered();
+        tracing::trace!(consumer = %self.name, id = %delivery.id(), "inbox: handling");
         let outcome = if delivered > self.max_deliver {
             // Earlier deliveries ended without an answer (the consumer died each time).
             Err(format!(
@@ -371,6 +373,7 @@ impl<S: Source> Runner<S> {
                 .map(drop)
                 .map_err(|e| e.to_string())
         };
+        tracing::trace!(consumer = %self.name, id = %delivery.id(), ok = outcome.is_ok(), "inbox: handled, settling");
         let settled = match outcome {
             Ok(()) => self.source.ack(receipt).await,
             Err(error) if delivered >= self.max_deliver => {
@@ -400,6 +403,7 @@ impl<S: Source> Runner<S> {
                 self.source.nak(receipt, delay).await
             }
         };
+        tracing::trace!(consumer = %self.name, id = %delivery.id(), ok = settled.is_ok(), "inbox: settled");
         if let Err(e) = settled {
             // The broker delivers the message again after its own timeout; the inbox makes
             // that harmless.

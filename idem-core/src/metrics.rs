@@ -10,6 +10,7 @@
 //! | `idem_call_duration_seconds` | histogram | `scope`, `outcome` | time from the call to its answer, in seconds |
 //! | `idem_completer_total` | counter | `scope`, `outcome` | what [completers](crate::completer) did: `resumed`, `finished`, `failed`, `gave_up`, `unregistered` |
 //! | `idem_conflict_retries_total` | counter | `scope` | tries run again after a transient database conflict ([`conflict`](crate::retry::conflict)) |
+//! | `idem_relay_sink_restarts_total` | counter | | outbox relays that restarted their sink after publishes stopped going through ([`note_sink_restart`](crate::outbox::note_sink_restart)) |
 //!
 //! `outcome` is one of:
 //!
@@ -35,6 +36,9 @@ pub const COMPLETER_TOTAL: &str = "idem_completer_total";
 /// Counter of tries run again after a transient database conflict (a deadlock, a
 /// serialization or certification failure), labelled `scope`.
 pub const CONFLICT_RETRIES_TOTAL: &str = "idem_conflict_retries_total";
+/// Counter of outbox relays' sink restarts: a relay had messages to publish and none went
+/// through for its stall bound, so it dropped its sink's connection and started again.
+pub const RELAY_SINK_RESTARTS_TOTAL: &str = "idem_relay_sink_restarts_total";
 /// Counter of answered calls, labelled `scope` and `outcome`.
 pub const CALLS_TOTAL: &str = "idem_calls_total";
 /// Histogram of call latency in seconds, labelled `scope` and `outcome`.
@@ -114,6 +118,11 @@ mod enabled {
             .increment(1);
     }
 
+    /// Counts a relay's sink restart.
+    pub(crate) fn sink_restart() {
+        ::metrics::counter!(super::RELAY_SINK_RESTARTS_TOTAL).increment(1);
+    }
+
     /// Runs one call of `scope` and counts it with its latency: the one place the engine
     /// emits metrics.
     pub(crate) fn observe<F: Future>(
@@ -163,6 +172,10 @@ pub fn describe() {
         CONFLICT_RETRIES_TOTAL,
         "Tries run again after a transient database conflict, by scope"
     );
+    ::metrics::describe_counter!(
+        RELAY_SINK_RESTARTS_TOTAL,
+        "Outbox relays that restarted their sink after publishes stopped going through"
+    );
 }
 
 #[cfg(not(feature = "metrics"))]
@@ -180,6 +193,9 @@ mod enabled {
     #[inline(always)]
     pub(crate) fn conflict_retry(_scope: &str) {}
 
+    #[inline(always)]
+    pub(crate) fn sink_restart() {}
+
     /// Without the feature the call is returned as it is: nothing wraps it.
     #[inline(always)]
     pub(crate) fn observe<F: Future>(_scope: &'static str, call: F) -> F {
@@ -187,4 +203,4 @@ mod enabled {
     }
 }
 
-pub(crate) use enabled::{completer, conflict_retry, note, observe};
+pub(crate) use enabled::{completer, conflict_retry, note, observe, sink_restart};

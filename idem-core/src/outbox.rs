@@ -231,6 +231,15 @@ pub trait Sink: Send + Sync {
         &self,
         message: &OutboxMessage,
     ) -> impl Future<Output = Result<(), SinkError>> + Send;
+
+    /// Drops the sink's connection, so the next publish opens a new one. A relay calls it
+    /// when it had messages to publish and none went through for
+    /// [`RelayOptions::sink_stall`]: a connection that looks alive and carries nothing (a
+    /// half-open TCP connection, a client library stuck on it) is what no bound inside a
+    /// publish catches. The default does nothing (a sink without a connection of its own).
+    fn reconnect(&self) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
 }
 
 impl<S: Sink + ?Sized> Sink for std::sync::Arc<S> {
@@ -239,6 +248,10 @@ impl<S: Sink + ?Sized> Sink for std::sync::Arc<S> {
         message: &OutboxMessage,
     ) -> impl Future<Output = Result<(), SinkError>> + Send {
         (**self).publish(message)
+    }
+
+    fn reconnect(&self) -> impl Future<Output = ()> + Send {
+        (**self).reconnect()
     }
 }
 
@@ -329,6 +342,17 @@ pub struct RelayOptions {
     pub poll_interval: Duration,
     /// How often the relay logs its figures (pending, oldest pending age, dead, published/s).
     pub report_interval: Duration,
+    /// How long a relay may attempt publishes without one going through before it drops
+    /// its sink's connection and starts again ([`Sink::reconnect`]); `None`: three leases.
+    pub sink_stall: Option<Duration>,
+}
+
+impl RelayOptions {
+    /// The bound after which a relay whose publishes all fail restarts its sink:
+    /// [`sink_stall`](Self::sink_stall), or three leases.
+    pub fn sink_stall_bound(&self) -> Duration {
+        self.sink_stall.unwrap_or(self.lease.saturating_mul(3))
+    }
 }
 
 impl Default for RelayOptions {
@@ -340,6 +364,7 @@ impl Default for RelayOptions {
             backoff: Backoff::default(),
             poll_interval: Duration::from_millis(500),
             report_interval: Duration::from_secs(30),
+            sink_stall: None,
         }
     }
 }
@@ -354,6 +379,28 @@ pub struct OutboxHealth {
     pub oldest_pending_ms: Option<u64>,
     /// Dead messages, waiting for an operator.
     pub dead: u64,
+    /// How often relays of this process restarted their sink because publishes stopped
+    /// going through ([`Sink::reconnect`]; [`sink_restarts`]). Not a figure of the database:
+    /// another process's relays count their own.
+    pub sink_restarts: u64,
+}
+
+/// Sink restarts by the relays of this process (their liveness guard), since it started.
+static SINK_RESTARTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How often relays of this process restarted their sink since it started: a relay that had
+/// messages to publish and got none through for [`RelayOptions::sink_stall_bound`] drops its
+/// sink's connection and starts again. A figure that grows means a broker or a network path
+/// that accepts connections and then stops answering.
+pub fn sink_restarts() -> u64 {
+    SINK_RESTARTS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Counts a sink restart by a relay of this process, in [`sink_restarts`] and the
+/// `idem_relay_sink_restarts_total` metric. Relays call it; a relay of your own should too.
+pub fn note_sink_restart() {
+    SINK_RESTARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    crate::metrics::sink_restart();
 }
 
 /// A message a consumer gave up on, as it is recorded.

@@ -46,6 +46,14 @@ impl Sink for JetStreamSink {
             .map_err(|e| SinkError::transient(format!("waiting for JetStream's ack: {e}")))?;
         Ok(())
     }
+
+    /// Makes the client drop its connection and connect again (async-nats'
+    /// `force_reconnect`), for a connection that looks alive and carries nothing.
+    async fn reconnect(&self) {
+        if let Err(e) = self.jetstream.client().force_reconnect().await {
+            tracing::warn!(error = %e, "JetStream sink: reconnecting failed");
+        }
+    }
 }
 
 /// Creates stream `name` capturing `subjects` if it does not exist (file storage, the

@@ -37,7 +37,14 @@ pub struct AmqpSink {
     exchange: Arc<str>,
     confirm_timeout: Duration,
     /// The open connection, its channel, and which opening it was (to drop only that one).
-    open: Arc<Mutex<Option<(Connection, Channel, u64)>>>,
+    open: Arc<Mutex<Open>>,
+}
+
+/// The sink's connection, if one is open, and how many were opened (or tried).
+#[derive(Default)]
+struct Open {
+    current: Option<(Connection, Channel, u64)>,
+    openings: u64,
 }
 
 impl AmqpSink {
@@ -48,7 +55,7 @@ impl AmqpSink {
             uri: uri.into().into(),
             exchange: exchange.into().into(),
             confirm_timeout: Duration::from_secs(10),
-            open: Arc::new(Mutex::new(None)),
+            open: Arc::default(),
         }
     }
 
@@ -65,22 +72,27 @@ impl AmqpSink {
     /// opening's number.
     async fn channel(&self) -> Result<(Channel, u64), lapin::Error> {
         let mut open = self.open.lock().await;
-        if let Some((connection, channel, opening)) = open.as_ref()
+        if let Some((connection, channel, opening)) = open.current.as_ref()
             && connection.status().connected()
             && channel.status().connected()
         {
             return Ok((channel.clone(), *opening));
         }
-        let opening = open.take().map_or(0, |(connection, _, opening)| {
+        if let Some((connection, _, _)) = open.current.take() {
             connection::forget(connection);
-            opening + 1
-        });
+        }
+        // Numbered across failed attempts too, so no two connections share a number.
+        open.openings += 1;
+        let opening = open.openings;
         let confirm_mode = async |channel: &Channel| {
             let options = ConfirmSelectOptions::default();
             channel.confirm_select(options).await
         };
-        let (connection, channel, ()) = connection::open_channel(&self.uri, confirm_mode).await?;
-        *open = Some((connection, channel.clone(), opening));
+        tracing::trace!(opening, "rabbitmq sink: opening a connection");
+        let opened = connection::open_channel(&self.uri, confirm_mode).await;
+        tracing::trace!(opening, ok = opened.is_ok(), "rabbitmq sink: opened");
+        let (connection, channel, ()) = opened?;
+        open.current = Some((connection, channel.clone(), opening));
         Ok((channel, opening))
     }
 
@@ -88,8 +100,11 @@ impl AmqpSink {
     /// may already have replaced it).
     async fn drop_connection(&self, opening: u64) {
         let mut open = self.open.lock().await;
-        if open.as_ref().is_some_and(|(_, _, open)| *open == opening)
-            && let Some((connection, _, _)) = open.take()
+        if open
+            .current
+            .as_ref()
+            .is_some_and(|(_, _, current)| *current == opening)
+            && let Some((connection, _, _)) = open.current.take()
         {
             connection::forget(connection);
         }
@@ -149,6 +164,7 @@ impl AmqpSink {
         let confirmation = match sent_and_confirmed {
             Ok(confirmation) => confirmation,
             Err(problem) => {
+                tracing::trace!(opening, %problem, "rabbitmq sink: publish failed, dropping the connection");
                 // No answer from the broker on this connection: the next publish opens another.
                 self.drop_connection(opening).await;
                 return Err(SinkError::transient(problem));
@@ -172,6 +188,14 @@ impl AmqpSink {
 }
 
 impl Sink for AmqpSink {
+    /// Drops the open connection (closed in the background, bounded), whatever lapin says of
+    /// it: the next publish opens a new one.
+    async fn reconnect(&self) {
+        if let Some((connection, _, _)) = self.open.lock().await.current.take() {
+            connection::forget(connection);
+        }
+    }
+
     /// Publishes on a task of its own, which the caller may stop waiting for (the relay's
     /// lease bounds each publish): the publish still runs to its own bounds, so a connection
     /// the broker never answered on is dropped even then. Awaited in place, a caller whose

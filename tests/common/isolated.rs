@@ -3,21 +3,24 @@
 
 use sea_orm::{ConnectionTrait, DatabaseConnection};
 
-use super::{prepare, server_urls, sqlite_url, unique};
+use super::{prepare, server_urls, sqlite_url, unique, with_sqlite};
 
 /// A database of a test's own: a [`Backend`](super::Backend) whose `url` reaches only it.
 pub use super::Backend as Isolated;
 
 /// Databases of their own for one test, on every backend of the run.
 pub async fn isolated() -> Vec<Isolated> {
-    let url = sqlite_url("idem-iso");
-    let db = connect(&url).await;
-    prepare(&db).await;
-    let mut all = vec![Isolated {
-        name: "sqlite",
-        db,
-        url,
-    }];
+    let mut all = Vec::new();
+    if with_sqlite() {
+        let url = sqlite_url("idem-iso");
+        let db = connect(&url).await;
+        prepare(&db).await;
+        all.push(Isolated {
+            name: "sqlite",
+            db,
+            url,
+        });
+    }
     let namespace = unique("ob").replace('-', "_");
     for (name, url) in server_urls() {
         let admin = connect(&url).await;

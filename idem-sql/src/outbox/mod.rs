@@ -209,5 +209,6 @@ pub fn health_of(
     health.oldest_pending_ms = oldest_pending
         .zip(now_ms)
         .map(|(o, n)| (n - o).max(0) as u64);
+    health.sink_restarts = idem_core::outbox::sink_restarts();
     health
 }

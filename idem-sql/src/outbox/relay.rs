@@ -65,6 +65,9 @@ pub struct RelayCounters {
     pub retried: u64,
     /// Messages that became dead.
     pub dead: u64,
+    /// Times this relay restarted its sink because no publish went through for
+    /// [`RelayOptions::sink_stall_bound`].
+    pub sink_restarts: u64,
 }
 
 #[derive(Debug, Default)]
@@ -72,6 +75,7 @@ struct Counters {
     published: AtomicU64,
     retried: AtomicU64,
     dead: AtomicU64,
+    sink_restarts: AtomicU64,
 }
 
 /// Publishes committed outbox messages to a [`Sink`]: claims a batch (leased, so several
@@ -145,6 +149,16 @@ impl<Db: RelayStore<Via>, S: Sink, Via> Relay<Db, S, Via> {
         self
     }
 
+    /// How long [`run`](Self::run) may attempt publishes without one going through before it
+    /// drops the sink's connection and starts again ([`Sink::reconnect`]; default three
+    /// leases). A broker that is down costs a reconnect per bound, which is harmless; a
+    /// connection that looks alive and carries nothing is what this catches.
+    #[must_use]
+    pub fn sink_stall(mut self, sink_stall: Duration) -> Self {
+        self.options.sink_stall = Some(sink_stall);
+        self
+    }
+
     /// How often [`run`](Self::run) logs the outbox's figures (default 30 s).
     #[must_use]
     pub fn report_interval(mut self, report_interval: Duration) -> Self {
@@ -163,6 +177,7 @@ impl<Db: RelayStore<Via>, S: Sink, Via> Relay<Db, S, Via> {
             published: self.counters.published.load(Ordering::Relaxed),
             retried: self.counters.retried.load(Ordering::Relaxed),
             dead: self.counters.dead.load(Ordering::Relaxed),
+            sink_restarts: self.counters.sink_restarts.load(Ordering::Relaxed),
         }
     }
 
@@ -174,9 +189,15 @@ impl<Db: RelayStore<Via>, S: Sink, Via> Relay<Db, S, Via> {
         let db = self.db.clone();
         // Detached: a claim or a mark the caller stops waiting for still finishes, so no
         // message stays leased (or published unmarked) longer than it must.
+        tracing::trace!(token, "relay round: claiming");
         let claimed =
             detached(async move { db.claim(options.batch_size, options.lease, token).await })
                 .await?;
+        tracing::trace!(
+            token,
+            claimed = claimed.len(),
+            "relay round: claimed, publishing"
+        );
         let mut round = RelayRound {
             claimed: claimed.len(),
             ..RelayRound::default()
@@ -229,8 +250,15 @@ impl<Db: RelayStore<Via>, S: Sink, Via> Relay<Db, S, Via> {
         round.published = published.len();
         round.dead = failures.iter().filter(|f| f.dead).count();
         round.retrying = failures.len() - round.dead;
+        tracing::trace!(
+            token,
+            published = round.published,
+            failed = failures.len(),
+            "relay round: published, recording"
+        );
         let db = self.db.clone();
         detached(async move { db.record_outcomes(token, published, failures).await }).await?;
+        tracing::trace!(token, "relay round: recorded");
         self.counters
             .published
             .fetch_add(round.published as u64, Ordering::Relaxed);
@@ -248,6 +276,11 @@ impl<Db: RelayStore<Via>, S: Sink, Via> Relay<Db, S, Via> {
     /// process), or after the poll interval. Database and sink failures are logged and
     /// retried with backoff; they never end the loop. A round in progress finishes before
     /// the relay stops.
+    ///
+    /// Its liveness guard: when rounds keep claiming messages and none goes through for
+    /// [`sink_stall`](Self::sink_stall), the relay drops the sink's connection
+    /// ([`Sink::reconnect`]), logs it at WARN, and counts it ([`RelayCounters::sink_restarts`],
+    /// [`OutboxHealth::sink_restarts`], the `idem_relay_sink_restarts_total` metric).
     pub async fn run(&self, shutdown: impl Future) -> Result<(), Error> {
         let mut shutdown = pin!(shutdown);
         let mut wake = idem_core::outbox::wake_signal();
@@ -255,11 +288,22 @@ impl<Db: RelayStore<Via>, S: Sink, Via> Relay<Db, S, Via> {
         let mut failures: u32 = 0;
         let mut last_report = Instant::now();
         let mut published_at_report = 0;
+        // Since when every publish attempted has failed (none when the last one went through).
+        let mut failing_since: Option<Instant> = None;
         loop {
             wake.borrow_and_update();
             let pause = match self.run_once().await {
                 Ok(round) if round.claimed > 0 => {
                     failures = 0;
+                    if round.published > 0 {
+                        failing_since = None;
+                    } else {
+                        let since = *failing_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() >= self.options.sink_stall_bound() {
+                            self.restart_sink(since.elapsed()).await;
+                            failing_since = Some(Instant::now());
+                        }
+                    }
                     None
                 }
                 Ok(_) => {
@@ -283,6 +327,7 @@ impl<Db: RelayStore<Via>, S: Sink, Via> Relay<Db, S, Via> {
                         oldest_pending_ms = h.oldest_pending_ms.unwrap_or(0),
                         dead = h.dead,
                         published_per_s = per_s,
+                        sink_restarts = self.counters.sink_restarts.load(Ordering::Relaxed),
                         "outbox relay"
                     ),
                     Err(e) => tracing::warn!(error = %e, "outbox health unavailable"),
@@ -312,5 +357,31 @@ impl<Db: RelayStore<Via>, S: Sink, Via> Relay<Db, S, Via> {
             listener.abort();
         }
         Ok(())
+    }
+
+    /// The liveness guard's move: publishes have failed for `failing_for`, so the sink's
+    /// connection goes (bounded by the lease: a sink stuck even there does not hold the relay).
+    async fn restart_sink(&self, failing_for: Duration) {
+        let pending = tokio::time::timeout(self.options.lease, self.db.health())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .map(|h| h.pending);
+        tracing::warn!(
+            failing_for_ms = failing_for.as_millis() as u64,
+            pending,
+            "outbox relay: no publish went through; restarting the sink's connection"
+        );
+        if tokio::time::timeout(self.options.lease, self.sink.reconnect())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                lease_ms = self.options.lease.as_millis() as u64,
+                "outbox relay: the sink did not reconnect within the lease"
+            );
+        }
+        self.counters.sink_restarts.fetch_add(1, Ordering::Relaxed);
+        idem_core::outbox::note_sink_restart();
     }
 }
