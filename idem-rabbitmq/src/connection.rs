@@ -8,10 +8,27 @@ use lapin::{Channel, Connection, ConnectionProperties};
 /// (stopped, overloaded) is an error the caller retries, not a hang.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Opens a connection to `uri` (`amqp://user:password@host:port/vhost`).
+/// The heartbeat idem asks for when the URI names none, in seconds. A connection whose peer
+/// went away without a word (a half-open TCP connection) is only noticed when heartbeats
+/// lapse: RabbitMQ's own default (60 s) left a consumer waiting on one for two minutes.
+const HEARTBEAT_SECONDS: u16 = 10;
+
+/// `uri` with `heartbeat=` [`HEARTBEAT_SECONDS`] added to its query unless it names one.
+fn with_heartbeat(uri: &str) -> std::borrow::Cow<'_, str> {
+    let query = uri.split_once('?').map_or("", |(_, query)| query);
+    if query.split('&').any(|pair| pair.starts_with("heartbeat=")) {
+        return uri.into();
+    }
+    let separator = if uri.contains('?') { '&' } else { '?' };
+    format!("{uri}{separator}heartbeat={HEARTBEAT_SECONDS}").into()
+}
+
+/// Opens a connection to `uri` (`amqp://user:password@host:port/vhost`), with a 10 s
+/// heartbeat unless the URI asks for another (`?heartbeat=N`; 0 turns them off).
 pub(crate) async fn open(uri: &str) -> Result<Connection, lapin::Error> {
     let properties = ConnectionProperties::default().with_connection_name("idem".into());
-    match tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(uri, properties)).await {
+    let uri = with_heartbeat(uri);
+    match tokio::time::timeout(CONNECT_TIMEOUT, Connection::connect(&uri, properties)).await {
         Ok(connection) => connection,
         Err(_) => Err(timed_out("connecting")),
     }
@@ -57,4 +74,25 @@ pub(crate) fn forget(connection: Connection) {
         let closing = connection.close(200, "idem: reconnecting".into());
         let _ = tokio::time::timeout(CONNECT_TIMEOUT, closing).await;
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_heartbeat;
+
+    #[test]
+    fn a_heartbeat_is_asked_for_unless_the_uri_names_one() {
+        let base = "amqp://guest:guest@127.0.0.1:5672/%2f";
+        assert_eq!(with_heartbeat(base), format!("{base}?heartbeat=10"));
+        assert_eq!(
+            with_heartbeat(&format!("{base}?frame_max=8192")),
+            format!("{base}?frame_max=8192&heartbeat=10")
+        );
+        for named in [
+            format!("{base}?heartbeat=0"),
+            format!("{base}?frame_max=8192&heartbeat=30"),
+        ] {
+            assert_eq!(with_heartbeat(&named), named);
+        }
+    }
 }

@@ -55,6 +55,13 @@ pub fn brokers() -> Vec<BrokerKind> {
         .collect()
 }
 
+/// Whether this run takes the tests of a broker's own faults on `kind` (their outbox, when
+/// they need one, is an SQLite file): not in a run that leaves SQLite out
+/// (`IDEM_TEST_SKIP_SQLITE=1`, CI's server steps), which ran them in its SQLite step already.
+pub fn broker_only_tests_run(kind: BrokerKind) -> bool {
+    brokers().contains(&kind) && super::with_sqlite()
+}
+
 pub fn free_port() -> u16 {
     // The kernel may hand the same free port to two of a binary's parallel tests (each closes
     // its probe before its server binds); the loser's server then fails to listen while its
