@@ -833,6 +833,20 @@ async fn a_publish_to_a_broker_that_stopped_reading_fails_within_its_bound_and_t
     .await;
 }
 
+/// A RabbitMQ node of the test's own, prepared, and a link to it that the test can hang.
+async fn rabbitmq_behind_a_link() -> (Broker, Link) {
+    let broker = Broker::start(BrokerKind::RabbitMq);
+    broker.prepare().await;
+    let link = Link::to(&broker.url()).await;
+    (broker, link)
+}
+
+/// The `n`th message of a run of its own (`{run}-{n}` on `faults.{run}`, one byte).
+fn numbered_messages(prefix: &str) -> impl Fn(u32) -> OutboxMessage {
+    let run = unique(prefix).replace('-', "_");
+    move |n| OutboxMessage::new(format!("{run}-{n}"), format!("faults.{run}"), vec![b'x'])
+}
+
 /// A publish its caller stops waiting for still drops a connection the broker never answered
 /// on. The relay bounds each publish by its lease; with a lease shorter than the sink's
 /// confirm timeout (R11's is 2 s against 10 s), every publish on a half-open connection (the
@@ -844,14 +858,10 @@ async fn a_publish_its_caller_gave_up_on_still_drops_a_half_open_connection() {
     if !broker_only_tests_run(BrokerKind::RabbitMq) {
         return;
     }
-    let broker = Broker::start(BrokerKind::RabbitMq);
-    broker.prepare().await;
-    let link = Link::to(&broker.url()).await;
+    let (broker, link) = rabbitmq_behind_a_link().await;
     let sink = idem::rabbitmq::AmqpSink::new(link.url(&broker.url()), FAULTS)
         .confirm_timeout(Duration::from_secs(2));
-    let run = unique("half-open").replace('-', "_");
-    let message =
-        |n: u32| OutboxMessage::new(format!("{run}-{n}"), format!("faults.{run}"), vec![b'x']);
+    let message = numbered_messages("half-open");
     sink.publish(&message(0))
         .await
         .expect("a publish through the link");
@@ -890,9 +900,7 @@ async fn a_relay_whose_sink_hangs_past_its_own_bounds_restarts_it() {
     if !broker_only_tests_run(BrokerKind::RabbitMq) {
         return;
     }
-    let broker = Broker::start(BrokerKind::RabbitMq);
-    broker.prepare().await;
-    let link = Link::to(&broker.url()).await;
+    let (broker, link) = rabbitmq_behind_a_link().await;
     let sink = idem::rabbitmq::AmqpSink::new(link.url(&broker.url()), FAULTS)
         .confirm_timeout(Duration::from_secs(3600));
     let db = common::sqlite().await;
@@ -968,9 +976,7 @@ async fn a_consumer_whose_broker_died_under_its_handler_consumes_again_after_the
     let mut broker = Broker::start(BrokerKind::RabbitMq);
     broker.prepare().await;
     let sink = idem::rabbitmq::AmqpSink::new(broker.url(), FAULTS);
-    let run = unique("died").replace('-', "_");
-    let message =
-        |n: u32| OutboxMessage::new(format!("{run}-{n}"), format!("faults.{run}"), vec![b'x']);
+    let message = numbered_messages("died");
     let db = common::sqlite().await;
     let gate = common::Gate::default();
     let handled = Arc::new(Mutex::new(Vec::<String>::new()));
@@ -1051,13 +1057,9 @@ async fn a_consumer_on_a_half_open_connection_reconnects_within_its_heartbeats()
     if !broker_only_tests_run(BrokerKind::RabbitMq) {
         return;
     }
-    let broker = Broker::start(BrokerKind::RabbitMq);
-    broker.prepare().await;
-    let link = Link::to(&broker.url()).await;
+    let (broker, link) = rabbitmq_behind_a_link().await;
     let sink = idem::rabbitmq::AmqpSink::new(broker.url(), FAULTS);
-    let run = unique("half-open-consumer").replace('-', "_");
-    let message =
-        |n: u32| OutboxMessage::new(format!("{run}-{n}"), format!("faults.{run}"), vec![b'x']);
+    let message = numbered_messages("half-open-consumer");
     let db = common::sqlite().await;
     let handled = Arc::new(Mutex::new(Vec::<String>::new()));
     let stop = Arc::new(AtomicBool::new(false));
@@ -1079,7 +1081,7 @@ async fn a_consumer_on_a_half_open_connection_reconnects_within_its_heartbeats()
     };
     let consumed = async |n: u32, bound: Duration| {
         let started = Instant::now();
-        let id = format!("{run}-{n}");
+        let id = message(n).id;
         while !handled.lock().expect("lock").contains(&id) {
             assert!(
                 started.elapsed() < bound,
