@@ -256,12 +256,17 @@ impl Broker {
     /// the broker's durability window, not the relay's: tests that kill a node wait it out.
     fn await_queue_membership_on_disk(&self) {
         let started = Instant::now();
-        let registered = || {
-            let pattern = self.store.join("mnesia/*/quorum/*/names.dets");
-            glob_files(&pattern).iter().any(|names| {
-                std::fs::read(names).is_ok_and(|bytes| contains(&bytes, FAULTS.as_bytes()))
-            })
-        };
+        // RABBITMQ_MNESIA_BASE/<node>/quorum/<node>/names.dets, the node being `name@localhost`.
+        let node = format!("{}@localhost", self.name);
+        let names = self
+            .store
+            .join("mnesia")
+            .join(&node)
+            .join("quorum")
+            .join(&node)
+            .join("names.dets");
+        let registered =
+            || std::fs::read(&names).is_ok_and(|bytes| contains(&bytes, FAULTS.as_bytes()));
         while !registered() {
             assert!(
                 started.elapsed() < Duration::from_secs(60),
@@ -282,28 +287,6 @@ impl Drop for Broker {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.store);
     }
-}
-
-/// The files matching `pattern`, whose only wildcards are whole `*` path components.
-fn glob_files(pattern: &std::path::Path) -> Vec<PathBuf> {
-    let mut found = vec![PathBuf::from("/")];
-    for part in pattern.components().skip(1) {
-        let part = part.as_os_str();
-        found = found
-            .into_iter()
-            .flat_map(|dir| {
-                if part == "*" {
-                    std::fs::read_dir(&dir)
-                        .map(|entries| entries.flatten().map(|e| e.path()).collect())
-                        .unwrap_or_default()
-                } else {
-                    vec![dir.join(part)]
-                }
-            })
-            .filter(|path| path.exists())
-            .collect();
-    }
-    found
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {

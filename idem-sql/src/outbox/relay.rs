@@ -300,7 +300,7 @@ impl<Db: RelayStore<Via>, S: Sink, Via> Relay<Db, S, Via> {
                     } else {
                         let since = *failing_since.get_or_insert_with(Instant::now);
                         if since.elapsed() >= self.options.sink_stall_bound() {
-                            self.restart_sink(since.elapsed()).await;
+                            self.restart_sink(since.elapsed(), round.claimed).await;
                             failing_since = Some(Instant::now());
                         }
                     }
@@ -359,17 +359,13 @@ impl<Db: RelayStore<Via>, S: Sink, Via> Relay<Db, S, Via> {
         Ok(())
     }
 
-    /// The liveness guard's move: publishes have failed for `failing_for`, so the sink's
-    /// connection goes (bounded by the lease: a sink stuck even there does not hold the relay).
-    async fn restart_sink(&self, failing_for: Duration) {
-        let pending = tokio::time::timeout(self.options.lease, self.db.health())
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .map(|h| h.pending);
+    /// The liveness guard's move: publishes have failed for `failing_for` (the last round
+    /// claimed `claimed` and published none), so the sink's connection goes, bounded by the
+    /// lease: a sink stuck even there does not hold the relay.
+    async fn restart_sink(&self, failing_for: Duration, claimed: usize) {
         tracing::warn!(
             failing_for_ms = failing_for.as_millis() as u64,
-            pending,
+            claimed,
             "outbox relay: no publish went through; restarting the sink's connection"
         );
         if tokio::time::timeout(self.options.lease, self.sink.reconnect())
