@@ -1,6 +1,7 @@
 //! R9–R12: the outbox, the relay and the inbox under faults, end to end through a real
 //! broker: a nats-server and a RabbitMQ node (each test starts its own, on free ports with a
-//! temporary store, so it can kill it; `IDEM_TEST_BROKERS` picks them, both by default). Every figure is counted in the database: one effect row per message id
+//! temporary store, so it can kill it; `IDEM_TEST_BROKERS=nats,rabbitmq` runs the suite on both,
+//! `nats` or `rabbitmq` on one; unset, the suite is skipped). Every figure is counted in the database: one effect row per message id
 //! at the consumer, so a lost message is a missing row and a duplicate is a second one.
 //!
 //! - R9: relay processes SIGKILLed at ≥ 100 points (before a publish, after a publish before
@@ -31,6 +32,7 @@ use common::link::Link;
 use common::{insert_effect, unique};
 use idem::idempotent;
 use idem::inbox::Delivery;
+use idem::nats::JetStreamSink;
 use idem::outbox::{Backoff, FnSink, Message, OutboxMessage, Sink, SinkError};
 use idem::sea_orm::{DeadLetterTable, Outbox, Relay, dead_messages, outbox_health};
 use sea_orm::{ConnectionTrait, DatabaseConnection, Statement, TransactionTrait};
@@ -833,9 +835,9 @@ async fn a_publish_to_a_broker_that_stopped_reading_fails_within_its_bound_and_t
     .await;
 }
 
-/// A RabbitMQ node of the test's own, prepared, and a link to it that the test can hang.
-async fn rabbitmq_behind_a_link() -> (Broker, Link) {
-    let broker = Broker::start(BrokerKind::RabbitMq);
+/// A broker of the test's own, prepared, and a link to it that the test can hang.
+async fn behind_a_link(kind: BrokerKind) -> (Broker, Link) {
+    let broker = Broker::start(kind);
     broker.prepare().await;
     let link = Link::to(&broker.url()).await;
     (broker, link)
@@ -858,7 +860,7 @@ async fn a_publish_its_caller_gave_up_on_still_drops_a_half_open_connection() {
     if !broker_only_tests_run(BrokerKind::RabbitMq) {
         return;
     }
-    let (broker, link) = rabbitmq_behind_a_link().await;
+    let (broker, link) = behind_a_link(BrokerKind::RabbitMq).await;
     let sink = idem::rabbitmq::AmqpSink::new(link.url(&broker.url()), FAULTS)
         .confirm_timeout(Duration::from_secs(2));
     let message = numbered_messages("half-open");
@@ -890,19 +892,31 @@ async fn a_publish_its_caller_gave_up_on_still_drops_a_half_open_connection() {
 }
 
 /// The relay's liveness guard, whatever the sink: a sink whose connection hangs past every
-/// bound inside it (a half-open connection and a confirm timeout of an hour, so each publish
-/// waits until the relay's lease gives up on it, and the next takes the same connection) held
-/// the relay for as long as that connection looked alive. Now a relay whose publishes all fail
-/// for `sink_stall` drops the sink's connection, says so (counters, `outbox_health`), and the
-/// messages go through on a new one.
+/// bound inside it (a half-open connection: RabbitMQ's with a confirm timeout of an hour,
+/// JetStream's, whose client pings every 60 s and gives up after three unanswered, so each
+/// publish waits until the relay's lease gives up on it, and the next takes the same
+/// connection) held the relay for as long as that connection looked alive. Now a relay whose
+/// publishes all fail for `sink_stall` drops the sink's connection, says so (counters,
+/// `outbox_health`), and the messages go through on a new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_whose_sink_hangs_past_its_own_bounds_restarts_it() {
-    if !broker_only_tests_run(BrokerKind::RabbitMq) {
-        return;
+    for kind in brokers() {
+        if broker_only_tests_run(kind) {
+            relay_restarts_a_hung_sink_on(kind).await;
+        }
     }
-    let (broker, link) = rabbitmq_behind_a_link().await;
-    let sink = idem::rabbitmq::AmqpSink::new(link.url(&broker.url()), FAULTS)
-        .confirm_timeout(Duration::from_secs(3600));
+}
+
+async fn relay_restarts_a_hung_sink_on(kind: BrokerKind) {
+    let (broker, link) = behind_a_link(kind).await;
+    let through_link = link.url(&broker.url());
+    let sink = match kind {
+        BrokerKind::Nats => BrokerSink::Nats(JetStreamSink::new(jetstream(&through_link).await)),
+        BrokerKind::RabbitMq => BrokerSink::RabbitMq(
+            idem::rabbitmq::AmqpSink::new(through_link, FAULTS)
+                .confirm_timeout(Duration::from_secs(3600)),
+        ),
+    };
     let db = common::sqlite().await;
     let subject = format!("faults.{}", unique("stall").replace('-', "_"));
     let relay = Arc::new(
@@ -928,7 +942,8 @@ async fn a_relay_whose_sink_hangs_past_its_own_bounds_restarts_it() {
             }
             assert!(
                 started.elapsed() < bound,
-                "{what}: still {health:?} after {bound:?}; relay {:?}",
+                "{}: {what}: still {health:?} after {bound:?}; relay {:?}",
+                kind.name(),
                 relay.counters()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -944,7 +959,8 @@ async fn a_relay_whose_sink_hangs_past_its_own_bounds_restarts_it() {
     let counters = relay.counters();
     assert!(
         counters.sink_restarts >= 1,
-        "published without a restart? {counters:?}"
+        "{}: published without a restart? {counters:?}",
+        kind.name()
     );
     assert!(
         outbox_health(&db).await.expect("health").sink_restarts >= counters.sink_restarts,
@@ -953,7 +969,8 @@ async fn a_relay_whose_sink_hangs_past_its_own_bounds_restarts_it() {
     stop.store(true, Ordering::Relaxed);
     running.await.expect("relay task").expect("relay");
     println!(
-        "hung sink: 20 messages published {took:?} after the hang, {} sink restart(s)",
+        "{}: hung sink: 20 messages published {took:?} after the hang, {} sink restart(s)",
+        kind.name(),
         counters.sink_restarts
     );
 }
@@ -1047,24 +1064,39 @@ async fn a_consumer_whose_broker_died_under_its_handler_consumes_again_after_the
 }
 
 /// A consumer on a connection that went half-open (the peer gone without a word, as a dropped
-/// route or a NATed flow leaves it) is idle, not failed: only heartbeats tell. idem asks for
-/// 10 s heartbeats unless the URI names its own; with RabbitMQ's 60 s default the consumer
-/// noticed after two minutes (this test failed at its bound). Now it reconnects and consumes
-/// the next message within 60 s (30 s measured).
+/// route or a NATed flow leaves it) is idle, not failed: only heartbeats tell. On RabbitMQ,
+/// idem asks for 10 s heartbeats unless the URI names its own; with RabbitMQ's 60 s default
+/// the consumer noticed after two minutes (this test failed at its bound), 30 s now. On NATS,
+/// the pull consumer's idle heartbeats lapsed after 30 s, but the client kept the connection
+/// until three pings went unanswered (3 minutes) and every resubscription waited on it (this
+/// test failed at its bound). Now the source's pull requests expire after 10 s with 5 s
+/// heartbeats, it drops the connection when two lapse, and the message the server had sent
+/// down the dead one comes again after its `ack_wait` (10 s here): 20 s measured (50 s with
+/// async-nats' 30 s requests). Either way the next message is consumed within 60 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_on_a_half_open_connection_reconnects_within_its_heartbeats() {
     log_if_asked();
-    if !broker_only_tests_run(BrokerKind::RabbitMq) {
-        return;
+    for kind in brokers() {
+        if broker_only_tests_run(kind) {
+            consumer_reconnects_from_a_half_open_connection_on(kind).await;
+        }
     }
-    let (broker, link) = rabbitmq_behind_a_link().await;
-    let sink = idem::rabbitmq::AmqpSink::new(broker.url(), FAULTS);
+}
+
+async fn consumer_reconnects_from_a_half_open_connection_on(kind: BrokerKind) {
+    let (broker, link) = behind_a_link(kind).await;
+    let sink = broker.sink().await;
     let message = numbered_messages("half-open-consumer");
     let db = common::sqlite().await;
     let handled = Arc::new(Mutex::new(Vec::<String>::new()));
     let stop = Arc::new(AtomicBool::new(false));
     let consumer = {
-        let (handled, stop, url) = (handled.clone(), stop.clone(), link.url(&broker.url()));
+        let (handled, stop, url, db) = (
+            handled.clone(),
+            stop.clone(),
+            link.url(&broker.url()),
+            db.clone(),
+        );
         tokio::spawn(async move {
             let handler = |d: Delivery| {
                 let handled = handled.clone();
@@ -1073,10 +1105,15 @@ async fn a_consumer_on_a_half_open_connection_reconnects_within_its_heartbeats()
                     Ok::<(), idem::Error>(())
                 }
             };
-            idem::rabbitmq::Consumer::new(url, FAULTS, "half-open")
-                .run(handler, &DeadLetterTable::new(db), stopped(stop))
-                .await
-                .expect("consumer");
+            run_consumer(
+                kind,
+                &url,
+                Duration::from_secs(10),
+                &db,
+                handler,
+                stopped(stop),
+            )
+            .await;
         })
     };
     let consumed = async |n: u32, bound: Duration| {
@@ -1085,7 +1122,8 @@ async fn a_consumer_on_a_half_open_connection_reconnects_within_its_heartbeats()
         while !handled.lock().expect("lock").contains(&id) {
             assert!(
                 started.elapsed() < bound,
-                "message {n} not consumed within {bound:?} (handled {:?})",
+                "{}: message {n} not consumed within {bound:?} (handled {:?})",
+                kind.name(),
                 handled.lock().expect("lock")
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -1098,7 +1136,10 @@ async fn a_consumer_on_a_half_open_connection_reconnects_within_its_heartbeats()
     link.hang();
     sink.publish(&message(1)).await.expect("publish");
     let took = consumed(1, Duration::from_secs(60)).await;
-    println!("half-open consumer: the next message consumed {took:?} after the hang");
+    println!(
+        "{}: half-open consumer: the next message consumed {took:?} after the hang",
+        kind.name()
+    );
     stop.store(true, Ordering::Relaxed);
     consumer.await.expect("consumer task");
 }

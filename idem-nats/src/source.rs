@@ -13,6 +13,10 @@ use idem_core::{BoxError, Error};
 
 use crate::MESSAGE_ID_HEADER;
 
+/// How long a pull request waits for messages; the server's idle heartbeats come every half
+/// of it, and two missed ones count as a lost connection.
+const PULL_EXPIRES: Duration = Duration::from_secs(10);
+
 /// A durable JetStream pull consumer with explicit acknowledgements, as an inbox
 /// [`Source`]: it creates the consumer if it does not exist, and subscribes to it again
 /// after a lost connection or a missing stream.
@@ -129,7 +133,18 @@ impl Source for JetStreamSource {
                 },
             )
             .await?;
-        self.messages = Some(consumer.messages().await?);
+        // Pull requests that expire after 10 s with a 5 s idle heartbeat (async-nats'
+        // defaults: 30 s and 15 s): a half-open connection shows as missed heartbeats after
+        // 10 s, and the server stops handing redeliveries to the dead connection's requests
+        // 10 s after its last one.
+        self.messages = Some(
+            consumer
+                .stream()
+                .expires(PULL_EXPIRES)
+                .heartbeat(PULL_EXPIRES / 2)
+                .messages()
+                .await?,
+        );
         Ok(())
     }
 
@@ -138,10 +153,23 @@ impl Source for JetStreamSource {
             return Err("not subscribed: connect first".into());
         };
         loop {
-            // An error is a missed heartbeat or the like: the client reconnects on its own,
-            // and the runner subscribes again to be sure.
-            let Some(message) = messages.next().await.transpose()? else {
-                return Ok(None);
+            // An error is a missed heartbeat or the like: the runner subscribes again.
+            let message = match messages.next().await {
+                Some(Ok(message)) => message,
+                Some(Err(e)) => {
+                    if e.kind() == pull::MessagesErrorKind::MissingHeartbeat {
+                        // The server's idle heartbeats stopped: the connection may be
+                        // half-open (the peer gone without a word), which the client notices
+                        // only when three pings went unanswered, three minutes by default,
+                        // and every resubscription until then waits on it. Drop it now.
+                        tracing::warn!(consumer = %self.durable, "JetStream consumer missed its idle heartbeats; reconnecting");
+                        if let Err(e) = self.jetstream.client().force_reconnect().await {
+                            tracing::warn!(consumer = %self.durable, error = %e, "JetStream consumer: reconnecting failed");
+                        }
+                    }
+                    return Err(e.into());
+                }
+                None => return Ok(None),
             };
             match delivery(&self.stream, &message) {
                 Ok(delivery) => return Ok(Some((delivery, message))),
