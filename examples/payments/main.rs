@@ -49,6 +49,17 @@ async fn main() -> Result<(), BoxError> {
         )?
         .install_recorder()?;
     idem::metrics::describe();
+    // `install_recorder` spawns no upkeep task: without one, every latency sample stays in
+    // memory until the next `GET /metrics` renders it, and a process nobody scrapes grows
+    // with every call.
+    let upkeep = metrics.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
 
     let (db, database) = service::database("payments").await?;
     app::create_tables(&db).await?;

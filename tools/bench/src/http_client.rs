@@ -17,6 +17,8 @@ const MAX_RESPONSE_BYTES: usize = 1 << 20;
 pub(crate) struct Connection {
     stream: BufStream<TcpStream>,
     request: Vec<u8>,
+    /// The last answer's body (the soak reads the ids it answers).
+    body: Vec<u8>,
 }
 
 /// What the bench reads from an answer.
@@ -45,6 +47,7 @@ impl Connection {
         Ok(Self {
             stream: BufStream::new(stream),
             request: Vec::with_capacity(2048),
+            body: Vec::with_capacity(2048),
         })
     }
 
@@ -100,12 +103,18 @@ impl Connection {
                 _ => {}
             }
         }
+        self.body.clear();
         if chunked {
-            self.skip_chunked_body().await?;
+            self.read_chunked_body().await?;
         } else {
-            self.skip(length.unwrap_or(0)).await?;
+            self.read_body(length.unwrap_or(0)).await?;
         }
         Ok(Answer { status, replayed })
+    }
+
+    /// The body of the last answer.
+    pub(crate) fn body(&self) -> &[u8] {
+        &self.body
     }
 
     async fn read_line(&mut self, line: &mut String) -> Res<()> {
@@ -119,16 +128,18 @@ impl Connection {
         Ok(())
     }
 
-    async fn skip(&mut self, bytes: usize) -> Res<()> {
-        if bytes > MAX_RESPONSE_BYTES {
-            return Err(format!("a {bytes}-byte answer").into());
+    /// Appends the next `bytes` bytes to the body.
+    async fn read_body(&mut self, bytes: usize) -> Res<()> {
+        if self.body.len() + bytes > MAX_RESPONSE_BYTES {
+            return Err(format!("a {}-byte answer", self.body.len() + bytes).into());
         }
-        let mut body = vec![0; bytes];
-        self.stream.read_exact(&mut body).await?;
+        let start = self.body.len();
+        self.body.resize(start + bytes, 0);
+        self.stream.read_exact(&mut self.body[start..]).await?;
         Ok(())
     }
 
-    async fn skip_chunked_body(&mut self) -> Res<()> {
+    async fn read_chunked_body(&mut self) -> Res<()> {
         let mut line = String::new();
         loop {
             line.clear();
@@ -142,7 +153,9 @@ impl Connection {
                 self.read_line(&mut line).await?;
                 return Ok(());
             }
-            self.skip(size + 2).await?;
+            self.read_body(size + 2).await?;
+            // The chunk's CRLF is not the body's.
+            self.body.truncate(self.body.len() - 2);
         }
     }
 }

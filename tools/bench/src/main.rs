@@ -26,6 +26,7 @@
 //! | P11 the HTTP layer against the peer crate axum-idempotent (Redis at `REDIS_URL`) | [`http_layer`] (client: [`http_client`]) |
 //! | P12 claims and replays as the ledger grows (`--ledger-records`) | [`growth`] |
 //! | P13 the sqlx store against hand-written sqlx idempotency and the SeaORM store (`--p13`) | [`sqlx_floor`] |
+//! | R22 the soak: the payments example for minutes or hours (`--soak MINUTES`) | [`soak`] |
 //!
 //! The bench owns its tables: `bench_*` business tables and a ledger, lease steps and outbox of
 //! its own (a SQLite file in the temp directory; schema `bench_idem` on PostgreSQL; database
@@ -46,6 +47,7 @@ mod outbox;
 mod profile;
 mod report;
 mod setup;
+mod soak;
 mod sqlx_floor;
 mod storm;
 mod throughput;
@@ -77,6 +79,9 @@ async fn main() -> Res<()> {
     } else {
         mode
     };
+    if let Some(soak) = &args.soak {
+        return soak::run(args.backend, args.url.as_deref(), soak).await;
+    }
     if args.p13_only {
         return sqlx_floor::run(args.backend, args.url.as_deref(), args.quick).await;
     }

@@ -18,7 +18,7 @@ use crate::workload::{PayOrder, Receipt, Sql, now_ms, template};
 
 const USAGE: &str = "usage: cargo run --release -p idem-bench -- \
 [--backend sqlite|postgres|mysql] [--quick] [--json] [--url URL] [--p7-records N] [--p11]
-[--ledger-records N[,N...]] [--p5] [--p13]
+[--ledger-records N[,N...]] [--p5] [--p13] [--soak MINUTES [--clients N] [--window SECONDS]]
 
 --p5                  P5 alone (the fingerprint of the 1 KiB request against SHA-256 of its
                       bytes), no database: what a change to the fingerprint is measured with
@@ -28,7 +28,11 @@ const USAGE: &str = "usage: cargo run --release -p idem-bench -- \
 --p11                 P11 (the HTTP layer against axum-idempotent) at full size in quick mode:
                       2,000 keys per route and round, 16 clients for 5 s
 --ledger-records N,…  P12: claim and replay latency with N live records in the ledger, for
-                      each N (e.g. 100000,1000000), and the ledger's bytes per record";
+                      each N (e.g. 100000,1000000), and the ledger's bytes per record
+--soak MINUTES        the soak alone (R22): the payments example on the backend (database
+                      idem_soak, made afresh; --url names the server) with the gateway example
+                      as its provider, --clients N (8) creating and paying orders, a line per
+                      --window SECONDS (300): throughput, p50/p99, RSS, ledger rows";
 
 /// The schema (PostgreSQL) or database (MySQL) holding the bench's ledger and tables.
 pub(crate) const BENCH_NAMESPACE: &str = "bench_idem";
@@ -90,6 +94,8 @@ pub(crate) struct Args {
     pub(crate) p5_only: bool,
     /// `--p13`: only P13, the sqlx store against hand-written sqlx idempotency.
     pub(crate) p13_only: bool,
+    /// `--soak MINUTES`: only the soak (R22), with its clients and window.
+    pub(crate) soak: Option<crate::soak::Soak>,
 }
 
 /// A count from the command line: digits, with `_` or `,` between thousands allowed.
@@ -125,7 +131,9 @@ pub(crate) fn parse_args() -> Res<Args> {
         p5_only: false,
         p13_only: false,
         ledger_records: Vec::new(),
+        soak: None,
     };
+    let (mut soak_minutes, mut soak_clients, mut soak_window) = (None, 8_u64, 300_u64);
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -142,6 +150,22 @@ pub(crate) fn parse_args() -> Res<Args> {
                     .next()
                     .ok_or("--ledger-records needs a number or a list")?;
                 args.ledger_records = counts("--ledger-records", &n)?;
+            }
+            "--soak" => {
+                let minutes = it.next().ok_or("--soak needs minutes")?;
+                soak_minutes = Some(
+                    minutes
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|m| *m > 0.0 && m.is_finite())
+                        .ok_or_else(|| format!("--soak takes minutes above 0, not `{minutes}`"))?,
+                );
+            }
+            "--clients" => {
+                soak_clients = count("--clients", &it.next().ok_or("--clients needs a number")?)?;
+            }
+            "--window" => {
+                soak_window = count("--window", &it.next().ok_or("--window needs seconds")?)?;
             }
             "--p11" => args.p11_full = true,
             "--p5" => args.p5_only = true,
@@ -164,6 +188,16 @@ pub(crate) fn parse_args() -> Res<Args> {
                 }
             }
         }
+    }
+    if let Some(minutes) = soak_minutes {
+        if soak_clients == 0 || soak_window == 0 {
+            return Err("--clients and --window take numbers above 0".into());
+        }
+        args.soak = Some(crate::soak::Soak {
+            duration: Duration::from_secs_f64(minutes * 60.0),
+            clients: usize::try_from(soak_clients)?,
+            window: Duration::from_secs(soak_window),
+        });
     }
     Ok(args)
 }

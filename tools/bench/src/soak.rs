@@ -1,0 +1,462 @@
+//! The soak (R22 in docs/RELIABILITY.md): does a service on idem hold steady for as long as it
+//! runs? The payments example on the backend asked for, with the gateway example (on its own
+//! SQLite file) as its payment provider, both built in release; `--clients` clients (default
+//! 8) for `--soak` minutes, each creating an order and paying it (lease mode: the charge is a
+//! recorded step, the completer runs), one request in four a retry of the request before it
+//! (same key, same body: a replay).
+//!
+//! ```text
+//! cargo run --release -p idem-bench -- --soak 30 --backend postgres [--url URL] [--clients 8] [--window 300]
+//! ```
+//!
+//! Every window (default 5 minutes) prints the calls answered, calls per second, create and
+//! pay p50 and p99, errors, the payments process's resident memory, and the rows of its
+//! ledger and outbox; the end prints the ratios R22 bounds (last window's throughput against
+//! the first's, pay p99 of the last window against the second's, RSS at the end against the
+//! end of the first window). The service's database is made afresh: `idem_soak` on the
+//! server (dropped and created), or an SQLite file in the temp directory.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement};
+
+use crate::Res;
+use crate::harness::percentile;
+use crate::http_client::{Connection, Post};
+use crate::setup::Backend;
+
+/// What `--soak` runs.
+#[derive(Debug, Clone)]
+pub(crate) struct Soak {
+    pub(crate) duration: Duration,
+    pub(crate) clients: usize,
+    pub(crate) window: Duration,
+}
+
+/// The database the soak's service uses, made afresh.
+const SOAK_DATABASE: &str = "idem_soak";
+
+/// One window's answers, as the clients report them.
+#[derive(Debug, Default)]
+struct Window {
+    create_ms: Vec<f64>,
+    pay_ms: Vec<f64>,
+    errors: u64,
+    first_error: Option<String>,
+}
+
+/// One window's figures, as printed.
+#[derive(Debug, Clone, Copy)]
+struct Figures {
+    calls_per_s: f64,
+    pay_p99_ms: f64,
+    rss_mb: f64,
+}
+
+/// A child process killed when dropped (the soak's services end with it, also on an error).
+struct Service {
+    name: &'static str,
+    child: Child,
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub(crate) async fn run(backend: Backend, url: Option<&str>, soak: &Soak) -> Res<()> {
+    let (payments_bin, gateway_bin) = build_examples()?;
+    let database_url = fresh_database(backend, url).await?;
+    let gateway_db =
+        std::env::temp_dir().join(format!("idem-soak-gateway-{}.db", std::process::id()));
+    let _ = std::fs::remove_file(&gateway_db);
+    let logs = std::env::temp_dir().join("idem-soak-logs");
+    std::fs::create_dir_all(&logs)?;
+
+    let gateway_addr = free_addr()?;
+    let mut gateway = start(
+        "gateway",
+        &gateway_bin,
+        gateway_addr,
+        &[(
+            "DATABASE_URL",
+            format!("sqlite://{}?mode=rwc", gateway_db.display()),
+        )],
+        &logs,
+    )?;
+    await_healthy(gateway_addr, "/charges", "gateway").await?;
+    let payments_addr = free_addr()?;
+    let mut payments = start(
+        "payments",
+        &payments_bin,
+        payments_addr,
+        &[
+            ("DATABASE_URL", database_url.clone()),
+            ("GATEWAY_URL", format!("http://{gateway_addr}")),
+        ],
+        &logs,
+    )?;
+    await_healthy(payments_addr, "/healthz", "payments").await?;
+    let db = Database::connect(&database_url).await?;
+
+    println!(
+        "soak: payments on {} ({}), gateway on SQLite, {} clients, {:.0} min, windows of {} s; \
+         logs in {}",
+        backend.name(),
+        database_url.split('?').next().unwrap_or_default(),
+        soak.clients,
+        soak.duration.as_secs_f64() / 60.0,
+        soak.window.as_secs(),
+        logs.display()
+    );
+    println!(
+        "{:>6} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>6} {:>7} {:>9} {:>9}",
+        "min",
+        "calls",
+        "calls/s",
+        "create50",
+        "create99",
+        "pay50",
+        "pay99",
+        "errors",
+        "rss MB",
+        "ledger",
+        "outbox"
+    );
+
+    let window = Arc::new(Mutex::new(Window::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut clients = tokio::task::JoinSet::new();
+    for client in 0..soak.clients {
+        let (window, stop) = (window.clone(), stop.clone());
+        clients.spawn(async move { drive(client, payments_addr, &window, &stop).await });
+    }
+
+    let started = Instant::now();
+    let mut figures: Vec<Figures> = Vec::new();
+    let mut total_errors = 0;
+    while started.elapsed() < soak.duration {
+        let left = soak.duration.saturating_sub(started.elapsed());
+        let window_started = Instant::now();
+        tokio::time::sleep(soak.window.min(left)).await;
+        let took = window_started.elapsed().as_secs_f64();
+        let done = std::mem::take(&mut *window.lock().unwrap_or_else(|e| e.into_inner()));
+        let calls = done.create_ms.len() + done.pay_ms.len();
+        let rss_mb = rss_mb(payments.child.id())?;
+        let (ledger, outbox) = (
+            rows(&db, "idem_ledger").await?,
+            rows(&db, "idem_outbox").await?,
+        );
+        total_errors += done.errors;
+        println!(
+            "{:>6.1} {:>8} {:>8.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>6} {:>7.1} {:>9} {:>9}",
+            started.elapsed().as_secs_f64() / 60.0,
+            calls,
+            calls as f64 / took,
+            percentile(&done.create_ms, 0.5),
+            percentile(&done.create_ms, 0.99),
+            percentile(&done.pay_ms, 0.5),
+            percentile(&done.pay_ms, 0.99),
+            done.errors,
+            rss_mb,
+            ledger,
+            outbox
+        );
+        if let Some(error) = &done.first_error {
+            println!("       first error of the window: {error}");
+        }
+        figures.push(Figures {
+            calls_per_s: calls as f64 / took,
+            pay_p99_ms: percentile(&done.pay_ms, 0.99),
+            rss_mb,
+        });
+        if exited(&mut payments) || exited(&mut gateway) {
+            return Err("a service of the soak exited (see its log)".into());
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    while let Some(client) = clients.join_next().await {
+        client??;
+    }
+    summarize(&figures, total_errors);
+    drop((payments, gateway));
+    let _ = std::fs::remove_file(&gateway_db);
+    Ok(())
+}
+
+/// R22's ratios: what the issue bounds, printed, not asserted (a soak is read).
+fn summarize(figures: &[Figures], errors: u64) {
+    let (Some(first), Some(last)) = (figures.first(), figures.last()) else {
+        return;
+    };
+    println!(
+        "throughput, last window / first: {:.2} (R22: >= 0.90)",
+        last.calls_per_s / first.calls_per_s
+    );
+    if let Some(second) = figures.get(1) {
+        println!(
+            "pay p99, last window / second: {:.2} (R22: <= 1.2)",
+            last.pay_p99_ms / second.pay_p99_ms
+        );
+    }
+    println!(
+        "RSS, end / end of the first window: {:.2} (R22: <= 1.10)",
+        last.rss_mb / first.rss_mb
+    );
+    println!("errors: {errors} (R22: 0)");
+}
+
+/// Whether `service`'s process has ended.
+fn exited(service: &mut Service) -> bool {
+    let ended = !matches!(service.child.try_wait(), Ok(None));
+    if ended {
+        eprintln!("soak: the {} example exited", service.name);
+    }
+    ended
+}
+
+/// One client: create an order, pay it, and every third order retry the create or the pay
+/// (orders 0, 3, … the create; 1, 4, … the pay): 2 retries in 8 requests.
+async fn drive(
+    client: usize,
+    addr: SocketAddr,
+    window: &Mutex<Window>,
+    stop: &AtomicBool,
+) -> Res<()> {
+    let mut connection = Connection::open(addr).await?;
+    let mut order = 0_u64;
+    while !stop.load(Ordering::Relaxed) {
+        let create_key = format!("soak-{}-{client}-{order}-create", std::process::id());
+        let create_body = format!(
+            r#"{{"customer":"soak-{client}","amount_cents":{},"currency":"EUR"}}"#,
+            1_000 + order % 100
+        );
+        let create = Post {
+            path: "/orders",
+            key: Some(&create_key),
+            cookie: None,
+            body: create_body.as_bytes(),
+        };
+        let Some(id) = send(&mut connection, create, 201, Kind::Create, window).await? else {
+            order += 1;
+            continue;
+        };
+        if order.is_multiple_of(3) {
+            send(&mut connection, create, 201, Kind::Create, window).await?;
+        }
+        let pay_key = format!("soak-{}-{client}-{order}-pay", std::process::id());
+        let pay_body = format!(r#"{{"amount_cents":{}}}"#, 1_000 + order % 100);
+        let path = format!("/orders/{id}/pay");
+        let pay = Post {
+            path: &path,
+            key: Some(&pay_key),
+            cookie: None,
+            body: pay_body.as_bytes(),
+        };
+        send(&mut connection, pay, 200, Kind::Pay, window).await?;
+        if order % 3 == 1 {
+            send(&mut connection, pay, 200, Kind::Pay, window).await?;
+        }
+        order += 1;
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Create,
+    Pay,
+}
+
+/// Sends `post`, counts its time in the window (or an error, if the status is not
+/// `expected`), and returns the answer's `id` field, if it has one.
+async fn send(
+    connection: &mut Connection,
+    post: Post<'_>,
+    expected: u16,
+    kind: Kind,
+    window: &Mutex<Window>,
+) -> Res<Option<String>> {
+    let sent = Instant::now();
+    let answer = connection.post(post).await?;
+    let ms = sent.elapsed().as_secs_f64() * 1e3;
+    let body = connection.body();
+    let mut window = window.lock().unwrap_or_else(|e| e.into_inner());
+    if answer.status != expected {
+        window.errors += 1;
+        window.first_error.get_or_insert_with(|| {
+            format!(
+                "{} answered {}: {}",
+                post.path,
+                answer.status,
+                String::from_utf8_lossy(body)
+            )
+        });
+        return Ok(None);
+    }
+    match kind {
+        Kind::Create => window.create_ms.push(ms),
+        Kind::Pay => window.pay_ms.push(ms),
+    }
+    let id = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("id").and_then(|id| id.as_str().map(str::to_owned)));
+    Ok(id)
+}
+
+/// Builds the payments and gateway examples in release and returns their executables.
+fn build_examples() -> Res<(PathBuf, PathBuf)> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let output = Command::new(cargo)
+        .args([
+            "build",
+            "--release",
+            "--example",
+            "payments",
+            "--example",
+            "gateway",
+            "--message-format",
+            "json",
+        ])
+        .stderr(Stdio::inherit())
+        .output()?;
+    if !output.status.success() {
+        return Err("building the payments and gateway examples failed".into());
+    }
+    let (mut payments, mut gateway) = (None, None);
+    for line in output.stdout.split(|&b| b == b'\n') {
+        let Ok(message) = serde_json::from_slice::<serde_json::Value>(line) else {
+            continue;
+        };
+        let name = message["target"]["name"].as_str().unwrap_or_default();
+        if let Some(executable) = message["executable"].as_str() {
+            match name {
+                "payments" => payments = Some(PathBuf::from(executable)),
+                "gateway" => gateway = Some(PathBuf::from(executable)),
+                _ => {}
+            }
+        }
+    }
+    Ok((
+        payments.ok_or("cargo named no payments executable")?,
+        gateway.ok_or("cargo named no gateway executable")?,
+    ))
+}
+
+/// The soak's database, dropped and created again on a server; a new SQLite file otherwise.
+async fn fresh_database(backend: Backend, url: Option<&str>) -> Res<String> {
+    match backend {
+        Backend::Sqlite => {
+            let path = std::env::temp_dir().join(format!("{SOAK_DATABASE}.db"));
+            crate::setup::remove_sqlite(&path);
+            Ok(format!("sqlite://{}?mode=rwc", path.display()))
+        }
+        Backend::Postgres | Backend::Mysql => {
+            let server = url.unwrap_or(match backend {
+                Backend::Postgres => "postgres://postgres@127.0.0.1:5432/postgres",
+                _ => "mysql://root@127.0.0.1:3306/mysql",
+            });
+            let admin = Database::connect(server).await?;
+            admin
+                .execute_unprepared(&match backend {
+                    Backend::Postgres => {
+                        format!("DROP DATABASE IF EXISTS {SOAK_DATABASE} WITH (FORCE)")
+                    }
+                    _ => format!("DROP DATABASE IF EXISTS {SOAK_DATABASE}"),
+                })
+                .await?;
+            admin
+                .execute_unprepared(&format!("CREATE DATABASE {SOAK_DATABASE}"))
+                .await?;
+            let (base, _) = server
+                .rsplit_once('/')
+                .ok_or("a server URL ends in /database")?;
+            Ok(format!("{base}/{SOAK_DATABASE}"))
+        }
+    }
+}
+
+fn free_addr() -> Res<SocketAddr> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+fn start(
+    name: &'static str,
+    bin: &PathBuf,
+    addr: SocketAddr,
+    env: &[(&str, String)],
+    logs: &std::path::Path,
+) -> Res<Service> {
+    let log = std::fs::File::create(logs.join(format!("{name}.log")))?;
+    let mut command = Command::new(bin);
+    command
+        .args(["--addr", &addr.to_string()])
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_owned()),
+        )
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    Ok(Service {
+        name,
+        child: command.spawn()?,
+    })
+}
+
+/// Waits until `path` answers on `addr` (any status: the service is up), for 60 s at most.
+async fn await_healthy(addr: SocketAddr, path: &str, name: &str) -> Res<()> {
+    let started = Instant::now();
+    loop {
+        if let Ok(stream) = tokio::net::TcpStream::connect(addr).await {
+            drop(stream);
+            // Listening: one GET-less probe is enough; a POST without a key answers 4xx.
+            let mut connection = Connection::open(addr).await?;
+            let probe = Post {
+                path,
+                key: None,
+                cookie: None,
+                body: b"{}",
+            };
+            if connection.post(probe).await.is_ok() {
+                return Ok(());
+            }
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            return Err(format!("the {name} example did not listen on {addr} within 60 s").into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The resident memory of process `pid`, in MB (Linux: /proc).
+fn rss_mb(pid: u32) -> Res<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .ok_or("no VmRSS in /proc/<pid>/status")?;
+    Ok(kb / 1024.0)
+}
+
+async fn rows(db: &DatabaseConnection, table: &str) -> Res<i64> {
+    let backend = db.get_database_backend();
+    let row = db
+        .query_one_raw(Statement::from_string(
+            backend,
+            format!("SELECT COUNT(*) AS n FROM {table}"),
+        ))
+        .await?
+        .ok_or("COUNT(*) answered no row")?;
+    Ok(row.try_get_by_index::<i64>(0)?)
+}
