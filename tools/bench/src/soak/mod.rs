@@ -13,7 +13,9 @@
 //! pay p50 and p99, errors, the payments process's resident memory, and the rows of its
 //! ledger and outbox; the end prints the ratios R22 bounds (last window's throughput against
 //! the first's, pay p99 of the last window against the second's, RSS at the end against the
-//! end of the first window). The service's database is made afresh: `idem_soak` on the
+//! end of the first window). Under each window's line, what the database server spent: the
+//! statements that took the most time and the tables scanned whole ([`server_stats`]). The
+//! service's database is made afresh: `idem_soak` on the
 //! server (dropped and created), or an SQLite file in the temp directory.
 
 use std::net::{SocketAddr, TcpListener};
@@ -29,6 +31,8 @@ use crate::Res;
 use crate::harness::percentile;
 use crate::http_client::{Connection, Post};
 use crate::setup::Backend;
+
+mod server_stats;
 
 /// What `--soak` runs.
 #[derive(Debug, Clone)]
@@ -105,6 +109,7 @@ pub(crate) async fn run(backend: Backend, url: Option<&str>, soak: &Soak) -> Res
     )?;
     await_healthy(payments_addr, "/healthz", "payments").await?;
     let db = Database::connect(&database_url).await?;
+    let mut server_stats = server_stats::ServerStats::start(&db).await;
 
     println!(
         "soak: payments on {} ({}), gateway on SQLite, {} clients, {:.0} min, windows of {} s; \
@@ -171,6 +176,12 @@ pub(crate) async fn run(backend: Backend, url: Option<&str>, soak: &Soak) -> Res
         );
         if let Some(error) = &done.first_error {
             println!("       first error of the window: {error}");
+        }
+        if let Some(stats) = &mut server_stats {
+            match stats.window(&db).await {
+                Ok(lines) => lines.iter().for_each(|line| println!("{line}")),
+                Err(e) => println!("       no server statistics for this window: {e}"),
+            }
         }
         figures.push(Figures {
             calls_per_s: calls as f64 / took,
