@@ -24,7 +24,8 @@ use axum::{Json, Router};
 use idem::axum::{IdempotencyKey, Problem, respond, run_to_completion};
 use idem::idempotent;
 use sea_orm::entity::prelude::*;
-use sea_orm::{ActiveValue::Set, DatabaseConnection, QueryOrder};
+use sea_orm::sea_query::{Expr, ExprTrait};
+use sea_orm::{ActiveValue::Set, DatabaseConnection, QueryOrder, QuerySelect};
 use serde::{Deserialize, Serialize};
 use service::{ApiError, BoxError};
 use tracing_subscriber::fmt::format::FmtSpan;
@@ -40,6 +41,9 @@ mod charge {
         pub(crate) charge_id: String,
         pub(crate) reference: String,
         pub(crate) amount_cents: i64,
+        /// The charge's place in the list (`GET /charges`), indexed: the next one is one
+        /// index probe away.
+        #[sea_orm(indexed)]
         pub(crate) created_seq: i64,
     }
 
@@ -71,7 +75,17 @@ async fn create_charge(
     key: IdempotencyKey,
     new: NewCharge,
 ) -> Result<ChargeView, ApiError> {
-    let created_seq = charge::Entity::find().count(db).await? as i64 + 1;
+    // The last number taken, from the column's index. (It was `COUNT(*)` of the charges:
+    // a read of every charge made, inside each charge, so the gateway slowed as it was
+    // used, by half in 8 minutes of R22's soak.)
+    let last: Option<i64> = charge::Entity::find()
+        .select_only()
+        .column_as(Expr::col(charge::Column::CreatedSeq).max(), "last")
+        .into_tuple()
+        .one(db)
+        .await?
+        .flatten();
+    let created_seq = last.unwrap_or(0) + 1;
     let saved = charge::Entity::insert(charge::ActiveModel {
         charge_id: Set(format!("ch_{}", uuid::Uuid::new_v4().simple())),
         reference: Set(new.reference),

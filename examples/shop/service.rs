@@ -65,7 +65,7 @@ pub(crate) async fn database(name: &str) -> Result<(DatabaseConnection, String),
     Ok((db, shown))
 }
 
-/// Creates idem's tables and `entity`'s table, where they do not exist yet.
+/// Creates idem's tables and `entity`'s table with its indexes, where they do not exist yet.
 pub(crate) async fn create_tables<E: EntityTrait>(
     db: &DatabaseConnection,
     entity: E,
@@ -74,6 +74,9 @@ pub(crate) async fn create_tables<E: EntityTrait>(
     let schema = Schema::new(db.get_database_backend());
     db.execute(schema.create_table_from_entity(entity).if_not_exists())
         .await?;
+    for mut index in schema.create_index_from_entity(entity) {
+        db.execute(index.if_not_exists()).await?;
+    }
     Ok(())
 }
 

@@ -144,6 +144,8 @@ pub(crate) async fn run(backend: Backend, url: Option<&str>, soak: &Soak) -> Res
         clients.spawn(async move { drive(client, payments_addr, &window, &stop).await });
     }
 
+    let gateway_store = Database::connect(format!("sqlite://{}", gateway_db.display())).await?;
+    let mut cpu = Cpu::read(&payments, &gateway);
     let started = Instant::now();
     let mut figures: Vec<Figures> = Vec::new();
     let mut total_errors = 0;
@@ -177,6 +179,21 @@ pub(crate) async fn run(backend: Backend, url: Option<&str>, soak: &Soak) -> Res
         if let Some(error) = &done.first_error {
             println!("       first error of the window: {error}");
         }
+        // Where the processes' time goes: CPU per call answered, for each process on the
+        // machine that serves a call (a slope that is not the database's statements shows
+        // here), and the size of the gateway's own SQLite ledger.
+        let now = Cpu::read(&payments, &gateway);
+        let per_call = |after: f64, before: f64| (after - before) * 1000.0 / calls.max(1) as f64;
+        println!(
+            "       cpu ms per call: payments {:.3}, gateway {:.3}, postgres and mysqld {:.3}; \
+             gateway ledger {} rows, {:.1} MB on disk",
+            per_call(now.payments, cpu.payments),
+            per_call(now.gateway, cpu.gateway),
+            per_call(now.servers, cpu.servers),
+            rows(&gateway_store, "idem_ledger").await?,
+            file_mb(&gateway_db)
+        );
+        cpu = now;
         if let Some(stats) = &mut server_stats {
             match stats.window(&db).await {
                 Ok(lines) => lines.iter().for_each(|line| println!("{line}")),
@@ -197,8 +214,10 @@ pub(crate) async fn run(backend: Backend, url: Option<&str>, soak: &Soak) -> Res
         client??;
     }
     summarize(&figures, total_errors);
-    drop((payments, gateway));
-    let _ = std::fs::remove_file(&gateway_db);
+    drop((payments, gateway, gateway_store));
+    for file in ["db", "db-wal", "db-shm"] {
+        let _ = std::fs::remove_file(gateway_db.with_extension(file));
+    }
     Ok(())
 }
 
@@ -445,6 +464,66 @@ async fn await_healthy(addr: SocketAddr, path: &str, name: &str) -> Res<()> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// CPU seconds spent so far by the soak's services and by the database servers on the machine.
+#[derive(Debug, Clone, Copy)]
+struct Cpu {
+    payments: f64,
+    gateway: f64,
+    /// Every `postgres` and `mariadbd`/`mysqld` process (the machine is otherwise quiet).
+    servers: f64,
+}
+
+impl Cpu {
+    fn read(payments: &Service, gateway: &Service) -> Self {
+        let mut servers = 0.0;
+        if let Ok(entries) = std::fs::read_dir("/proc") {
+            for entry in entries.flatten() {
+                let Some(pid) = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|p| p.parse::<u32>().ok())
+                else {
+                    continue;
+                };
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                if matches!(comm.trim(), "postgres" | "mariadbd" | "mysqld") {
+                    servers += cpu_seconds(pid);
+                }
+            }
+        }
+        Cpu {
+            payments: cpu_seconds(payments.child.id()),
+            gateway: cpu_seconds(gateway.child.id()),
+            servers,
+        }
+    }
+}
+
+/// User and system CPU seconds of process `pid` (Linux: /proc; 0 once it is gone).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command's closing parenthesis; utime and stime are the 12th and
+    // 13th of them, in clock ticks (100 a second on Linux).
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// The size of the SQLite file at `path` with its WAL, in MB.
+fn file_mb(path: &std::path::Path) -> f64 {
+    let size = |p: &std::path::Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    let wal = path.with_extension("db-wal");
+    (size(path) + size(&wal)) as f64 / 1e6
 }
 
 /// The resident memory of process `pid`, in MB (Linux: /proc).
