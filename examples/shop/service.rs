@@ -75,7 +75,13 @@ pub(crate) async fn create_tables<E: EntityTrait>(
     db.execute(schema.create_table_from_entity(entity).if_not_exists())
         .await?;
     for mut index in schema.create_index_from_entity(entity) {
-        db.execute(index.if_not_exists()).await?;
+        match db.execute(index.if_not_exists()).await {
+            Ok(_) => {}
+            // MySQL has no `CREATE INDEX IF NOT EXISTS` (sea-query leaves the clause out
+            // there): the index an earlier start made answers "Duplicate key name" (1061).
+            Err(e) if e.to_string().contains("Duplicate key name") => {}
+            Err(e) => return Err(e.into()),
+        }
     }
     Ok(())
 }
