@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement};
+use sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement, TryGetable};
 
 use crate::Res;
 use crate::harness::percentile;
@@ -538,13 +538,14 @@ fn rss_mb(pid: u32) -> Res<f64> {
 }
 
 async fn rows(db: &DatabaseConnection, table: &str) -> Res<i64> {
-    let backend = db.get_database_backend();
+    scalar(db, &format!("SELECT COUNT(*) FROM {table}")).await
+}
+
+/// The first column of the one row `sql` answers.
+async fn scalar<T: TryGetable>(db: &DatabaseConnection, sql: &str) -> Res<T> {
     let row = db
-        .query_one_raw(Statement::from_string(
-            backend,
-            format!("SELECT COUNT(*) AS n FROM {table}"),
-        ))
+        .query_one_raw(Statement::from_string(db.get_database_backend(), sql))
         .await?
-        .ok_or("COUNT(*) answered no row")?;
-    Ok(row.try_get_by_index::<i64>(0)?)
+        .ok_or_else(|| format!("`{sql}` answered no row"))?;
+    Ok(row.try_get_by_index::<T>(0)?)
 }

@@ -17,6 +17,7 @@ use std::collections::HashMap;
 
 use sea_orm::{ConnectionTrait, DatabaseBackend, DatabaseConnection, Statement};
 
+use super::scalar;
 use crate::Res;
 
 /// How many statements a window lists (those that took the most time in it).
@@ -50,58 +51,44 @@ pub(super) struct ServerStats {
 impl ServerStats {
     /// Starts counting on the soak's database, or says why it cannot and returns `None`.
     pub(super) async fn start(db: &DatabaseConnection) -> Option<Self> {
-        let backend = db.get_database_backend();
-        let ready = match backend {
-            DatabaseBackend::Postgres => {
-                let created = db
-                    .execute_unprepared("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-                    .await;
-                match created {
-                    Ok(_) => db
-                        .execute_unprepared("SELECT pg_stat_statements_reset()")
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| e.to_string()),
-                    Err(e) => Err(e.to_string()),
-                }
-            }
-            DatabaseBackend::MySql => match scalar(db, "SELECT @@performance_schema").await {
-                Ok(1) => Ok(()),
-                Ok(_) => Err("performance_schema is OFF on this server".to_owned()),
-                Err(e) => Err(e.to_string()),
-            },
-            _ => Err("SQLite keeps no statement statistics".to_owned()),
+        let mut stats = Self {
+            backend: db.get_database_backend(),
+            statements: HashMap::new(),
+            tables: HashMap::new(),
         };
-        match ready {
-            Ok(()) => {
-                if backend == DatabaseBackend::Postgres
-                    && let Ok(row) = db
-                        .query_one_raw(Statement::from_string(
-                            backend,
-                            "SELECT current_setting('autovacuum')",
-                        ))
-                        .await
-                    && let Some(row) = row
-                {
-                    let autovacuum: String = row.try_get_by_index(0).unwrap_or_default();
-                    println!("soak: the server's autovacuum is {autovacuum}");
-                }
-                let mut stats = Self {
-                    backend,
-                    statements: HashMap::new(),
-                    tables: HashMap::new(),
-                };
-                // The first reading is the baseline the first window is measured against.
-                if let Err(e) = stats.window(db).await {
-                    println!("soak: no server statistics: {e}");
-                    return None;
-                }
-                Some(stats)
-            }
+        // The first reading is the baseline the first window is measured against.
+        let ready = async {
+            stats.enable(db).await?;
+            stats.window(db).await
+        };
+        match ready.await {
+            Ok(_) => Some(stats),
             Err(why) => {
                 println!("soak: no server statistics ({why})");
                 None
             }
+        }
+    }
+
+    /// Makes the server's statistics readable and zeroes them (PostgreSQL), or checks that it
+    /// keeps them (MySQL).
+    async fn enable(&self, db: &DatabaseConnection) -> Res<()> {
+        match self.backend {
+            DatabaseBackend::Postgres => {
+                db.execute_unprepared("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                    .await?;
+                db.execute_unprepared("SELECT pg_stat_statements_reset()")
+                    .await?;
+                let autovacuum: String = scalar(db, "SELECT current_setting('autovacuum')").await?;
+                println!("soak: the server's autovacuum is {autovacuum}");
+                Ok(())
+            }
+            DatabaseBackend::MySql => match scalar::<i64>(db, "SELECT @@performance_schema").await?
+            {
+                1 => Ok(()),
+                _ => Err("performance_schema is OFF on this server".into()),
+            },
+            _ => Err("SQLite keeps no statement statistics".into()),
         }
     }
 
@@ -220,12 +207,4 @@ async fn read_tables(db: &DatabaseConnection) -> Res<HashMap<String, TableTotals
         );
     }
     Ok(tables)
-}
-
-async fn scalar(db: &DatabaseConnection, sql: &str) -> Res<i64> {
-    let row = db
-        .query_one_raw(Statement::from_string(db.get_database_backend(), sql))
-        .await?
-        .ok_or("no row")?;
-    Ok(row.try_get_by_index::<i64>(0)?)
 }
