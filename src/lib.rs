@@ -9,7 +9,8 @@
 ///     key = cmd.idempotency_key,       // required: expression over the arguments (a `KeySource`)
 ///     principal = cmd.customer_id,     // optional: tenant/user/client; keys never cross principals
 ///     skip(clock, now),                // optional: parameters left out of the fingerprint
-///     ttl = "24h",                     // optional: how long results are kept (database clock)
+///     ttl = "24h",                     // optional: how long results are kept (database clock),
+///                                      //   or a `Duration` expression: `ttl = settings.record_ttl`
 ///     on_concurrent = wait,            // optional: `wait` (default, bounded at 5 s), `wait("2s")`
 ///                                      //   (another bound) or `reject` (`InFlight` at once)
 ///     conn = self.db as db,            // optional: where the connection comes from

@@ -264,6 +264,16 @@ macro_rules! handlers {
                 Ok(write_receipt(db, &cmd, "short").await)
             }
 
+            /// The TTL read at run time (a service's configuration).
+            #[idempotent(scope = "test.expiry.configured", key = cmd.key, ttl = ttl, skip(ttl))]
+            pub(crate) async fn configured_ttl(
+                db: &$conn,
+                cmd: Pay,
+                ttl: Duration,
+            ) -> Result<Receipt, PayError> {
+                Ok(write_receipt(db, &cmd, "configured").await)
+            }
+
             pub(crate) struct Payments {
                 pub(crate) db: $conn,
             }
@@ -750,10 +760,30 @@ async fn an_expired_key_executes_anew_and_purge_removes_it() {
             let first = call!(t, short_lived(Pay::new(&run, 1))).expect("first");
             let replay = call!(t, short_lived(Pay::new(&run, 1))).expect("replay");
             assert_eq!(first, replay, "{t}");
+            // A TTL read at run time: 1 s expires as the literal does; 1 h replays (the
+            // default, 24 h, would not expire either: the 1 s one shows the value is used).
+            let (short, long) = (unique("configured-short"), unique("configured-long"));
+            let ttl = Duration::from_secs;
+            let short_first = call!(t, configured_ttl(Pay::new(&short, 1), ttl(1))).expect("1 s");
+            let long_first = call!(t, configured_ttl(Pay::new(&long, 1), ttl(3600))).expect("1 h");
             tokio::time::sleep(Duration::from_millis(1300)).await;
             let later = call!(t, short_lived(Pay::new(&run, 1))).expect("after expiry");
             assert_ne!(first, later, "{t}: executed anew");
             t.assert_effects(&run, 2, "ran again after expiry").await;
+            let short_later = call!(t, configured_ttl(Pay::new(&short, 1), ttl(1))).expect("1 s");
+            let long_later = call!(t, configured_ttl(Pay::new(&long, 1), ttl(3600))).expect("1 h");
+            assert_ne!(
+                short_first, short_later,
+                "{t}: a 1 s TTL read at run time expired"
+            );
+            assert_eq!(
+                long_first, long_later,
+                "{t}: a 1 h TTL read at run time replays"
+            );
+            t.assert_effects(&short, 2, "ran again after its run-time TTL")
+                .await;
+            t.assert_effects(&long, 1, "replayed within its run-time TTL")
+                .await;
             // Expire it again, and keep a live record beside it.
             let live = unique("live");
             call!(t, pay(Pay::new(&live, 1))).expect("live");

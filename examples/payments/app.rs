@@ -255,7 +255,20 @@ pub(crate) struct StatusView {
 
 // ---- the idempotent domain functions: plain async fns, no HTTP in sight ----
 
-#[idempotent(scope = "shop.orders.create", key = key)]
+/// How long this service keeps its calls' answers: set once at start from configuration
+/// (`RECORD_TTL`, see `main.rs`), 24 hours when it is not. Every `#[idempotent]` below reads it
+/// (`ttl = record_ttl()`), and the purge deletes what it has outlived.
+pub(crate) static RECORD_TTL: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+
+/// The records' TTL ([`RECORD_TTL`]).
+pub(crate) fn record_ttl() -> Duration {
+    RECORD_TTL
+        .get()
+        .copied()
+        .unwrap_or(Duration::from_secs(24 * 3600))
+}
+
+#[idempotent(scope = "shop.orders.create", key = key, ttl = record_ttl())]
 pub(crate) async fn place_order(
     db: &DatabaseConnection,
     key: IdempotencyKey,
@@ -280,7 +293,7 @@ pub(crate) async fn place_order(
 /// a concurrent writer cannot slip in between: a stale `If-Match` is a 412 and nothing is
 /// written. `if_match` is fingerprinted with the rest of the request, so a retry of a change
 /// that succeeded replays its answer even though the version has moved on since.
-#[idempotent(scope = "shop.orders.change-note", key = key)]
+#[idempotent(scope = "shop.orders.change-note", key = key, ttl = record_ttl())]
 pub(crate) async fn change_note(
     db: &DatabaseConnection,
     key: IdempotencyKey,
@@ -315,6 +328,7 @@ pub(crate) async fn change_note(
 #[idempotent(
     scope = "shop.orders.pay",
     key = key,
+    ttl = record_ttl(),
     lease = "30s",
     on_concurrent = wait("10s"),
     resumable,
@@ -467,7 +481,7 @@ async fn existing_payment<C: ConnectionTrait>(
     })
 }
 
-#[idempotent(scope = "shop.orders.cancel", key = key)]
+#[idempotent(scope = "shop.orders.cancel", key = key, ttl = record_ttl())]
 pub(crate) async fn cancel(
     db: &DatabaseConnection,
     key: IdempotencyKey,

@@ -17,6 +17,10 @@
 //! may each run one (they share the work); `COMPLETER=off` runs none, leaving such pays to
 //! their clients' retries.
 //!
+//! Answers are kept for `RECORD_TTL_SECS` seconds (default 86400, a day): a retry within it
+//! replays. Every 10 s a purge deletes the records that outlived it, and the outbox messages
+//! published longer ago.
+//!
 //! `GET /metrics` answers idem's counters per scope and outcome and its latency histogram in
 //! the Prometheus text format (`curl localhost:3000/metrics`).
 
@@ -61,8 +65,32 @@ async fn main() -> Result<(), BoxError> {
         }
     });
 
+    if let Ok(secs) = std::env::var("RECORD_TTL_SECS") {
+        let secs: u64 = secs.parse().map_err(|e| {
+            format!("RECORD_TTL_SECS={secs:?}: {e}; give the records' TTL in seconds, e.g. 86400")
+        })?;
+        let _ = app::RECORD_TTL.set(std::time::Duration::from_secs(secs));
+    }
     let (db, database) = service::database("payments").await?;
     app::create_tables(&db).await?;
+
+    // The purge. Each statement deletes up to 500 rows in its own short transaction, and
+    // the purge pauses as long as each took: claims wait behind one batch at most.
+    let purge_db = db.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(10));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            if let Err(e) = idem::sea_orm::purge_expired(&purge_db, 500).await {
+                tracing::warn!(error = %e, "purging expired records failed; trying again in 10 s");
+            }
+            let published = idem::sea_orm::purge_published(&purge_db, app::record_ttl(), 500);
+            if let Err(e) = published.await {
+                tracing::warn!(error = %e, "purging published messages failed; trying again in 10 s");
+            }
+        }
+    });
 
     // The relay publishes what paying stages: to JetStream with NATS_URL, else to the log.
     let relay_db = db.clone();

@@ -16,7 +16,11 @@ pub(crate) struct Args {
     pub(crate) key: Expr,
     pub(crate) principal: Option<Expr>,
     pub(crate) skip: Vec<Ident>,
+    /// `ttl = "24h"`, in milliseconds: the site's TTL (the default when `ttl` is an
+    /// expression).
     pub(crate) ttl_ms: u64,
+    /// `ttl = settings.ttl`: a TTL evaluated on each call, of type `Duration`.
+    pub(crate) ttl_expr: Option<Expr>,
     pub(crate) policy: Policy,
     /// `lease` / `lease = "30s"`: lease mode, with this lease in milliseconds.
     pub(crate) lease_ms: Option<u64>,
@@ -90,9 +94,20 @@ const ARGUMENTS: &[(&str, &[&str], ParseValue)] = &[
         Ok(())
     }),
     ("ttl", &["expiry", "expires"], |input, args| {
-        let hint = "`ttl` takes a string literal, e.g. `ttl = \"24h\"`";
-        let zero = "a record that expires at once deduplicates nothing";
-        args.ttl_ms = duration_ms(value(input)?, "ttl", hint, zero)?;
+        let input = value(input)?;
+        if input.peek(LitStr) {
+            let zero = "a record that expires at once deduplicates nothing";
+            args.ttl_ms = duration_ms(input, "ttl", "", zero)?;
+        } else if input.peek(LitInt) || input.peek(syn::LitFloat) {
+            let number: syn::Lit = input.parse()?;
+            return Err(syn::Error::new(
+                number.span(),
+                "a number has no unit: write the TTL as a string, e.g. `ttl = \"24h\"`, or as a \
+                 `Duration` read at run time, e.g. `ttl = settings.record_ttl`",
+            ));
+        } else {
+            args.ttl_expr = Some(input.parse()?);
+        }
         Ok(())
     }),
     (
@@ -198,6 +213,7 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Vec<syn::Error>) -> Option<A
         principal: None,
         skip: Vec::new(),
         ttl_ms: 24 * 3_600_000,
+        ttl_expr: None,
         policy: Policy::Wait { bound_ms: None },
         lease_ms: None,
         resumable: false,
@@ -406,6 +422,17 @@ mod tests {
         ));
         assert!(matches!(args.conn, Some(Conn::Expr { .. })));
         assert_eq!(args.answer_version.map(|(version, _)| version), Some(2));
+    }
+
+    #[test]
+    fn a_ttl_expression_is_kept_for_run_time() {
+        let mut errors = Vec::new();
+        let tokens = quote::quote! { scope = "orders.pay", key = cmd.key, ttl = settings.ttl };
+        let args = parse(tokens, &mut errors).expect("complete");
+        assert!(errors.is_empty(), "{errors:?}");
+        let expr = args.ttl_expr.expect("the expression");
+        assert_eq!(expr.to_token_stream().to_string(), "settings . ttl");
+        assert_eq!(args.ttl_ms, 24 * 3_600_000, "the site keeps the default");
     }
 
     #[test]

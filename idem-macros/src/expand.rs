@@ -222,16 +222,22 @@ impl Range {
         Self { first, last }
     }
 
-    /// `callee(leading, &operand)`, which rustc reports over the range (operand ending at `last`). The
-    /// call's own tokens take the user's spans as they are: spans join only within one
-    /// hygiene context, and a callee over the same range as the argument gets no extra label.
-    /// A proc macro's call-site tokens resolve like the user's, so resolution is unchanged.
+    /// `callee(leading, &operand)`, which rustc reports over the range (operand ending at `last`).
     fn call_with_borrow(
         self,
         callee: &TokenStream,
         leading: &TokenStream,
         operand: &TokenStream,
     ) -> TokenStream {
+        let borrow = quote_spanned!(self.first=> &);
+        self.call(callee, &quote!(#leading #borrow #operand))
+    }
+
+    /// `callee(args)`, which rustc reports over the range (`args` ending at `last`). The
+    /// call's own tokens take the user's spans as they are: spans join only within one
+    /// hygiene context, and a callee over the same range as the argument gets no extra label.
+    /// A proc macro's call-site tokens resolve like the user's, so resolution is unchanged.
+    fn call(self, callee: &TokenStream, args: &TokenStream) -> TokenStream {
         let mut callee: Vec<TokenTree> = callee.clone().into_iter().collect();
         for token in &mut callee {
             token.set_span(self.first);
@@ -239,8 +245,7 @@ impl Range {
         if let Some(token) = callee.last_mut() {
             token.set_span(self.last);
         }
-        let borrow = quote_spanned!(self.first=> &);
-        let mut args = Group::new(Delimiter::Parenthesis, quote!(#leading #borrow #operand));
+        let mut args = Group::new(Delimiter::Parenthesis, args.clone());
         args.set_span(self.last);
         quote!(#(#callee)* #args)
     }
@@ -350,6 +355,11 @@ pub(crate) fn expand(
     let key_call = key(&args.key);
     let principal = args.principal.as_ref().map(key);
     let principal = principal.map(|call| quote!(__idem_call.principal(#call);));
+    // A TTL read at run time replaces the site's; a mistyped one is an error at its tokens.
+    let ttl = args.ttl_expr.as_ref().map(|expr| {
+        let call = Range::of(expr).call(&quote!(#p::Call::ttl), &quote!(&mut __idem_call, #expr));
+        quote!(#call;)
+    });
     // (`deadline` and `resumable` without a lease are errors, which discard the expansion.)
     let deadline = args
         .deadline_ms
@@ -525,6 +535,7 @@ pub(crate) fn expand(
         let #conn = &(#conn_expr);
         let mut __idem_call = #p::Call::new(&__IDEM_SITE, #key_call);
         #principal
+        #ttl
         #deadline
         #(#fingerprint_args)*
         #versions

@@ -109,6 +109,8 @@ pub struct Call {
     /// Lease mode: how long the body may run in all (`None`: the default, a multiple of the
     /// lease).
     deadline: Option<Duration>,
+    /// How long the record is kept: the site's, unless set at run time ([`Call::ttl`]).
+    ttl: Duration,
 }
 
 /// The versions a call's answers are recorded and read as: its value's and its final
@@ -145,7 +147,18 @@ impl Call {
                 error: AnswerVersion::UNVERSIONED,
             },
             deadline: None,
+            ttl: site.ttl,
         }
+    }
+
+    /// Sets how long this call's record is kept, in place of its site's TTL: a TTL read
+    /// from configuration (`#[idempotent(..., ttl = settings.ttl)]`, any expression of type
+    /// [`Duration`]). The store measures it on its own clock from the claim; a resumable
+    /// call stores it with its arguments, so its completer keeps it too. A zero TTL is
+    /// accepted and deduplicates nothing: every retry finds the record expired and runs
+    /// again.
+    pub fn ttl(&mut self, ttl: Duration) {
+        self.ttl = ttl;
     }
 
     /// Sets how long a lease-mode call's body may run in all, from its claim: past it the
@@ -282,6 +295,7 @@ impl Call {
             stored_args,
             answers: self.answers,
             versions: self.versions,
+            ttl: self.ttl,
         })
     }
 }
@@ -319,6 +333,7 @@ pub struct Request {
     stored_args: Option<Vec<u8>>,
     answers: Option<Arc<RecentAnswers>>,
     versions: Versions,
+    ttl: Duration,
 }
 
 impl Request {
@@ -357,7 +372,7 @@ impl Request {
 
     /// How long a recorded result is kept (measured on the store's clock).
     pub fn ttl(&self) -> Duration {
-        self.site.ttl
+        self.ttl
     }
 
     /// The concurrency policy.

@@ -31,6 +31,21 @@ async fn wait(store: &idem::MemoryStore, key: u64) -> Result<(), idem::Error> {
     Ok(())
 }
 
+struct Settings {
+    record_ttl: std::time::Duration,
+}
+
+/// The TTL read at run time, from the service's configuration.
+#[idempotent(scope = "orders.configured", key = key, ttl = settings.record_ttl, skip(settings))]
+async fn configured(
+    store: &idem::MemoryStore,
+    settings: &Settings,
+    key: u64,
+) -> Result<(), idem::Error> {
+    let _ = store;
+    Ok(())
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let store = idem::MemoryStore::new();
@@ -42,4 +57,8 @@ async fn main() {
     assert_eq!(pay(cmd(), &store, &Clock).await.unwrap(), 9);
     assert_eq!(pay(cmd(), &store, &Clock).await.unwrap(), 9);
     wait(&store, 1).await.unwrap();
+    let settings = Settings {
+        record_ttl: std::time::Duration::from_secs(3600),
+    };
+    configured(&store, &settings, 1).await.unwrap();
 }

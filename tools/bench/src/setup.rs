@@ -18,7 +18,8 @@ use crate::workload::{PayOrder, Receipt, Sql, now_ms, template};
 
 const USAGE: &str = "usage: cargo run --release -p idem-bench -- \
 [--backend sqlite|postgres|mysql] [--quick] [--json] [--url URL] [--p7-records N] [--p11]
-[--ledger-records N[,N...]] [--p5] [--p13] [--soak MINUTES [--clients N] [--window SECONDS]]
+[--ledger-records N[,N...]] [--p5] [--p13] [--soak MINUTES [--clients N] [--window SECONDS]
+[--ttl SECONDS]]
 
 --p5                  P5 alone (the fingerprint of the 1 KiB request against SHA-256 of its
                       bytes), no database: what a change to the fingerprint is measured with
@@ -32,7 +33,9 @@ const USAGE: &str = "usage: cargo run --release -p idem-bench -- \
 --soak MINUTES        the soak alone (R22): the payments example on the backend (database
                       idem_soak, made afresh; --url names the server) with the gateway example
                       as its provider, --clients N (8) creating and paying orders, a line per
-                      --window SECONDS (300): throughput, p50/p99, RSS, ledger rows";
+                      --window SECONDS (300): throughput, p50/p99, RSS, ledger rows;
+                      --ttl SECONDS: the records' TTL (the service's RECORD_TTL_SECS; a day
+                      by default), which its purge, every 10 s, deletes behind";
 
 /// The schema (PostgreSQL) or database (MySQL) holding the bench's ledger and tables.
 pub(crate) const BENCH_NAMESPACE: &str = "bench_idem";
@@ -134,6 +137,7 @@ pub(crate) fn parse_args() -> Res<Args> {
         soak: None,
     };
     let (mut soak_minutes, mut soak_clients, mut soak_window) = (None, 8_u64, 300_u64);
+    let mut soak_ttl = None;
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -167,6 +171,10 @@ pub(crate) fn parse_args() -> Res<Args> {
             "--window" => {
                 soak_window = count("--window", &it.next().ok_or("--window needs seconds")?)?;
             }
+            "--ttl" => {
+                let secs = count("--ttl", &it.next().ok_or("--ttl needs seconds")?)?;
+                soak_ttl = Some(Duration::from_secs(secs));
+            }
             "--p11" => args.p11_full = true,
             "--p5" => args.p5_only = true,
             "--p13" => args.p13_only = true,
@@ -190,13 +198,14 @@ pub(crate) fn parse_args() -> Res<Args> {
         }
     }
     if let Some(minutes) = soak_minutes {
-        if soak_clients == 0 || soak_window == 0 {
-            return Err("--clients and --window take numbers above 0".into());
+        if soak_clients == 0 || soak_window == 0 || soak_ttl.is_some_and(|ttl| ttl.is_zero()) {
+            return Err("--clients, --window and --ttl take numbers above 0".into());
         }
         args.soak = Some(crate::soak::Soak {
             duration: Duration::from_secs_f64(minutes * 60.0),
             clients: usize::try_from(soak_clients)?,
             window: Duration::from_secs(soak_window),
+            ttl: soak_ttl,
         });
     }
     Ok(args)

@@ -6,8 +6,12 @@
 //! (same key, same body: a replay).
 //!
 //! ```text
-//! cargo run --release -p idem-bench -- --soak 30 --backend postgres [--url URL] [--clients 8] [--window 300]
+//! cargo run --release -p idem-bench -- --soak 30 --backend postgres [--url URL] [--clients 8] [--window 300] [--ttl SECS]
 //! ```
+//!
+//! The service purges as a service should (every 10 s: records past their TTL, messages
+//! published longer ago); `--ttl` shortens the TTL from a day to seconds, so the purge
+//! deletes as fast as calls arrive and the ledger's size should level off.
 //!
 //! Every window (default 5 minutes) prints the calls answered, calls per second, create and
 //! pay p50 and p99, errors, the payments process's resident memory, and the rows of its
@@ -40,7 +44,12 @@ pub(crate) struct Soak {
     pub(crate) duration: Duration,
     pub(crate) clients: usize,
     pub(crate) window: Duration,
+    /// The records' TTL (`RECORD_TTL_SECS`), when not the service's default.
+    pub(crate) ttl: Option<Duration>,
 }
+
+/// The payments example's TTL, a day (its `RECORD_TTL_SECS` unset).
+const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// The database the soak's service uses, made afresh.
 const SOAK_DATABASE: &str = "idem_soak";
@@ -104,6 +113,10 @@ pub(crate) async fn run(backend: Backend, url: Option<&str>, soak: &Soak) -> Res
         &[
             ("DATABASE_URL", database_url.clone()),
             ("GATEWAY_URL", format!("http://{gateway_addr}")),
+            (
+                "RECORD_TTL_SECS",
+                soak.ttl.unwrap_or(DEFAULT_TTL).as_secs().to_string(),
+            ),
         ],
         &logs,
     )?;
@@ -112,13 +125,14 @@ pub(crate) async fn run(backend: Backend, url: Option<&str>, soak: &Soak) -> Res
     let mut server_stats = server_stats::ServerStats::start(&db).await;
 
     println!(
-        "soak: payments on {} ({}), gateway on SQLite, {} clients, {:.0} min, windows of {} s; \
-         logs in {}",
+        "soak: payments on {} ({}), gateway on SQLite, {} clients, {:.0} min, windows of {} s, \
+         records kept {} s; logs in {}",
         backend.name(),
         database_url.split('?').next().unwrap_or_default(),
         soak.clients,
         soak.duration.as_secs_f64() / 60.0,
         soak.window.as_secs(),
+        soak.ttl.unwrap_or(DEFAULT_TTL).as_secs(),
         logs.display()
     );
     println!(
