@@ -786,7 +786,9 @@ pub(crate) async fn purge(
 ) -> Result<Found, Failure> {
     require_tables(db, &[LEDGER_TABLE]).await?;
     let started = Instant::now();
-    let mut purge = idem_sea_orm::ExpiredPurge::new();
+    // The operator's purge also sweeps steps and calls left without their record (rows
+    // deleted by hand): a read of the whole ledger, which a periodic purge leaves out.
+    let mut purge = idem_sea_orm::ExpiredPurge::new().with_orphans();
     let mut statements = 0u64;
     let mut reported = Instant::now();
     while !purge.is_finished() {

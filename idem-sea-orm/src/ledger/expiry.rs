@@ -45,6 +45,13 @@ impl ExpiredPurge {
         Self::default()
     }
 
+    /// This purge, whose last step also deletes steps and stored calls left without their
+    /// record; it reads the whole ledger, so it is for the operator, not a periodic purge
+    /// ([`idem_sql::ExpiredPurge::with_orphans`]).
+    pub fn with_orphans(self) -> Self {
+        Self(self.0.with_orphans())
+    }
+
     /// Records deleted so far.
     pub fn deleted(&self) -> u64 {
         self.0.deleted()
@@ -57,8 +64,9 @@ impl ExpiredPurge {
     }
 
     /// Runs one statement (`batch` rows at most, at least 1) and returns the records it
-    /// deleted, or `None` once the purge has finished (then nothing runs). The step that
-    /// finishes also deletes steps and stored calls left without their record.
+    /// deleted, or `None` once the purge has finished (then nothing runs). With
+    /// [`with_orphans`](Self::with_orphans), the step that finishes also deletes steps and
+    /// stored calls left without their record.
     pub async fn step<C: ConnectionTrait>(
         &mut self,
         db: &C,

@@ -51,6 +51,8 @@ pub struct ExpiredPurge {
     /// Whether the steps and calls tables exist, learnt at the first step: a schema of atomic
     /// calls has the ledger alone (`idem schema --only ledger`).
     tables: Option<(bool, bool)>,
+    /// Whether the step that finishes also sweeps orphans ([`ExpiredPurge::with_orphans`]).
+    orphans: bool,
     finished: bool,
     deleted: u64,
 }
@@ -59,6 +61,16 @@ impl ExpiredPurge {
     /// A purge that has not started.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// This purge, whose last step also deletes the steps and stored calls whose record no
+    /// longer exists: rows left by records deleted by hand, or by an earlier version's purge,
+    /// which deleted unfinished calls (this purge deletes only records with neither).
+    /// Finding them reads the whole ledger, so it is for the operator (`idem purge` does
+    /// it), not for a purge run every few seconds, which should read only what it deletes.
+    pub fn with_orphans(mut self) -> Self {
+        self.orphans = true;
+        self
     }
 
     /// Records deleted so far.
@@ -93,9 +105,9 @@ impl ExpiredPurge {
     }
 
     /// Runs one statement of `sql` on `conn` (`batch` rows at most, at least 1) and returns
-    /// the records it deleted, or `None` once the purge has finished (then nothing runs). The
-    /// step that finishes also deletes steps and stored calls left without their record. An
-    /// error says what the step was doing.
+    /// the records it deleted, or `None` once the purge has finished (then nothing runs). With
+    /// [`with_orphans`](Self::with_orphans), the step that finishes also deletes steps and
+    /// stored calls left without their record. An error says what the step was doing.
     pub async fn step<C: PurgeConnection>(
         &mut self,
         conn: &mut C,
@@ -145,10 +157,12 @@ impl ExpiredPurge {
             }
         };
         self.deleted += deleted;
-        if self.finished {
+        if self.finished && self.orphans {
             // Steps and stored calls whose record no longer exists (deleted by hand, or by the
             // purge of versions that purged unfinished calls). This purge deletes only
-            // records with neither, so it finds nothing in a ledger it alone purged.
+            // records with neither, so it finds nothing in a ledger it alone purged; and each
+            // statement reads the whole ledger (R22's soak: a purge every 10 s read it whole
+            // every time), so only on demand.
             let orphans = [
                 steps.then(|| sql.lease.purge_orphaned_steps()),
                 calls.then(|| sql.completer.purge_orphaned_calls()),

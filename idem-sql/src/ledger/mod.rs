@@ -202,10 +202,15 @@ fn purge(backend: Dialect, purgeable: &str) -> Purge {
     let r = |template: &str| render(backend, &template.replace("{purgeable}", purgeable));
     match backend {
         // A row locked by a claim is skipped; one that a takeover made current again while it
-        // waited is re-checked under its lock and kept.
+        // waited is re-checked under its lock and kept. The clock is read once, by the
+        // sub-select, so that the expiry index can bound the scan (a volatile
+        // `clock_timestamp()` cannot be an index condition, and the planner, whose estimate
+        // for it is a third of the ledger, read the whole table on every purge: 365 ms a
+        // statement at 300 k rows in R22's soak); the order keeps the index preferred.
         Dialect::Postgres => Purge::ByIndex(PurgeByIndex {
             delete: r("DELETE FROM {ledger} WHERE id IN (SELECT id FROM {ledger} \
-                WHERE {purgeable} LIMIT ? FOR UPDATE SKIP LOCKED)"),
+                WHERE {ledger}.expires_at_ms <= (SELECT {now}) AND {purgeable} \
+                ORDER BY {ledger}.expires_at_ms LIMIT ? FOR UPDATE SKIP LOCKED)"),
         }),
         Dialect::MySql => Purge::ByIndex(PurgeByIndex {
             delete: r("DELETE FROM {ledger} WHERE {purgeable} LIMIT ?"),
