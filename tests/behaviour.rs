@@ -821,87 +821,123 @@ async fn assert_purged(db: &DatabaseConnection, backend: &str, expired: &str, li
     assert_eq!(ledger_rows(db, &live_key).await, 1, "{backend}: {live}");
 }
 
-/// The purge reads only what it deletes: on a ledger of 20,000 live records its statement
-/// reads none of them from the table. R22's soak found PostgreSQL's read the whole ledger on
-/// every purge (a volatile clock cannot bound an index scan, and the planner estimated a third
-/// of the table would match). Counted by the server itself, in the statement's own session:
-/// PostgreSQL's `pg_stat_xact_user_tables.seq_tup_read`, MariaDB's `Handler_read_rnd_next`.
+/// The purges read only what they delete: on a ledger of 20,000 live records, and an outbox
+/// of 20,000 messages published a moment ago, their statements read none of them from the
+/// table. R22's soak found PostgreSQL's read the whole table on every purge (a volatile clock
+/// cannot bound an index scan, and the planner estimated a third of the table would match).
+/// Counted by the server itself, in the statement's own session: PostgreSQL's
+/// `pg_stat_xact_user_tables.seq_tup_read`, MariaDB's `Handler_read_rnd_next`.
 #[tokio::test]
-async fn a_purge_reads_the_expiry_index_not_the_whole_ledger() {
+async fn the_purges_read_their_index_not_the_whole_table() {
     use idem_sql::{Dialect, Purge, Sql};
     use sea_orm::{DbBackend, Statement, TransactionTrait};
     for common::isolated::Isolated { name, db, .. } in common::isolated::isolated().await {
         let backend = db.get_database_backend();
-        let (fill, dialect, rows_scanned) = match backend {
+        let (dialect, series, hash, text) = match backend {
             DbBackend::Postgres => (
-                "INSERT INTO idem_ledger SELECT sha256(i::text::bytea), 'test.plan', '', \
-                 i::text, 1, sha256(i::text::bytea), 2, NULL, 0, 9000000000000 \
-                 FROM generate_series(1, 20000) AS i",
                 Dialect::Postgres,
-                "SELECT seq_tup_read FROM pg_stat_xact_user_tables WHERE relid = 'idem_ledger'::regclass",
+                "generate_series(1, 20000) AS s(seq)",
+                "sha256(seq::text::bytea)",
+                "seq::text",
             ),
             DbBackend::MySql => (
-                "INSERT INTO idem_ledger SELECT UNHEX(SHA2(seq, 256)), 'test.plan', '', \
-                 CONCAT('k', seq), 1, UNHEX(SHA2(seq, 256)), 2, NULL, 0, 9000000000000 \
-                 FROM seq_1_to_20000",
                 Dialect::MySql,
-                "SELECT CAST(VARIABLE_VALUE AS SIGNED) FROM information_schema.SESSION_STATUS \
-                 WHERE VARIABLE_NAME = 'HANDLER_READ_RND_NEXT'",
+                "seq_1_to_20000",
+                "UNHEX(SHA2(seq, 256))",
+                "CONCAT('', seq)",
             ),
             // SQLite's purge sweeps the ledger in key order by design (no expiry index).
             _ => continue,
         };
-        db.execute_unprepared(fill).await.expect("the live records");
-        let analyze = match backend {
-            DbBackend::Postgres => "ANALYZE idem_ledger",
-            _ => "ANALYZE TABLE idem_ledger",
-        };
-        db.execute_unprepared(analyze).await.expect("statistics");
-        let Purge::ByIndex(purge) = Sql::common(dialect).ledger.purge(true) else {
+        let fills = [
+            format!(
+                "INSERT INTO idem_ledger SELECT {hash}, 'test.plan', '', {text}, 1, {hash}, 2, \
+                 NULL, 0, 9000000000000 FROM {series}"
+            ),
+            format!(
+                "INSERT INTO idem_outbox (message_id, topic, payload, state, attempts, \
+                 next_attempt_at_ms, locked_until_ms, locked_by, created_at_ms, \
+                 published_at_ms) SELECT {text}, 'test.plan', {hash}, 1, 1, 0, 0, 0, 0, \
+                 9000000000000 FROM {series}"
+            ),
+        ];
+        for fill in fills {
+            db.execute_unprepared(&fill).await.expect("the rows");
+        }
+        for table in ["idem_ledger", "idem_outbox"] {
+            let analyze = match backend {
+                DbBackend::Postgres => format!("ANALYZE {table}"),
+                _ => format!("ANALYZE TABLE {table}"),
+            };
+            db.execute_unprepared(&analyze).await.expect("statistics");
+        }
+        let sql = Sql::common(dialect);
+        let Purge::ByIndex(ledger_purge) = sql.ledger.purge(true) else {
             panic!("{name}: a purge by the expiry index");
         };
-        let delete = purge.delete(500);
-        let tx = db.begin().await.expect("begin");
-        let scanned = async || -> i64 {
-            let row = tx
-                .query_one_raw(Statement::from_string(backend, rows_scanned))
+        let purges = [
+            (
+                "idem_ledger",
+                ledger_purge.delete(500),
+                vec![500_i64.into()],
+            ),
+            (
+                "idem_outbox",
+                sql.outbox.purge_published(3_600_000, 500),
+                vec![3_600_000_i64.into(), 500_i64.into()],
+            ),
+        ];
+        for (table, purge, values) in purges {
+            let rows_scanned = match backend {
+                DbBackend::Postgres => format!(
+                    "SELECT seq_tup_read FROM pg_stat_xact_user_tables \
+                     WHERE relid = '{table}'::regclass"
+                ),
+                _ => "SELECT CAST(VARIABLE_VALUE AS SIGNED) FROM \
+                      information_schema.SESSION_STATUS \
+                      WHERE VARIABLE_NAME = 'HANDLER_READ_RND_NEXT'"
+                    .to_owned(),
+            };
+            let tx = db.begin().await.expect("begin");
+            let scanned = async || -> i64 {
+                let row = tx
+                    .query_one_raw(Statement::from_string(backend, rows_scanned.clone()))
+                    .await
+                    .expect("the server's count")
+                    .expect("a row");
+                row.try_get_by_index(0).expect("a count")
+            };
+            // Reading MariaDB's counter scans a table of its own: take that cost off.
+            let (first, before) = (scanned().await, scanned().await);
+            let reading_costs = before - first;
+            let deleted = tx
+                .execute_raw(Statement::from_sql_and_values(
+                    backend,
+                    purge.sql.as_ref(),
+                    values,
+                ))
                 .await
-                .expect("the server's count")
-                .expect("a row");
-            row.try_get_by_index(0).expect("a count")
-        };
-        // Reading MariaDB's counter scans a table of its own: take that cost off.
-        let (first, before) = (scanned().await, scanned().await);
-        let reading_costs = before - first;
-        let deleted = tx
-            .execute_raw(Statement::from_sql_and_values(
-                backend,
-                delete.sql.as_ref(),
-                [500_i64.into()],
-            ))
-            .await
-            .expect("the purge's statement")
-            .rows_affected();
-        let read = scanned().await - before - reading_costs;
-        // The counter sees a read of the whole table (so the bound below can fail).
-        let before = scanned().await;
-        tx.query_one_raw(Statement::from_string(
-            backend,
-            "SELECT COUNT(*) FROM idem_ledger WHERE response IS NULL",
-        ))
-        .await
-        .expect("a read of every row");
-        let whole = scanned().await - before - reading_costs;
-        tx.rollback().await.expect("rollback");
-        assert!(
-            whole >= 20_000,
-            "{name}: a read of the whole ledger counted {whole}"
-        );
-        assert_eq!(deleted, 0, "{name}: every record is live");
-        assert!(
-            read < 100,
-            "{name}: the purge read {read} rows of a 20,000-row ledger"
-        );
+                .expect("the purge's statement")
+                .rows_affected();
+            let read = scanned().await - before - reading_costs;
+            // The counter sees a read of the whole table (so the bound below can fail).
+            let before = scanned().await;
+            let whole = format!("SELECT COUNT(*) FROM {table} WHERE created_at_ms >= 0");
+            tx.query_one_raw(Statement::from_string(backend, whole))
+                .await
+                .expect("a read of every row");
+            let whole = scanned().await - before - reading_costs;
+            tx.rollback().await.expect("rollback");
+            assert!(
+                whole >= 20_000,
+                "{name}: a read of all {table} counted {whole}"
+            );
+            assert_eq!(deleted, 0, "{name}: nothing in {table} is due");
+            assert!(
+                read < 100,
+                "{name}: the purge read {read} rows of 20,000 in {table}"
+            );
+        }
     }
 }
 

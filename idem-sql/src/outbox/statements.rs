@@ -178,10 +178,12 @@ impl Outbox {
             locked_until_ms = 0 WHERE id = ? AND locked_by = ? AND state = {pending}",
             ),
             purge_published: r(match backend {
+                // The clock read once, so the published index bounds the scan (as the
+                // ledger's purge: a volatile clock cannot, and the planner read the table).
                 Postgres => {
                     "DELETE FROM {outbox} WHERE id IN (SELECT id FROM {outbox} \
-                WHERE state = {published} AND published_at_ms <= {now} - ? LIMIT ? \
-                FOR UPDATE SKIP LOCKED)"
+                WHERE state = {published} AND published_at_ms <= (SELECT {now} - ?) \
+                ORDER BY published_at_ms LIMIT ? FOR UPDATE SKIP LOCKED)"
                 }
                 MySql => {
                     "DELETE FROM {outbox} \
