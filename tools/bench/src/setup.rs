@@ -19,7 +19,7 @@ use crate::workload::{PayOrder, Receipt, Sql, now_ms, template};
 const USAGE: &str = "usage: cargo run --release -p idem-bench -- \
 [--backend sqlite|postgres|mysql] [--quick] [--json] [--url URL] [--p7-records N] [--p11]
 [--ledger-records N[,N...]] [--p5] [--p13] [--soak MINUTES [--clients N] [--window SECONDS]
-[--ttl SECONDS]]
+[--ttl SECONDS] [--no-vacuum]]
 
 --p5                  P5 alone (the fingerprint of the 1 KiB request against SHA-256 of its
                       bytes), no database: what a change to the fingerprint is measured with
@@ -35,7 +35,9 @@ const USAGE: &str = "usage: cargo run --release -p idem-bench -- \
                       as its provider, --clients N (8) creating and paying orders, a line per
                       --window SECONDS (300): throughput, p50/p99, RSS, ledger rows;
                       --ttl SECONDS: the records' TTL (the service's RECORD_TTL_SECS; a day
-                      by default), which its purge, every 10 s, deletes behind";
+                      by default), which its purge, every 10 s, deletes behind; on a
+                      PostgreSQL server whose autovacuum is off, the soak vacuums and
+                      analyzes every 60 s as autovacuum would, unless --no-vacuum";
 
 /// The schema (PostgreSQL) or database (MySQL) holding the bench's ledger and tables.
 pub(crate) const BENCH_NAMESPACE: &str = "bench_idem";
@@ -138,6 +140,7 @@ pub(crate) fn parse_args() -> Res<Args> {
     };
     let (mut soak_minutes, mut soak_clients, mut soak_window) = (None, 8_u64, 300_u64);
     let mut soak_ttl = None;
+    let mut soak_no_vacuum = false;
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -171,6 +174,7 @@ pub(crate) fn parse_args() -> Res<Args> {
             "--window" => {
                 soak_window = count("--window", &it.next().ok_or("--window needs seconds")?)?;
             }
+            "--no-vacuum" => soak_no_vacuum = true,
             "--ttl" => {
                 let secs = count("--ttl", &it.next().ok_or("--ttl needs seconds")?)?;
                 soak_ttl = Some(Duration::from_secs(secs));
@@ -206,6 +210,7 @@ pub(crate) fn parse_args() -> Res<Args> {
             clients: usize::try_from(soak_clients)?,
             window: Duration::from_secs(soak_window),
             ttl: soak_ttl,
+            no_vacuum: soak_no_vacuum,
         });
     }
     Ok(args)
