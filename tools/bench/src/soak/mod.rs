@@ -71,6 +71,8 @@ struct Window {
 #[derive(Debug, Clone, Copy)]
 struct Figures {
     calls_per_s: f64,
+    /// [`calibration_ms`] at the window's end.
+    calibration_ms: f64,
     pay_p99_ms: f64,
     rss_mb: f64,
 }
@@ -208,11 +210,16 @@ pub(crate) async fn run(backend: Backend, url: Option<&str>, soak: &Soak) -> Res
              gateway ledger {} rows, {:.1} MB on disk",
             per_call(now.payments, cpu.payments),
             per_call(now.gateway, cpu.gateway),
-            per_call(now.servers, cpu.servers),
+            per_call(now.servers_since(&cpu), 0.0),
             rows(&gateway_store, "idem_ledger").await?,
             file_mb(&gateway_db)
         );
         cpu = now;
+        let calibration = calibration_ms();
+        println!(
+            "       machine: SHA-256 of 16 MiB took {calibration:.1} ms of CPU (first window {:.1})",
+            figures.first().map_or(calibration, |f| f.calibration_ms)
+        );
         if let Some(stats) = &mut server_stats {
             match stats.window(&db).await {
                 Ok(lines) => lines.iter().for_each(|line| println!("{line}")),
@@ -223,6 +230,7 @@ pub(crate) async fn run(backend: Backend, url: Option<&str>, soak: &Soak) -> Res
             calls_per_s: calls as f64 / took,
             pay_p99_ms: percentile(&done.pay_ms, 0.99),
             rss_mb,
+            calibration_ms: calibration,
         });
         if exited(&mut payments) || exited(&mut gateway) {
             return Err("a service of the soak exited (see its log)".into());
@@ -287,8 +295,10 @@ fn summarize(figures: &[Figures], errors: u64) {
         return;
     };
     println!(
-        "throughput, last window / first: {:.2} (R22: >= 0.90)",
-        last.calls_per_s / first.calls_per_s
+        "throughput, last window / first: {:.2} (R22: >= 0.90); at the machine's speed of the \
+         first window: {:.2}",
+        last.calls_per_s / first.calls_per_s,
+        last.calls_per_s * last.calibration_ms / (first.calls_per_s * first.calibration_ms)
     );
     if let Some(second) = figures.get(1) {
         println!(
@@ -527,17 +537,19 @@ async fn await_healthy(addr: SocketAddr, path: &str, name: &str) -> Res<()> {
 }
 
 /// CPU seconds spent so far by the soak's services and by the database servers on the machine.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Cpu {
     payments: f64,
     gateway: f64,
-    /// Every `postgres` and `mariadbd`/`mysqld` process (the machine is otherwise quiet).
-    servers: f64,
+    /// Every `postgres` and `mariadbd`/`mysqld` process (the machine is otherwise quiet), by
+    /// pid: a server process that ends in a window takes its seconds with it, so a window
+    /// counts each process against its own earlier reading.
+    servers: std::collections::HashMap<u32, f64>,
 }
 
 impl Cpu {
     fn read(payments: &Service, gateway: &Service) -> Self {
-        let mut servers = 0.0;
+        let mut servers = std::collections::HashMap::new();
         if let Ok(entries) = std::fs::read_dir("/proc") {
             for entry in entries.flatten() {
                 let Some(pid) = entry
@@ -549,7 +561,7 @@ impl Cpu {
                 };
                 let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
                 if matches!(comm.trim(), "postgres" | "mariadbd" | "mysqld") {
-                    servers += cpu_seconds(pid);
+                    servers.insert(pid, cpu_seconds(pid));
                 }
             }
         }
@@ -559,6 +571,39 @@ impl Cpu {
             servers,
         }
     }
+
+    /// The servers' CPU seconds since `before`.
+    fn servers_since(&self, before: &Cpu) -> f64 {
+        self.servers
+            .iter()
+            .map(|(pid, now)| now - before.servers.get(pid).copied().unwrap_or(0.0))
+            .sum()
+    }
+}
+
+/// The machine's speed now: the CPU time (the scheduler's, in ms, steal left out) of a fixed
+/// piece of work, SHA-256 of 16 MiB, the least of three tries. All the soak's processes run
+/// on the same cores, so when the machine slows (its host's other tenants, its clock) each
+/// one's CPU per call grows alike; a window's throughput divided by this speed against the
+/// first window's tells the service's slope from the machine's.
+fn calibration_ms() -> f64 {
+    use sha2::Digest;
+    let work = || {
+        let run_ns = || -> Option<u64> {
+            let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+            stat.split_whitespace().next()?.parse().ok()
+        };
+        let data = vec![0x5a_u8; 16 << 20];
+        (0..3)
+            .filter_map(|_| {
+                let before = run_ns()?;
+                std::hint::black_box(sha2::Sha256::digest(std::hint::black_box(&data)));
+                Some(run_ns()?.saturating_sub(before))
+            })
+            .min()
+            .map_or(f64::NAN, |ns| ns as f64 / 1e6)
+    };
+    std::thread::spawn(work).join().unwrap_or(f64::NAN)
 }
 
 /// User and system CPU seconds of process `pid` (Linux: /proc; 0 once it is gone).
