@@ -71,7 +71,7 @@ struct Window {
 #[derive(Debug, Clone, Copy)]
 struct Figures {
     calls_per_s: f64,
-    /// [`calibration_ms`] at the window's end.
+    /// The window's [`Calibration`], in ms.
     calibration_ms: f64,
     pay_p99_ms: f64,
     rss_mb: f64,
@@ -167,6 +167,7 @@ pub(crate) async fn run(backend: Backend, url: Option<&str>, soak: &Soak) -> Res
 
     let gateway_store = Database::connect(format!("sqlite://{}", gateway_db.display())).await?;
     let mut cpu = Cpu::read(&payments, &gateway);
+    let machine = Calibration::start();
     let started = Instant::now();
     let mut figures: Vec<Figures> = Vec::new();
     let mut total_errors = 0;
@@ -215,9 +216,10 @@ pub(crate) async fn run(backend: Backend, url: Option<&str>, soak: &Soak) -> Res
             file_mb(&gateway_db)
         );
         cpu = now;
-        let calibration = calibration_ms();
+        let calibration = machine.window_ms();
         println!(
-            "       machine: SHA-256 of 16 MiB took {calibration:.1} ms of CPU (first window {:.1})",
+            "       machine: SHA-256 of 16 MiB took {calibration:.1} ms of CPU, the window's median \
+             (first window {:.1})",
             figures.first().map_or(calibration, |f| f.calibration_ms)
         );
         if let Some(stats) = &mut server_stats {
@@ -581,14 +583,38 @@ impl Cpu {
     }
 }
 
-/// The machine's speed now: the CPU time (the scheduler's, in ms, steal left out) of a fixed
-/// piece of work, SHA-256 of 16 MiB, the least of three tries. All the soak's processes run
-/// on the same cores, so when the machine slows (its host's other tenants, its clock) each
-/// one's CPU per call grows alike; a window's throughput divided by this speed against the
-/// first window's tells the service's slope from the machine's.
-fn calibration_ms() -> f64 {
-    use sha2::Digest;
-    let work = || {
+/// The machine's speed, sampled every 5 s through the soak: the CPU time (the scheduler's, in
+/// ms, steal left out) of a fixed piece of work, SHA-256 of 16 MiB, the least of three tries.
+/// All the soak's processes run on the same cores, so when the machine slows (its host's
+/// other tenants, its clock) each one's CPU per call grows alike; a window's throughput
+/// times its median sample, against the first window's, tells the service's slope from the
+/// machine's.
+struct Calibration {
+    samples: Arc<Mutex<Vec<f64>>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Calibration {
+    fn start() -> Self {
+        let (samples, stop) = (
+            Arc::new(Mutex::new(Vec::new())),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (into, stopped) = (samples.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                if let Some(ms) = Self::sample() {
+                    into.lock().unwrap_or_else(|e| e.into_inner()).push(ms);
+                }
+                std::thread::sleep(Duration::from_secs(5));
+            }
+        });
+        Calibration { samples, stop }
+    }
+
+    /// One sample: the least CPU time of three runs of the work, in ms.
+    fn sample() -> Option<f64> {
+        use sha2::Digest;
         let run_ns = || -> Option<u64> {
             let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
             stat.split_whitespace().next()?.parse().ok()
@@ -601,9 +627,22 @@ fn calibration_ms() -> f64 {
                 Some(run_ns()?.saturating_sub(before))
             })
             .min()
-            .map_or(f64::NAN, |ns| ns as f64 / 1e6)
-    };
-    std::thread::spawn(work).join().unwrap_or(f64::NAN)
+            .map(|ns| ns as f64 / 1e6)
+    }
+
+    /// The median of the samples since the last call (NaN without one).
+    fn window_ms(&self) -> f64 {
+        let mut samples =
+            std::mem::take(&mut *self.samples.lock().unwrap_or_else(|e| e.into_inner()));
+        samples.sort_by(f64::total_cmp);
+        samples.get(samples.len() / 2).copied().unwrap_or(f64::NAN)
+    }
+}
+
+impl Drop for Calibration {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }
 
 /// User and system CPU seconds of process `pid` (Linux: /proc; 0 once it is gone).
