@@ -256,7 +256,7 @@ pub(crate) struct StatusView {
 // ---- the idempotent domain functions: plain async fns, no HTTP in sight ----
 
 /// How long this service keeps its calls' answers: set once at start from configuration
-/// (`RECORD_TTL`, see `main.rs`), 24 hours when it is not. Every `#[idempotent]` below reads it
+/// (`RECORD_TTL_SECS`, see `main.rs`), 24 hours when it is not. Every `#[idempotent]` below reads it
 /// (`ttl = record_ttl()`), and the purge deletes what it has outlived.
 pub(crate) static RECORD_TTL: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
 
