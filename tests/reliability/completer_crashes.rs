@@ -185,7 +185,14 @@ async fn note_attempt(db: &DatabaseConnection, sql: &str, values: Vec<Value>) {
 
 /// A completer for `pay` on `db`; `writer` names its payments. A give-up's hook writes a row
 /// (the compensation, keyed as the docs say), so give-ups are counted in the database too.
-fn completer(db: &DatabaseConnection, writer: &'static str, crash: Option<Crash>) -> Completer {
+/// A completer child (`announce`) prints `@@ ATTEMPT` as each attempt begins, for the parent's
+/// schedule of kills.
+fn completer(
+    db: &DatabaseConnection,
+    writer: &'static str,
+    crash: Option<Crash>,
+    announce: bool,
+) -> Completer {
     let (resume_db, hook_db) = (db.clone(), db.clone());
     let started_attempts = Arc::new(AtomicU32::new(0));
     Completer::new(SeaOrmLeaseStore::new(db.clone()))
@@ -195,6 +202,9 @@ fn completer(db: &DatabaseConnection, writer: &'static str, crash: Option<Crash>
         .resume(SCOPE, move |call: Resumed<(Order,)>| {
             let db = resume_db.clone();
             let nth = started_attempts.fetch_add(1, Ordering::SeqCst) + 1;
+            if announce {
+                println!("@@ ATTEMPT");
+            }
             let mut runner = Runner::resumed(writer);
             if let Some(crash) = crash.as_ref().filter(|crash| crash.attempt == nth) {
                 runner.kill_at = crash.point.clone();
@@ -285,7 +295,7 @@ async fn crash_child() {
                 point,
                 attempt: var("IDEM_R14_CRASH_ATTEMPT").parse().expect("an attempt"),
             });
-            completer(&db, "completer", crash)
+            completer(&db, "completer", crash, true)
                 .run(async {
                     let _ = parent_gone.await;
                 })
@@ -431,34 +441,67 @@ struct ChaosTally {
     exited: usize,
 }
 
-/// One slot of completer processes: starts one, lets it run for a random 100–1500 ms, kills
-/// it, waits 0–300 ms, starts the next, until `stop` says so. Two in three also crash at a
-/// point of their first or second attempt (before the charge, after it, in the final phase,
-/// after it; one the attempt reaches: a recorded step replays without running), which cuts
-/// off every attempt they have in flight.
+/// Where the completers of a slot crash, in turn from a random start: two in three crash, and
+/// every third is at a point that each attempt reaching the final phase passes (a random
+/// draw of four points gave runs whose crashers all waited at a charge point that their calls,
+/// charged already, replayed; none crashed).
+const COMPLETER_CRASHES: [Option<&str>; 6] = [
+    Some("before-charge"),
+    Some("in-final"),
+    None,
+    Some("after-charge"),
+    Some("after-final"),
+    None,
+];
+
+/// One slot of completer processes: starts one, lets it run for a random 100–1500 ms after it
+/// began its first attempt, kills it, waits 0–300 ms, starts the next, until `stop` says so.
+/// Two in three also crash at a point of their first or second attempt (`COMPLETER_CRASHES`:
+/// before the charge, after it, in the final phase, after it; one the attempt reaches: a
+/// recorded step replays without running), which cuts off every attempt they have in flight;
+/// their life is counted from the start of that attempt.
+///
+/// Why the life is counted from an attempt, not from the spawn: a completer starting on a
+/// loaded machine (the test binary re-executed, its pool connecting) or idle before the first
+/// leases end can spend its whole life before any attempt, and then neither crashes nor is cut
+/// off. One CI run drew 16 completers and none of them crashed.
 async fn completer_slot(url: String, seed: u64, mut stop: watch::Receiver<bool>) -> ChaosTally {
     let mut rng = Rng::from_seed(seed);
+    let mut next_plan = rng.below(COMPLETER_CRASHES.len() as u64) as usize;
     let mut tally = ChaosTally::default();
     while !*stop.borrow() {
         let mut command = child("completer", &url);
-        // Its standard input stays open while this parent lives.
-        command.stdin(Stdio::piped());
-        let crashes = rng.below(3) < 2;
-        if crashes {
-            let point = POINTS[rng.below(4) as usize];
-            let attempt = 1 + rng.below(2);
+        // Its standard input stays open while this parent lives; it announces its attempts.
+        command.stdin(Stdio::piped()).stdout(Stdio::piped());
+        let crash_at = COMPLETER_CRASHES[next_plan % COMPLETER_CRASHES.len()];
+        next_plan += 1;
+        let crashes = crash_at.is_some();
+        // The attempt its life is counted from.
+        let mut from_attempt = 1;
+        if let Some(point) = crash_at {
+            from_attempt = 1 + rng.below(2);
             command
                 .env("IDEM_R14_CRASH_AT", point)
-                .env("IDEM_R14_CRASH_ATTEMPT", attempt.to_string());
+                .env("IDEM_R14_CRASH_ATTEMPT", from_attempt.to_string());
         }
         let mut process = command.spawn().expect("spawn a completer");
         // Held here: `wait` closes the child's standard input, which would stop it.
         let _stdin = process.stdin.take();
+        let attempts = attempts_announced(process.stdout.take().expect("a piped stdout"));
         tally.started += 1;
         let life = Duration::from_millis(100 + rng.below(1400));
+        let lived = async {
+            let mut attempts = attempts;
+            // A closed channel: the child died, and `wait` below says how.
+            if attempts.wait_for(|n| *n >= from_attempt).await.is_ok() {
+                tokio::time::sleep(life).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
         let ended = tokio::select! {
             status = process.wait() => Some(status.expect("wait for a completer")),
-            () = tokio::time::sleep(life) => None,
+            () = lived => None,
             _ = stop.changed() => None,
         };
         match ended {
@@ -479,6 +522,22 @@ async fn completer_slot(url: String, seed: u64, mut stop: watch::Receiver<bool>)
         }
     }
     tally
+}
+
+/// The number of attempts a completer child has begun, from its `@@ ATTEMPT` lines. Its
+/// standard output is read to the end, so the child never blocks on a full pipe.
+fn attempts_announced(stdout: tokio::process::ChildStdout) -> watch::Receiver<u64> {
+    let (begun, attempts) = watch::channel(0);
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            // libtest's `test completer_crashes::crash_child ... ` may start the line.
+            if line.ends_with("@@ ATTEMPT") {
+                begun.send_modify(|n| *n += 1);
+            }
+        }
+    });
+    attempts
 }
 
 /// Completer processes killed and restarted at random until stopped.
@@ -773,7 +832,7 @@ async fn killed_calls_are_finished_by_killed_completers_once() {
         // One completer, never killed, until every call has ended.
         let bound = LEASE + Duration::from_secs(30);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let last = tokio::spawn(completer(&db, "final", None).run(async {
+        let last = tokio::spawn(completer(&db, "final", None, false).run(async {
             let _ = stopped.await;
         }));
         let ended = all_ended_within(&db, bound).await;
