@@ -46,7 +46,17 @@ pub(super) struct ServerStats {
     backend: DatabaseBackend,
     statements: HashMap<String, (Totals, String)>,
     tables: HashMap<String, TableTotals>,
+    /// InnoDB's counters (MySQL), by [`INNODB_COUNTERS`] name.
+    innodb: HashMap<String, i64>,
 }
+
+/// InnoDB's counters that grow when a scan or the working set grows, printed per window on
+/// MySQL (its statement digests leave out the statements run through the binary protocol,
+/// which are idem's): rows read by table scans (`Handler_read_rnd_next`), buffer pool page
+/// requests, pages it had to read from disk, and fsyncs.
+const INNODB_COUNTERS: &str = "SELECT VARIABLE_NAME, CAST(VARIABLE_VALUE AS SIGNED) \
+     FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME IN ('HANDLER_READ_RND_NEXT', \
+     'INNODB_BUFFER_POOL_READ_REQUESTS', 'INNODB_BUFFER_POOL_READS', 'INNODB_DATA_FSYNCS')";
 
 impl ServerStats {
     /// Starts counting on the soak's database, or says why it cannot and returns `None`.
@@ -55,6 +65,7 @@ impl ServerStats {
             backend: db.get_database_backend(),
             statements: HashMap::new(),
             tables: HashMap::new(),
+            innodb: HashMap::new(),
         };
         // The first reading is the baseline the first window is measured against.
         let ready = async {
@@ -141,6 +152,22 @@ impl ServerStats {
             }
             self.tables = tables;
         }
+        if self.backend == DatabaseBackend::MySql {
+            let innodb = read_innodb(db).await?;
+            let grown = |name: &str| {
+                innodb.get(name).copied().unwrap_or_default()
+                    - self.innodb.get(name).copied().unwrap_or_default()
+            };
+            lines.push(format!(
+                "{:>13} rows read by table scans, {} InnoDB page requests, {} pages read from \
+                 disk, {} fsyncs",
+                grown("HANDLER_READ_RND_NEXT"),
+                grown("INNODB_BUFFER_POOL_READ_REQUESTS"),
+                grown("INNODB_BUFFER_POOL_READS"),
+                grown("INNODB_DATA_FSYNCS"),
+            ));
+            self.innodb = innodb;
+        }
         Ok(lines)
     }
 
@@ -155,7 +182,10 @@ impl ServerStats {
                  WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
             }
             _ => {
-                "SELECT DIGEST, COUNT_STAR, SUM_TIMER_WAIT / 1000000000.0, SUM_ROWS_EXAMINED, \
+                // The counters are BIGINT UNSIGNED and the timer picoseconds: read as signed
+                // integers (microseconds for the time), which the driver decodes as `i64`.
+                "SELECT DIGEST, CAST(COUNT_STAR AS SIGNED), \
+                 CAST(SUM_TIMER_WAIT DIV 1000000 AS SIGNED), CAST(SUM_ROWS_EXAMINED AS SIGNED), \
                  DIGEST_TEXT FROM performance_schema.events_statements_summary_by_digest \
                  WHERE SCHEMA_NAME = DATABASE() AND DIGEST IS NOT NULL"
             }
@@ -168,12 +198,7 @@ impl ServerStats {
             let id: String = row.try_get_by_index(0)?;
             let millis = match self.backend {
                 DatabaseBackend::Postgres => row.try_get_by_index::<f64>(2)?,
-                // MySQL answers the division as DECIMAL.
-                _ => row
-                    .try_get_by_index::<String>(2)
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or_default(),
+                _ => row.try_get_by_index::<i64>(2)? as f64 / 1000.0,
             };
             let totals = Totals {
                 calls: row.try_get_by_index::<i64>(1)?,
@@ -185,6 +210,22 @@ impl ServerStats {
         }
         Ok(statements)
     }
+}
+
+/// InnoDB's running counters ([`INNODB_COUNTERS`]).
+async fn read_innodb(db: &DatabaseConnection) -> Res<HashMap<String, i64>> {
+    let rows = db
+        .query_all_raw(Statement::from_string(
+            DatabaseBackend::MySql,
+            INNODB_COUNTERS,
+        ))
+        .await?;
+    let mut counters = HashMap::with_capacity(rows.len());
+    for row in rows {
+        let name: String = row.try_get_by_index(0)?;
+        counters.insert(name.to_uppercase(), row.try_get_by_index(1)?);
+    }
+    Ok(counters)
 }
 
 /// The soak database's tables and their sequential scans (PostgreSQL).
