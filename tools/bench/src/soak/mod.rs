@@ -273,10 +273,10 @@ const AUTOVACUUM_DUE: &str = "\
       current_setting('autovacuum_analyze_scale_factor')::float8 AS analyze_scale), \
     due AS (SELECT quote_ident(t.schemaname) || '.' || quote_ident(t.relname) AS name, \
       t.n_dead_tup > s.vacuum_base + s.vacuum_scale * GREATEST(c.reltuples, 0) \
-        OR (s.insert_base >= 0 AND t.n_ins_since_vacuum > s.insert_base + s.insert_scale * GREATEST(c.reltuples, 0)) AS vacuum, \
-      t.n_mod_since_analyze > s.analyze_base + s.analyze_scale * GREATEST(c.reltuples, 0) AS analyze \
+        OR (s.insert_base >= 0 AND t.n_ins_since_vacuum > s.insert_base + s.insert_scale * GREATEST(c.reltuples, 0)) AS due_vacuum, \
+      t.n_mod_since_analyze > s.analyze_base + s.analyze_scale * GREATEST(c.reltuples, 0) AS due_analyze \
       FROM pg_stat_user_tables t JOIN pg_class c ON c.oid = t.relid CROSS JOIN setting s) \
-    SELECT name, vacuum, analyze FROM due WHERE vacuum OR analyze ORDER BY name";
+    SELECT name, due_vacuum, due_analyze FROM due WHERE due_vacuum OR due_analyze ORDER BY name";
 
 /// On a PostgreSQL server whose autovacuum is off (this project's CI machines turn it off), a
 /// task that does what autovacuum would: every minute, it vacuums and analyzes the tables of
