@@ -233,7 +233,17 @@ async fn sigkills(b: &Backend, store: Store, kills: usize) {
     );
     let recorded = recorded_answers(&b.db, &run).await;
     let replayed = answers(&replay.lines);
-    assert_eq!(replayed.len(), kills, "{name}");
+    assert_eq!(
+        replayed.len(),
+        kills,
+        "{name}: the replay answered {} of {kills} keys; its errors and end: {:?}",
+        replayed.len(),
+        replay
+            .lines
+            .iter()
+            .filter(|l| l.starts_with("ERROR") || l.starts_with("DONE"))
+            .collect::<Vec<_>>()
+    );
     for (key, outcome, answer) in replayed {
         assert_eq!(outcome, "Replayed", "{name}: {key}");
         assert_eq!(Some(&answer), recorded.get(&key), "{name}: {key}");
