@@ -158,6 +158,22 @@ macro_rules! suite {
                     .expect("count")
             }
 
+            /// Writes an effect row of `run` in the call's transaction.
+            async fn write(
+                db: &mut <<$pool as PoolOf>::Db as sqlx::Database>::Connection,
+                run: &str,
+                label: &str,
+                amount: i64,
+            ) {
+                sqlx::query(INSERT)
+                    .bind(run)
+                    .bind(label)
+                    .bind(amount)
+                    .execute(db)
+                    .await
+                    .unwrap_or_else(|e| panic!("write the {label}: {e}"));
+            }
+
             fn cmd(amount: i64) -> Pay {
                 Pay { key: unique("key"), run: unique("run"), amount }
             }
@@ -204,13 +220,7 @@ macro_rules! suite {
                 runs: &AtomicUsize,
             ) -> Result<i64, PayError> {
                 runs.fetch_add(1, Ordering::SeqCst);
-                sqlx::query(INSERT)
-                    .bind(&cmd.run)
-                    .bind("charge")
-                    .bind(cmd.amount)
-                    .execute(&mut *db)
-                    .await
-                    .expect("insert the charge");
+                write(&mut *db, &cmd.run, "charge", cmd.amount).await;
                 if decline { Err(PayError::Declined) } else { Ok(cmd.amount) }
             }
 
@@ -225,13 +235,7 @@ macro_rules! suite {
                 then: Then,
                 runs: &AtomicUsize,
             ) -> Result<i64, PayError> {
-                sqlx::query(INSERT)
-                    .bind(&cmd.run)
-                    .bind("order")
-                    .bind(cmd.amount)
-                    .execute(&mut *db)
-                    .await
-                    .expect("insert the order");
+                write(&mut *db, &cmd.run, "order", cmd.amount).await;
                 let charged = match charge((&mut *db).into(), inner, decline, runs).await {
                     Ok(amount) => amount,
                     Err(PayError::Declined) => -1,
@@ -290,13 +294,7 @@ macro_rules! suite {
                 runs: &AtomicUsize,
             ) -> Result<i64, PayError> {
                 runs.fetch_add(1, Ordering::SeqCst);
-                sqlx::query(INSERT)
-                    .bind(&cmd.run)
-                    .bind("charge")
-                    .bind(cmd.amount)
-                    .execute(&mut *db)
-                    .await
-                    .expect("insert the charge");
+                write(&mut *db, &cmd.run, "charge", cmd.amount).await;
                 if hang {
                     std::future::pending::<()>().await;
                 }
@@ -312,11 +310,11 @@ macro_rules! suite {
                 inner: Pay,
                 runs: &AtomicUsize,
             ) -> Result<i64, PayError> {
-                sqlx::query(INSERT).bind(&cmd.run).bind("order").bind(cmd.amount).execute(&mut *db).await.expect("insert the order");
+                write(&mut *db, &cmd.run, "order", cmd.amount).await;
                 let charge = hanging_charge((&mut *db).into(), inner, true, runs);
                 let gave_up = tokio::time::timeout(Duration::from_millis(100), charge).await.is_err();
                 assert!(gave_up, "the hanging charge finished");
-                sqlx::query(INSERT).bind(&cmd.run).bind("after").bind(cmd.amount).execute(&mut *db).await.expect("write after the charge");
+                write(&mut *db, &cmd.run, "after", cmd.amount).await;
                 Ok(0)
             }
 
