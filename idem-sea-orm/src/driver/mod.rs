@@ -1,11 +1,13 @@
 //! How SeaORM runs [`idem_sql`]'s statements: which flavour a connection speaks (`flavour`),
-//! the dialect as SeaORM names it, a bound statement as a SeaORM `Statement`, and what a
-//! database error means (`error`).
+//! the dialect as SeaORM names it, a bound statement as a SeaORM `Statement`, its rows read at
+//! the column types the statement declares (idem-sql decodes them), and what a database error
+//! means (`error`).
 
 pub(crate) mod error;
 pub(crate) mod flavour;
 
-use sea_orm::{DatabaseConnection, DbBackend, Statement, Value};
+use idem_sql::{Column, Decode, Row};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, QueryResult, Statement, Value};
 
 pub(crate) use idem_sql::names::ALL_TABLES;
 pub(crate) use idem_sql::{
@@ -58,6 +60,80 @@ pub(crate) fn statement(sql: &Sql, bound: Bound<'_>) -> Statement {
         bound.sql.into_owned(),
         bound.params.into_iter().map(value),
     )
+}
+
+/// Runs `bound` on `db` and reads each row's columns at the types the statement declares
+/// ([`Bound::columns`]), for idem-sql's readers to decode.
+pub(crate) async fn fetch_rows<C: ConnectionTrait + ?Sized>(
+    db: &C,
+    sql: &Sql,
+    bound: Bound<'_>,
+) -> Result<Vec<Row>, DbErr> {
+    let columns = bound.columns;
+    let rows = db.query_all_raw(statement(sql, bound)).await?;
+    rows.iter().map(|row| read_columns(row, columns)).collect()
+}
+
+/// Runs `bound` on `db` and reads each row with `read` (idem-sql's reader of its rows).
+pub(crate) async fn fetch_each<C: ConnectionTrait + ?Sized, T>(
+    db: &C,
+    sql: &Sql,
+    bound: Bound<'_>,
+    read: fn(Row) -> Result<T, Decode>,
+) -> Result<Vec<T>, DbErr> {
+    let rows = fetch_rows(db, sql, bound).await?;
+    rows.into_iter()
+        .map(read)
+        .collect::<Result<_, _>>()
+        .map_err(undecodable)
+}
+
+/// Runs `bound` on `db` and reads its first row, if any, with `read`.
+pub(crate) async fn fetch_first<C: ConnectionTrait + ?Sized, T>(
+    db: &C,
+    sql: &Sql,
+    bound: Bound<'_>,
+    read: fn(Row) -> Result<T, Decode>,
+) -> Result<Option<T>, DbErr> {
+    let rows = fetch_rows(db, sql, bound).await?;
+    rows.into_iter()
+        .next()
+        .map(read)
+        .transpose()
+        .map_err(undecodable)
+}
+
+/// A row's `columns`, each read as its declared type (integers widened).
+fn read_columns(row: &QueryResult, columns: &[Column]) -> Result<Row, DbErr> {
+    columns
+        .iter()
+        .enumerate()
+        .map(|(i, column)| {
+            Ok(match column {
+                Column::I16 => row
+                    .try_get_by_index::<Option<i16>>(i)?
+                    .map_or(idem_sql::Value::Null, |v| idem_sql::Value::Int(i64::from(v))),
+                Column::I32 => row
+                    .try_get_by_index::<Option<i32>>(i)?
+                    .map_or(idem_sql::Value::Null, |v| idem_sql::Value::Int(i64::from(v))),
+                Column::I64 => row
+                    .try_get_by_index::<Option<i64>>(i)?
+                    .map_or(idem_sql::Value::Null, idem_sql::Value::Int),
+                Column::Bytes => row
+                    .try_get_by_index::<Option<Vec<u8>>>(i)?
+                    .map_or(idem_sql::Value::Null, idem_sql::Value::Bytes),
+                Column::Text => row
+                    .try_get_by_index::<Option<String>>(i)?
+                    .map_or(idem_sql::Value::Null, idem_sql::Value::Text),
+            })
+        })
+        .collect::<Result<Vec<_>, DbErr>>()
+        .map(Row::new)
+}
+
+/// A row whose columns were not what its statement declares, as SeaORM's error.
+fn undecodable(decode: Decode) -> DbErr {
+    DbErr::Custom(decode.to_string())
 }
 
 /// A bound value as SeaORM binds it.
