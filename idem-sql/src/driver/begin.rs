@@ -84,3 +84,34 @@ impl Savepoint {
         format!("RELEASE SAVEPOINT {}", self.0)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Begin, Savepoint};
+    use crate::Dialect;
+
+    #[test]
+    fn a_write_transaction_takes_sqlite_s_lock_up_front_and_no_other_dialect_changes_its_level() {
+        assert_eq!(Dialect::Sqlite.begin(Begin::Write), ["BEGIN IMMEDIATE"]);
+        assert_eq!(Dialect::Postgres.begin(Begin::Write), ["BEGIN"]);
+        assert_eq!(Dialect::MySql.begin(Begin::Write), ["BEGIN"]);
+        // MySQL sets the level of the next transaction, so the setting comes first.
+        let read_committed = Dialect::MySql.begin(Begin::ReadCommitted);
+        assert_eq!(read_committed.len(), 2);
+        assert!(read_committed[0].contains("READ COMMITTED"), "{read_committed:?}");
+        for dialect in [Dialect::Postgres, Dialect::MySql] {
+            let snapshot = dialect.begin(Begin::Snapshot).join("; ");
+            assert!(snapshot.contains("READ ONLY"), "{dialect:?}: {snapshot}");
+        }
+    }
+
+    #[test]
+    fn nested_savepoints_never_share_a_name() {
+        let (a, b) = (Savepoint::nested("claim"), Savepoint::nested("claim"));
+        assert_ne!(a, b);
+        assert!(a.name().starts_with("idem_nested_claim_"), "{}", a.name());
+        assert_eq!(a.take(), format!("SAVEPOINT {}", a.name()));
+        assert_eq!(a.rollback_to(), format!("ROLLBACK TO SAVEPOINT {}", a.name()));
+        assert_eq!(a.release(), format!("RELEASE SAVEPOINT {}", a.name()));
+    }
+}
