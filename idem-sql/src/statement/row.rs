@@ -109,7 +109,7 @@ pub struct Columns {
 }
 
 impl Columns {
-    fn next(&mut self, expected: &'static str) -> Result<Value, Decode> {
+    fn take(&mut self, expected: &'static str) -> Result<Value, Decode> {
         let column = self.at;
         self.at += 1;
         self.values.next().ok_or(Decode {
@@ -129,7 +129,7 @@ impl Columns {
 
     /// The next column, an integer that may be `NULL`.
     pub fn opt_i64(&mut self) -> Result<Option<i64>, Decode> {
-        match self.next("an integer")? {
+        match self.take("an integer")? {
             Value::Null => Ok(None),
             Value::Int(v) => Ok(Some(v)),
             other => Err(self.mismatch("an integer", &other)),
@@ -172,7 +172,7 @@ impl Columns {
 
     /// The next column, bytes that may be `NULL`.
     pub fn opt_bytes(&mut self) -> Result<Option<Vec<u8>>, Decode> {
-        match self.next("bytes")? {
+        match self.take("bytes")? {
             Value::Null => Ok(None),
             Value::Bytes(v) => Ok(Some(v)),
             other => Err(self.mismatch("bytes", &other)),
@@ -191,7 +191,7 @@ impl Columns {
 
     /// The next column, text that may be `NULL`.
     pub fn opt_text(&mut self) -> Result<Option<String>, Decode> {
-        match self.next("text")? {
+        match self.take("text")? {
             Value::Null => Ok(None),
             Value::Text(v) => Ok(Some(v)),
             other => Err(self.mismatch("text", &other)),
