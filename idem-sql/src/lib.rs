@@ -84,7 +84,7 @@ pub use statement::flavour::{
     SELECT_WSREP_ON, has_returning, mysql_flavour,
 };
 pub use statement::render::{millis, placeholders, with_ids};
-pub use statement::row::{Column, Columns, Decode, Row, Value};
+pub use statement::row::{Column, Columns, Decode, Row, Value, read_each, read_first};
 
 /// Every statement of one server flavour, by feature. Placeholders are positional, in the
 /// order each field's documentation gives.

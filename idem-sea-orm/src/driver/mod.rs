@@ -6,7 +6,7 @@
 pub(crate) mod error;
 pub(crate) mod flavour;
 
-use idem_sql::{Column, Decode, Row};
+use idem_sql::{Column, Decode, Row, read_each, read_first};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, QueryResult, Statement, Value};
 
 pub(crate) use idem_sql::names::ALL_TABLES;
@@ -81,11 +81,7 @@ pub(crate) async fn fetch_each<C: ConnectionTrait + ?Sized, T>(
     bound: Bound<'_>,
     read: fn(Row) -> Result<T, Decode>,
 ) -> Result<Vec<T>, DbErr> {
-    let rows = fetch_rows(db, sql, bound).await?;
-    rows.into_iter()
-        .map(read)
-        .collect::<Result<_, _>>()
-        .map_err(undecodable)
+    read_each(fetch_rows(db, sql, bound).await?, read).map_err(undecodable)
 }
 
 /// Runs `bound` on `db` and reads its first row, if any, with `read`.
@@ -95,12 +91,7 @@ pub(crate) async fn fetch_first<C: ConnectionTrait + ?Sized, T>(
     bound: Bound<'_>,
     read: fn(Row) -> Result<T, Decode>,
 ) -> Result<Option<T>, DbErr> {
-    let rows = fetch_rows(db, sql, bound).await?;
-    rows.into_iter()
-        .next()
-        .map(read)
-        .transpose()
-        .map_err(undecodable)
+    read_first(fetch_rows(db, sql, bound).await?, read).map_err(undecodable)
 }
 
 /// A row's `columns`, each read as its declared type (integers widened).
@@ -109,22 +100,12 @@ fn read_columns(row: &QueryResult, columns: &[Column]) -> Result<Row, DbErr> {
         .iter()
         .enumerate()
         .map(|(i, column)| {
-            Ok(match column {
-                Column::I16 => row
-                    .try_get_by_index::<Option<i16>>(i)?
-                    .map_or(idem_sql::Value::Null, |v| idem_sql::Value::Int(i64::from(v))),
-                Column::I32 => row
-                    .try_get_by_index::<Option<i32>>(i)?
-                    .map_or(idem_sql::Value::Null, |v| idem_sql::Value::Int(i64::from(v))),
-                Column::I64 => row
-                    .try_get_by_index::<Option<i64>>(i)?
-                    .map_or(idem_sql::Value::Null, idem_sql::Value::Int),
-                Column::Bytes => row
-                    .try_get_by_index::<Option<Vec<u8>>>(i)?
-                    .map_or(idem_sql::Value::Null, idem_sql::Value::Bytes),
-                Column::Text => row
-                    .try_get_by_index::<Option<String>>(i)?
-                    .map_or(idem_sql::Value::Null, idem_sql::Value::Text),
+            Ok::<idem_sql::Value, DbErr>(match column {
+                Column::I16 => row.try_get_by_index::<Option<i16>>(i)?.into(),
+                Column::I32 => row.try_get_by_index::<Option<i32>>(i)?.into(),
+                Column::I64 => row.try_get_by_index::<Option<i64>>(i)?.into(),
+                Column::Bytes => row.try_get_by_index::<Option<Vec<u8>>>(i)?.into(),
+                Column::Text => row.try_get_by_index::<Option<String>>(i)?.into(),
             })
         })
         .collect::<Result<Vec<_>, DbErr>>()

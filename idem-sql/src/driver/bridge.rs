@@ -9,7 +9,8 @@ use std::marker::PhantomData;
 use super::{Connection, Driver, Fault};
 use crate::{
     Bound, CallColumns, ClaimConnection, ClaimRow, ClaimedRow, Failure, LeaseConnection,
-    OutboxConnection, PurgeConnection, ResumeConnection, Row, read_call_columns, read_count, read_step,
+    OutboxConnection, PurgeConnection, ResumeConnection, Row, read_call_columns, read_count, read_each,
+    read_step,
 };
 
 /// Connection `C` of driver `D` as every per-feature port: its rows decoded by the columns
@@ -48,7 +49,7 @@ impl<C: Connection, D> Bridge<C, D> {
         read: fn(Row) -> Result<T, crate::Decode>,
     ) -> Result<Vec<T>, Fault<C::Error>> {
         let rows = self.conn.fetch_all(statement).await.map_err(Fault::Db)?;
-        Ok(rows.into_iter().map(read).collect::<Result<_, _>>()?)
+        Ok(read_each(rows, read)?)
     }
 
     /// The first row of `statement`, if any, read by `read`.

@@ -50,6 +50,49 @@ impl Value {
     }
 }
 
+/// A driver's read of a narrower integer column (`None`: `NULL`), widened.
+macro_rules! from_int {
+    ($($int:ty),+) => {$(
+        impl From<Option<$int>> for Value {
+            fn from(v: Option<$int>) -> Self {
+                v.map_or(Value::Null, |v| Value::Int(i64::from(v)))
+            }
+        }
+    )+};
+}
+from_int!(i16, i32);
+
+impl From<Option<i64>> for Value {
+    fn from(v: Option<i64>) -> Self {
+        v.map_or(Value::Null, Value::Int)
+    }
+}
+
+impl From<Option<Vec<u8>>> for Value {
+    fn from(v: Option<Vec<u8>>) -> Self {
+        v.map_or(Value::Null, Value::Bytes)
+    }
+}
+
+impl From<Option<String>> for Value {
+    fn from(v: Option<String>) -> Self {
+        v.map_or(Value::Null, Value::Text)
+    }
+}
+
+/// Each of `rows` read by `read` (idem-sql's reader of a statement's rows).
+pub fn read_each<T>(rows: Vec<Row>, read: fn(Row) -> Result<T, Decode>) -> Result<Vec<T>, Decode> {
+    rows.into_iter().map(read).collect()
+}
+
+/// The first of `rows`, if any, read by `read`.
+pub fn read_first<T>(
+    rows: Vec<Row>,
+    read: fn(Row) -> Result<T, Decode>,
+) -> Result<Option<T>, Decode> {
+    rows.into_iter().next().map(read).transpose()
+}
+
 /// A row a statement returned: its columns' values in the statement's order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Row(Vec<Value>);

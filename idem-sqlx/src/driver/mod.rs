@@ -10,7 +10,7 @@ pub(crate) mod pooler;
 use std::future::Future;
 use std::pin::Pin;
 
-use idem_sql::{Bound, Decode, Dialect, Flavour, Row};
+use idem_sql::{Bound, Decode, Dialect, Flavour, Row, read_each, read_first};
 use sqlx::{Pool, Transaction};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use {
@@ -62,10 +62,7 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     ) -> Step<'c, Vec<T>> {
         Box::pin(async move {
             let rows = Self::fetch_rows(conn, statement, named).await?;
-            rows.into_iter()
-                .map(read)
-                .collect::<Result<_, _>>()
-                .map_err(undecodable)
+            read_each(rows, read).map_err(undecodable)
         })
     }
 
@@ -79,11 +76,7 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     ) -> Step<'c, Option<T>> {
         Box::pin(async move {
             let rows = Self::fetch_rows(conn, statement, named).await?;
-            rows.into_iter()
-                .next()
-                .map(read)
-                .transpose()
-                .map_err(undecodable)
+            read_first(rows, read).map_err(undecodable)
         })
     }
 
@@ -150,21 +143,11 @@ macro_rules! backend {
                         .enumerate()
                         .map(|(i, column)| -> Result<Value, sqlx::Error> {
                             Ok(match column {
-                                Column::I16 => row
-                                    .try_get::<Option<i16>, _>(i)?
-                                    .map_or(Value::Null, |v| Value::Int(i64::from(v))),
-                                Column::I32 => row
-                                    .try_get::<Option<i32>, _>(i)?
-                                    .map_or(Value::Null, |v| Value::Int(i64::from(v))),
-                                Column::I64 => row
-                                    .try_get::<Option<i64>, _>(i)?
-                                    .map_or(Value::Null, Value::Int),
-                                Column::Bytes => row
-                                    .try_get::<Option<Vec<u8>>, _>(i)?
-                                    .map_or(Value::Null, Value::Bytes),
-                                Column::Text => row
-                                    .try_get::<Option<String>, _>(i)?
-                                    .map_or(Value::Null, Value::Text),
+                                Column::I16 => row.try_get::<Option<i16>, _>(i)?.into(),
+                                Column::I32 => row.try_get::<Option<i32>, _>(i)?.into(),
+                                Column::I64 => row.try_get::<Option<i64>, _>(i)?.into(),
+                                Column::Bytes => row.try_get::<Option<Vec<u8>>, _>(i)?.into(),
+                                Column::Text => row.try_get::<Option<String>, _>(i)?.into(),
                             })
                         })
                         .collect::<Result<Vec<_>, _>>()
