@@ -7,8 +7,8 @@ use std::time::Duration;
 use idem_core::ledger::ids::random_token;
 use idem_core::{Claim, Concurrency, Error, RecordStatus, Request, Store};
 use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend,
-    SqliteTransactionMode, TransactionOptions, TransactionTrait,
+    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, SqliteTransactionMode,
+    TransactionOptions, TransactionTrait,
 };
 
 use crate::driver::error::{Failure, classify, store_error};
@@ -503,7 +503,13 @@ impl Store for SeaOrmStore<'_> {
             return false;
         }
         let d = claimed.sql;
-        let read = fetch_first(&claimed.tx, d, d.ledger.read_locked(req.id()), Row::from_row).await;
+        let read = fetch_first(
+            &claimed.tx,
+            d,
+            d.ledger.read_locked(req.id()),
+            Row::from_row,
+        )
+        .await;
         match read {
             Ok(Some(row)) => row.owner != claimed.owner,
             Ok(None) => true,

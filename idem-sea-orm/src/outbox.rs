@@ -25,9 +25,7 @@ pub use idem_sql::{DeadMessage, RelayCounters, RelayRound};
 
 use crate::atomic::{detached, list_rows};
 use crate::driver::error::store_error;
-use crate::driver::{
-    Bound, NewDeadLetter, NewMessage, Sql, fetch_each, fetch_first, millis,
-};
+use crate::driver::{Bound, NewDeadLetter, NewMessage, Sql, fetch_each, fetch_first, millis};
 
 /// Staging messages in the transaction you are in: inside an `#[idempotent]` body, on the
 /// claim's transaction (`db` there).
@@ -249,7 +247,13 @@ pub async fn dead_messages<C: ConnectionTrait>(
     let list = crate::driver::of(db.get_database_backend())
         .outbox
         .list_dead(i64::from(limit));
-    list_rows(db, list, "listing dead outbox messages", DeadMessage::from_row).await
+    list_rows(
+        db,
+        list,
+        "listing dead outbox messages",
+        DeadMessage::from_row,
+    )
+    .await
 }
 
 /// Puts a dead message back in line with fresh attempts; `false` if no dead message has that

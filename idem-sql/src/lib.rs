@@ -53,11 +53,10 @@ use std::sync::LazyLock;
 pub use atomic::{ClaimConnection, ClaimRow, ClaimStep, Claimed, claim};
 pub use completer::{
     CallColumns, Completer, NewCall, ResumeConnection, STORED_CALL, begin_attempt, due_calls,
-    forget, give_up, note_failure, read_call_columns, read_count, read_stored_call, steps, unregistered,
+    forget, give_up, note_failure, read_call_columns, read_count, read_stored_call, steps,
+    unregistered,
 };
-pub use driver::{
-    Begin, Bridge, Connection, Driver, Fault, Savepoint, Transaction, learn_flavour,
-};
+pub use driver::{Begin, Bridge, Connection, Driver, Fault, Savepoint, Transaction, learn_flavour};
 pub use failure::{Failure, claim_lost};
 pub use inbox::{Inbox, NewDeadLetter};
 pub use inspect::Inspect;

@@ -423,10 +423,22 @@ fn returned_columns(sql: &str) -> Option<usize> {
 
 #[test]
 fn returned_columns_are_counted_at_the_statement_s_own_level() {
-    assert_eq!(returned_columns("SELECT a, f(b, c) AS d FROM t WHERE x IN (SELECT y, z FROM u)"), Some(2));
-    assert_eq!(returned_columns("DELETE FROM t WHERE id IN (SELECT id FROM t LIMIT 1)"), None);
-    assert_eq!(returned_columns("UPDATE t SET a = 1 RETURNING a, b, c"), Some(3));
-    assert_eq!(returned_columns("SELECT (SELECT COUNT(*) FROM t) AS n, 1 AS m"), Some(2));
+    assert_eq!(
+        returned_columns("SELECT a, f(b, c) AS d FROM t WHERE x IN (SELECT y, z FROM u)"),
+        Some(2)
+    );
+    assert_eq!(
+        returned_columns("DELETE FROM t WHERE id IN (SELECT id FROM t LIMIT 1)"),
+        None
+    );
+    assert_eq!(
+        returned_columns("UPDATE t SET a = 1 RETURNING a, b, c"),
+        Some(3)
+    );
+    assert_eq!(
+        returned_columns("SELECT (SELECT COUNT(*) FROM t) AS n, 1 AS m"),
+        Some(2)
+    );
 }
 
 /// Every statement whose rows idem reads declares their columns ([`Bound::columns`]), as many
@@ -485,8 +497,14 @@ fn each_row_type_reads_the_columns_its_statements_declare() {
         let id = [1u8; 32];
         let flavour = sql.flavour;
         let row = |b: Bound<'_>| b.columns;
-        assert!(decodes(row(sql.ledger.read_locked(&id)), ClaimRow::from_row), "{flavour:?}");
-        assert!(decodes(row(sql.lease.select_steps(&id)), read_step), "{flavour:?}");
+        assert!(
+            decodes(row(sql.ledger.read_locked(&id)), ClaimRow::from_row),
+            "{flavour:?}"
+        );
+        assert!(
+            decodes(row(sql.lease.select_steps(&id)), read_step),
+            "{flavour:?}"
+        );
         for calls_table in [true, false] {
             let expired = row(sql.lease.expired_leases(1, calls_table));
             assert!(decodes(expired, ExpiredLease::from_row), "{flavour:?}");
@@ -511,7 +529,10 @@ fn each_row_type_reads_the_columns_its_statements_declare() {
     assert!(!lease.resumable);
     let mut values = row_of(ClaimRow::COLUMNS).values().to_vec();
     values[3] = Value::Null;
-    assert_eq!(ClaimRow::from_row(Row::new(values)).map(|r| r.response), Ok(None));
+    assert_eq!(
+        ClaimRow::from_row(Row::new(values)).map(|r| r.response),
+        Ok(None)
+    );
 }
 
 /// The schema files under `idem-sql/schema/` are what [`schema`] renders: they cannot drift

@@ -33,7 +33,13 @@ impl<DB: Backend> ResumeConnection for InClaim<'_, DB> {
         &mut self,
         statement: Bound<'static>,
     ) -> Result<Vec<CallColumns>, sqlx::Error> {
-        DB::fetch_each(self.conn, statement, self.named, idem_sql::read_call_columns).await
+        DB::fetch_each(
+            self.conn,
+            statement,
+            self.named,
+            idem_sql::read_call_columns,
+        )
+        .await
     }
 
     async fn fetch_millis(

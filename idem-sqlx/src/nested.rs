@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use idem_core::ledger::ids::random_token;
 use idem_core::{Claim, Concurrency, Error, RecordStatus, Request, Store};
-use idem_sql::{Bound, ClaimRow, ClaimStep, Claimed, Column, Dialect, Failure, NewRecord, Row, Sql};
+use idem_sql::{
+    Bound, ClaimRow, ClaimStep, Claimed, Column, Dialect, Failure, NewRecord, Row, Sql,
+};
 use sqlx::Pool;
 
 use crate::atomic::{ClaimedTx, InClaim, SqlxStore};

@@ -34,9 +34,14 @@ pub async fn create_tables<DB: Backend>(pool: &Pool<DB>, families: &[Family]) ->
         None
     } else {
         let named = crate::driver::pooler::named(pool);
-        let existing = DB::fetch_each(&mut *conn, sql.inspect.existing_tables(), named, Row::into_text)
-            .await
-            .map_err(|e| store_error("listing idem's tables", e))?;
+        let existing = DB::fetch_each(
+            &mut *conn,
+            sql.inspect.existing_tables(),
+            named,
+            Row::into_text,
+        )
+        .await
+        .map_err(|e| store_error("listing idem's tables", e))?;
         Some(existing)
     };
     for &family in families {

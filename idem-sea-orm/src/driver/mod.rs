@@ -7,7 +7,9 @@ pub(crate) mod error;
 pub(crate) mod flavour;
 
 use idem_sql::{Column, Decode, Row, read_each, read_first};
-use sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, DbErr, QueryResult, Statement, Value};
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DbBackend, DbErr, QueryResult, Statement, Value,
+};
 
 pub(crate) use idem_sql::names::ALL_TABLES;
 pub(crate) use idem_sql::{

@@ -98,7 +98,10 @@ mod tests {
         // MySQL sets the level of the next transaction, so the setting comes first.
         let read_committed = Dialect::MySql.begin(Begin::ReadCommitted);
         assert_eq!(read_committed.len(), 2);
-        assert!(read_committed[0].contains("READ COMMITTED"), "{read_committed:?}");
+        assert!(
+            read_committed[0].contains("READ COMMITTED"),
+            "{read_committed:?}"
+        );
         for dialect in [Dialect::Postgres, Dialect::MySql] {
             let snapshot = dialect.begin(Begin::Snapshot).join("; ");
             assert!(snapshot.contains("READ ONLY"), "{dialect:?}: {snapshot}");
@@ -111,7 +114,10 @@ mod tests {
         assert_ne!(a, b);
         assert!(a.name().starts_with("idem_nested_claim_"), "{}", a.name());
         assert_eq!(a.take(), format!("SAVEPOINT {}", a.name()));
-        assert_eq!(a.rollback_to(), format!("ROLLBACK TO SAVEPOINT {}", a.name()));
+        assert_eq!(
+            a.rollback_to(),
+            format!("ROLLBACK TO SAVEPOINT {}", a.name())
+        );
         assert_eq!(a.release(), format!("RELEASE SAVEPOINT {}", a.name()));
     }
 }

@@ -9,8 +9,8 @@ use std::marker::PhantomData;
 use super::{Connection, Driver, Fault};
 use crate::{
     Bound, CallColumns, ClaimConnection, ClaimRow, ClaimedRow, Failure, LeaseConnection,
-    OutboxConnection, PurgeConnection, ResumeConnection, Row, read_call_columns, read_count, read_each,
-    read_step,
+    OutboxConnection, PurgeConnection, ResumeConnection, Row, read_call_columns, read_count,
+    read_each, read_step,
 };
 
 /// Connection `C` of driver `D` as every per-feature port: its rows decoded by the columns
@@ -74,7 +74,10 @@ where
 {
     type Error = Fault<D::Error>;
 
-    async fn fetch_row(&mut self, statement: Bound<'static>) -> Result<Option<ClaimRow>, Fault<D::Error>> {
+    async fn fetch_row(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> Result<Option<ClaimRow>, Fault<D::Error>> {
         self.fetch_first(statement, ClaimRow::from_row).await
     }
 
@@ -119,12 +122,21 @@ where
         self.run(statement).await
     }
 
-    async fn fetch_calls(&mut self, statement: Bound<'static>) -> Result<Vec<CallColumns>, Fault<D::Error>> {
+    async fn fetch_calls(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> Result<Vec<CallColumns>, Fault<D::Error>> {
         self.fetch_each(statement, read_call_columns).await
     }
 
-    async fn fetch_millis(&mut self, statement: Bound<'static>) -> Result<Option<i64>, Fault<D::Error>> {
-        Ok(self.fetch_first(statement, Row::into_opt_i64).await?.flatten())
+    async fn fetch_millis(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> Result<Option<i64>, Fault<D::Error>> {
+        Ok(self
+            .fetch_first(statement, Row::into_opt_i64)
+            .await?
+            .flatten())
     }
 
     async fn fetch_counts(
@@ -153,11 +165,17 @@ where
         self.run(statement).await
     }
 
-    async fn fetch_key(&mut self, statement: Bound<'static>) -> Result<Option<Vec<u8>>, Fault<D::Error>> {
+    async fn fetch_key(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> Result<Option<Vec<u8>>, Fault<D::Error>> {
         self.fetch_first(statement, Row::into_bytes).await
     }
 
-    async fn fetch_texts(&mut self, statement: Bound<'static>) -> Result<Vec<String>, Fault<D::Error>> {
+    async fn fetch_texts(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> Result<Vec<String>, Fault<D::Error>> {
         self.fetch_each(statement, Row::into_text).await
     }
 }
@@ -177,7 +195,10 @@ where
         self.fetch_each(statement, Row::into_i64).await
     }
 
-    async fn fetch_claimed(&mut self, statement: Bound<'static>) -> Result<Vec<ClaimedRow>, Fault<D::Error>> {
+    async fn fetch_claimed(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> Result<Vec<ClaimedRow>, Fault<D::Error>> {
         self.fetch_each(statement, ClaimedRow::from_row).await
     }
 

@@ -122,7 +122,9 @@ mod tests {
         let missing = Fault::<Lost>::Missing("the claimed ledger row");
         let error = missing.into_error("reading the claimed key", |_| Failure::Other, "");
         assert!(
-            error.to_string().contains("the claimed ledger row was not found"),
+            error
+                .to_string()
+                .contains("the claimed ledger row was not found"),
             "{error}"
         );
     }

@@ -225,7 +225,12 @@ pub async fn record_outcomes<C: OutboxConnection>(
 /// The outbox's figures from the row of [`Outbox::outbox_health`].
 pub fn read_health(row: Row) -> Result<OutboxHealth, Decode> {
     let mut c = row.read();
-    Ok(health_of(c.opt_i64()?, c.opt_i64()?, c.opt_i64()?, c.opt_i64()?))
+    Ok(health_of(
+        c.opt_i64()?,
+        c.opt_i64()?,
+        c.opt_i64()?,
+        c.opt_i64()?,
+    ))
 }
 
 /// The outbox's figures from the columns of [`Outbox::outbox_health`]: pending count, oldest

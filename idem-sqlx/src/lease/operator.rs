@@ -19,9 +19,14 @@ async fn reading<DB: Backend>(
     doing: &'static str,
 ) -> Result<(PoolConnection<DB>, &'static Sql, bool, bool), Error> {
     let (mut conn, sql, named) = super::acquire(pool, doing).await?;
-    let tables = DB::fetch_each(&mut *conn, sql.inspect.existing_tables(), named, Row::into_text)
-        .await
-        .map_err(|e| store_error("listing idem's tables", e))?;
+    let tables = DB::fetch_each(
+        &mut *conn,
+        sql.inspect.existing_tables(),
+        named,
+        Row::into_text,
+    )
+    .await
+    .map_err(|e| store_error("listing idem's tables", e))?;
     let calls_table = tables.iter().any(|name| name == CALLS_TABLE);
     Ok((conn, sql, named, calls_table))
 }
