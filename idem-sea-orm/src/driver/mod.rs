@@ -83,7 +83,7 @@ pub(crate) async fn fetch_each<C: ConnectionTrait + ?Sized, T>(
     bound: Bound<'_>,
     read: fn(Row) -> Result<T, Decode>,
 ) -> Result<Vec<T>, DbErr> {
-    read_each(fetch_rows(db, sql, bound).await?, read).map_err(undecodable)
+    read_each(fetch_rows(db, sql, bound).await?, read).map_err(|e| undecodable(&e))
 }
 
 /// Runs `bound` on `db` and reads its first row, if any, with `read`.
@@ -93,7 +93,7 @@ pub(crate) async fn fetch_first<C: ConnectionTrait + ?Sized, T>(
     bound: Bound<'_>,
     read: fn(Row) -> Result<T, Decode>,
 ) -> Result<Option<T>, DbErr> {
-    read_first(fetch_rows(db, sql, bound).await?, read).map_err(undecodable)
+    read_first(fetch_rows(db, sql, bound).await?, read).map_err(|e| undecodable(&e))
 }
 
 /// A row's `columns`, each read as its declared type (integers widened).
@@ -115,7 +115,7 @@ fn read_columns(row: &QueryResult, columns: &[Column]) -> Result<Row, DbErr> {
 }
 
 /// A row whose columns were not what its statement declares, as SeaORM's error.
-fn undecodable(decode: Decode) -> DbErr {
+fn undecodable(decode: &Decode) -> DbErr {
     DbErr::Custom(decode.to_string())
 }
 
