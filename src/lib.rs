@@ -92,7 +92,8 @@ pub use idem_core::{
 };
 
 /// Answers whose type evolves ([`Versioned`]): the envelope a recorded answer carries its
-/// version in, and how a reader upcasts older versions. See the README, "Evolving answers".
+/// version in, and how a reader upcasts older versions. See the guide, "Evolving answers"
+/// (`docs/guide/attribute.md`).
 pub mod versioned {
     pub use idem_core::versioned::{
         AnswerError, AnswerVersion, NEWER_RETRY_AFTER, Versioned, recorded_version,
@@ -465,7 +466,7 @@ pub mod http {
 
 /// Switching idem off in tests of a service that uses it: [`run_disabled`](testing::run_disabled)
 /// for one future, [`disable`](testing::disable) for the process, or `IDEM_DISABLED=1`. See
-/// the README's "Testing a service that uses idem".
+/// the guide's "Testing a service that uses idem" (`docs/guide/testing.md`).
 pub mod testing {
     pub use idem_core::testing::{DISABLED_ENV, disable, enable, is_disabled, run_disabled};
 }
@@ -505,4 +506,32 @@ pub mod __private {
         }
         connection.lease_store()
     }
+}
+
+/// The guide's chapters (`docs/guide/`), whose Rust snippets are compiled as doctests, as the
+/// README's are (it is this crate's documentation).
+#[cfg(doctest)]
+mod guide {
+    #[doc = include_str!("../docs/guide/attribute.md")]
+    mod attribute {}
+    #[doc = include_str!("../docs/guide/sqlx.md")]
+    mod sqlx {}
+    #[doc = include_str!("../docs/guide/http.md")]
+    mod http {}
+    #[doc = include_str!("../docs/guide/lease.md")]
+    mod lease {}
+    #[doc = include_str!("../docs/guide/effects.md")]
+    mod effects {}
+    #[doc = include_str!("../docs/guide/state-machines.md")]
+    mod state_machines {}
+    #[doc = include_str!("../docs/guide/backends.md")]
+    mod backends {}
+    #[doc = include_str!("../docs/guide/operations.md")]
+    mod operations {}
+    #[doc = include_str!("../docs/guide/testing.md")]
+    mod testing {}
+    #[doc = include_str!("../docs/guide/limitations.md")]
+    mod limitations {}
+    #[doc = include_str!("../docs/guide/contributing.md")]
+    mod contributing {}
 }

@@ -7,12 +7,12 @@ use std::time::Duration;
 use idem_core::ledger::ids::random_token;
 use idem_core::{Claim, Concurrency, Error, RecordStatus, Request, Store};
 use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, QueryResult,
-    SqliteTransactionMode, TransactionOptions, TransactionTrait,
+    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, SqliteTransactionMode,
+    TransactionOptions, TransactionTrait,
 };
 
 use crate::driver::error::{Failure, classify, store_error};
-use crate::driver::{Bound, NewRecord, Sql, statement};
+use crate::driver::{Bound, NewRecord, Sql, fetch_each, fetch_first, statement};
 use idem_sql::{ClaimConnection, Claimed};
 
 /// The ledger on a SeaORM connection (SQLite, PostgreSQL, MySQL/MariaDB).
@@ -90,16 +90,11 @@ pub(crate) async fn list_rows<C: ConnectionTrait, T>(
     db: &C,
     list: Bound<'_>,
     doing: &str,
-    read: impl Fn(&QueryResult) -> Result<T, DbErr>,
+    read: fn(idem_sql::Row) -> Result<T, idem_sql::Decode>,
 ) -> Result<Vec<T>, Error> {
     let d = crate::driver::of(db.get_database_backend());
-    let rows = db
-        .query_all_raw(statement(d, list))
+    fetch_each(db, d, list, read)
         .await
-        .map_err(|e| store_error(doing, e))?;
-    rows.iter()
-        .map(read)
-        .collect::<Result<_, DbErr>>()
         .map_err(|e| store_error(doing, e))
 }
 
@@ -199,17 +194,6 @@ use sea_orm::DbErr;
 
 /// A row of the ledger, as the claim reads it back.
 pub(crate) use idem_sql::ClaimRow as Row;
-
-pub(crate) fn read_row(row: &QueryResult) -> Result<Row, DbErr> {
-    Ok(Row::from_columns(
-        row.try_get_by_index(0)?,
-        row.try_get_by_index(1)?,
-        row.try_get_by_index(2)?,
-        row.try_get_by_index(3)?,
-        row.try_get_by_index(4)?,
-        row.try_get_by_index(5)?,
-    ))
-}
 
 pub(crate) use idem_core::detached;
 
@@ -312,10 +296,7 @@ impl idem_sql::LeaseConnection for InClaim<'_> {
         &mut self,
         bound: Bound<'static>,
     ) -> Result<Vec<(String, Vec<u8>)>, DbErr> {
-        let rows = self.tx.query_all_raw(statement(self.sql, bound)).await?;
-        rows.iter()
-            .map(|row| Ok((row.try_get_by_index(0)?, row.try_get_by_index(1)?)))
-            .collect()
+        fetch_each(self.tx, self.sql, bound, idem_sql::read_step).await
     }
 }
 
@@ -323,8 +304,7 @@ impl ClaimConnection for InClaim<'_> {
     type Error = DbErr;
 
     async fn fetch_row(&mut self, bound: Bound<'static>) -> Result<Option<Row>, DbErr> {
-        let row = self.tx.query_one_raw(statement(self.sql, bound)).await?;
-        row.map(|row| read_row(&row)).transpose()
+        fetch_first(self.tx, self.sql, bound, Row::from_row).await
     }
 
     async fn execute_unprepared(&mut self, sql: &str) -> Result<(), DbErr> {
@@ -523,12 +503,15 @@ impl Store for SeaOrmStore<'_> {
             return false;
         }
         let d = claimed.sql;
-        let read = claimed
-            .tx
-            .query_one_raw(statement(d, d.ledger.read_locked(req.id())))
-            .await;
+        let read = fetch_first(
+            &claimed.tx,
+            d,
+            d.ledger.read_locked(req.id()),
+            Row::from_row,
+        )
+        .await;
         match read {
-            Ok(Some(row)) => read_row(&row).map_or(true, |row| row.owner != claimed.owner),
+            Ok(Some(row)) => row.owner != claimed.owner,
             Ok(None) => true,
             Err(e) => classify(&e) == Failure::Transient,
         }

@@ -14,7 +14,7 @@ use sea_orm::{ConnectionTrait, DbErr};
 
 use crate::atomic::{begin, detached};
 use crate::driver::error::store_error;
-use crate::driver::{Bound, Sql, statement};
+use crate::driver::{Bound, Sql, fetch_each, fetch_first, statement};
 use crate::lease::SeaOrmLeaseStore;
 
 /// A [`Completer`](idem_core::Completer) on the SeaORM ledger: finishes resumable lease-mode
@@ -37,49 +37,23 @@ impl<C: ConnectionTrait + Sync> ResumeConnection for OnConnection<'_, C> {
     }
 
     async fn fetch_calls(&mut self, bound: Bound<'static>) -> Result<Vec<CallColumns>, DbErr> {
-        let rows = self.db.query_all_raw(statement(self.sql, bound)).await?;
-        rows.iter()
-            .map(|row| {
-                let (id, scope, principal, key, args) =
-                    row.try_get_many_by_index::<(Vec<u8>, String, String, String, Vec<u8>)>()?;
-                Ok((
-                    id,
-                    scope,
-                    principal,
-                    key,
-                    args,
-                    row.try_get_by_index(5)?,
-                    row.try_get_by_index(6)?,
-                    row.try_get_by_index(7)?,
-                    row.try_get_by_index(8)?,
-                ))
-            })
-            .collect()
+        fetch_each(self.db, self.sql, bound, idem_sql::read_call_columns).await
     }
 
     async fn fetch_millis(&mut self, bound: Bound<'static>) -> Result<Option<i64>, DbErr> {
-        let row = self.db.query_one_raw(statement(self.sql, bound)).await?;
-        Ok(row
-            .map(|r| r.try_get_by_index::<Option<i64>>(0))
-            .transpose()?
-            .flatten())
+        let millis = fetch_first(self.db, self.sql, bound, idem_sql::Row::into_opt_i64).await?;
+        Ok(millis.flatten())
     }
 
     async fn fetch_counts(&mut self, bound: Bound<'static>) -> Result<Vec<(String, i64)>, DbErr> {
-        let rows = self.db.query_all_raw(statement(self.sql, bound)).await?;
-        rows.iter()
-            .map(|row| row.try_get_many_by_index::<(String, i64)>())
-            .collect()
+        fetch_each(self.db, self.sql, bound, idem_sql::read_count).await
     }
 
     async fn fetch_steps(
         &mut self,
         bound: Bound<'static>,
     ) -> Result<Vec<(String, Vec<u8>)>, DbErr> {
-        let rows = self.db.query_all_raw(statement(self.sql, bound)).await?;
-        rows.iter()
-            .map(|row| Ok((row.try_get_by_index(0)?, row.try_get_by_index(1)?)))
-            .collect()
+        fetch_each(self.db, self.sql, bound, idem_sql::read_step).await
     }
 }
 

@@ -16,16 +16,16 @@ use idem_core::Error;
 use idem_core::outbox::{Message, OutboxHealth};
 use idem_sql::{
     ClaimedMessage, ClaimedRow, FailedAttempt, OutboxConnection, RelayStore, claim_messages,
-    health_of, record_outcomes,
+    read_health, record_outcomes,
 };
-use sea_orm::{ConnectionTrait, DatabaseConnection, IsolationLevel, QueryResult, TransactionTrait};
+use sea_orm::{ConnectionTrait, DatabaseConnection, IsolationLevel, TransactionTrait};
 
 use idem_sql::paced_purge;
 pub use idem_sql::{DeadMessage, RelayCounters, RelayRound};
 
 use crate::atomic::{detached, list_rows};
 use crate::driver::error::store_error;
-use crate::driver::{Bound, NewDeadLetter, NewMessage, Sql, millis, statement};
+use crate::driver::{Bound, NewDeadLetter, NewMessage, Sql, fetch_each, fetch_first, millis};
 
 /// Staging messages in the transaction you are in: inside an `#[idempotent]` body, on the
 /// claim's transaction (`db` there).
@@ -107,11 +107,7 @@ impl<C: ConnectionTrait + Sync + ?Sized> OutboxConnection for OnSeaOrm<'_, C> {
 
     async fn fetch_ids(&mut self, statement: Bound<'static>) -> Result<Vec<i64>, sea_orm::DbErr> {
         let sql = crate::driver::of(self.0.get_database_backend());
-        let rows = self
-            .0
-            .query_all_raw(crate::driver::statement(sql, statement))
-            .await?;
-        rows.iter().map(|r| r.try_get_by_index(0)).collect()
+        fetch_each(self.0, sql, statement, idem_sql::Row::into_i64).await
     }
 
     async fn fetch_claimed(
@@ -119,29 +115,12 @@ impl<C: ConnectionTrait + Sync + ?Sized> OutboxConnection for OnSeaOrm<'_, C> {
         statement: Bound<'static>,
     ) -> Result<Vec<ClaimedRow>, sea_orm::DbErr> {
         let sql = crate::driver::of(self.0.get_database_backend());
-        let rows = self
-            .0
-            .query_all_raw(crate::driver::statement(sql, statement))
-            .await?;
-        rows.iter().map(read_claimed).collect()
+        fetch_each(self.0, sql, statement, ClaimedRow::from_row).await
     }
 
     fn undecodable(what: String) -> sea_orm::DbErr {
         sea_orm::DbErr::Custom(what)
     }
-}
-
-fn read_claimed(row: &QueryResult) -> Result<ClaimedRow, sea_orm::DbErr> {
-    Ok(ClaimedRow {
-        id: row.try_get_by_index(0)?,
-        message_id: row.try_get_by_index(1)?,
-        topic: row.try_get_by_index(2)?,
-        aggregate: row.try_get_by_index(3)?,
-        aggregate_seq: row.try_get_by_index(4)?,
-        headers: row.try_get_by_index(5)?,
-        payload: row.try_get_by_index(6)?,
-        attempts: row.try_get_by_index(7)?,
-    })
 }
 
 /// Names the SeaORM store in [`idem_sql::Relay`]'s parameters: [`Relay`] is the relay on a
@@ -254,15 +233,10 @@ fn listen_for_notifications(db: &DatabaseConnection) -> Option<tokio::task::Join
 pub async fn outbox_health<C: ConnectionTrait>(db: &C) -> Result<OutboxHealth, Error> {
     let sql = crate::driver::of(db.get_database_backend());
     let doing = "reading the outbox's health";
-    let row = db
-        .query_one_raw(statement(sql, sql.outbox.outbox_health()))
+    fetch_first(db, sql, sql.outbox.outbox_health(), read_health)
         .await
         .map_err(|e| store_error(doing, e))?
-        .ok_or_else(|| Error::store(doing, "no row"))?;
-    let get = |i| row.try_get_by_index::<Option<i64>>(i);
-    let (pending, oldest, dead, now) = (|| Ok((get(0)?, get(1)?, get(2)?, get(3)?)))()
-        .map_err(|e: sea_orm::DbErr| store_error(doing, e))?;
-    Ok(health_of(pending, oldest, dead, now))
+        .ok_or_else(|| Error::store(doing, "no row"))
 }
 
 /// Lists up to `limit` dead messages, oldest first.
@@ -273,19 +247,12 @@ pub async fn dead_messages<C: ConnectionTrait>(
     let list = crate::driver::of(db.get_database_backend())
         .outbox
         .list_dead(i64::from(limit));
-    list_rows(db, list, "listing dead outbox messages", |row| {
-        let (id, topic, aggregate, aggregate_seq, attempts, last_error, created_at_ms) =
-            row.try_get_many_by_index()?;
-        Ok(DeadMessage::from_columns(
-            id,
-            topic,
-            aggregate,
-            aggregate_seq,
-            attempts,
-            last_error,
-            created_at_ms,
-        ))
-    })
+    list_rows(
+        db,
+        list,
+        "listing dead outbox messages",
+        DeadMessage::from_row,
+    )
     .await
 }
 

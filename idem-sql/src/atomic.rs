@@ -7,7 +7,7 @@ use std::future::Future;
 
 use idem_core::{Claim, Fingerprint, RecordStatus, Recorded, Request};
 
-use crate::{Bound, NewRecord, Sql, millis};
+use crate::{Bound, Column, Decode, NewRecord, Row, Sql, millis};
 
 /// A ledger row as a claim reads it back: the columns every claim statement returns, in
 /// their order (owner, fingerprint, state, response, expires_at_ms, now_ms).
@@ -28,6 +28,30 @@ pub struct ClaimRow {
 }
 
 impl ClaimRow {
+    /// The columns every claim statement returns ([`crate::Ledger::claim`],
+    /// [`crate::Ledger::read_locked`], …), in order.
+    pub const COLUMNS: &'static [Column] = &[
+        Column::I64,
+        Column::Bytes,
+        Column::I16,
+        Column::Bytes,
+        Column::I64,
+        Column::I64,
+    ];
+
+    /// The row a claim statement returned ([`ClaimRow::COLUMNS`]).
+    pub fn from_row(row: Row) -> Result<Self, Decode> {
+        let mut c = row.read();
+        Ok(ClaimRow::from_columns(
+            c.i64()?,
+            c.bytes()?,
+            c.int()?,
+            c.opt_bytes()?,
+            c.i64()?,
+            c.i64()?,
+        ))
+    }
+
     /// The row from its columns as a driver decodes them.
     pub fn from_columns(
         owner: i64,

@@ -1,7 +1,7 @@
 //! Inspection (read only): what an operator's tools show of one record.
 
 use crate::statement::render::render;
-use crate::{Bound, Dialect};
+use crate::{Bound, Column, Dialect};
 
 /// The inspection's statements for one server flavour.
 #[derive(Debug)]
@@ -71,32 +71,64 @@ impl Inspect {
 }
 
 impl Inspect {
+    /// The columns of [`Inspect::record`] and [`Inspect::list_records`], in order: id, scope,
+    /// principal, idem_key, owner, fingerprint, state, response, created_at_ms,
+    /// expires_at_ms, now_ms.
+    pub const RECORD: &'static [Column] = &[
+        Column::Bytes,
+        Column::Text,
+        Column::Text,
+        Column::Text,
+        Column::I64,
+        Column::Bytes,
+        Column::I16,
+        Column::Bytes,
+        Column::I64,
+        Column::I64,
+        Column::I64,
+    ];
+
+    /// The columns of [`Inspect::steps`], in order: name, token, result, created_at_ms.
+    pub const STEP: &'static [Column] = &[Column::Text, Column::I64, Column::Bytes, Column::I64];
+
+    /// The columns of [`Inspect::call`], in order: attempts, last_error, gave_up,
+    /// next_attempt_at_ms, args, created_at_ms.
+    pub const CALL: &'static [Column] = &[
+        Column::I32,
+        Column::Text,
+        Column::I16,
+        Column::I64,
+        Column::Bytes,
+        Column::I64,
+    ];
+
     /// The names of those of idem's tables the connection sees, as its own statements would
     /// resolve them.
     pub fn existing_tables(&self) -> Bound<'_> {
-        Bound::unbound(&self.existing_tables)
+        Bound::unbound(&self.existing_tables).reads(&[Column::Text])
     }
 
     /// Record `id`: returns id, scope, principal, idem_key, owner, fingerprint, state,
     /// response, created_at_ms, expires_at_ms, now_ms.
     pub fn record(&self, id: &[u8]) -> Bound<'_> {
-        Bound::new(&self.inspect_record, [id.into()])
+        Bound::new(&self.inspect_record, [id.into()]).reads(Self::RECORD)
     }
 
     /// Record `id`'s steps, oldest first: returns name, token, result, created_at_ms.
     pub fn steps(&self, id: &[u8]) -> Bound<'_> {
-        Bound::new(&self.inspect_steps, [id.into()])
+        Bound::new(&self.inspect_steps, [id.into()]).reads(Self::STEP)
     }
 
     /// Record `id`'s stored call: returns attempts, last_error, gave_up, next_attempt_at_ms,
     /// args, created_at_ms.
     pub fn call(&self, id: &[u8]) -> Bound<'_> {
-        Bound::new(&self.inspect_call, [id.into()])
+        Bound::new(&self.inspect_call, [id.into()]).reads(Self::CALL)
     }
 
     /// Up to `limit` ids from `low` to `high`, in order (a range of the primary key: no scan).
     pub fn ids_in_range(&self, low: &[u8], high: &[u8], limit: i64) -> Bound<'_> {
         Bound::new(&self.ids_in_range, [low.into(), high.into(), limit.into()])
+            .reads(&[Column::Bytes])
     }
 
     /// Up to `limit` records of `scope` claimed in the last `since_ms`, of state `state`
@@ -121,5 +153,6 @@ impl Inspect {
                 limit.into(),
             ],
         )
+        .reads(Self::RECORD)
     }
 }

@@ -22,6 +22,13 @@
 //! the completer's reads and fenced updates ([`due_calls`], [`give_up`], …, over a
 //! [`ResumeConnection`]) and the outbox's relay ([`Relay`], its claims and marks over an
 //! [`OutboxConnection`]).
+//!
+//! The driver port replaces those per-feature ports, store by store: a driver implements
+//! [`Driver`] (with a [`Connection`] and a [`Transaction`]) and reads each row's columns at the
+//! types its statement declares ([`Bound::columns`], [`Column`]); [`Bridge`] serves the
+//! features' ports over it until the generic store takes their place
+//! (`docs/plans/driver-port.md`).
+//!
 //! It is an implementation crate of idem: its API follows idem's versions, with no promise of its own.
 
 // One file per feature's statements (a folder where a feature has more than one role: lease
@@ -29,6 +36,7 @@
 // they are all made of.
 mod atomic;
 mod completer;
+mod driver;
 mod failure;
 mod inbox;
 mod inspect;
@@ -44,16 +52,18 @@ use std::sync::LazyLock;
 
 pub use atomic::{ClaimConnection, ClaimRow, ClaimStep, Claimed, claim};
 pub use completer::{
-    CallColumns, Completer, NewCall, ResumeConnection, begin_attempt, due_calls, forget, give_up,
-    note_failure, steps, unregistered,
+    CallColumns, Completer, NewCall, ResumeConnection, STORED_CALL, begin_attempt, due_calls,
+    forget, give_up, note_failure, read_call_columns, read_count, read_stored_call, steps,
+    unregistered,
 };
+pub use driver::{Begin, Bridge, Connection, Driver, Fault, Savepoint, Transaction, learn_flavour};
 pub use failure::{Failure, claim_lost};
 pub use inbox::{Inbox, NewDeadLetter};
 pub use inspect::Inspect;
 pub use lease::{
     ExpiredLease, GroupCommit, Lease, LeaseConnection, LeaseStep, LeaseWrite, LeaseWritten,
-    StuckLease, claim_lease, complete, completion, fence, record_final_step, record_step, settled,
-    write_grouped,
+    StuckLease, claim_lease, complete, completion, fence, read_step, record_final_step,
+    record_step, settled, write_grouped,
 };
 pub use ledger::{
     ExpiredPurge, Ledger, NewRecord, Purge, PurgeByIndex, PurgeConnection, PurgeSweep,
@@ -64,7 +74,7 @@ pub use names::{
 pub use outbox::{
     ClaimedMessage, ClaimedRow, DeadMessage, FailedAttempt, NewMessage, Outbox, OutboxConnection,
     Relay, RelayCounters, RelayRound, RelayStore, claim_messages, health_of, paced_purge,
-    record_outcomes,
+    read_health, record_outcomes,
 };
 pub use schema::{Family, SCHEMA_DIALECTS, schema};
 pub use statement::bound::{Bound, Param};
@@ -73,6 +83,7 @@ pub use statement::flavour::{
     SELECT_WSREP_ON, has_returning, mysql_flavour,
 };
 pub use statement::render::{millis, placeholders, with_ids};
+pub use statement::row::{Column, Columns, Decode, Row, Value, read_each, read_first};
 
 /// Every statement of one server flavour, by feature. Placeholders are positional, in the
 /// order each field's documentation gives.

@@ -380,6 +380,161 @@ fn every_binder_binds_one_value_per_placeholder() {
     }
 }
 
+/// How many columns `sql` returns, counted in its text: the items of its outermost `SELECT`
+/// (after a `WITH`, the main statement's; for `SELECT * … UNION ALL SELECT …`, the second's),
+/// or of its `RETURNING`. `None` for a statement that returns no rows.
+fn returned_columns(sql: &str) -> Option<usize> {
+    // The statement at depth 0: each parenthesised group shown as `()`.
+    let mut flat = String::new();
+    let mut depth = 0usize;
+    for c in sql.chars() {
+        match c {
+            '(' => {
+                if depth == 0 {
+                    flat.push_str("()");
+                }
+                depth += 1;
+            }
+            ')' => depth -= 1,
+            c if depth == 0 => flat.push(c),
+            _ => {}
+        }
+    }
+    let mut main = flat.as_str();
+    // MariaDB's per-statement settings: `SET STATEMENT a = 0, b = 7 FOR <statement>`.
+    if main.starts_with("SET STATEMENT ") {
+        main = &main[main.find(" FOR ")? + " FOR ".len()..];
+    }
+    // One common table expression: `WITH name AS () <statement>`.
+    if main.starts_with("WITH ") {
+        main = &main[main.find(" AS () ")? + " AS () ".len()..];
+    }
+    let items = |list: &str| list.split(',').count();
+    if let Some(select) = main.strip_prefix("SELECT ") {
+        let list = select.split(" FROM ").next().unwrap_or_default();
+        if list.trim() == "*" {
+            let second = main.split(" UNION ALL SELECT ").nth(1)?;
+            return Some(items(second.split(" FROM ").next().unwrap_or_default()));
+        }
+        return Some(items(list));
+    }
+    main.split(" RETURNING ").nth(1).map(items)
+}
+
+#[test]
+fn returned_columns_are_counted_at_the_statement_s_own_level() {
+    assert_eq!(
+        returned_columns("SELECT a, f(b, c) AS d FROM t WHERE x IN (SELECT y, z FROM u)"),
+        Some(2)
+    );
+    assert_eq!(
+        returned_columns("DELETE FROM t WHERE id IN (SELECT id FROM t LIMIT 1)"),
+        None
+    );
+    assert_eq!(
+        returned_columns("UPDATE t SET a = 1 RETURNING a, b, c"),
+        Some(3)
+    );
+    assert_eq!(
+        returned_columns("SELECT (SELECT COUNT(*) FROM t) AS n, 1 AS m"),
+        Some(2)
+    );
+}
+
+/// Every statement whose rows idem reads declares their columns ([`Bound::columns`]), as many
+/// as it returns, and no other statement declares any: a driver reads each column at its
+/// declared type, so a column added to a statement without its type (or the reverse) would
+/// misread every row after it.
+#[test]
+fn every_reading_binder_declares_its_columns() {
+    for sql in every_table() {
+        for (name, bound) in every_bound(&sql) {
+            let returned = returned_columns(&bound.sql);
+            // The MySQL 8 family's claim is an upsert that returns nothing; the store then
+            // reads the key with `read_locked`, whose rows are the claim's.
+            let upsert_without_returning = sql.flavour == Flavour::MySql8
+                && matches!(name, "claim" | "claim_nowait")
+                && returned.is_none();
+            if upsert_without_returning {
+                assert_eq!(bound.columns, ClaimRow::COLUMNS);
+                continue;
+            }
+            assert_eq!(
+                returned,
+                (!bound.columns.is_empty()).then_some(bound.columns.len()),
+                "{:?} {name}: declares {:?} for {}",
+                sql.flavour,
+                bound.columns,
+                bound.sql
+            );
+        }
+    }
+}
+
+/// A row of `columns` as a driver would hand it over: each column a value of its type.
+fn row_of(columns: &[Column]) -> Row {
+    Row::new(
+        columns
+            .iter()
+            .map(|column| match column {
+                Column::I16 | Column::I32 | Column::I64 => Value::Int(1),
+                Column::Bytes => Value::Bytes(vec![1; 32]),
+                Column::Text => Value::Text("t".into()),
+            })
+            .collect(),
+    )
+}
+
+/// Each row type reads exactly the columns its statements declare: a row of them decodes,
+/// a row one column short does not.
+#[test]
+fn each_row_type_reads_the_columns_its_statements_declare() {
+    fn decodes<T>(columns: &[Column], from_row: fn(Row) -> Result<T, Decode>) -> bool {
+        let short = &columns[..columns.len() - 1];
+        from_row(row_of(columns)).is_ok() && from_row(row_of(short)).is_err()
+    }
+    for sql in every_table() {
+        let id = [1u8; 32];
+        let flavour = sql.flavour;
+        let row = |b: Bound<'_>| b.columns;
+        assert!(
+            decodes(row(sql.ledger.read_locked(&id)), ClaimRow::from_row),
+            "{flavour:?}"
+        );
+        assert!(
+            decodes(row(sql.lease.select_steps(&id)), read_step),
+            "{flavour:?}"
+        );
+        for calls_table in [true, false] {
+            let expired = row(sql.lease.expired_leases(1, calls_table));
+            assert!(decodes(expired, ExpiredLease::from_row), "{flavour:?}");
+            let stuck = row(sql.lease.stuck_leases(1, 1, calls_table));
+            assert!(decodes(stuck, StuckLease::from_row), "{flavour:?}");
+        }
+        let due = row(sql.completer.due_calls(&["s"], 1));
+        assert!(decodes(due, read_stored_call), "{flavour:?}");
+        let dead = row(sql.outbox.list_dead(1));
+        assert!(decodes(dead, DeadMessage::from_row), "{flavour:?}");
+        let claimed = if sql.outbox.claims_in_three_steps() {
+            row(sql.outbox.lock_claimable(&[1]))
+        } else {
+            row(sql.outbox.claim_messages(1, 1, 1))
+        };
+        assert!(decodes(claimed, ClaimedRow::from_row), "{flavour:?}");
+    }
+    // A resumable call's NULL attempts (not resumable) and a NULL response read as absent.
+    let mut values = row_of(ExpiredLease::COLUMNS).values().to_vec();
+    *values.last_mut().expect("attempts") = Value::Null;
+    let lease = ExpiredLease::from_row(Row::new(values)).expect("a NULL attempts column");
+    assert!(!lease.resumable);
+    let mut values = row_of(ClaimRow::COLUMNS).values().to_vec();
+    values[3] = Value::Null;
+    assert_eq!(
+        ClaimRow::from_row(Row::new(values)).map(|r| r.response),
+        Ok(None)
+    );
+}
+
 /// The schema files under `idem-sql/schema/` are what [`schema`] renders: they cannot drift
 /// from the statements `create_tables` runs. `IDEM_SCHEMA_WRITE=1` rewrites them.
 #[test]

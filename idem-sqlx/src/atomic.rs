@@ -79,7 +79,7 @@ impl<DB: Backend> idem_sql::LeaseConnection for InClaim<'_, DB> {
         &mut self,
         statement: Bound<'static>,
     ) -> Result<Vec<(String, Vec<u8>)>, sqlx::Error> {
-        DB::fetch_steps(self.conn, statement, self.named).await
+        DB::fetch_each(self.conn, statement, self.named, idem_sql::read_step).await
     }
 }
 
@@ -90,7 +90,7 @@ impl<DB: Backend> ClaimConnection for InClaim<'_, DB> {
         &mut self,
         statement: Bound<'static>,
     ) -> Result<Option<ClaimRow>, sqlx::Error> {
-        DB::fetch_row(self.conn, statement, self.named).await
+        DB::fetch_first(self.conn, statement, self.named, ClaimRow::from_row).await
     }
 
     async fn execute_unprepared(&mut self, sql: &str) -> Result<(), sqlx::Error> {
@@ -271,7 +271,7 @@ impl<DB: Backend> Store for SqlxStore<'_, DB> {
             return false;
         }
         let read = claimed.sql.ledger.read_locked(req.id());
-        match DB::fetch_row(&mut claimed.tx, read, claimed.named).await {
+        match DB::fetch_first(&mut claimed.tx, read, claimed.named, ClaimRow::from_row).await {
             Ok(Some(row)) => row.owner != claimed.owner,
             Ok(None) => true,
             Err(e) => classify(&e) == Failure::Transient,

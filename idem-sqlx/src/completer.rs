@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use idem_core::completer::{Due, ResumeStore, Steps, StoredCall};
 use idem_core::{BoxFuture, Error, detached};
-use idem_sql::{Bound, CallColumns, ResumeConnection};
+use idem_sql::{Bound, CallColumns, ResumeConnection, Row};
 
 use crate::atomic::InClaim;
 use crate::driver::Backend;
@@ -33,28 +33,36 @@ impl<DB: Backend> ResumeConnection for InClaim<'_, DB> {
         &mut self,
         statement: Bound<'static>,
     ) -> Result<Vec<CallColumns>, sqlx::Error> {
-        DB::fetch_calls(self.conn, statement, self.named).await
+        DB::fetch_each(
+            self.conn,
+            statement,
+            self.named,
+            idem_sql::read_call_columns,
+        )
+        .await
     }
 
     async fn fetch_millis(
         &mut self,
         statement: Bound<'static>,
     ) -> Result<Option<i64>, sqlx::Error> {
-        DB::fetch_millis(self.conn, statement, self.named).await
+        DB::fetch_first(self.conn, statement, self.named, Row::into_opt_i64)
+            .await
+            .map(Option::flatten)
     }
 
     async fn fetch_counts(
         &mut self,
         statement: Bound<'static>,
     ) -> Result<Vec<(String, i64)>, sqlx::Error> {
-        DB::fetch_counts(self.conn, statement, self.named).await
+        DB::fetch_each(self.conn, statement, self.named, idem_sql::read_count).await
     }
 
     async fn fetch_steps(
         &mut self,
         statement: Bound<'static>,
     ) -> Result<Vec<(String, Vec<u8>)>, sqlx::Error> {
-        DB::fetch_steps(self.conn, statement, self.named).await
+        DB::fetch_each(self.conn, statement, self.named, idem_sql::read_step).await
     }
 }
 

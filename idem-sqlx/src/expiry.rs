@@ -3,7 +3,7 @@
 //! one bounded statement at a time.
 
 use idem_core::Error;
-use idem_sql::{Bound, PurgeConnection, Sql};
+use idem_sql::{Bound, PurgeConnection, Row, Sql};
 use sqlx::Pool;
 use sqlx::pool::PoolConnection;
 
@@ -80,11 +80,11 @@ impl<DB: Backend> PurgeConnection for OnSqlx<DB> {
         &mut self,
         statement: Bound<'static>,
     ) -> Result<Option<Vec<u8>>, sqlx::Error> {
-        DB::fetch_key(&mut self.conn, statement, self.named).await
+        DB::fetch_first(&mut self.conn, statement, self.named, Row::into_bytes).await
     }
 
     async fn fetch_texts(&mut self, statement: Bound<'static>) -> Result<Vec<String>, sqlx::Error> {
-        DB::fetch_texts(&mut self.conn, statement, self.named).await
+        DB::fetch_each(&mut self.conn, statement, self.named, Row::into_text).await
     }
 }
 

@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use idem_core::ledger::ids::random_token;
 use idem_core::{Claim, Concurrency, Error, RecordStatus, Request, Store};
-use idem_sql::{Bound, ClaimStep, Claimed, Dialect, Failure, NewRecord, Sql};
+use idem_sql::{
+    Bound, ClaimRow, ClaimStep, Claimed, Column, Dialect, Failure, NewRecord, Row, Sql,
+};
 use sqlx::Pool;
 
 use crate::atomic::{ClaimedTx, InClaim, SqlxStore};
@@ -170,10 +172,11 @@ async fn statements_of<DB: Backend>(conn: &mut DB::Connection) -> &'static Sql {
         Dialect::Sqlite => idem_sql::Flavour::Sqlite,
         Dialect::MySql => {
             let mut ask = async |sql: &'static str| {
-                DB::fetch_texts(conn, Bound::new(sql, Vec::new()), true)
+                let question = Bound::unbound(sql).reads(&[Column::Text]);
+                DB::fetch_first(conn, question, true, Row::into_text)
                     .await
                     .ok()
-                    .and_then(|texts| texts.into_iter().next())
+                    .flatten()
             };
             let version = ask(idem_sql::SELECT_VERSION).await;
             let wsrep_on = ask("SELECT CAST(@@wsrep_on AS CHAR)").await;
@@ -341,7 +344,7 @@ impl<'c, DB: Backend> Store for ConnStore<'_, 'c, DB> {
                     return false;
                 }
                 let read = claim.sql.ledger.read_locked(req.id());
-                match DB::fetch_row(claim.conn, read, true).await {
+                match DB::fetch_first(claim.conn, read, true, ClaimRow::from_row).await {
                     Ok(Some(row)) => row.owner != claim.owner,
                     Ok(None) => true,
                     Err(e) => classify(&e) == Failure::Transient,

@@ -12,7 +12,7 @@ use idem_core::Error;
 use idem_core::outbox::{Message, OutboxHealth};
 use idem_sql::{
     Bound, ClaimedMessage, ClaimedRow, FailedAttempt, Outbox as Statements, OutboxConnection,
-    RelayStore, claim_messages, health_of, millis, paced_purge, record_outcomes,
+    RelayStore, Row, claim_messages, millis, paced_purge, read_health, record_outcomes,
 };
 use sqlx::Pool;
 
@@ -37,14 +37,14 @@ impl<DB: Backend> OutboxConnection for OnSqlx<'_, DB> {
     }
 
     async fn fetch_ids(&mut self, statement: Bound<'static>) -> Result<Vec<i64>, sqlx::Error> {
-        DB::fetch_ids(self.conn, statement, self.named).await
+        DB::fetch_each(self.conn, statement, self.named, Row::into_i64).await
     }
 
     async fn fetch_claimed(
         &mut self,
         statement: Bound<'static>,
     ) -> Result<Vec<ClaimedRow>, sqlx::Error> {
-        DB::fetch_claimed(self.conn, statement, self.named).await
+        DB::fetch_each(self.conn, statement, self.named, ClaimedRow::from_row).await
     }
 
     fn undecodable(what: String) -> sqlx::Error {
@@ -274,10 +274,10 @@ pub async fn outbox_health<DB: Backend>(pool: &Pool<DB>) -> Result<OutboxHealth,
     let doing = "reading the outbox's health";
     let mut conn = pool.acquire().await.map_err(|e| store_error(doing, e))?;
     let statement = Statements::of(DB::DIALECT).outbox_health();
-    let [pending, oldest, dead, now] = DB::fetch_figures(&mut *conn, statement, named(pool))
+    DB::fetch_first(&mut *conn, statement, named(pool), read_health)
         .await
-        .map_err(|e| store_error(doing, e))?;
-    Ok(health_of(pending, oldest, dead, now))
+        .and_then(|health| health.ok_or(sqlx::Error::RowNotFound))
+        .map_err(|e| store_error(doing, e))
 }
 
 /// Lists up to `limit` dead messages, oldest first: each blocks its aggregate until
@@ -289,7 +289,7 @@ pub async fn dead_messages<DB: Backend>(
     let doing = "listing dead outbox messages";
     let mut conn = pool.acquire().await.map_err(|e| store_error(doing, e))?;
     let list = Statements::of(DB::DIALECT).list_dead(i64::from(limit));
-    DB::fetch_dead_messages(&mut *conn, list, named(pool))
+    DB::fetch_each(&mut *conn, list, named(pool), DeadMessage::from_row)
         .await
         .map_err(|e| store_error(doing, e))
 }

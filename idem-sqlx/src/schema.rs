@@ -2,7 +2,7 @@
 //! own migrations (`idem schema` prints the same statements as files).
 
 use idem_core::Error;
-use idem_sql::{Dialect, Family, Sql};
+use idem_sql::{Dialect, Family, Row, Sql};
 use sqlx::Pool;
 
 use crate::driver::Backend;
@@ -34,9 +34,14 @@ pub async fn create_tables<DB: Backend>(pool: &Pool<DB>, families: &[Family]) ->
         None
     } else {
         let named = crate::driver::pooler::named(pool);
-        let existing = DB::fetch_texts(&mut *conn, sql.inspect.existing_tables(), named)
-            .await
-            .map_err(|e| store_error("listing idem's tables", e))?;
+        let existing = DB::fetch_each(
+            &mut *conn,
+            sql.inspect.existing_tables(),
+            named,
+            Row::into_text,
+        )
+        .await
+        .map_err(|e| store_error("listing idem's tables", e))?;
         Some(existing)
     };
     for &family in families {

@@ -1,11 +1,15 @@
 //! How SeaORM runs [`idem_sql`]'s statements: which flavour a connection speaks (`flavour`),
-//! the dialect as SeaORM names it, a bound statement as a SeaORM `Statement`, and what a
-//! database error means (`error`).
+//! the dialect as SeaORM names it, a bound statement as a SeaORM `Statement`, its rows read at
+//! the column types the statement declares (idem-sql decodes them), and what a database error
+//! means (`error`).
 
 pub(crate) mod error;
 pub(crate) mod flavour;
 
-use sea_orm::{DatabaseConnection, DbBackend, Statement, Value};
+use idem_sql::{Column, Decode, Row, read_each, read_first};
+use sea_orm::{
+    ConnectionTrait, DatabaseConnection, DbBackend, DbErr, QueryResult, Statement, Value,
+};
 
 pub(crate) use idem_sql::names::ALL_TABLES;
 pub(crate) use idem_sql::{
@@ -58,6 +62,61 @@ pub(crate) fn statement(sql: &Sql, bound: Bound<'_>) -> Statement {
         bound.sql.into_owned(),
         bound.params.into_iter().map(value),
     )
+}
+
+/// Runs `bound` on `db` and reads each row's columns at the types the statement declares
+/// ([`Bound::columns`]), for idem-sql's readers to decode.
+pub(crate) async fn fetch_rows<C: ConnectionTrait + ?Sized>(
+    db: &C,
+    sql: &Sql,
+    bound: Bound<'_>,
+) -> Result<Vec<Row>, DbErr> {
+    let columns = bound.columns;
+    let rows = db.query_all_raw(statement(sql, bound)).await?;
+    rows.iter().map(|row| read_columns(row, columns)).collect()
+}
+
+/// Runs `bound` on `db` and reads each row with `read` (idem-sql's reader of its rows).
+pub(crate) async fn fetch_each<C: ConnectionTrait + ?Sized, T>(
+    db: &C,
+    sql: &Sql,
+    bound: Bound<'_>,
+    read: fn(Row) -> Result<T, Decode>,
+) -> Result<Vec<T>, DbErr> {
+    read_each(fetch_rows(db, sql, bound).await?, read).map_err(|e| undecodable(&e))
+}
+
+/// Runs `bound` on `db` and reads its first row, if any, with `read`.
+pub(crate) async fn fetch_first<C: ConnectionTrait + ?Sized, T>(
+    db: &C,
+    sql: &Sql,
+    bound: Bound<'_>,
+    read: fn(Row) -> Result<T, Decode>,
+) -> Result<Option<T>, DbErr> {
+    read_first(fetch_rows(db, sql, bound).await?, read).map_err(|e| undecodable(&e))
+}
+
+/// A row's `columns`, each read as its declared type (integers widened).
+fn read_columns(row: &QueryResult, columns: &[Column]) -> Result<Row, DbErr> {
+    columns
+        .iter()
+        .enumerate()
+        .map(|(i, column)| {
+            Ok::<idem_sql::Value, DbErr>(match column {
+                Column::I16 => row.try_get_by_index::<Option<i16>>(i)?.into(),
+                Column::I32 => row.try_get_by_index::<Option<i32>>(i)?.into(),
+                Column::I64 => row.try_get_by_index::<Option<i64>>(i)?.into(),
+                Column::Bytes => row.try_get_by_index::<Option<Vec<u8>>>(i)?.into(),
+                Column::Text => row.try_get_by_index::<Option<String>>(i)?.into(),
+            })
+        })
+        .collect::<Result<Vec<_>, DbErr>>()
+        .map(Row::new)
+}
+
+/// A row whose columns were not what its statement declares, as SeaORM's error.
+fn undecodable(decode: &Decode) -> DbErr {
+    DbErr::Custom(decode.to_string())
 }
 
 /// A bound value as SeaORM binds it.

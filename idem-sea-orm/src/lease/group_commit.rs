@@ -2,13 +2,13 @@
 //! ([`idem_sql::write_grouped`]: the queue, who leads and who waits): how one write, and a
 //! group in one transaction, are applied here.
 
-use idem_sql::{GroupCommit, LeaseWrite, LeaseWritten};
+use idem_sql::{ClaimRow, GroupCommit, LeaseWrite, LeaseWritten};
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr, RuntimeErr,
 };
 
-use crate::atomic::{begin, read_row};
-use crate::driver::{Sql, statement};
+use crate::atomic::begin;
+use crate::driver::{Sql, fetch_first, statement};
 
 /// A SeaORM connection as the group commit applies writes on it.
 #[derive(Clone)]
@@ -18,13 +18,11 @@ async fn apply<C: ConnectionTrait>(c: &C, write: LeaseWrite) -> Result<LeaseWrit
     let sql: &Sql = crate::driver::of(c.get_database_backend());
     match write {
         LeaseWrite::Claim { claim, read } => {
-            let row = match c.query_one_raw(statement(sql, claim)).await? {
+            let row = match fetch_first(c, sql, claim, ClaimRow::from_row).await? {
                 Some(row) => Some(row),
-                None => c.query_one_raw(statement(sql, read)).await?,
+                None => fetch_first(c, sql, read, ClaimRow::from_row).await?,
             };
-            row.map(|row| read_row(&row))
-                .transpose()
-                .map(LeaseWritten::Row)
+            Ok(LeaseWritten::Row(row))
         }
         LeaseWrite::Update(update) => c
             .execute_raw(statement(sql, update))

@@ -431,20 +431,7 @@ pub async fn expired_leases<C: ConnectionTrait>(
     let list = crate::driver::of(db.get_database_backend())
         .lease
         .expired_leases(i64::from(limit), calls_table);
-    list_rows(db, list, "listing expired leases", |row| {
-        let (id, scope, key, token, expires_at_ms, now_ms, attempts) =
-            row.try_get_many_by_index::<(_, _, _, _, i64, i64, Option<i32>)>()?;
-        Ok(ExpiredLease::from_columns(
-            id,
-            scope,
-            key,
-            token,
-            expires_at_ms,
-            now_ms,
-            attempts,
-        ))
-    })
-    .await
+    list_rows(db, list, "listing expired leases", ExpiredLease::from_row).await
 }
 
 /// Ends the lease of the call in progress under record `id` by hand (`idem release`), fenced:
@@ -473,31 +460,9 @@ pub async fn stuck_leases<C: ConnectionTrait>(
     limit: u32,
 ) -> Result<Vec<StuckLease>, Error> {
     let sql = crate::driver::of(db.get_database_backend());
-    let doing = "listing stuck leases";
     let calls_table = crate::inspect::has_calls_table(db).await?;
-    let rows = db
-        .query_all_raw(statement(
-            sql,
-            sql.lease
-                .stuck_leases(millis(held_for), i64::from(limit), calls_table),
-        ))
-        .await
-        .map_err(|e| store_error(doing, e))?;
-    rows.iter()
-        .map(|row| {
-            let (id, scope, key, token, created_at_ms, expires_at_ms, now_ms, attempts) =
-                row.try_get_many_by_index::<(_, _, _, _, i64, i64, i64, Option<i32>)>()?;
-            Ok(StuckLease::from_columns(
-                id,
-                scope,
-                key,
-                token,
-                created_at_ms,
-                expires_at_ms,
-                now_ms,
-                attempts,
-            ))
-        })
-        .collect::<Result<_, DbErr>>()
-        .map_err(|e| store_error(doing, e))
+    let list = sql
+        .lease
+        .stuck_leases(millis(held_for), i64::from(limit), calls_table);
+    list_rows(db, list, "listing stuck leases", StuckLease::from_row).await
 }

@@ -6,7 +6,7 @@ use idem_sql::PurgeConnection;
 use sea_orm::{ConnectionTrait, DbErr};
 
 use crate::driver::error::store_error;
-use crate::driver::{Bound, statement};
+use crate::driver::{Bound, fetch_each, fetch_first, statement};
 
 /// A purge of expired records, one bounded statement at a time. [`purge_expired`] runs one to
 /// the end; step one yourself to pace it your own way.
@@ -94,14 +94,12 @@ impl<C: ConnectionTrait> PurgeConnection for OnSeaOrm<'_, C> {
 
     async fn fetch_key(&mut self, bound: Bound<'static>) -> Result<Option<Vec<u8>>, DbErr> {
         let sql = crate::driver::of(self.0.get_database_backend());
-        let row = self.0.query_one_raw(statement(sql, bound)).await?;
-        row.map(|row| row.try_get_by_index(0)).transpose()
+        fetch_first(self.0, sql, bound, idem_sql::Row::into_bytes).await
     }
 
     async fn fetch_texts(&mut self, bound: Bound<'static>) -> Result<Vec<String>, DbErr> {
         let sql = crate::driver::of(self.0.get_database_backend());
-        let rows = self.0.query_all_raw(statement(sql, bound)).await?;
-        rows.iter().map(|row| row.try_get_by_index(0)).collect()
+        fetch_each(self.0, sql, bound, idem_sql::Row::into_text).await
     }
 }
 
@@ -125,14 +123,11 @@ pub async fn purge_expired<C: ConnectionTrait>(db: &C, batch: u32) -> Result<u64
 /// The database's clock, in milliseconds since the Unix epoch (what expiry is measured on).
 pub async fn database_now_ms<C: ConnectionTrait>(db: &C) -> Result<i64, Error> {
     let d = crate::driver::of(db.get_database_backend());
-    let row = db
-        .query_one_raw(statement(d, d.ledger.select_now()))
+    fetch_first(db, d, d.ledger.select_now(), idem_sql::Row::into_i64)
         .await
-        .map_err(|e| store_error("reading the database clock", e))?;
-    row.ok_or_else(|| Error::Store {
-        message: "the database clock query returned no row".to_owned(),
-        source: None,
-    })?
-    .try_get_by_index::<i64>(0)
-    .map_err(|e| store_error("reading the database clock", e))
+        .map_err(|e| store_error("reading the database clock", e))?
+        .ok_or_else(|| Error::Store {
+            message: "the database clock query returned no row".to_owned(),
+            source: None,
+        })
 }

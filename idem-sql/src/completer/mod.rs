@@ -14,7 +14,7 @@ mod statements;
 
 pub use statements::{Completer, NewCall};
 
-use crate::{Bound, Sql, millis};
+use crate::{Bound, Column, Decode, Row, Sql, millis};
 
 /// The longest error text kept for a give-up: an error can be long (a response body); its
 /// start says what failed.
@@ -34,6 +34,47 @@ pub type CallColumns = (
     i16,
     i16,
 );
+
+/// The columns of [`Completer::due_calls`], in order: record_id, scope, principal, idem_key,
+/// args, attempts, last_error, gave_up, final_phase_done.
+pub const STORED_CALL: &[Column] = &[
+    Column::Bytes,
+    Column::Text,
+    Column::Text,
+    Column::Text,
+    Column::Bytes,
+    Column::I32,
+    Column::Text,
+    Column::I16,
+    Column::I16,
+];
+
+/// A due call as [`Completer::due_calls`] returns it ([`STORED_CALL`]).
+pub fn read_stored_call(row: Row) -> Result<StoredCall, Decode> {
+    read_call_columns(row).map(stored_call)
+}
+
+/// A due call's columns ([`STORED_CALL`]) as the [`ResumeConnection`] port hands them over.
+pub fn read_call_columns(row: Row) -> Result<CallColumns, Decode> {
+    let mut c = row.read();
+    Ok((
+        c.bytes()?,
+        c.text()?,
+        c.text()?,
+        c.text()?,
+        c.bytes()?,
+        c.int()?,
+        c.opt_text()?,
+        c.int()?,
+        c.int()?,
+    ))
+}
+
+/// A row of [`Completer::unregistered_calls`]: a scope and how many of its calls are due.
+pub fn read_count(row: Row) -> Result<(String, i64), Decode> {
+    let mut c = row.read();
+    Ok((c.text()?, c.i64()?))
+}
 
 /// A connection of a completer's store, as the completer's statements run on it: a pooled
 /// connection, or a transaction the store began.

@@ -4,7 +4,7 @@
 //! index.
 
 use crate::statement::render::{render, upsert};
-use crate::{Bound, Dialect, Param, Tables, with_ids};
+use crate::{Bound, Column, Dialect, Param, Tables, with_ids};
 
 /// The completer's statements for one server flavour.
 #[derive(Debug)]
@@ -135,10 +135,7 @@ impl Completer {
     fn over_scopes(&self, sql: &str, before: Vec<Param>, scopes: &[&str]) -> Bound<'static> {
         let mut params = before;
         params.extend(scopes.iter().map(|&scope| scope.into()));
-        Bound {
-            sql: with_ids(self.dialect, sql, scopes.len()).into(),
-            params,
-        }
+        Bound::owned(with_ids(self.dialect, sql, scopes.len()), params)
     }
 
     /// Stores a new execution's call (over an earlier one of the record).
@@ -164,11 +161,13 @@ impl Completer {
     pub fn due_calls(&self, scopes: &[&str], limit: u32) -> Bound<'static> {
         let sql = self.due_calls.replace("{limit}", &limit.max(1).to_string());
         self.over_scopes(&sql, Vec::new(), scopes)
+            .reads(crate::completer::STORED_CALL)
     }
 
     /// Milliseconds until the next call of `scopes` is due (NULL: none).
     pub fn next_due_in(&self, scopes: &[&str]) -> Bound<'static> {
         self.over_scopes(&self.next_due_in, Vec::new(), scopes)
+            .reads(&[Column::I64])
     }
 
     /// Scope and count of due calls outside `scopes` (none given: every scope).
@@ -176,6 +175,7 @@ impl Completer {
         // `NOT IN ()` is not SQL: with no scopes, match none.
         let scopes = if scopes.is_empty() { &[""][..] } else { scopes };
         self.over_scopes(&self.unregistered_calls, Vec::new(), scopes)
+            .reads(&[Column::Text, Column::I64])
     }
 
     /// Claims the next attempt at record `id`'s call, if its count is still `attempts` and

@@ -17,7 +17,7 @@ mod statements;
 
 pub use group_commit::{GroupCommit, LeaseWrite, LeaseWritten, write_grouped};
 pub use operator::{ExpiredLease, StuckLease};
-pub use statements::Lease;
+pub use statements::{Lease, read_step};
 
 use crate::{Bound, ClaimConnection, ClaimRow, NewCall, NewRecord, Sql, millis};
 

@@ -4,6 +4,8 @@
 //! [`Lease::stuck_leases`](crate::Lease::stuck_leases) and builds these from the rows'
 //! columns, in the order the statements select them.
 
+use crate::{Column, Decode, Row};
+
 /// A lease that ended without its call finishing (the holder crashed, hung or was dropped): a
 /// retry takes it over, and so does a completer when the call is
 /// [`resumable`](Self::resumable) and its scope has a resumer; alert on the others.
@@ -29,6 +31,32 @@ pub struct ExpiredLease {
 }
 
 impl ExpiredLease {
+    /// The columns of [`Lease::expired_leases`](crate::Lease::expired_leases), in order.
+    pub const COLUMNS: &'static [Column] = &[
+        Column::Bytes,
+        Column::Text,
+        Column::Text,
+        Column::I64,
+        Column::I64,
+        Column::I64,
+        Column::I32,
+    ];
+
+    /// A row of [`Lease::expired_leases`](crate::Lease::expired_leases)
+    /// ([`ExpiredLease::COLUMNS`]).
+    pub fn from_row(row: Row) -> Result<Self, Decode> {
+        let mut c = row.read();
+        Ok(Self::from_columns(
+            c.bytes()?,
+            c.text()?,
+            c.text()?,
+            c.i64()?,
+            c.i64()?,
+            c.i64()?,
+            c.opt_int()?,
+        ))
+    }
+
     /// A row of [`Lease::expired_leases`](crate::Lease::expired_leases): `id, scope, idem_key,
     /// token, expires_at_ms, now_ms, attempts` (`attempts` is `NULL` for a call that is not
     /// resumable).
@@ -75,6 +103,34 @@ pub struct StuckLease {
 }
 
 impl StuckLease {
+    /// The columns of [`Lease::stuck_leases`](crate::Lease::stuck_leases), in order.
+    pub const COLUMNS: &'static [Column] = &[
+        Column::Bytes,
+        Column::Text,
+        Column::Text,
+        Column::I64,
+        Column::I64,
+        Column::I64,
+        Column::I64,
+        Column::I32,
+    ];
+
+    /// A row of [`Lease::stuck_leases`](crate::Lease::stuck_leases)
+    /// ([`StuckLease::COLUMNS`]).
+    pub fn from_row(row: Row) -> Result<Self, Decode> {
+        let mut c = row.read();
+        Ok(Self::from_columns(
+            c.bytes()?,
+            c.text()?,
+            c.text()?,
+            c.i64()?,
+            c.i64()?,
+            c.i64()?,
+            c.i64()?,
+            c.opt_int()?,
+        ))
+    }
+
     /// A row of [`Lease::stuck_leases`](crate::Lease::stuck_leases): `id, scope, idem_key,
     /// token, created_at_ms, expires_at_ms, now_ms, attempts`.
     #[allow(clippy::too_many_arguments)] // one per selected column, in their order

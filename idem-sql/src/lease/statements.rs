@@ -3,7 +3,9 @@
 
 use crate::statement::names::{CALLS_TABLE, LEDGER_TABLE};
 use crate::statement::render::{render, upsert};
-use crate::{Bound, Dialect, Param, Tables, with_ids};
+use crate::{
+    Bound, Column, Decode, Dialect, ExpiredLease, Param, Row, StuckLease, Tables, with_ids,
+};
 
 /// Live leases held too long (see `Lease::stuck_leases`).
 const STUCK_LEASES: &str = "SELECT l.id, l.scope, l.idem_key, l.owner, l.created_at_ms, \
@@ -112,10 +114,16 @@ impl Lease {
     }
 }
 
+/// A recorded step as [`Lease::select_steps`] returns it: its name and result.
+pub fn read_step(row: Row) -> Result<(String, Vec<u8>), Decode> {
+    let mut c = row.read();
+    Ok((c.text()?, c.bytes()?))
+}
+
 impl Lease {
-    /// The recorded steps of record `id`: returns name, result.
+    /// The recorded steps of record `id`: returns name, result ([`read_step`]).
     pub fn select_steps(&self, id: &[u8]) -> Bound<'_> {
-        Bound::new(&self.select_steps, [id.into()])
+        Bound::new(&self.select_steps, [id.into()]).reads(&[Column::Text, Column::Bytes])
     }
 
     /// Records step `name` of record `id` with its `result`, under the holder's `token` (over
@@ -144,10 +152,10 @@ impl Lease {
         let sql = self.delete_steps_by_key.as_ref()?;
         let mut params: Vec<Param> = vec![id.into()];
         params.extend(names.iter().map(|name| name.as_str().into()));
-        Some(Bound {
-            sql: with_ids(self.dialect, sql, names.len()).into(),
+        Some(Bound::owned(
+            with_ids(self.dialect, sql, names.len()),
             params,
-        })
+        ))
     }
 
     /// Renews the lease on record `id` for `lease_ms` from now, if `token` still holds it.
@@ -199,6 +207,7 @@ impl Lease {
             &self.expired_leases[usize::from(!calls_table)],
             [limit.into()],
         )
+        .reads(ExpiredLease::COLUMNS)
     }
 
     /// Up to `limit` live leases held for longer than `held_ms`, longest held first: returns
@@ -209,6 +218,7 @@ impl Lease {
             &self.stuck_leases[usize::from(!calls_table)],
             [held_ms.into(), limit.into()],
         )
+        .reads(StuckLease::COLUMNS)
     }
 
     /// Deletes the steps of records that no longer exist (purged).

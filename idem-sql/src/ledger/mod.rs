@@ -5,7 +5,7 @@ mod expiry;
 pub use expiry::{ExpiredPurge, PurgeConnection};
 
 use crate::statement::render::{render, upsert};
-use crate::{Bound, Dialect, Param, Tables};
+use crate::{Bound, ClaimRow, Column, Dialect, Param, Tables};
 
 /// The ledger's statements for one server flavour.
 #[derive(Debug)]
@@ -257,7 +257,7 @@ pub struct PurgeSweep {
 impl PurgeSweep {
     /// Returns the key `n + 1` places after key `after` (a range's last), if any.
     pub fn bound(&self, after: &[u8], n: i64) -> Bound<'_> {
-        Bound::new(&self.bound, [after.into(), n.into()])
+        Bound::new(&self.bound, [after.into(), n.into()]).reads(&[Column::Bytes])
     }
 
     /// Deletes the purgeable records after key `after` up to key `last`.
@@ -314,25 +314,25 @@ impl Ledger {
     /// on PostgreSQL, nothing on the MySQL 8 family (SQLite's atomic claim reads instead:
     /// [`Ledger::claim_by_read`]; this serves its leases).
     pub fn claim(&self, row: &NewRecord) -> Bound<'_> {
-        Bound::new(&self.claim, row.params())
+        Bound::new(&self.claim, row.params()).reads(ClaimRow::COLUMNS)
     }
 
     /// [`Ledger::claim`], failing at once if another transaction holds the key (after
     /// [`Ledger::before_nowait`], before [`Ledger::after_nowait`]).
     pub fn claim_nowait(&self, row: &NewRecord) -> Bound<'_> {
-        Bound::new(&self.claim_nowait, row.params())
+        Bound::new(&self.claim_nowait, row.params()).reads(ClaimRow::COLUMNS)
     }
 
     /// Reads record `id` locked (on SQLite, under the transaction's write lock). Returns
     /// owner, fingerprint, state, response, expires_at_ms, now_ms.
     pub fn read_locked(&self, id: &[u8]) -> Bound<'_> {
-        Bound::new(&self.read_locked, [id.into()])
+        Bound::new(&self.read_locked, [id.into()]).reads(ClaimRow::COLUMNS)
     }
 
     /// [`Ledger::read_locked`] without the lock: the committed row, for answers a later
     /// commit cannot change (a completed record, a live lease).
     pub fn read_row(&self, id: &[u8]) -> Bound<'_> {
-        Bound::new(&self.read_row, [id.into()])
+        Bound::new(&self.read_row, [id.into()]).reads(ClaimRow::COLUMNS)
     }
 
     /// Makes expired record `id` a new execution of `owner`, living `ttl_ms`.
@@ -375,7 +375,7 @@ impl Ledger {
 
     /// Selects the database clock, in epoch milliseconds.
     pub fn select_now(&self) -> Bound<'_> {
-        Bound::unbound(&self.select_now)
+        Bound::unbound(&self.select_now).reads(&[Column::I64])
     }
 
     /// Taken after the claim, so that a final error can undo the handler's writes.
@@ -395,5 +395,6 @@ impl Ledger {
             &self.live_answers,
             [scope.into(), state.into(), after.into(), limit.into()],
         )
+        .reads(&[Column::Bytes, Column::Bytes])
     }
 }

@@ -20,7 +20,7 @@ pub use operator::{DeadMessage, paced_purge};
 pub use relay::{Relay, RelayCounters, RelayRound, RelayStore};
 pub use statements::{NewMessage, Outbox};
 
-use crate::{Bound, millis};
+use crate::{Bound, Column, Decode, Row, millis};
 
 /// A connection (or transaction) the outbox's statements run on.
 pub trait OutboxConnection: Send {
@@ -82,6 +82,33 @@ pub struct ClaimedMessage {
 }
 
 impl ClaimedRow {
+    /// The columns of [`Outbox::claim_messages`] and [`Outbox::lock_claimable`], in order.
+    pub const COLUMNS: &'static [Column] = &[
+        Column::I64,
+        Column::Text,
+        Column::Text,
+        Column::Text,
+        Column::I64,
+        Column::Text,
+        Column::Bytes,
+        Column::I32,
+    ];
+
+    /// A row of a claim ([`ClaimedRow::COLUMNS`]).
+    pub fn from_row(row: Row) -> Result<Self, Decode> {
+        let mut c = row.read();
+        Ok(ClaimedRow {
+            id: c.i64()?,
+            message_id: c.text()?,
+            topic: c.text()?,
+            aggregate: c.opt_text()?,
+            aggregate_seq: c.opt_i64()?,
+            headers: c.opt_text()?,
+            payload: c.bytes()?,
+            attempts: c.int()?,
+        })
+    }
+
     /// The message the sink gets; an error if the stored headers do not decode.
     fn into_message(self) -> Result<ClaimedMessage, String> {
         let headers = self
@@ -193,6 +220,17 @@ pub async fn record_outcomes<C: OutboxConnection>(
             .map_err(|e| ("recording a failed outbox attempt", e))?;
     }
     Ok(())
+}
+
+/// The outbox's figures from the row of [`Outbox::outbox_health`].
+pub fn read_health(row: Row) -> Result<OutboxHealth, Decode> {
+    let mut c = row.read();
+    Ok(health_of(
+        c.opt_i64()?,
+        c.opt_i64()?,
+        c.opt_i64()?,
+        c.opt_i64()?,
+    ))
 }
 
 /// The outbox's figures from the columns of [`Outbox::outbox_health`]: pending count, oldest

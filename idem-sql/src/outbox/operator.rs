@@ -5,6 +5,8 @@
 use std::future::Future;
 use std::time::Instant;
 
+use crate::{Column, Decode, Row};
+
 /// A message that exhausted its attempts (or that its sink refused).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -26,6 +28,31 @@ pub struct DeadMessage {
 }
 
 impl DeadMessage {
+    /// The columns of [`Outbox::list_dead`](crate::Outbox::list_dead), in order.
+    pub const COLUMNS: &'static [Column] = &[
+        Column::Text,
+        Column::Text,
+        Column::Text,
+        Column::I64,
+        Column::I32,
+        Column::Text,
+        Column::I64,
+    ];
+
+    /// A row of [`Outbox::list_dead`](crate::Outbox::list_dead) ([`DeadMessage::COLUMNS`]).
+    pub fn from_row(row: Row) -> Result<Self, Decode> {
+        let mut c = row.read();
+        Ok(Self::from_columns(
+            c.text()?,
+            c.text()?,
+            c.opt_text()?,
+            c.opt_i64()?,
+            c.int()?,
+            c.opt_text()?,
+            c.i64()?,
+        ))
+    }
+
     /// A row of [`Outbox::list_dead`](crate::Outbox::list_dead): `id, topic, aggregate,
     /// aggregate_seq, attempts, last_error, created_at_ms`.
     pub fn from_columns(

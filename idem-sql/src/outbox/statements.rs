@@ -2,7 +2,7 @@
 
 use crate::statement::names::outbox_state;
 use crate::statement::render::render;
-use crate::{Bound, Dialect, Param, Sql, Tables, with_ids};
+use crate::{Bound, ClaimedRow, Column, DeadMessage, Dialect, Param, Sql, Tables, with_ids};
 
 /// The outbox's statements for one server flavour.
 #[derive(Debug)]
@@ -243,10 +243,7 @@ impl Outbox {
     fn over_ids(&self, sql: &str, before: Vec<Param>, ids: &[i64]) -> Bound<'static> {
         let mut params = before;
         params.extend(ids.iter().map(|&id| id.into()));
-        Bound {
-            sql: with_ids(self.dialect, sql, ids.len()).into(),
-            params,
-        }
+        Bound::owned(with_ids(self.dialect, sql, ids.len()), params)
     }
 
     /// The statements that stage `message`, in order: bumping its aggregate's head where that
@@ -297,18 +294,20 @@ impl Outbox {
             &self.claim_messages,
             [lease_ms.into(), token.into(), batch.into()],
         )
+        .reads(ClaimedRow::COLUMNS)
     }
 
     /// MySQL: ids of up to `batch` due messages that are first in their aggregate (a plain
     /// read).
     pub fn select_eligible(&self, batch: i64) -> Bound<'_> {
-        Bound::new(&self.select_eligible, [batch.into()])
+        Bound::new(&self.select_eligible, [batch.into()]).reads(&[Column::I64])
     }
 
     /// MySQL: locks those of `ids` still claimable, skipping locked ones; returns what
     /// [`Outbox::claim_messages`] returns.
     pub fn lock_claimable(&self, ids: &[i64]) -> Bound<'static> {
         self.over_ids(&self.lock_claimable, Vec::new(), ids)
+            .reads(ClaimedRow::COLUMNS)
     }
 
     /// MySQL: leases `ids` to `token` for `lease_ms`.
@@ -359,13 +358,13 @@ impl Outbox {
 
     /// Returns pending count, oldest pending created_at_ms, dead count, now_ms.
     pub fn outbox_health(&self) -> Bound<'_> {
-        Bound::unbound(&self.outbox_health)
+        Bound::unbound(&self.outbox_health).reads(&[Column::I64; 4])
     }
 
     /// Up to `limit` dead messages, oldest first: returns message_id, topic, aggregate_key,
     /// aggregate_seq, attempts, last_error, created_at_ms.
     pub fn list_dead(&self, limit: i64) -> Bound<'_> {
-        Bound::new(&self.list_dead, [limit.into()])
+        Bound::new(&self.list_dead, [limit.into()]).reads(DeadMessage::COLUMNS)
     }
 
     /// Puts dead message `message_id` back in line with fresh attempts.

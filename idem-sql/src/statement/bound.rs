@@ -4,6 +4,8 @@
 
 use std::borrow::Cow;
 
+use crate::Column;
+
 /// A value bound to a placeholder, named by its SQL type rather than by a driver's.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Param {
@@ -74,6 +76,9 @@ pub struct Bound<'s> {
     pub sql: Cow<'s, str>,
     /// One value per placeholder, in order.
     pub params: Vec<Param>,
+    /// The types of the columns the statement returns, in order (empty: it returns no rows,
+    /// or its rows are not read).
+    pub columns: &'static [Column],
 }
 
 impl<'s> Bound<'s> {
@@ -82,7 +87,25 @@ impl<'s> Bound<'s> {
         Bound {
             sql: Cow::Borrowed(sql),
             params: params.into(),
+            columns: &[],
         }
+    }
+
+    /// `sql` and `params` of a statement whose text was made for these values (an id list
+    /// filled in).
+    pub fn owned(sql: String, params: Vec<Param>) -> Bound<'static> {
+        Bound {
+            sql: Cow::Owned(sql),
+            params,
+            columns: &[],
+        }
+    }
+
+    /// This statement, whose rows have `columns`, in order.
+    #[must_use]
+    pub fn reads(mut self, columns: &'static [Column]) -> Self {
+        self.columns = columns;
+        self
     }
 
     /// `sql`, which has no placeholders.

@@ -1,7 +1,8 @@
 //! What differs between sqlx's drivers, as far as the store cares: how a claim begins, how a
-//! statement's values are bound and its ledger row decoded, which server flavour a pool
-//! talks to. One impl per database, written once by a macro over the concrete types (sqlx's
-//! generic bounds for "any database whose connection executes queries" do not normalise).
+//! statement's values are bound and its columns read (at the types the statement declares;
+//! idem-sql decodes the rows), which server flavour a pool talks to. One impl per database,
+//! written once by a macro over the concrete types (sqlx's generic bounds for "any database
+//! whose connection executes queries" do not normalise).
 
 pub(crate) mod error;
 pub(crate) mod pooler;
@@ -9,13 +10,13 @@ pub(crate) mod pooler;
 use std::future::Future;
 use std::pin::Pin;
 
-use idem_sql::{
-    Bound, CallColumns, ClaimRow, ClaimedRow, DeadMessage, Dialect, ExpiredLease, Flavour,
-    StuckLease,
-};
+use idem_sql::{Bound, Decode, Dialect, Flavour, Row, read_each, read_first};
 use sqlx::{Pool, Transaction};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-use {idem_sql::Param, std::borrow::Cow};
+use {
+    idem_sql::{Column, Param, Value},
+    std::borrow::Cow,
+};
 
 /// A boxed future the store's generic code awaits.
 pub(crate) type Step<'a, T> = Pin<Box<dyn Future<Output = Result<T, sqlx::Error>> + Send + 'a>>;
@@ -41,15 +42,43 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     #[doc(hidden)]
     fn begin_claim(pool: &Pool<Self>) -> Step<'_, Transaction<'static, Self>>;
 
-    /// Runs `statement` and decodes the ledger row it returns, if any. `named`: as a named
-    /// (cached) prepared statement, or unnamed ([`crate::through_transaction_pooler`]); the
-    /// same for every statement below.
+    /// Runs `statement` and reads each row's columns at the types the statement declares
+    /// ([`Bound::columns`]). `named`: as a named (cached) prepared statement, or unnamed
+    /// ([`crate::through_transaction_pooler`]); the same for every statement below.
     #[doc(hidden)]
-    fn fetch_row<'c>(
+    fn fetch_rows<'c>(
         conn: &'c mut Self::Connection,
         statement: Bound<'static>,
         named: bool,
-    ) -> Step<'c, Option<ClaimRow>>;
+    ) -> Step<'c, Vec<Row>>;
+
+    /// Runs `statement` and reads each row with `read` (idem-sql's reader of its rows).
+    #[doc(hidden)]
+    fn fetch_each<'c, T: Send + 'c>(
+        conn: &'c mut Self::Connection,
+        statement: Bound<'static>,
+        named: bool,
+        read: fn(Row) -> Result<T, Decode>,
+    ) -> Step<'c, Vec<T>> {
+        Box::pin(async move {
+            let rows = Self::fetch_rows(conn, statement, named).await?;
+            read_each(rows, read).map_err(undecodable)
+        })
+    }
+
+    /// Runs `statement` and reads its first row, if any, with `read`.
+    #[doc(hidden)]
+    fn fetch_first<'c, T: Send + 'c>(
+        conn: &'c mut Self::Connection,
+        statement: Bound<'static>,
+        named: bool,
+        read: fn(Row) -> Result<T, Decode>,
+    ) -> Step<'c, Option<T>> {
+        Box::pin(async move {
+            let rows = Self::fetch_rows(conn, statement, named).await?;
+            read_first(rows, read).map_err(undecodable)
+        })
+    }
 
     /// Runs `statement` and returns how many rows it changed.
     #[doc(hidden)]
@@ -59,110 +88,14 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         named: bool,
     ) -> Step<'c, u64>;
 
-    /// Runs `statement` and reads the one text column of each row it returns.
-    #[doc(hidden)]
-    fn fetch_texts<'c>(
-        conn: &'c mut Self::Connection,
-        statement: Bound<'static>,
-        named: bool,
-    ) -> Step<'c, Vec<String>>;
-
-    /// Runs `statement` and reads each row's `name, result` (lease mode's recorded steps).
-    #[doc(hidden)]
-    fn fetch_steps<'c>(
-        conn: &'c mut Self::Connection,
-        statement: Bound<'static>,
-        named: bool,
-    ) -> Step<'c, Vec<(String, Vec<u8>)>>;
-
-    /// Runs `statement` and reads the one integer column of each row it returns (the
-    /// outbox's eligible ids).
-    #[doc(hidden)]
-    fn fetch_ids<'c>(
-        conn: &'c mut Self::Connection,
-        statement: Bound<'static>,
-        named: bool,
-    ) -> Step<'c, Vec<i64>>;
-
-    /// Runs `statement` and reads the outbox rows it claimed.
-    #[doc(hidden)]
-    fn fetch_claimed<'c>(
-        conn: &'c mut Self::Connection,
-        statement: Bound<'static>,
-        named: bool,
-    ) -> Step<'c, Vec<ClaimedRow>>;
-
-    /// Runs `statement` and reads its one row of four nullable integers (the outbox's
-    /// health figures).
-    #[doc(hidden)]
-    fn fetch_figures<'c>(
-        conn: &'c mut Self::Connection,
-        statement: Bound<'static>,
-        named: bool,
-    ) -> Step<'c, [Option<i64>; 4]>;
-
-    /// Runs `statement` and decodes each due call it returns (the completer's
-    /// [`idem_sql::Completer::due_calls`]).
-    #[doc(hidden)]
-    fn fetch_calls<'c>(
-        conn: &'c mut Self::Connection,
-        statement: Bound<'static>,
-        named: bool,
-    ) -> Step<'c, Vec<CallColumns>>;
-
-    /// Runs `statement` and reads the one nullable integer it returns (`None`: no row, or
-    /// NULL).
-    #[doc(hidden)]
-    fn fetch_millis<'c>(
-        conn: &'c mut Self::Connection,
-        statement: Bound<'static>,
-        named: bool,
-    ) -> Step<'c, Option<i64>>;
-
-    /// Runs `statement` and reads the one bytes column of the row it returns, if any (the
-    /// purge's next key).
-    #[doc(hidden)]
-    fn fetch_key<'c>(
-        conn: &'c mut Self::Connection,
-        statement: Bound<'static>,
-        named: bool,
-    ) -> Step<'c, Option<Vec<u8>>>;
-
-    /// Runs `statement` and reads each row's `scope, count`.
-    #[doc(hidden)]
-    fn fetch_counts<'c>(
-        conn: &'c mut Self::Connection,
-        statement: Bound<'static>,
-        named: bool,
-    ) -> Step<'c, Vec<(String, i64)>>;
-
     /// Runs `sql`, which takes no values, as a simple (unprepared) query.
     #[doc(hidden)]
     fn execute_unprepared<'c>(conn: &'c mut Self::Connection, sql: &'c str) -> Step<'c, ()>;
+}
 
-    /// Runs [`Lease::expired_leases`](idem_sql::Lease::expired_leases) and reads its rows.
-    #[doc(hidden)]
-    fn fetch_expired_leases<'c>(
-        conn: &'c mut Self::Connection,
-        statement: Bound<'static>,
-        named: bool,
-    ) -> Step<'c, Vec<ExpiredLease>>;
-
-    /// Runs [`Lease::stuck_leases`](idem_sql::Lease::stuck_leases) and reads its rows.
-    #[doc(hidden)]
-    fn fetch_stuck_leases<'c>(
-        conn: &'c mut Self::Connection,
-        statement: Bound<'static>,
-        named: bool,
-    ) -> Step<'c, Vec<StuckLease>>;
-
-    /// Runs [`Outbox::list_dead`](idem_sql::Outbox::list_dead) and reads its rows.
-    #[doc(hidden)]
-    fn fetch_dead_messages<'c>(
-        conn: &'c mut Self::Connection,
-        statement: Bound<'static>,
-        named: bool,
-    ) -> Step<'c, Vec<DeadMessage>>;
+/// A row whose columns were not what its statement declares, as sqlx's decoding error.
+fn undecodable(decode: Decode) -> sqlx::Error {
+    sqlx::Error::Decode(Box::new(decode))
 }
 
 /// The body of a `Backend` method that runs `statement` and decodes each row it returns with
@@ -198,25 +131,27 @@ macro_rules! backend {
                 Box::pin(async move { $begin })
             }
 
-            fn fetch_row<'c>(
+            fn fetch_rows<'c>(
                 conn: &'c mut Self::Connection,
                 statement: Bound<'static>,
                 named: bool,
-            ) -> Step<'c, Option<ClaimRow>> {
-                Box::pin(async move {
-                    use sqlx::Row as _;
-                    let query = query::<Self>(statement, named);
-                    let Some(row) = query.fetch_optional(&mut *conn).await? else {
-                        return Ok(None);
-                    };
-                    Ok(Some(ClaimRow::from_columns(
-                        row.try_get(0)?,
-                        row.try_get(1)?,
-                        row.try_get(2)?,
-                        row.try_get(3)?,
-                        row.try_get(4)?,
-                        row.try_get(5)?,
-                    )))
+            ) -> Step<'c, Vec<Row>> {
+                let columns = statement.columns;
+                each_row!(conn, statement, named, |row| {
+                    columns
+                        .iter()
+                        .enumerate()
+                        .map(|(i, column)| -> Result<Value, sqlx::Error> {
+                            Ok(match column {
+                                Column::I16 => row.try_get::<Option<i16>, _>(i)?.into(),
+                                Column::I32 => row.try_get::<Option<i32>, _>(i)?.into(),
+                                Column::I64 => row.try_get::<Option<i64>, _>(i)?.into(),
+                                Column::Bytes => row.try_get::<Option<Vec<u8>>, _>(i)?.into(),
+                                Column::Text => row.try_get::<Option<String>, _>(i)?.into(),
+                            })
+                        })
+                        .collect::<Result<Vec<_>, _>>()
+                        .map(Row::new)
                 })
             }
 
@@ -231,127 +166,6 @@ macro_rules! backend {
                 })
             }
 
-            fn fetch_texts<'c>(
-                conn: &'c mut Self::Connection,
-                statement: Bound<'static>,
-                named: bool,
-            ) -> Step<'c, Vec<String>> {
-                each_row!(conn, statement, named, |row| row.try_get(0))
-            }
-
-            fn fetch_steps<'c>(
-                conn: &'c mut Self::Connection,
-                statement: Bound<'static>,
-                named: bool,
-            ) -> Step<'c, Vec<(String, Vec<u8>)>> {
-                each_row!(conn, statement, named, |row| Ok((
-                    row.try_get(0)?,
-                    row.try_get(1)?
-                )))
-            }
-
-            fn fetch_ids<'c>(
-                conn: &'c mut Self::Connection,
-                statement: Bound<'static>,
-                named: bool,
-            ) -> Step<'c, Vec<i64>> {
-                each_row!(conn, statement, named, |row| row.try_get(0))
-            }
-
-            fn fetch_claimed<'c>(
-                conn: &'c mut Self::Connection,
-                statement: Bound<'static>,
-                named: bool,
-            ) -> Step<'c, Vec<ClaimedRow>> {
-                each_row!(conn, statement, named, |row| {
-                    Ok(ClaimedRow {
-                        id: row.try_get(0)?,
-                        message_id: row.try_get(1)?,
-                        topic: row.try_get(2)?,
-                        aggregate: row.try_get(3)?,
-                        aggregate_seq: row.try_get(4)?,
-                        headers: row.try_get(5)?,
-                        payload: row.try_get(6)?,
-                        attempts: row.try_get(7)?,
-                    })
-                })
-            }
-
-            fn fetch_figures<'c>(
-                conn: &'c mut Self::Connection,
-                statement: Bound<'static>,
-                named: bool,
-            ) -> Step<'c, [Option<i64>; 4]> {
-                Box::pin(async move {
-                    use sqlx::Row as _;
-                    let query = query::<Self>(statement, named);
-                    let row = query.fetch_one(&mut *conn).await?;
-                    Ok([
-                        row.try_get(0)?,
-                        row.try_get(1)?,
-                        row.try_get(2)?,
-                        row.try_get(3)?,
-                    ])
-                })
-            }
-
-            fn fetch_calls<'c>(
-                conn: &'c mut Self::Connection,
-                statement: Bound<'static>,
-                named: bool,
-            ) -> Step<'c, Vec<CallColumns>> {
-                each_row!(conn, statement, named, |row| {
-                    Ok((
-                        row.try_get(0)?,
-                        row.try_get(1)?,
-                        row.try_get(2)?,
-                        row.try_get(3)?,
-                        row.try_get(4)?,
-                        row.try_get(5)?,
-                        row.try_get(6)?,
-                        row.try_get(7)?,
-                        row.try_get(8)?,
-                    ))
-                })
-            }
-
-            fn fetch_millis<'c>(
-                conn: &'c mut Self::Connection,
-                statement: Bound<'static>,
-                named: bool,
-            ) -> Step<'c, Option<i64>> {
-                Box::pin(async move {
-                    use sqlx::Row as _;
-                    let query = query::<Self>(statement, named);
-                    let row = query.fetch_optional(&mut *conn).await?;
-                    Ok(row.map(|row| row.try_get(0)).transpose()?.flatten())
-                })
-            }
-
-            fn fetch_key<'c>(
-                conn: &'c mut Self::Connection,
-                statement: Bound<'static>,
-                named: bool,
-            ) -> Step<'c, Option<Vec<u8>>> {
-                Box::pin(async move {
-                    use sqlx::Row as _;
-                    let query = query::<Self>(statement, named);
-                    let row = query.fetch_optional(&mut *conn).await?;
-                    row.map(|row| row.try_get(0)).transpose()
-                })
-            }
-
-            fn fetch_counts<'c>(
-                conn: &'c mut Self::Connection,
-                statement: Bound<'static>,
-                named: bool,
-            ) -> Step<'c, Vec<(String, i64)>> {
-                each_row!(conn, statement, named, |row| Ok((
-                    row.try_get(0)?,
-                    row.try_get(1)?
-                )))
-            }
-
             fn execute_unprepared<'c>(
                 conn: &'c mut Self::Connection,
                 sql: &'c str,
@@ -361,61 +175,6 @@ macro_rules! backend {
                     conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(sql)))
                         .await?;
                     Ok(())
-                })
-            }
-
-            fn fetch_expired_leases<'c>(
-                conn: &'c mut Self::Connection,
-                statement: Bound<'static>,
-                named: bool,
-            ) -> Step<'c, Vec<ExpiredLease>> {
-                each_row!(conn, statement, named, |row| {
-                    Ok(ExpiredLease::from_columns(
-                        row.try_get(0)?,
-                        row.try_get(1)?,
-                        row.try_get(2)?,
-                        row.try_get(3)?,
-                        row.try_get(4)?,
-                        row.try_get(5)?,
-                        row.try_get(6)?,
-                    ))
-                })
-            }
-
-            fn fetch_stuck_leases<'c>(
-                conn: &'c mut Self::Connection,
-                statement: Bound<'static>,
-                named: bool,
-            ) -> Step<'c, Vec<StuckLease>> {
-                each_row!(conn, statement, named, |row| {
-                    Ok(StuckLease::from_columns(
-                        row.try_get(0)?,
-                        row.try_get(1)?,
-                        row.try_get(2)?,
-                        row.try_get(3)?,
-                        row.try_get(4)?,
-                        row.try_get(5)?,
-                        row.try_get(6)?,
-                        row.try_get(7)?,
-                    ))
-                })
-            }
-
-            fn fetch_dead_messages<'c>(
-                conn: &'c mut Self::Connection,
-                statement: Bound<'static>,
-                named: bool,
-            ) -> Step<'c, Vec<DeadMessage>> {
-                each_row!(conn, statement, named, |row| {
-                    Ok(DeadMessage::from_columns(
-                        row.try_get(0)?,
-                        row.try_get(1)?,
-                        row.try_get(2)?,
-                        row.try_get(3)?,
-                        row.try_get(4)?,
-                        row.try_get(5)?,
-                        row.try_get(6)?,
-                    ))
                 })
             }
         }

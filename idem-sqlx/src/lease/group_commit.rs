@@ -2,7 +2,7 @@
 //! ([`idem_sql::write_grouped`]: the queue, who leads and who waits): how one write, and a
 //! group in one transaction, are applied here.
 
-use idem_sql::{Dialect, GroupCommit, LeaseWrite, LeaseWritten};
+use idem_sql::{ClaimRow, Dialect, GroupCommit, LeaseWrite, LeaseWritten};
 use sqlx::{Pool, Transaction};
 
 use crate::driver::Backend;
@@ -24,11 +24,11 @@ async fn apply<DB: Backend>(
 ) -> Result<LeaseWritten, sqlx::Error> {
     match write {
         LeaseWrite::Claim { claim, read } => {
-            let row = match DB::fetch_row(conn, claim, named).await? {
+            let row = match DB::fetch_first(conn, claim, named, ClaimRow::from_row).await? {
                 Some(row) => Some(row),
                 // SQLite's `DO NOTHING` returns no row; nor does PostgreSQL's for a row
                 // committed while its insert waited: read it, committed.
-                None => DB::fetch_row(conn, read, named).await?,
+                None => DB::fetch_first(conn, read, named, ClaimRow::from_row).await?,
             };
             Ok(LeaseWritten::Row(row))
         }

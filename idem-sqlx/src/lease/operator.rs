@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use idem_core::Error;
-use idem_sql::{CALLS_TABLE, ExpiredLease, Sql, StuckLease, millis};
+use idem_sql::{CALLS_TABLE, ExpiredLease, Row, Sql, StuckLease, millis};
 use sqlx::Pool;
 use sqlx::pool::PoolConnection;
 
@@ -19,9 +19,14 @@ async fn reading<DB: Backend>(
     doing: &'static str,
 ) -> Result<(PoolConnection<DB>, &'static Sql, bool, bool), Error> {
     let (mut conn, sql, named) = super::acquire(pool, doing).await?;
-    let tables = DB::fetch_texts(&mut *conn, sql.inspect.existing_tables(), named)
-        .await
-        .map_err(|e| store_error("listing idem's tables", e))?;
+    let tables = DB::fetch_each(
+        &mut *conn,
+        sql.inspect.existing_tables(),
+        named,
+        Row::into_text,
+    )
+    .await
+    .map_err(|e| store_error("listing idem's tables", e))?;
     let calls_table = tables.iter().any(|name| name == CALLS_TABLE);
     Ok((conn, sql, named, calls_table))
 }
@@ -35,7 +40,7 @@ pub async fn expired_leases<DB: Backend>(
     let doing = "listing expired leases";
     let (mut conn, sql, named, calls_table) = reading(pool, doing).await?;
     let list = sql.lease.expired_leases(i64::from(limit), calls_table);
-    DB::fetch_expired_leases(&mut *conn, list, named)
+    DB::fetch_each(&mut *conn, list, named, ExpiredLease::from_row)
         .await
         .map_err(|e| store_error(doing, e))
 }
@@ -52,7 +57,7 @@ pub async fn stuck_leases<DB: Backend>(
     let list = sql
         .lease
         .stuck_leases(millis(held_for), i64::from(limit), calls_table);
-    DB::fetch_stuck_leases(&mut *conn, list, named)
+    DB::fetch_each(&mut *conn, list, named, StuckLease::from_row)
         .await
         .map_err(|e| store_error(doing, e))
 }

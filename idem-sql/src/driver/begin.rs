@@ -1,0 +1,123 @@
+//! How a transaction begins ([`Begin`], the text per dialect) and the savepoints a nested
+//! call takes ([`Savepoint`]): the transaction statements a driver runs, written once.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::{Dialect, Outbox};
+
+/// How a transaction begins. A driver maps it to its own API (SeaORM's transaction options)
+/// or runs the text [`Dialect::begin`] gives, so `BEGIN IMMEDIATE` and the isolation levels
+/// are written once, here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Begin {
+    /// Claims, lease writes, final phases and group commits. SQLite takes its write lock up
+    /// front (a deferred transaction that reads, then writes, fails with `SQLITE_BUSY` instead
+    /// of waiting); PostgreSQL stays READ COMMITTED (REPEATABLE READ turns two claims of one
+    /// key into a serialization failure); MySQL stays REPEATABLE READ (the claim reads with
+    /// `FOR UPDATE`).
+    Write,
+    /// READ COMMITTED: the outbox's three-step claim on MySQL
+    /// ([`Outbox::claims_in_three_steps`](crate::Outbox::claims_in_three_steps)), whose plain
+    /// read must see messages committed after the transaction began.
+    ReadCommitted,
+    /// One read-only snapshot: a record, its steps and its call read together (inspection).
+    Snapshot,
+}
+
+impl Dialect {
+    /// The statements that begin a transaction `how` on this dialect, in order (a session
+    /// setting first where the level is set before `BEGIN`). For a driver that begins with
+    /// text; a driver with its own options maps [`Begin`] to them instead.
+    pub const fn begin(self, how: Begin) -> &'static [&'static str] {
+        match (self, how) {
+            (Dialect::Sqlite, Begin::Write) => &["BEGIN IMMEDIATE"],
+            // SQLite's transactions are serializable; a deferred one reads a snapshot.
+            (Dialect::Sqlite, _) => &["BEGIN"],
+            (_, Begin::Write) => &["BEGIN"],
+            (Dialect::Postgres, Begin::ReadCommitted) => &["BEGIN ISOLATION LEVEL READ COMMITTED"],
+            (Dialect::Postgres, Begin::Snapshot) => {
+                &["BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"]
+            }
+            (Dialect::MySql, Begin::ReadCommitted) => &MYSQL_READ_COMMITTED,
+            (Dialect::MySql, Begin::Snapshot) => {
+                &["START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY"]
+            }
+        }
+    }
+}
+
+/// MySQL sets the next transaction's level before it begins.
+const MYSQL_READ_COMMITTED: [&str; 2] = [Outbox::CLAIM_ISOLATION, "START TRANSACTION"];
+
+/// A savepoint by name, with the statements that take it, undo to it and release it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Savepoint(String);
+
+impl Savepoint {
+    /// A savepoint of a call nested in another's transaction, named for `what` it guards
+    /// (`claim`, `body`) and numbered for the process, so two nested calls never share one.
+    pub fn nested(what: &str) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        Savepoint(format!(
+            "idem_nested_{what}_{}",
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ))
+    }
+
+    /// The savepoint's name.
+    pub fn name(&self) -> &str {
+        &self.0
+    }
+
+    /// Takes the savepoint.
+    pub fn take(&self) -> String {
+        format!("SAVEPOINT {}", self.0)
+    }
+
+    /// Undoes what ran since the savepoint, keeping it.
+    pub fn rollback_to(&self) -> String {
+        format!("ROLLBACK TO SAVEPOINT {}", self.0)
+    }
+
+    /// Forgets the savepoint, keeping what ran since.
+    pub fn release(&self) -> String {
+        format!("RELEASE SAVEPOINT {}", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Begin, Savepoint};
+    use crate::Dialect;
+
+    #[test]
+    fn a_write_transaction_takes_sqlite_s_lock_up_front_and_no_other_dialect_changes_its_level() {
+        assert_eq!(Dialect::Sqlite.begin(Begin::Write), ["BEGIN IMMEDIATE"]);
+        assert_eq!(Dialect::Postgres.begin(Begin::Write), ["BEGIN"]);
+        assert_eq!(Dialect::MySql.begin(Begin::Write), ["BEGIN"]);
+        // MySQL sets the level of the next transaction, so the setting comes first.
+        let read_committed = Dialect::MySql.begin(Begin::ReadCommitted);
+        assert_eq!(read_committed.len(), 2);
+        assert!(
+            read_committed[0].contains("READ COMMITTED"),
+            "{read_committed:?}"
+        );
+        for dialect in [Dialect::Postgres, Dialect::MySql] {
+            let snapshot = dialect.begin(Begin::Snapshot).join("; ");
+            assert!(snapshot.contains("READ ONLY"), "{dialect:?}: {snapshot}");
+        }
+    }
+
+    #[test]
+    fn nested_savepoints_never_share_a_name() {
+        let (a, b) = (Savepoint::nested("claim"), Savepoint::nested("claim"));
+        assert_ne!(a, b);
+        assert!(a.name().starts_with("idem_nested_claim_"), "{}", a.name());
+        assert_eq!(a.take(), format!("SAVEPOINT {}", a.name()));
+        assert_eq!(
+            a.rollback_to(),
+            format!("ROLLBACK TO SAVEPOINT {}", a.name())
+        );
+        assert_eq!(a.release(), format!("RELEASE SAVEPOINT {}", a.name()));
+    }
+}

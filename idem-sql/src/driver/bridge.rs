@@ -1,0 +1,208 @@
+//! The per-feature connection ports (`ClaimConnection`, `LeaseConnection`, `ResumeConnection`,
+//! `PurgeConnection`, `OutboxConnection`) over one [`Connection`], so that each store moves
+//! onto the driver port on its own while the features' algorithms keep their ports. Rows are
+//! decoded here, once, from the columns each statement declares; the ports go as the generic
+//! store takes their places (`docs/plans/driver-port.md`, steps 3 to 9).
+
+use std::marker::PhantomData;
+
+use super::{Connection, Driver, Fault};
+use crate::{
+    Bound, CallColumns, ClaimConnection, ClaimRow, ClaimedRow, Failure, LeaseConnection,
+    OutboxConnection, PurgeConnection, ResumeConnection, Row, read_call_columns, read_count,
+    read_each, read_step,
+};
+
+/// Connection `C` of driver `D` as every per-feature port: its rows decoded by the columns
+/// their statements declare, its errors and idem's findings a [`Fault`].
+#[derive(Debug)]
+pub struct Bridge<C, D> {
+    conn: C,
+    driver: PhantomData<fn() -> D>,
+}
+
+impl<C, D> Bridge<C, D> {
+    /// `conn` as the ports.
+    pub fn new(conn: C) -> Self {
+        Bridge {
+            conn,
+            driver: PhantomData,
+        }
+    }
+
+    /// The connection back.
+    pub fn into_inner(self) -> C {
+        self.conn
+    }
+}
+
+impl<C: Connection, D> Bridge<C, D> {
+    /// Runs `statement`, answering the rows it changed.
+    async fn run(&mut self, statement: Bound<'static>) -> Result<u64, Fault<C::Error>> {
+        self.conn.execute(statement).await.map_err(Fault::Db)
+    }
+
+    /// Every row of `statement`, each read by `read`.
+    async fn fetch_each<T>(
+        &mut self,
+        statement: Bound<'static>,
+        read: fn(Row) -> Result<T, crate::Decode>,
+    ) -> Result<Vec<T>, Fault<C::Error>> {
+        let rows = self.conn.fetch_all(statement).await.map_err(Fault::Db)?;
+        Ok(read_each(rows, read)?)
+    }
+
+    /// The first row of `statement`, if any, read by `read`.
+    async fn fetch_first<T>(
+        &mut self,
+        statement: Bound<'static>,
+        read: fn(Row) -> Result<T, crate::Decode>,
+    ) -> Result<Option<T>, Fault<C::Error>> {
+        let row = self
+            .conn
+            .fetch_optional(statement)
+            .await
+            .map_err(Fault::Db)?;
+        Ok(row.map(read).transpose()?)
+    }
+}
+
+impl<C, D> ClaimConnection for Bridge<C, D>
+where
+    C: Connection<Error = D::Error>,
+    D: Driver,
+{
+    type Error = Fault<D::Error>;
+
+    async fn fetch_row(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> Result<Option<ClaimRow>, Fault<D::Error>> {
+        self.fetch_first(statement, ClaimRow::from_row).await
+    }
+
+    async fn execute_unprepared(&mut self, sql: &str) -> Result<(), Fault<D::Error>> {
+        self.conn.execute_unprepared(sql).await.map_err(Fault::Db)
+    }
+
+    async fn execute(&mut self, statement: Bound<'static>) -> Result<u64, Fault<D::Error>> {
+        self.run(statement).await
+    }
+
+    fn is_lock_timeout(error: &Fault<D::Error>) -> bool {
+        error.failure(D::classify) == Failure::LockTimeout
+    }
+
+    fn row_not_found(what: &'static str) -> Fault<D::Error> {
+        Fault::Missing(what)
+    }
+}
+
+impl<C, D> LeaseConnection for Bridge<C, D>
+where
+    C: Connection<Error = D::Error>,
+    D: Driver,
+{
+    async fn fetch_steps(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> Result<Vec<(String, Vec<u8>)>, Fault<D::Error>> {
+        self.fetch_each(statement, read_step).await
+    }
+}
+
+impl<C, D> ResumeConnection for Bridge<C, D>
+where
+    C: Connection<Error = D::Error>,
+    D: Driver,
+{
+    type Error = Fault<D::Error>;
+
+    async fn execute(&mut self, statement: Bound<'static>) -> Result<u64, Fault<D::Error>> {
+        self.run(statement).await
+    }
+
+    async fn fetch_calls(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> Result<Vec<CallColumns>, Fault<D::Error>> {
+        self.fetch_each(statement, read_call_columns).await
+    }
+
+    async fn fetch_millis(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> Result<Option<i64>, Fault<D::Error>> {
+        Ok(self
+            .fetch_first(statement, Row::into_opt_i64)
+            .await?
+            .flatten())
+    }
+
+    async fn fetch_counts(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> Result<Vec<(String, i64)>, Fault<D::Error>> {
+        self.fetch_each(statement, read_count).await
+    }
+
+    async fn fetch_steps(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> Result<Vec<(String, Vec<u8>)>, Fault<D::Error>> {
+        self.fetch_each(statement, read_step).await
+    }
+}
+
+impl<C, D> PurgeConnection for Bridge<C, D>
+where
+    C: Connection<Error = D::Error>,
+    D: Driver,
+{
+    type Error = Fault<D::Error>;
+
+    async fn execute(&mut self, statement: Bound<'static>) -> Result<u64, Fault<D::Error>> {
+        self.run(statement).await
+    }
+
+    async fn fetch_key(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> Result<Option<Vec<u8>>, Fault<D::Error>> {
+        self.fetch_first(statement, Row::into_bytes).await
+    }
+
+    async fn fetch_texts(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> Result<Vec<String>, Fault<D::Error>> {
+        self.fetch_each(statement, Row::into_text).await
+    }
+}
+
+impl<C, D> OutboxConnection for Bridge<C, D>
+where
+    C: Connection<Error = D::Error>,
+    D: Driver,
+{
+    type Error = Fault<D::Error>;
+
+    async fn execute(&mut self, statement: Bound<'static>) -> Result<u64, Fault<D::Error>> {
+        self.run(statement).await
+    }
+
+    async fn fetch_ids(&mut self, statement: Bound<'static>) -> Result<Vec<i64>, Fault<D::Error>> {
+        self.fetch_each(statement, Row::into_i64).await
+    }
+
+    async fn fetch_claimed(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> Result<Vec<ClaimedRow>, Fault<D::Error>> {
+        self.fetch_each(statement, ClaimedRow::from_row).await
+    }
+
+    fn undecodable(what: String) -> Fault<D::Error> {
+        Fault::Undecodable(what)
+    }
+}

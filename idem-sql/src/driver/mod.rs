@@ -1,0 +1,182 @@
+//! The driver port: what idem's one store asks of a database driver. A driver crate (SeaORM,
+//! sqlx, tokio-postgres) implements [`Driver`] once, on a type of its own that holds its pool,
+//! with a [`Connection`] and a [`Transaction`]; every statement's text, every row's decoding
+//! and every decision stay in idem-sql. The plan, and how it replaces the per-feature ports
+//! (`ClaimConnection`, `ResumeConnection`, …) store by store through [`Bridge`], are in
+//! `docs/plans/driver-port.md`.
+
+mod begin;
+mod bridge;
+mod fault;
+mod flavour;
+
+use std::future::Future;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+
+pub use begin::{Begin, Savepoint};
+pub use bridge::Bridge;
+pub use fault::Fault;
+pub use flavour::learn_flavour;
+
+use crate::{Bound, Dialect, Failure, MySqlServer, Row};
+
+/// Where bound statements run: a pooled connection outside any transaction (each statement
+/// commits alone), a transaction, or a handler's body.
+pub trait Connection: Send {
+    /// The driver's error.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Runs `statement` and returns the number of rows it changed.
+    fn execute(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
+
+    /// Runs `statement` and reads each row's columns at the types `statement.columns`
+    /// declares ([`Column`](crate::Column)), integers widened to `i64`.
+    fn fetch_all(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> impl Future<Output = Result<Vec<Row>, Self::Error>> + Send;
+
+    /// The first row `statement` returns, if any; a driver may stop reading after it.
+    fn fetch_optional(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> impl Future<Output = Result<Option<Row>, Self::Error>> + Send {
+        async move { Ok(self.fetch_all(statement).await?.into_iter().next()) }
+    }
+
+    /// Runs `sql`, which takes no values, on the simple protocol: savepoints, session
+    /// settings, DDL (nothing is prepared, which a transaction pooler would not keep).
+    fn execute_unprepared(
+        &mut self,
+        sql: &str,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
+
+impl<C: Connection + ?Sized> Connection for &mut C {
+    type Error = C::Error;
+
+    fn execute(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> impl Future<Output = Result<u64, Self::Error>> + Send {
+        (**self).execute(statement)
+    }
+
+    fn fetch_all(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> impl Future<Output = Result<Vec<Row>, Self::Error>> + Send {
+        (**self).fetch_all(statement)
+    }
+
+    fn fetch_optional(
+        &mut self,
+        statement: Bound<'static>,
+    ) -> impl Future<Output = Result<Option<Row>, Self::Error>> + Send {
+        (**self).fetch_optional(statement)
+    }
+
+    fn execute_unprepared(
+        &mut self,
+        sql: &str,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        (**self).execute_unprepared(sql)
+    }
+}
+
+/// An owned transaction. Dropping one that is still open must leave its connection outside
+/// any transaction before anyone else uses it: sqlx and SeaORM queue the `ROLLBACK` for the
+/// connection's next use, a driver without that sends it from a task of its own.
+pub trait Transaction: Connection + Sized {
+    /// Commits.
+    fn commit(self) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Rolls back.
+    fn rollback(self) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Runs `last`, then commits: one round trip where the driver pipelines. Only for a
+    /// statement that fails rather than change no row (the ledger's record on PostgreSQL): a
+    /// `COMMIT` already sent behind a failed statement meets an aborted transaction and rolls
+    /// back. Returns the rows `last` changed.
+    fn commit_after(
+        mut self,
+        last: Bound<'static>,
+    ) -> impl Future<Output = Result<u64, Self::Error>> + Send {
+        async move {
+            let changed = self.execute(last).await?;
+            self.commit().await?;
+            Ok(changed)
+        }
+    }
+}
+
+/// A database driver, as idem's store runs on it. Implemented once per driver crate on a type
+/// of that crate which holds its pool (the orphan rule forbids implementing it for the
+/// driver's own pool type there); cloning it shares the pool.
+pub trait Driver: Clone + Send + Sync + 'static {
+    /// The driver's error, kept as the `source` of idem's; [`Driver::classify`] reads it.
+    type Error: std::error::Error + Send + Sync + 'static;
+    /// A pooled connection outside any transaction.
+    type Pooled: Connection<Error = Self::Error> + 'static;
+    /// An owned transaction: a claim keeps it while the body runs.
+    type Tx: Transaction<Error = Self::Error> + 'static;
+    /// What a handler's body gets of a claim's transaction: the driver's own type, not a
+    /// wrapper (`&'t DatabaseTransaction`, `&'t mut PgConnection`).
+    type Body<'t>: Send
+    where
+        Self: 't;
+
+    /// How this driver's users create a missing ledger, quoted in the error.
+    const CREATE_TABLES: &'static str;
+
+    /// The dialect of the pool's server.
+    fn dialect(&self) -> Dialect;
+
+    /// The MySQL server the pool reaches, so that its family is asked once per server
+    /// ([`learn_flavour`]); `None` elsewhere, or where the driver cannot tell (then each
+    /// claim asks).
+    fn server(&self) -> Option<MySqlServer> {
+        None
+    }
+
+    /// A number the pool's clones share and no other pool has: claims in flight on one pool
+    /// share single flight, group commits and the open-claim guard by it.
+    fn identity(&self) -> Option<usize>;
+
+    /// The longest wait for a pooled connection; `None` on SQLite (embedded: its connections
+    /// are queued for, and it cannot go away).
+    fn connection_wait(&self) -> Option<Duration>;
+
+    /// A pooled connection.
+    fn acquire(&self) -> impl Future<Output = Result<Self::Pooled, Self::Error>> + Send;
+
+    /// A transaction begun `how`.
+    fn begin(&self, how: Begin) -> impl Future<Output = Result<Self::Tx, Self::Error>> + Send;
+
+    /// Lends a claim's transaction to the handler's body.
+    fn body(tx: &mut Self::Tx) -> Self::Body<'_>;
+
+    /// Lends a body that a nested claim holds to the nested call's own body.
+    fn reborrow<'t, 'c: 't>(body: &'t mut Self::Body<'c>) -> Self::Body<'t>;
+
+    /// A body as a connection, for the nested claims and the staging that run on it.
+    fn on_body<'t, 'c: 't>(
+        body: &'t mut Self::Body<'c>,
+    ) -> impl Connection<Error = Self::Error> + 't;
+
+    /// What kind of failure `error` is: a lost connection, a lock wait that gave up, a
+    /// transient conflict, a missing table, or another error.
+    fn classify(error: &Self::Error) -> Failure;
+
+    /// Wakes this process's relays on each commit that staged a message, until the connection
+    /// it listens on fails (PostgreSQL's `LISTEN`); the relay restarts it with its backoff.
+    /// `None`: the relay polls.
+    fn wake_on_commits(&self) -> Option<BoxFuture<'static, Result<(), Self::Error>>> {
+        None
+    }
+}
