@@ -4,12 +4,11 @@
 //! not at all.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use idem_core::ledger::ids::random_token;
 use idem_core::{Claim, Concurrency, Error, RecordStatus, Request, Store};
 use idem_sql::{
-    Bound, ClaimRow, ClaimStep, Claimed, Column, Dialect, Failure, NewRecord, Row, Sql,
+    Bound, ClaimRow, ClaimStep, Claimed, Column, Dialect, Failure, NewRecord, Row, Savepoint, Sql,
 };
 use sqlx::Pool;
 
@@ -136,9 +135,9 @@ pub struct NestedClaim<'c, DB: Backend> {
     owner: i64,
     sql: &'static Sql,
     /// The savepoint the claim began with: released to keep the call, rolled back to drop it.
-    savepoint: String,
+    savepoint: Savepoint,
     /// The savepoint after the claim, where a final error rolls the body's writes back to.
-    body: Option<String>,
+    body: Option<Savepoint>,
 }
 
 impl<DB: Backend> std::fmt::Debug for NestedClaim<'_, DB> {
@@ -148,16 +147,6 @@ impl<DB: Backend> std::fmt::Debug for NestedClaim<'_, DB> {
             .field("owner", &self.owner)
             .finish_non_exhaustive()
     }
-}
-
-/// A savepoint name of its own for each nested claim (MySQL replaces a savepoint of the same
-/// name, so a call nested in a nested call must not reuse its caller's).
-fn savepoint_name(what: &str) -> String {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "idem_nested_{what}_{}",
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
 }
 
 async fn run<DB: Backend>(conn: &mut DB::Connection, sql: String) -> Result<(), sqlx::Error> {
@@ -189,13 +178,13 @@ async fn statements_of<DB: Backend>(conn: &mut DB::Connection) -> &'static Sql {
 /// Ends a nested claim's savepoint: kept (`RELEASE`), or undone first (`ROLLBACK TO`).
 async fn end_savepoint<DB: Backend>(
     conn: &mut DB::Connection,
-    savepoint: &str,
+    savepoint: &Savepoint,
     undo: bool,
 ) -> Result<(), sqlx::Error> {
     if undo {
-        run::<DB>(conn, format!("ROLLBACK TO SAVEPOINT {savepoint}")).await?;
+        run::<DB>(conn, savepoint.rollback_to()).await?;
     }
-    run::<DB>(conn, format!("RELEASE SAVEPOINT {savepoint}")).await
+    run::<DB>(conn, savepoint.release()).await
 }
 
 impl<'c, DB: Backend> ConnStore<'_, 'c, DB> {
@@ -205,8 +194,8 @@ impl<'c, DB: Backend> ConnStore<'_, 'c, DB> {
     ) -> Result<Claim<ConnClaimed<'c, DB>>, Error> {
         let conn = nested.take()?;
         let sql = statements_of::<DB>(conn).await;
-        let savepoint = savepoint_name("claim");
-        if let Err(e) = run::<DB>(conn, format!("SAVEPOINT {savepoint}")).await {
+        let savepoint = Savepoint::nested("claim");
+        if let Err(e) = run::<DB>(conn, savepoint.take()).await {
             nested.give_back(conn);
             return Err(store_error("beginning the nested claim's savepoint", e));
         }
@@ -219,9 +208,9 @@ impl<'c, DB: Backend> ConnStore<'_, 'c, DB> {
         let claimed = idem_sql::claim(&mut InClaim::<DB> { conn, named: true }, sql, &step).await;
         let row = match claimed {
             Ok(Claimed::Execute) => {
-                let body = req.savepoint().then(|| savepoint_name("body"));
+                let body = req.savepoint().then(|| Savepoint::nested("body"));
                 if let Some(body) = &body
-                    && let Err(e) = run::<DB>(conn, format!("SAVEPOINT {body}")).await
+                    && let Err(e) = run::<DB>(conn, body.take()).await
                 {
                     let _ = end_savepoint::<DB>(conn, &savepoint, true).await;
                     nested.give_back(conn);
@@ -298,7 +287,7 @@ impl<'c, DB: Backend> Store for ConnStore<'_, 'c, DB> {
             if status == RecordStatus::Failed
                 && let Some(body) = &claim.body
             {
-                run::<DB>(conn, format!("ROLLBACK TO SAVEPOINT {body}"))
+                run::<DB>(conn, body.rollback_to())
                     .await
                     .map_err(|e| store_error("rolling back the handler's writes", e))?;
             }
@@ -359,8 +348,8 @@ impl<'c, DB: Backend> Store for ConnStore<'_, 'c, DB> {
             Self::Pool(store) => store.begin().await.map(ConnClaimed::Pool),
             Self::Nested(nested) => {
                 let conn = nested.take()?;
-                let savepoint = savepoint_name("off");
-                if let Err(e) = run::<DB>(conn, format!("SAVEPOINT {savepoint}")).await {
+                let savepoint = Savepoint::nested("off");
+                if let Err(e) = run::<DB>(conn, savepoint.take()).await {
                     nested.give_back(conn);
                     return Err(store_error("beginning the handler's savepoint", e));
                 }

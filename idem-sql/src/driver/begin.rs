@@ -55,7 +55,9 @@ pub struct Savepoint(String);
 
 impl Savepoint {
     /// A savepoint of a call nested in another's transaction, named for `what` it guards
-    /// (`claim`, `body`) and numbered for the process, so two nested calls never share one.
+    /// (`claim`, `body`) and numbered for the process, so two nested calls never share one
+    /// (MySQL replaces a savepoint of the same name: a call nested in a nested call must not
+    /// reuse its caller's).
     pub fn nested(what: &str) -> Self {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         Savepoint(format!(
