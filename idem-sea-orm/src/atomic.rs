@@ -7,13 +7,12 @@ use std::time::Duration;
 use idem_core::ledger::ids::random_token;
 use idem_core::{Claim, Concurrency, Error, RecordStatus, Request, Store};
 use sea_orm::{
-    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, SqliteTransactionMode,
-    TransactionOptions, TransactionTrait,
+    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, TransactionTrait,
 };
 
-use crate::driver::error::{Failure, classify, store_error};
-use crate::driver::{Bound, NewRecord, Sql, fetch_each, fetch_first, statement};
-use idem_sql::{ClaimConnection, Claimed};
+use crate::driver::error::{Failure, classify, failed, store_error};
+use crate::driver::{Bound, NewRecord, Sql, fetch_each, fetch_first, on, statement};
+use idem_sql::{Claimed, Fault};
 
 /// The ledger on a SeaORM connection (SQLite, PostgreSQL, MySQL/MariaDB).
 ///
@@ -173,21 +172,10 @@ async fn bounded<T>(
         )))
 }
 
+/// Begins a claim's (or a lease write's, a final phase's) transaction on `db`: idem-sql's
+/// [`Begin::Write`](idem_sql::Begin::Write), which takes SQLite's write lock up front.
 pub(crate) async fn begin(db: &DatabaseConnection) -> Result<DatabaseTransaction, DbErr> {
-    match db.get_database_backend() {
-        // Take SQLite's write lock up front: a deferred transaction that reads and then writes
-        // fails with SQLITE_BUSY instead of waiting.
-        DbBackend::Sqlite => {
-            db.begin_with_options(TransactionOptions {
-                sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
-                ..TransactionOptions::default()
-            })
-            .await
-        }
-        // PostgreSQL stays at READ COMMITTED (REPEATABLE READ turns the race into 40001);
-        // MySQL's REPEATABLE READ is fine because the claim reads with FOR UPDATE.
-        _ => db.begin().await,
-    }
+    crate::driver::port::begin(db, idem_sql::Begin::Write).await
 }
 
 use sea_orm::DbErr;
@@ -210,19 +198,17 @@ struct ClaimStep {
 async fn claim_step(db: DatabaseConnection, step: ClaimStep) -> Result<Claim<ClaimedTx>, Error> {
     // A conflict (InnoDB can deadlock two waiters for a key whose holder rolled back; Galera
     // certifies at COMMIT) is returned as such: the engine runs the call again.
-    try_claim(&db, &step)
-        .await
-        .map_err(|(doing, e)| store_error(doing, e))
+    try_claim(&db, &step).await.map_err(failed)
 }
 
 /// One claim attempt; an error says what it was doing.
 async fn try_claim(
     db: &DatabaseConnection,
     step: &ClaimStep,
-) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
+) -> Result<Claim<ClaimedTx>, (&'static str, Fault<DbErr>)> {
     let (tx, sql) = begin_within(db, step.connection_wait)
         .await
-        .map_err(|e| ("beginning the claim transaction", e))?;
+        .map_err(|e| ("beginning the claim transaction", Fault::Db(e)))?;
     claim_in(tx, sql, &step.claim).await
 }
 
@@ -231,11 +217,11 @@ async fn try_claim(
 async fn try_claim_nested(
     outer: &DatabaseTransaction,
     step: &ClaimStep,
-) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
+) -> Result<Claim<ClaimedTx>, (&'static str, Fault<DbErr>)> {
     let tx = outer
         .begin()
         .await
-        .map_err(|e| ("beginning the nested claim's savepoint", e))?;
+        .map_err(|e| ("beginning the nested claim's savepoint", Fault::Db(e)))?;
     let sql = Sql::of(crate::driver::flavour::of_transaction(&tx).await);
     let step_in = idem_sql::ClaimStep {
         savepoint: false,
@@ -247,7 +233,7 @@ async fn try_claim_nested(
                 .tx
                 .begin()
                 .await
-                .map_err(|e| ("taking the claim savepoint", e))?;
+                .map_err(|e| ("taking the claim savepoint", Fault::Db(e)))?;
             claimed.body = Some(body);
             Ok(Claim::Execute(claimed))
         }
@@ -261,8 +247,8 @@ async fn claim_in(
     tx: DatabaseTransaction,
     sql: &'static Sql,
     step: &idem_sql::ClaimStep,
-) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
-    match idem_sql::claim(&mut InClaim { tx: &tx, sql }, sql, step).await? {
+) -> Result<Claim<ClaimedTx>, (&'static str, Fault<DbErr>)> {
+    match idem_sql::claim(&mut on(&tx), sql, step).await? {
         Claimed::Execute => Ok(Claim::Execute(ClaimedTx {
             body: None,
             tx,
@@ -281,47 +267,6 @@ async fn claim_in(
             end_unwritten(tx);
             Ok(Claim::InFlight)
         }
-    }
-}
-
-/// A claim's transaction, as [`idem_sql::claim`] (and lease mode's [`idem_sql::claim_lease`],
-/// fence and completion) runs its statements, and the statements' dialect.
-pub(crate) struct InClaim<'t> {
-    pub(crate) tx: &'t DatabaseTransaction,
-    pub(crate) sql: &'static Sql,
-}
-
-impl idem_sql::LeaseConnection for InClaim<'_> {
-    async fn fetch_steps(
-        &mut self,
-        bound: Bound<'static>,
-    ) -> Result<Vec<(String, Vec<u8>)>, DbErr> {
-        fetch_each(self.tx, self.sql, bound, idem_sql::read_step).await
-    }
-}
-
-impl ClaimConnection for InClaim<'_> {
-    type Error = DbErr;
-
-    async fn fetch_row(&mut self, bound: Bound<'static>) -> Result<Option<Row>, DbErr> {
-        fetch_first(self.tx, self.sql, bound, Row::from_row).await
-    }
-
-    async fn execute_unprepared(&mut self, sql: &str) -> Result<(), DbErr> {
-        self.tx.execute_unprepared(sql).await.map(drop)
-    }
-
-    async fn execute(&mut self, bound: Bound<'static>) -> Result<u64, DbErr> {
-        let done = self.tx.execute_raw(statement(self.sql, bound)).await?;
-        Ok(done.rows_affected())
-    }
-
-    fn is_lock_timeout(error: &DbErr) -> bool {
-        classify(error) == Failure::LockTimeout
-    }
-
-    fn row_not_found(what: &'static str) -> DbErr {
-        DbErr::RecordNotFound(what.into())
     }
 }
 
@@ -347,11 +292,14 @@ fn end_unwritten(tx: DatabaseTransaction) {
 }
 
 /// What a live record found by the claim answers.
-fn live_record(row: Row) -> Result<Claim<ClaimedTx>, (&'static str, DbErr)> {
-    row.answer().ok_or((
-        "reading a ledger row with an unknown state",
-        DbErr::Custom("the ledger row has an unknown state".into()),
-    ))
+fn live_record(row: Row) -> Result<Claim<ClaimedTx>, (&'static str, Fault<DbErr>)> {
+    row.answer().ok_or_else(|| {
+        let unknown = "the ledger row has an unknown state (written by a newer version of idem?)";
+        (
+            "reading the claimed key",
+            Fault::Undecodable(unknown.to_owned()),
+        )
+    })
 }
 
 async fn record_step(
@@ -408,9 +356,7 @@ impl Store for SeaOrmStore<'_> {
             Conn::Pool(db) => detached(claim_step(db.clone(), step)).await,
             // Not detached: the outer transaction is borrowed, and a caller that stops
             // waiting drops the outer call with it.
-            Conn::Tx(outer) => try_claim_nested(outer, &step)
-                .await
-                .map_err(|(doing, e)| store_error(doing, e)),
+            Conn::Tx(outer) => try_claim_nested(outer, &step).await.map_err(failed),
         }
     }
 
@@ -471,26 +417,7 @@ impl Store for SeaOrmStore<'_> {
         let Conn::Pool(db) = self.db else {
             return None;
         };
-        // The pool's shared options live once per pool, whichever clone reaches them. Other
-        // connection kinds (mock, proxy) fly without single flight.
-        #[allow(unused_imports)]
-        use sea_orm::DatabaseConnectionType as Kind;
-        match &db.inner {
-            #[cfg(feature = "sqlite")]
-            Kind::SqlxSqlitePoolConnection(_) => {
-                Some(std::ptr::from_ref(db.get_sqlite_connection_pool().options()) as usize)
-            }
-            #[cfg(feature = "postgres")]
-            Kind::SqlxPostgresPoolConnection(_) => {
-                Some(std::ptr::from_ref(db.get_postgres_connection_pool().options()) as usize)
-            }
-            #[cfg(feature = "mysql")]
-            Kind::SqlxMySqlPoolConnection(_) => {
-                Some(std::ptr::from_ref(db.get_mysql_connection_pool().options()) as usize)
-            }
-            #[allow(unreachable_patterns)]
-            _ => None,
-        }
+        crate::driver::pool_identity(db)
     }
 
     async fn aborted(&self, claimed: &mut ClaimedTx, req: &Request) -> bool {

@@ -15,17 +15,16 @@ use std::time::Duration;
 use idem_core::Error;
 use idem_core::outbox::{Message, OutboxHealth};
 use idem_sql::{
-    ClaimedMessage, ClaimedRow, FailedAttempt, OutboxConnection, RelayStore, claim_messages,
-    read_health, record_outcomes,
+    Begin, ClaimedMessage, FailedAttempt, RelayStore, claim_messages, read_health, record_outcomes,
 };
-use sea_orm::{ConnectionTrait, DatabaseConnection, IsolationLevel, TransactionTrait};
+use sea_orm::{ConnectionTrait, DatabaseConnection};
 
 use idem_sql::paced_purge;
 pub use idem_sql::{DeadMessage, RelayCounters, RelayRound};
 
 use crate::atomic::{detached, list_rows};
-use crate::driver::error::store_error;
-use crate::driver::{Bound, NewDeadLetter, NewMessage, Sql, fetch_each, fetch_first, millis};
+use crate::driver::error::{failed, store_error};
+use crate::driver::{Bound, NewDeadLetter, NewMessage, Sql, fetch_first, millis, on};
 
 /// Staging messages in the transaction you are in: inside an `#[idempotent]` body, on the
 /// claim's transaction (`db` there).
@@ -93,36 +92,6 @@ async fn exec<C: ConnectionTrait + ?Sized>(
         .map(|r| r.rows_affected())
 }
 
-/// A SeaORM connection (or transaction) as the outbox's shared algorithm runs statements on
-/// it.
-struct OnSeaOrm<'c, C: ?Sized>(&'c C);
-
-impl<C: ConnectionTrait + Sync + ?Sized> OutboxConnection for OnSeaOrm<'_, C> {
-    type Error = sea_orm::DbErr;
-
-    async fn execute(&mut self, statement: Bound<'static>) -> Result<u64, sea_orm::DbErr> {
-        let sql = crate::driver::of(self.0.get_database_backend());
-        exec(self.0, sql, statement).await
-    }
-
-    async fn fetch_ids(&mut self, statement: Bound<'static>) -> Result<Vec<i64>, sea_orm::DbErr> {
-        let sql = crate::driver::of(self.0.get_database_backend());
-        fetch_each(self.0, sql, statement, idem_sql::Row::into_i64).await
-    }
-
-    async fn fetch_claimed(
-        &mut self,
-        statement: Bound<'static>,
-    ) -> Result<Vec<ClaimedRow>, sea_orm::DbErr> {
-        let sql = crate::driver::of(self.0.get_database_backend());
-        fetch_each(self.0, sql, statement, ClaimedRow::from_row).await
-    }
-
-    fn undecodable(what: String) -> sea_orm::DbErr {
-        sea_orm::DbErr::Custom(what)
-    }
-}
-
 /// Names the SeaORM store in [`idem_sql::Relay`]'s parameters: [`Relay`] is the relay on a
 /// SeaORM `DatabaseConnection`.
 #[derive(Debug, Clone, Copy)]
@@ -150,18 +119,16 @@ impl RelayStore<SeaOrmOutbox> for DatabaseConnection {
         token: i64,
     ) -> Result<Vec<ClaimedMessage>, Error> {
         let sql = crate::driver::of(self.get_database_backend());
-        let failed = |(doing, e)| store_error(doing, e);
         if !sql.outbox.claims_in_three_steps() {
-            return claim_messages(&mut OnSeaOrm(self), &sql.outbox, batch, lease, token)
+            return claim_messages(&mut on(self), &sql.outbox, batch, lease, token)
                 .await
                 .map_err(failed);
         }
         let doing = "claiming outbox messages";
-        let tx = self
-            .begin_with_config(Some(IsolationLevel::ReadCommitted), None)
+        let tx = crate::driver::port::begin(self, Begin::ReadCommitted)
             .await
             .map_err(|e| store_error(doing, e))?;
-        let claimed = claim_messages(&mut OnSeaOrm(&tx), &sql.outbox, batch, lease, token)
+        let claimed = claim_messages(&mut on(&tx), &sql.outbox, batch, lease, token)
             .await
             .map_err(failed)?;
         tx.commit().await.map_err(|e| store_error(doing, e))?;
@@ -175,15 +142,9 @@ impl RelayStore<SeaOrmOutbox> for DatabaseConnection {
         failures: Vec<FailedAttempt>,
     ) -> Result<(), Error> {
         let sql = crate::driver::of(self.get_database_backend());
-        record_outcomes(
-            &mut OnSeaOrm(self),
-            &sql.outbox,
-            token,
-            &published,
-            &failures,
-        )
-        .await
-        .map_err(|(doing, e)| store_error(doing, e))
+        record_outcomes(&mut on(self), &sql.outbox, token, &published, &failures)
+            .await
+            .map_err(failed)
     }
 
     async fn health(&self) -> Result<OutboxHealth, Error> {

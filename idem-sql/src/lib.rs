@@ -19,8 +19,8 @@
 //! store (`idem-sqlx`) execute these statements, and run the same algorithms over them: the
 //! atomic-mode claim ([`claim`], over a [`ClaimConnection`]) and lease mode's claim, fence and
 //! completion ([`claim_lease`], [`fence`], [`complete`], …, over a [`LeaseConnection`]),
-//! the completer's reads and fenced updates ([`due_calls`], [`give_up`], …, over a
-//! [`ResumeConnection`]) and the outbox's relay ([`Relay`], its claims and marks over an
+//! the completer's reads and fenced updates ([`due_calls`], [`give_up`], …, over any
+//! driver's [`Connection`], and idem-core's `ResumeStore` on [`SqlStore`]) and the outbox's relay ([`Relay`], its claims and marks over an
 //! [`OutboxConnection`]).
 //!
 //! The driver port replaces those per-feature ports, store by store: a driver implements
@@ -45,6 +45,7 @@ mod ledger;
 mod outbox;
 mod schema;
 mod statement;
+mod store;
 
 pub use statement::names;
 
@@ -52,11 +53,13 @@ use std::sync::LazyLock;
 
 pub use atomic::{ClaimConnection, ClaimRow, ClaimStep, Claimed, claim};
 pub use completer::{
-    CallColumns, Completer, NewCall, ResumeConnection, STORED_CALL, begin_attempt, due_calls,
-    forget, give_up, note_failure, read_call_columns, read_count, read_stored_call, steps,
-    unregistered,
+    Completer, NewCall, STORED_CALL, begin_attempt, due_calls, forget, give_up, note_failure,
+    read_count, read_stored_call, steps, unregistered,
 };
-pub use driver::{Begin, Bridge, Connection, Driver, Fault, Savepoint, Transaction, learn_flavour};
+pub use driver::{
+    Begin, Bridge, Connection, Driver, Fault, Savepoint, Transaction, fetch_each, fetch_first,
+    learn_flavour,
+};
 pub use failure::{Failure, claim_lost};
 pub use inbox::{Inbox, NewDeadLetter};
 pub use inspect::Inspect;
@@ -84,6 +87,7 @@ pub use statement::flavour::{
 };
 pub use statement::render::{millis, placeholders, with_ids};
 pub use statement::row::{Column, Columns, Decode, Row, Value, read_each, read_first};
+pub use store::SqlStore;
 
 /// Every statement of one server flavour, by feature. Placeholders are positional, in the
 /// order each field's documentation gives.

@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use idem_core::ledger::ids::random_token;
 use idem_core::{Claim, Concurrency, Error, RecordStatus, Request, Store, detached};
-use idem_sql::{Bound, ClaimConnection, ClaimRow, ClaimStep, Claimed, Dialect, Failure};
-use idem_sql::{NewRecord, Sql};
+use idem_sql::{ClaimRow, ClaimStep, Claimed, Dialect, Failure, NewRecord, Sql};
 use sqlx::{Pool, Transaction};
 
 use crate::driver::Backend;
-use crate::driver::error::{classify, store_error};
+use crate::driver::error::{classify, failed, store_error};
+use crate::driver::on;
 
 /// The ledger on a sqlx pool (PostgreSQL, MySQL/MariaDB, SQLite).
 ///
@@ -65,51 +65,6 @@ impl<DB: Backend> std::fmt::Debug for ClaimedTx<DB> {
     }
 }
 
-/// A claim's transaction, as [`idem_sql::claim`] (and lease mode's [`idem_sql::claim_lease`],
-/// fence and completion, and the completer's statements, on a pooled connection too) runs its
-/// statements.
-pub(crate) struct InClaim<'t, DB: Backend> {
-    pub(crate) conn: &'t mut DB::Connection,
-    /// Whether statements are named ([`crate::through_transaction_pooler`]).
-    pub(crate) named: bool,
-}
-
-impl<DB: Backend> idem_sql::LeaseConnection for InClaim<'_, DB> {
-    async fn fetch_steps(
-        &mut self,
-        statement: Bound<'static>,
-    ) -> Result<Vec<(String, Vec<u8>)>, sqlx::Error> {
-        DB::fetch_each(self.conn, statement, self.named, idem_sql::read_step).await
-    }
-}
-
-impl<DB: Backend> ClaimConnection for InClaim<'_, DB> {
-    type Error = sqlx::Error;
-
-    async fn fetch_row(
-        &mut self,
-        statement: Bound<'static>,
-    ) -> Result<Option<ClaimRow>, sqlx::Error> {
-        DB::fetch_first(self.conn, statement, self.named, ClaimRow::from_row).await
-    }
-
-    async fn execute_unprepared(&mut self, sql: &str) -> Result<(), sqlx::Error> {
-        DB::execute_unprepared(self.conn, sql).await
-    }
-
-    async fn execute(&mut self, statement: Bound<'static>) -> Result<u64, sqlx::Error> {
-        DB::execute(self.conn, statement, self.named).await
-    }
-
-    fn is_lock_timeout(error: &sqlx::Error) -> bool {
-        classify(error) == Failure::LockTimeout
-    }
-
-    fn row_not_found(_what: &'static str) -> sqlx::Error {
-        sqlx::Error::RowNotFound
-    }
-}
-
 /// How long a claim waits for a connection: the pool's own acquire timeout, kept under the
 /// call's wait bound ([`Concurrency::connection_wait`]). SQLite is not bounded: an embedded
 /// database cannot go away, and its connections are queued for.
@@ -159,16 +114,12 @@ async fn claim_step<DB: Backend>(
 ) -> Result<Claim<ClaimedTx<DB>>, Error> {
     let sql = Sql::of(DB::flavour(&pool).await);
     let named = crate::driver::pooler::named(&pool);
-    let mut tx = within(wait, DB::begin_claim(&pool))
+    let mut tx = within(wait, crate::driver::begin_claim(&pool))
         .await
         .map_err(|e| store_error("beginning the claim transaction", e))?;
-    let mut conn = InClaim::<DB> {
-        conn: &mut tx,
-        named,
-    };
-    let claimed = idem_sql::claim(&mut conn, sql, &step)
+    let claimed = idem_sql::claim(&mut on::<DB>(&mut tx, named), sql, &step)
         .await
-        .map_err(|(doing, e)| store_error(doing, e))?;
+        .map_err(failed)?;
     let row = match claimed {
         Claimed::Execute => {
             return Ok(Claim::Execute(ClaimedTx {
@@ -281,7 +232,7 @@ impl<DB: Backend> Store for SqlxStore<'_, DB> {
     async fn begin(&self) -> Result<ClaimedTx<DB>, Error> {
         outside_open_claim(self, "a call run with idem switched off")?;
         let sql = Sql::of(DB::flavour(self.pool).await);
-        let tx = DB::begin_claim(self.pool)
+        let tx = crate::driver::begin_claim(self.pool)
             .await
             .map_err(|e| store_error("beginning the handler's transaction", e))?;
         Ok(ClaimedTx {

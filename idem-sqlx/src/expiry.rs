@@ -3,12 +3,12 @@
 //! one bounded statement at a time.
 
 use idem_core::Error;
-use idem_sql::{Bound, PurgeConnection, Row, Sql};
+use idem_sql::{Bridge, Driver, Sql};
 use sqlx::Pool;
-use sqlx::pool::PoolConnection;
 
-use crate::driver::Backend;
-use crate::driver::error::store_error;
+use crate::driver::error::{failed, store_error};
+use crate::driver::port::SqlxPooled;
+use crate::driver::{Backend, Sqlx};
 
 /// A purge of expired records, one bounded statement at a time; [`purge_expired`] runs one to
 /// the end. Only records that ended and whose TTL passed are deleted, never a call not
@@ -50,42 +50,21 @@ impl ExpiredPurge {
         batch: u32,
     ) -> Result<Option<u64>, Error> {
         let (mut conn, sql) = connection(pool).await?;
-        self.0
-            .step(&mut conn, sql, batch)
-            .await
-            .map_err(|(doing, e)| store_error(doing, e))
+        self.0.step(&mut conn, sql, batch).await.map_err(failed)
     }
 }
 
 /// A connection of `pool` as the purge runs statements on it, and the statements.
-async fn connection<DB: Backend>(pool: &Pool<DB>) -> Result<(OnSqlx<DB>, &'static Sql), Error> {
-    let (conn, sql, named) = crate::lease::acquire(pool, "purging expired records").await?;
-    Ok((OnSqlx { conn, named }, sql))
-}
-
-/// A pooled sqlx connection as the purge runs statements on it.
-struct OnSqlx<DB: Backend> {
-    conn: PoolConnection<DB>,
-    named: bool,
-}
-
-impl<DB: Backend> PurgeConnection for OnSqlx<DB> {
-    type Error = sqlx::Error;
-
-    async fn execute(&mut self, statement: Bound<'static>) -> Result<u64, sqlx::Error> {
-        DB::execute(&mut self.conn, statement, self.named).await
-    }
-
-    async fn fetch_key(
-        &mut self,
-        statement: Bound<'static>,
-    ) -> Result<Option<Vec<u8>>, sqlx::Error> {
-        DB::fetch_first(&mut self.conn, statement, self.named, Row::into_bytes).await
-    }
-
-    async fn fetch_texts(&mut self, statement: Bound<'static>) -> Result<Vec<String>, sqlx::Error> {
-        DB::fetch_each(&mut self.conn, statement, self.named, Row::into_text).await
-    }
+async fn connection<DB: Backend>(
+    pool: &Pool<DB>,
+) -> Result<(Bridge<SqlxPooled<DB>, Sqlx<DB>>, &'static Sql), Error> {
+    let driver = Sqlx::new(pool.clone());
+    let sql = Sql::of(DB::flavour(pool).await);
+    let conn = driver
+        .acquire()
+        .await
+        .map_err(|e| store_error("purging expired records", e))?;
+    Ok((Bridge::new(conn), sql))
 }
 
 /// Deletes every record that ended and whose TTL passed, `batch` rows per statement (see
@@ -98,5 +77,5 @@ pub async fn purge_expired<DB: Backend>(pool: &Pool<DB>, batch: u32) -> Result<u
     idem_sql::ExpiredPurge::new()
         .run(&mut conn, sql, batch)
         .await
-        .map_err(|(doing, e)| store_error(doing, e))
+        .map_err(failed)
 }

@@ -8,13 +8,13 @@ use std::sync::Mutex;
 use idem_core::ledger::ids::random_token;
 use idem_core::{Claim, Concurrency, Error, RecordStatus, Request, Store};
 use idem_sql::{
-    Bound, ClaimRow, ClaimStep, Claimed, Column, Dialect, Failure, NewRecord, Row, Savepoint, Sql,
+    ClaimRow, ClaimStep, Claimed, Dialect, Failure, NewRecord, Savepoint, Sql, learn_flavour,
 };
 use sqlx::Pool;
 
-use crate::atomic::{ClaimedTx, InClaim, SqlxStore};
-use crate::driver::Backend;
-use crate::driver::error::{classify, store_error};
+use crate::atomic::{ClaimedTx, SqlxStore};
+use crate::driver::error::{classify, failed, store_error};
+use crate::driver::{Backend, SqlxConn, on};
 
 /// The connection of an `#[idempotent]` function that is called at the top of a request (on
 /// a pool) and inside another call's body (on that body's transaction). Build it with `.into()`
@@ -156,23 +156,7 @@ async fn run<DB: Backend>(conn: &mut DB::Connection, sql: String) -> Result<(), 
 /// The statements of the server behind `conn`: on the MySQL protocol its family, asked on
 /// the connection (a connection does not say which server it came from).
 async fn statements_of<DB: Backend>(conn: &mut DB::Connection) -> &'static Sql {
-    let flavour = match DB::DIALECT {
-        Dialect::Postgres => idem_sql::Flavour::Postgres,
-        Dialect::Sqlite => idem_sql::Flavour::Sqlite,
-        Dialect::MySql => {
-            let mut ask = async |sql: &'static str| {
-                let question = Bound::unbound(sql).reads(&[Column::Text]);
-                DB::fetch_first(conn, question, true, Row::into_text)
-                    .await
-                    .ok()
-                    .flatten()
-            };
-            let version = ask(idem_sql::SELECT_VERSION).await;
-            let wsrep_on = ask("SELECT CAST(@@wsrep_on AS CHAR)").await;
-            idem_sql::mysql_flavour(version.as_deref(), wsrep_on.and_then(|v| v.parse().ok()))
-        }
-    };
-    Sql::of(flavour)
+    Sql::of(learn_flavour(&mut SqlxConn::<DB>::new(conn, true), DB::DIALECT, None).await)
 }
 
 /// Ends a nested claim's savepoint: kept (`RELEASE`), or undone first (`ROLLBACK TO`).
@@ -205,7 +189,7 @@ impl<'c, DB: Backend> ConnStore<'_, 'c, DB> {
             // The body's own savepoint is taken below, under a name of its own.
             savepoint: false,
         };
-        let claimed = idem_sql::claim(&mut InClaim::<DB> { conn, named: true }, sql, &step).await;
+        let claimed = idem_sql::claim(&mut on::<DB>(conn, true), sql, &step).await;
         let row = match claimed {
             Ok(Claimed::Execute) => {
                 let body = req.savepoint().then(|| Savepoint::nested("body"));
@@ -226,10 +210,10 @@ impl<'c, DB: Backend> ConnStore<'_, 'c, DB> {
             }
             Ok(Claimed::InFlight) => None,
             Ok(Claimed::Live(row) | Claimed::LiveLocked(row)) => Some(row),
-            Err((doing, e)) => {
+            Err(fault) => {
                 let _ = end_savepoint::<DB>(conn, &savepoint, true).await;
                 nested.give_back(conn);
-                return Err(store_error(doing, e));
+                return Err(failed(fault));
             }
         };
         // Nothing of the claim is kept: the outer transaction goes on as before it.

@@ -11,46 +11,16 @@ use std::time::Duration;
 use idem_core::Error;
 use idem_core::outbox::{Message, OutboxHealth};
 use idem_sql::{
-    Bound, ClaimedMessage, ClaimedRow, FailedAttempt, Outbox as Statements, OutboxConnection,
-    RelayStore, Row, claim_messages, millis, paced_purge, read_health, record_outcomes,
+    Begin, Bound, ClaimedMessage, FailedAttempt, Outbox as Statements, RelayStore, claim_messages,
+    millis, paced_purge, read_health, record_outcomes,
 };
 use sqlx::Pool;
 
-use crate::driver::Backend;
-use crate::driver::error::store_error;
+use crate::driver::error::{failed, store_error};
 use crate::driver::pooler::named;
+use crate::driver::{Backend, on};
 
 pub use idem_sql::{DeadMessage, RelayCounters, RelayRound};
-
-/// A sqlx connection as the outbox's shared algorithm runs statements on it.
-struct OnSqlx<'c, DB: Backend> {
-    conn: &'c mut DB::Connection,
-    /// Whether statements are named ([`crate::through_transaction_pooler`]).
-    named: bool,
-}
-
-impl<DB: Backend> OutboxConnection for OnSqlx<'_, DB> {
-    type Error = sqlx::Error;
-
-    async fn execute(&mut self, statement: Bound<'static>) -> Result<u64, sqlx::Error> {
-        DB::execute(self.conn, statement, self.named).await
-    }
-
-    async fn fetch_ids(&mut self, statement: Bound<'static>) -> Result<Vec<i64>, sqlx::Error> {
-        DB::fetch_each(self.conn, statement, self.named, Row::into_i64).await
-    }
-
-    async fn fetch_claimed(
-        &mut self,
-        statement: Bound<'static>,
-    ) -> Result<Vec<ClaimedRow>, sqlx::Error> {
-        DB::fetch_each(self.conn, statement, self.named, ClaimedRow::from_row).await
-    }
-
-    fn undecodable(what: String) -> sqlx::Error {
-        sqlx::Error::Decode(what.into())
-    }
-}
 
 /// Staging messages in the transaction you are in: inside an `#[idempotent]` body, on the
 /// claim's transaction (`db` there, a `&mut PgConnection`, `&mut MySqlConnection` or
@@ -176,29 +146,19 @@ impl<DB: Backend> RelayStore<SqlxOutbox> for Pool<DB> {
     ) -> Result<Vec<ClaimedMessage>, Error> {
         let outbox = Statements::of(DB::DIALECT);
         let doing = "claiming outbox messages";
-        let failed = |(doing, e)| store_error(doing, e);
         let named = named(self);
-        let mut conn = self.acquire().await.map_err(|e| store_error(doing, e))?;
         if !outbox.claims_in_three_steps() {
-            let mut on = OnSqlx::<DB> {
-                conn: &mut *conn,
-                named,
-            };
+            let mut conn = self.acquire().await.map_err(|e| store_error(doing, e))?;
+            let mut on = on::<DB>(&mut conn, named);
             return claim_messages(&mut on, outbox, batch, lease, token)
                 .await
                 .map_err(failed);
         }
         // The three statements' transaction reads committed rows, as the SeaORM store's does.
-        DB::execute_unprepared(&mut *conn, Statements::CLAIM_ISOLATION)
+        let mut tx = crate::driver::port::begin(self, Begin::ReadCommitted)
             .await
             .map_err(|e| store_error(doing, e))?;
-        let mut tx = sqlx::Connection::begin(&mut *conn)
-            .await
-            .map_err(|e| store_error(doing, e))?;
-        let mut on = OnSqlx::<DB> {
-            conn: &mut *tx,
-            named,
-        };
+        let mut on = on::<DB>(&mut tx, named);
         let claimed = claim_messages(&mut on, outbox, batch, lease, token)
             .await
             .map_err(failed)?;
@@ -218,13 +178,10 @@ impl<DB: Backend> RelayStore<SqlxOutbox> for Pool<DB> {
             .acquire()
             .await
             .map_err(|e| store_error("marking outbox messages", e))?;
-        let mut on = OnSqlx::<DB> {
-            conn: &mut *conn,
-            named,
-        };
+        let mut on = on::<DB>(&mut *conn, named);
         record_outcomes(&mut on, outbox, token, &published, &failures)
             .await
-            .map_err(|(doing, e)| store_error(doing, e))
+            .map_err(failed)
     }
 
     async fn health(&self) -> Result<OutboxHealth, Error> {

@@ -1,9 +1,14 @@
 //! Classifies database errors into idem errors, without leaking SQL text.
 
 use idem_core::Error;
+use idem_sql::Fault;
 use sea_orm::DbErr;
 
 pub(crate) use idem_sql::Failure;
+
+/// How a SeaORM user creates a missing ledger, quoted in the error.
+pub(crate) const CREATE_TABLES: &str = "call `idem::sea_orm::create_tables(&db)` at startup, or add \
+     `idem::sea_orm::Migration` to your sea-orm-migration Migrator";
 
 #[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
 fn database_code(_: &DbErr) -> Option<(String, Option<u16>)> {
@@ -69,12 +74,12 @@ pub(crate) fn classify(e: &DbErr) -> Failure {
 
 /// Converts a database error met while `doing` something into an idem error.
 pub(crate) fn store_error(doing: &str, e: DbErr) -> Error {
-    classify(&e).error(
-        doing,
-        e,
-        "call `idem::sea_orm::create_tables(&db)` at startup, or add \
-         `idem::sea_orm::Migration` to your sea-orm-migration Migrator",
-    )
+    classify(&e).error(doing, e, CREATE_TABLES)
+}
+
+/// An idem-sql step's failure, with what it was doing, as an idem error.
+pub(crate) fn failed((doing, fault): (&'static str, Fault<DbErr>)) -> Error {
+    fault.into_error(doing, classify, CREATE_TABLES)
 }
 
 #[cfg(test)]

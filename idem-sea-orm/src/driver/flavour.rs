@@ -57,7 +57,7 @@ pub(crate) async fn of_transaction<C: ConnectionTrait>(tx: &C) -> Flavour {
 
 /// The MySQL server of `db`'s pool; `None` for a connection of another kind (a proxy or a
 /// mock), whose family is asked each time.
-fn server(db: &DatabaseConnection) -> Option<MySqlServer> {
+pub(crate) fn server(db: &DatabaseConnection) -> Option<MySqlServer> {
     #[cfg(feature = "mysql")]
     if let sea_orm::DatabaseConnectionType::SqlxMySqlPoolConnection(_) = &db.inner {
         let options = db.get_mysql_connection_pool().connect_options();

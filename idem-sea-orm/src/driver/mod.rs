@@ -5,6 +5,9 @@
 
 pub(crate) mod error;
 pub(crate) mod flavour;
+pub(crate) mod port;
+
+pub(crate) use port::{SeaOrm, on};
 
 use idem_sql::{Column, Decode, Row, read_each, read_first};
 use sea_orm::{
@@ -40,11 +43,36 @@ pub(crate) fn backend(sql: &Sql) -> DbBackend {
     }
 }
 
-fn dialect(backend: DbBackend) -> Dialect {
+/// idem-sql's name for the dialect SeaORM calls `backend`.
+pub(crate) fn dialect(backend: DbBackend) -> Dialect {
     match backend {
         DbBackend::Postgres => Dialect::Postgres,
         DbBackend::MySql => Dialect::MySql,
         _ => Dialect::Sqlite,
+    }
+}
+
+/// A number the clones of `db`'s pool share and no other pool has (its shared options live
+/// once per pool, whichever clone reaches them); `None` for other connection kinds (a mock, a
+/// proxy), which fly without single flight.
+pub(crate) fn pool_identity(db: &DatabaseConnection) -> Option<usize> {
+    #[allow(unused_imports)]
+    use sea_orm::DatabaseConnectionType as Kind;
+    match &db.inner {
+        #[cfg(feature = "sqlite")]
+        Kind::SqlxSqlitePoolConnection(_) => {
+            Some(std::ptr::from_ref(db.get_sqlite_connection_pool().options()) as usize)
+        }
+        #[cfg(feature = "postgres")]
+        Kind::SqlxPostgresPoolConnection(_) => {
+            Some(std::ptr::from_ref(db.get_postgres_connection_pool().options()) as usize)
+        }
+        #[cfg(feature = "mysql")]
+        Kind::SqlxMySqlPoolConnection(_) => {
+            Some(std::ptr::from_ref(db.get_mysql_connection_pool().options()) as usize)
+        }
+        #[allow(unreachable_patterns)]
+        _ => None,
     }
 }
 

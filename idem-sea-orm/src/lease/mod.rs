@@ -18,39 +18,45 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::atomic::{
-    InClaim, begin_within, connection_wait, detached, list_rows, within_connection_wait,
-};
-use crate::driver::error::store_error;
-use crate::driver::{Bound, Sql, millis, statement};
-use idem_sql::LeaseStep;
+use crate::atomic::{begin_within, connection_wait, detached, list_rows, within_connection_wait};
+use crate::driver::error::{failed, store_error};
+use crate::driver::{Bound, SeaOrm, Sql, millis, on, statement};
+use idem_sql::{LeaseStep, SqlStore};
 use idem_sql::{LeaseWrite, LeaseWritten};
 
 /// The ledger in lease mode on a SeaORM connection; `#[idempotent(..., lease = "…")]` builds
 /// one from the handler's connection.
 #[derive(Debug, Clone)]
 pub struct SeaOrmLeaseStore {
-    db: DatabaseConnection,
+    /// The features written once for every driver (the completer's) run on it.
+    store: SqlStore<SeaOrm>,
 }
 
 impl SeaOrmLeaseStore {
     /// A lease store on `db` (cloning a connection shares its pool).
     pub fn new(db: DatabaseConnection) -> Self {
-        Self { db }
+        Self {
+            store: SqlStore::new(SeaOrm::new(db)),
+        }
     }
 
     /// The connection.
     pub(crate) fn db(&self) -> &DatabaseConnection {
-        &self.db
+        self.store.driver().db()
+    }
+
+    /// The store written once for every driver.
+    pub(crate) fn generic(&self) -> &SqlStore<SeaOrm> {
+        &self.store
     }
 }
 
 /// Locks the ledger row of `ticket` in `tx` and checks the ticket still holds it
 /// ([`idem_sql::fence`]).
 async fn fence(tx: &DatabaseTransaction, sql: &'static Sql, ticket: &Ticket) -> Result<(), Error> {
-    let holds = idem_sql::fence(&mut InClaim { tx, sql }, sql, ticket)
+    let holds = idem_sql::fence(&mut on(tx), sql, ticket)
         .await
-        .map_err(|(doing, e)| store_error(doing, e))?;
+        .map_err(failed)?;
     if holds { Ok(()) } else { Err(lost()) }
 }
 
@@ -91,9 +97,9 @@ async fn claim(db: DatabaseConnection, step: LeaseStep) -> Result<LeaseClaim, Er
     let (tx, _) = begin_within(&db, connection_wait())
         .await
         .map_err(|e| store_error(doing, e))?;
-    let answer = idem_sql::claim_lease(&mut InClaim { tx: &tx, sql: d }, d, &step)
+    let answer = idem_sql::claim_lease(&mut on(&tx), d, &step)
         .await
-        .map_err(|(doing, e)| store_error(doing, e))?;
+        .map_err(failed)?;
     tx.commit().await.map_err(|e| store_error(doing, e))?;
     Ok(answer)
 }
@@ -109,17 +115,9 @@ async fn record_completion(
     ttl: Duration,
     resumable: bool,
 ) -> Result<(), Error> {
-    let held = idem_sql::complete(
-        &mut InClaim { tx: &tx, sql },
-        sql,
-        &ticket,
-        status,
-        payload,
-        ttl,
-        resumable,
-    )
-    .await
-    .map_err(|(doing, e)| store_error(doing, e))?;
+    let held = idem_sql::complete(&mut on(&tx), sql, &ticket, status, payload, ttl, resumable)
+        .await
+        .map_err(failed)?;
     if !held {
         return Err(lost());
     }
@@ -184,10 +182,10 @@ impl LeaseStore for SeaOrmLeaseStore {
     ) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
         // SQLite: an atomic body in this task holds the database's one write lock, which the
         // lease's claim would wait for. (Elsewhere the lease commits on its own, as it must.)
-        if let Err(e) = crate::atomic::outside_open_claim_sqlite(&self.db, req.scope()) {
+        if let Err(e) = crate::atomic::outside_open_claim_sqlite(self.db(), req.scope()) {
             return Box::pin(async move { Err(e) });
         }
-        let step = claim(self.db.clone(), LeaseStep::of(req, random_token(), lease));
+        let step = claim(self.db().clone(), LeaseStep::of(req, random_token(), lease));
         Box::pin(detached(step))
     }
 
@@ -196,10 +194,10 @@ impl LeaseStore for SeaOrmLeaseStore {
         ticket: &'a Ticket,
         lease: Duration,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        let renew = crate::driver::of(self.db.get_database_backend())
+        let renew = crate::driver::of(self.db().get_database_backend())
             .lease
             .renew(&ticket.id, ticket.token, millis(lease));
-        let db = self.db.clone();
+        let db = self.db().clone();
         Box::pin(detached(async move {
             if fenced_update(&db, renew, "renewing a lease").await? {
                 Ok(())
@@ -215,16 +213,19 @@ impl LeaseStore for SeaOrmLeaseStore {
         name: &'a str,
         payload: &'a [u8],
     ) -> BoxFuture<'a, Result<(), Error>> {
-        let (db, ticket, name, payload) =
-            (self.db.clone(), *ticket, name.to_owned(), payload.to_vec());
+        let (db, ticket, name, payload) = (
+            self.db().clone(),
+            *ticket,
+            name.to_owned(),
+            payload.to_vec(),
+        );
         Box::pin(detached(async move {
             let (tx, sql) = begin_within(&db, connection_wait())
                 .await
                 .map_err(|e| store_error("recording a step", e))?;
-            let held =
-                idem_sql::record_step(&mut InClaim { tx: &tx, sql }, sql, &ticket, &name, &payload)
-                    .await
-                    .map_err(|(doing, e)| store_error(doing, e))?;
+            let held = idem_sql::record_step(&mut on(&tx), sql, &ticket, &name, &payload)
+                .await
+                .map_err(failed)?;
             if !held {
                 return Err(lost());
             }
@@ -242,7 +243,7 @@ impl LeaseStore for SeaOrmLeaseStore {
         payload: &'a [u8],
         forget_steps: bool,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        let (db, ticket, payload, ttl) = (self.db.clone(), *ticket, payload.to_vec(), req.ttl());
+        let (db, ticket, payload, ttl) = (self.db().clone(), *ticket, payload.to_vec(), req.ttl());
         let resumable = req.stored_args().is_some();
         Box::pin(detached(async move {
             if !forget_steps && !resumable {
@@ -263,10 +264,10 @@ impl LeaseStore for SeaOrmLeaseStore {
     }
 
     fn release_lease<'a>(&'a self, ticket: &'a Ticket) -> BoxFuture<'a, Result<(), Error>> {
-        let release = crate::driver::of(self.db.get_database_backend())
+        let release = crate::driver::of(self.db().get_database_backend())
             .lease
             .release(&ticket.id, ticket.token);
-        let db = self.db.clone();
+        let db = self.db().clone();
         Box::pin(detached(async move {
             fenced_update(&db, release, "ending a lease")
                 .await
@@ -400,7 +401,7 @@ where
     let payload = lease.encode(&value)?;
     lease.recording_step();
     idem_sql::record_final_step(
-        &mut InClaim { tx: &tx, sql },
+        &mut on(&tx),
         sql,
         &ticket,
         name,
@@ -408,7 +409,7 @@ where
         lease.is_resumable(),
     )
     .await
-    .map_err(|(doing, e)| lease.store_failed(store_error(doing, e)))?;
+    .map_err(|e| lease.store_failed(failed(e)))?;
     if keep_open {
         // The engine records the call's result in this transaction when the handler
         // returns, or commits it alone if the handler does more first.

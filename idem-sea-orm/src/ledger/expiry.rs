@@ -2,11 +2,10 @@
 //! batches, never a call not finished.
 
 use idem_core::Error;
-use idem_sql::PurgeConnection;
-use sea_orm::{ConnectionTrait, DbErr};
+use sea_orm::ConnectionTrait;
 
-use crate::driver::error::store_error;
-use crate::driver::{Bound, fetch_each, fetch_first, statement};
+use crate::driver::error::{failed, store_error};
+use crate::driver::{fetch_first, on};
 
 /// A purge of expired records, one bounded statement at a time. [`purge_expired`] runs one to
 /// the end; step one yourself to pace it your own way.
@@ -73,33 +72,7 @@ impl ExpiredPurge {
         batch: u32,
     ) -> Result<Option<u64>, Error> {
         let sql = crate::driver::of(db.get_database_backend());
-        self.0
-            .step(&mut OnSeaOrm(db), sql, batch)
-            .await
-            .map_err(|(doing, e)| store_error(doing, e))
-    }
-}
-
-/// A SeaORM connection as the purge runs statements on it.
-struct OnSeaOrm<'c, C>(&'c C);
-
-impl<C: ConnectionTrait> PurgeConnection for OnSeaOrm<'_, C> {
-    type Error = DbErr;
-
-    async fn execute(&mut self, bound: Bound<'static>) -> Result<u64, DbErr> {
-        let sql = crate::driver::of(self.0.get_database_backend());
-        let done = self.0.execute_raw(statement(sql, bound)).await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn fetch_key(&mut self, bound: Bound<'static>) -> Result<Option<Vec<u8>>, DbErr> {
-        let sql = crate::driver::of(self.0.get_database_backend());
-        fetch_first(self.0, sql, bound, idem_sql::Row::into_bytes).await
-    }
-
-    async fn fetch_texts(&mut self, bound: Bound<'static>) -> Result<Vec<String>, DbErr> {
-        let sql = crate::driver::of(self.0.get_database_backend());
-        fetch_each(self.0, sql, bound, idem_sql::Row::into_text).await
+        self.0.step(&mut on(db), sql, batch).await.map_err(failed)
     }
 }
 
@@ -115,9 +88,9 @@ impl<C: ConnectionTrait> PurgeConnection for OnSeaOrm<'_, C> {
 pub async fn purge_expired<C: ConnectionTrait>(db: &C, batch: u32) -> Result<u64, Error> {
     let sql = crate::driver::of(db.get_database_backend());
     idem_sql::ExpiredPurge::new()
-        .run(&mut OnSeaOrm(db), sql, batch)
+        .run(&mut on(db), sql, batch)
         .await
-        .map_err(|(doing, e)| store_error(doing, e))
+        .map_err(failed)
 }
 
 /// The database's clock, in milliseconds since the Unix epoch (what expiry is measured on).

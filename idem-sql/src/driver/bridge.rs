@@ -1,5 +1,5 @@
-//! The per-feature connection ports (`ClaimConnection`, `LeaseConnection`, `ResumeConnection`,
-//! `PurgeConnection`, `OutboxConnection`) over one [`Connection`], so that each store moves
+//! The per-feature connection ports (`ClaimConnection`, `LeaseConnection`, `PurgeConnection`,
+//! `OutboxConnection`) over one [`Connection`], so that each store moves
 //! onto the driver port on its own while the features' algorithms keep their ports. Rows are
 //! decoded here, once, from the columns each statement declares; the ports go as the generic
 //! store takes their places (`docs/plans/driver-port.md`, steps 3 to 9).
@@ -8,9 +8,8 @@ use std::marker::PhantomData;
 
 use super::{Connection, Driver, Fault};
 use crate::{
-    Bound, CallColumns, ClaimConnection, ClaimRow, ClaimedRow, Failure, LeaseConnection,
-    OutboxConnection, PurgeConnection, ResumeConnection, Row, read_call_columns, read_count,
-    read_each, read_step,
+    Bound, ClaimConnection, ClaimRow, ClaimedRow, Failure, LeaseConnection, OutboxConnection,
+    PurgeConnection, Row, read_step,
 };
 
 /// Connection `C` of driver `D` as every per-feature port: its rows decoded by the columns
@@ -48,8 +47,7 @@ impl<C: Connection, D> Bridge<C, D> {
         statement: Bound<'static>,
         read: fn(Row) -> Result<T, crate::Decode>,
     ) -> Result<Vec<T>, Fault<C::Error>> {
-        let rows = self.conn.fetch_all(statement).await.map_err(Fault::Db)?;
-        Ok(read_each(rows, read)?)
+        super::fetch_each(&mut self.conn, statement, read).await
     }
 
     /// The first row of `statement`, if any, read by `read`.
@@ -58,12 +56,7 @@ impl<C: Connection, D> Bridge<C, D> {
         statement: Bound<'static>,
         read: fn(Row) -> Result<T, crate::Decode>,
     ) -> Result<Option<T>, Fault<C::Error>> {
-        let row = self
-            .conn
-            .fetch_optional(statement)
-            .await
-            .map_err(Fault::Db)?;
-        Ok(row.map(read).transpose()?)
+        super::fetch_first(&mut self.conn, statement, read).await
     }
 }
 
@@ -103,49 +96,6 @@ where
     C: Connection<Error = D::Error>,
     D: Driver,
 {
-    async fn fetch_steps(
-        &mut self,
-        statement: Bound<'static>,
-    ) -> Result<Vec<(String, Vec<u8>)>, Fault<D::Error>> {
-        self.fetch_each(statement, read_step).await
-    }
-}
-
-impl<C, D> ResumeConnection for Bridge<C, D>
-where
-    C: Connection<Error = D::Error>,
-    D: Driver,
-{
-    type Error = Fault<D::Error>;
-
-    async fn execute(&mut self, statement: Bound<'static>) -> Result<u64, Fault<D::Error>> {
-        self.run(statement).await
-    }
-
-    async fn fetch_calls(
-        &mut self,
-        statement: Bound<'static>,
-    ) -> Result<Vec<CallColumns>, Fault<D::Error>> {
-        self.fetch_each(statement, read_call_columns).await
-    }
-
-    async fn fetch_millis(
-        &mut self,
-        statement: Bound<'static>,
-    ) -> Result<Option<i64>, Fault<D::Error>> {
-        Ok(self
-            .fetch_first(statement, Row::into_opt_i64)
-            .await?
-            .flatten())
-    }
-
-    async fn fetch_counts(
-        &mut self,
-        statement: Bound<'static>,
-    ) -> Result<Vec<(String, i64)>, Fault<D::Error>> {
-        self.fetch_each(statement, read_count).await
-    }
-
     async fn fetch_steps(
         &mut self,
         statement: Bound<'static>,

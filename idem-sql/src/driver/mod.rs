@@ -20,7 +20,28 @@ pub use bridge::Bridge;
 pub use fault::Fault;
 pub use flavour::learn_flavour;
 
-use crate::{Bound, Dialect, Failure, MySqlServer, Row};
+use crate::{Bound, Decode, Dialect, Failure, MySqlServer, Row, read_each};
+
+/// Runs `statement` on `conn` and reads each row it returns with `read` (idem-sql's reader of
+/// the statement's rows).
+pub async fn fetch_each<C: Connection, T>(
+    conn: &mut C,
+    statement: Bound<'static>,
+    read: fn(Row) -> Result<T, Decode>,
+) -> Result<Vec<T>, Fault<C::Error>> {
+    let rows = conn.fetch_all(statement).await.map_err(Fault::Db)?;
+    Ok(read_each(rows, read)?)
+}
+
+/// Runs `statement` on `conn` and reads the first row it returns, if any, with `read`.
+pub async fn fetch_first<C: Connection, T>(
+    conn: &mut C,
+    statement: Bound<'static>,
+    read: fn(Row) -> Result<T, Decode>,
+) -> Result<Option<T>, Fault<C::Error>> {
+    let row = conn.fetch_optional(statement).await.map_err(Fault::Db)?;
+    Ok(row.map(read).transpose()?)
+}
 
 /// Where bound statements run: a pooled connection outside any transaction (each statement
 /// commits alone), a transaction, or a handler's body.

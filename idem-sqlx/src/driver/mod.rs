@@ -6,11 +6,14 @@
 
 pub(crate) mod error;
 pub(crate) mod pooler;
+pub(crate) mod port;
+
+pub(crate) use port::{Sqlx, SqlxConn, on};
 
 use std::future::Future;
 use std::pin::Pin;
 
-use idem_sql::{Bound, Decode, Dialect, Flavour, Row, read_each, read_first};
+use idem_sql::{Bound, Decode, Dialect, Flavour, MySqlServer, Row, read_each, read_first};
 use sqlx::{Pool, Transaction};
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use {
@@ -38,9 +41,10 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     #[doc(hidden)]
     fn flavour(pool: &Pool<Self>) -> impl Future<Output = Flavour> + Send;
 
-    /// Begins a claim's transaction (SQLite takes its write lock up front).
+    /// The MySQL server `pool` reaches, whose family this process learns once; `None` on
+    /// the other databases.
     #[doc(hidden)]
-    fn begin_claim(pool: &Pool<Self>) -> Step<'_, Transaction<'static, Self>>;
+    fn server(pool: &Pool<Self>) -> Option<MySqlServer>;
 
     /// Runs `statement` and reads each row's columns at the types the statement declares
     /// ([`Bound::columns`]). `named`: as a named (cached) prepared statement, or unnamed
@@ -116,7 +120,7 @@ macro_rules! each_row {
 // Unused when no database feature is on.
 #[allow(unused_macros)]
 macro_rules! backend {
-    ($db:ty, $dialect:expr, flavour = |$pool:ident| $flavour:expr, begin = |$bpool:ident| $begin:expr) => {
+    ($db:ty, $dialect:expr, flavour = |$pool:ident| $flavour:expr, server = |$spool:ident| $server:expr) => {
         impl sealed::Sealed for $db {}
 
         impl Backend for $db {
@@ -127,8 +131,8 @@ macro_rules! backend {
                 async move { $flavour }
             }
 
-            fn begin_claim($bpool: &Pool<Self>) -> Step<'_, Transaction<'static, Self>> {
-                Box::pin(async move { $begin })
+            fn server($spool: &Pool<Self>) -> Option<MySqlServer> {
+                $server
             }
 
             fn fetch_rows<'c>(
@@ -229,8 +233,10 @@ backend!(
         let _ = pool;
         Flavour::Postgres
     },
-    // PostgreSQL stays at READ COMMITTED (REPEATABLE READ turns the race into 40001).
-    begin = |pool| pool.begin().await
+    server = |pool| {
+        let _ = pool;
+        None
+    }
 );
 
 #[cfg(feature = "mysql")]
@@ -238,8 +244,7 @@ backend!(
     sqlx::MySql,
     Dialect::MySql,
     flavour = |pool| mysql::flavour(pool).await,
-    // MySQL's REPEATABLE READ is fine: the claim reads with FOR UPDATE.
-    begin = |pool| pool.begin().await
+    server = |pool| Some(mysql::server(pool))
 );
 
 #[cfg(feature = "sqlite")]
@@ -250,9 +255,10 @@ backend!(
         let _ = pool;
         Flavour::Sqlite
     },
-    // Take SQLite's write lock up front: a deferred transaction that reads and then writes
-    // fails with SQLITE_BUSY instead of waiting.
-    begin = |pool| pool.begin_with("BEGIN IMMEDIATE").await
+    server = |pool| {
+        let _ = pool;
+        None
+    }
 );
 
 #[cfg(feature = "mysql")]
@@ -263,13 +269,18 @@ mod mysql {
     use idem_sql::{Flavour, MySqlServer};
     use sqlx::{MySql, Pool};
 
-    pub(super) async fn flavour(pool: &Pool<MySql>) -> Flavour {
+    /// The server `pool` connects to.
+    pub(super) fn server(pool: &Pool<MySql>) -> MySqlServer {
         let options = pool.connect_options();
-        let server = MySqlServer::new(
+        MySqlServer::new(
             options.get_host(),
             options.get_port(),
             options.get_database(),
-        );
+        )
+    }
+
+    pub(super) async fn flavour(pool: &Pool<MySql>) -> Flavour {
+        let server = server(pool);
         if let Some(flavour) = server.learnt() {
             return flavour;
         }
@@ -283,4 +294,12 @@ mod mysql {
             .ok();
         server.learn(version.as_deref(), wsrep_on)
     }
+}
+
+/// Begins a claim's (or a lease write's, a final phase's) transaction on `pool`: idem-sql's
+/// [`Begin::Write`](idem_sql::Begin::Write), which takes SQLite's write lock up front.
+pub(crate) async fn begin_claim<DB: Backend>(
+    pool: &Pool<DB>,
+) -> Result<Transaction<'static, DB>, sqlx::Error> {
+    port::begin(pool, idem_sql::Begin::Write).await
 }

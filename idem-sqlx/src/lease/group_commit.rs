@@ -47,7 +47,7 @@ impl<DB: Backend> GroupCommit for OnSqlx<DB> {
     }
 
     async fn begin(&self) -> Result<Self::Tx, sqlx::Error> {
-        Ok((DB::begin_claim(&self.0).await?, named(&self.0)))
+        Ok((crate::driver::begin_claim(&self.0).await?, named(&self.0)))
     }
 
     async fn apply_in(

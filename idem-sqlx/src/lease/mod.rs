@@ -18,14 +18,14 @@ use idem_core::ledger::ids::random_token;
 use idem_core::{
     BoxFuture, Error, LeaseClaim, LeaseStore, RecordStatus, Request, Ticket, detached,
 };
-use idem_sql::{Bound, Dialect, LeaseStep, LeaseWrite, LeaseWritten, Sql};
+use idem_sql::{Bound, Dialect, LeaseStep, LeaseWrite, LeaseWritten, Sql, SqlStore};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sqlx::{Pool, Transaction};
 
-use crate::atomic::{InClaim, connection_wait, within};
-use crate::driver::Backend;
-use crate::driver::error::store_error;
+use crate::atomic::{connection_wait, within};
+use crate::driver::error::{failed, store_error};
+use crate::driver::{Backend, Sqlx, on};
 
 /// The ledger in lease mode on a sqlx pool (PostgreSQL, MySQL/MariaDB, SQLite);
 /// `#[idempotent(..., lease = "…")]` builds one from the handler's `&PgPool` (`&MySqlPool`,
@@ -38,24 +38,34 @@ use crate::driver::error::store_error;
 /// database writes go in [`final_step`] or [`finish`], which record them with a step in one
 /// fenced transaction.
 pub struct SqlxLeaseStore<DB: Backend> {
-    pool: Pool<DB>,
+    /// The features written once for every driver (the completer's) run on it.
+    store: SqlStore<Sqlx<DB>>,
 }
 
 impl<DB: Backend> SqlxLeaseStore<DB> {
     /// A lease store on `pool` (cloning a pool shares it).
     pub fn new(pool: Pool<DB>) -> Self {
-        SqlxLeaseStore { pool }
+        SqlxLeaseStore {
+            store: SqlStore::new(Sqlx::new(pool)),
+        }
     }
 
     /// The pool the store runs on.
     pub(crate) fn pool(&self) -> &Pool<DB> {
-        &self.pool
+        self.store.driver().pool()
+    }
+
+    /// The store written once for every driver.
+    pub(crate) fn generic(&self) -> &SqlStore<Sqlx<DB>> {
+        &self.store
     }
 }
 
 impl<DB: Backend> Clone for SqlxLeaseStore<DB> {
     fn clone(&self) -> Self {
-        Self::new(self.pool.clone())
+        SqlxLeaseStore {
+            store: self.store.clone(),
+        }
     }
 }
 
@@ -72,11 +82,6 @@ fn lost() -> Error {
     Error::LeaseLost {
         scope: String::new(),
     }
-}
-
-/// An idem-sql step's error, with what it was doing.
-pub(crate) fn failed((doing, e): (&'static str, sqlx::Error)) -> Error {
-    store_error(doing, e)
 }
 
 /// The statements of `pool`'s server, and whether they run named
@@ -123,19 +128,12 @@ async fn claim<DB: Backend>(
             return Ok(answer);
         }
     }
-    let mut tx = within(wait, DB::begin_claim(&pool))
+    let mut tx = within(wait, crate::driver::begin_claim(&pool))
         .await
         .map_err(|e| store_error(doing, e))?;
-    let answer = idem_sql::claim_lease(
-        &mut InClaim::<DB> {
-            conn: &mut tx,
-            named,
-        },
-        d,
-        &step,
-    )
-    .await
-    .map_err(failed)?;
+    let answer = idem_sql::claim_lease(&mut on::<DB>(&mut tx, named), d, &step)
+        .await
+        .map_err(failed)?;
     tx.commit().await.map_err(|e| store_error(doing, e))?;
     Ok(answer)
 }
@@ -161,10 +159,7 @@ async fn record_completion<DB: Backend>(
     (status, payload, ttl): (RecordStatus, Vec<u8>, Duration),
     resumable: bool,
 ) -> Result<(), Error> {
-    let mut conn = InClaim::<DB> {
-        conn: &mut tx,
-        named,
-    };
+    let mut conn = on::<DB>(&mut tx, named);
     let held = idem_sql::complete(&mut conn, d, &ticket, status, payload, ttl, resumable)
         .await
         .map_err(failed)?;
@@ -186,15 +181,15 @@ impl<DB: Backend> LeaseStore for SqlxLeaseStore<DB> {
         // lease's claim would wait for. (Elsewhere the lease commits on its own, as it must.)
         if DB::DIALECT == Dialect::Sqlite
             && let Err(e) = idem_core::atomic::lease_outside_open_sqlite_claim(
-                Some(crate::driver::pooler::identity(&self.pool)),
+                Some(crate::driver::pooler::identity(self.pool())),
                 req.scope(),
             )
         {
             return Box::pin(async move { Err(e) });
         }
         let step = LeaseStep::of(req, random_token(), lease);
-        let wait = connection_wait(&self.pool, req.concurrency());
-        Box::pin(detached(claim(self.pool.clone(), step, wait)))
+        let wait = connection_wait(self.pool(), req.concurrency());
+        Box::pin(detached(claim(self.pool().clone(), step, wait)))
     }
 
     fn renew<'a>(
@@ -202,7 +197,7 @@ impl<DB: Backend> LeaseStore for SqlxLeaseStore<DB> {
         ticket: &'a Ticket,
         lease: Duration,
     ) -> BoxFuture<'a, Result<(), Error>> {
-        let (pool, ticket) = (self.pool.clone(), *ticket);
+        let (pool, ticket) = (self.pool().clone(), *ticket);
         Box::pin(detached(async move {
             let (d, _) = statements(&pool).await;
             let renew = d
@@ -223,7 +218,7 @@ impl<DB: Backend> LeaseStore for SqlxLeaseStore<DB> {
         payload: &'a [u8],
     ) -> BoxFuture<'a, Result<(), Error>> {
         let (pool, ticket, name, payload) = (
-            self.pool.clone(),
+            self.pool().clone(),
             *ticket,
             name.to_owned(),
             payload.to_vec(),
@@ -231,13 +226,10 @@ impl<DB: Backend> LeaseStore for SqlxLeaseStore<DB> {
         Box::pin(detached(async move {
             let doing = "recording a step";
             let (d, named) = statements(&pool).await;
-            let mut tx = DB::begin_claim(&pool)
+            let mut tx = crate::driver::begin_claim(&pool)
                 .await
                 .map_err(|e| store_error(doing, e))?;
-            let mut conn = InClaim::<DB> {
-                conn: &mut tx,
-                named,
-            };
+            let mut conn = on::<DB>(&mut tx, named);
             let held = idem_sql::record_step(&mut conn, d, &ticket, &name, &payload)
                 .await
                 .map_err(failed)?;
@@ -257,7 +249,7 @@ impl<DB: Backend> LeaseStore for SqlxLeaseStore<DB> {
         forget_steps: bool,
     ) -> BoxFuture<'a, Result<(), Error>> {
         let (pool, ticket, payload, ttl) =
-            (self.pool.clone(), *ticket, payload.to_vec(), req.ttl());
+            (self.pool().clone(), *ticket, payload.to_vec(), req.ttl());
         let resumable = req.stored_args().is_some();
         Box::pin(detached(async move {
             let doing = "recording the result";
@@ -271,7 +263,7 @@ impl<DB: Backend> LeaseStore for SqlxLeaseStore<DB> {
                     Err(lost())
                 };
             }
-            let tx = DB::begin_claim(&pool)
+            let tx = crate::driver::begin_claim(&pool)
                 .await
                 .map_err(|e| store_error(doing, e))?;
             let outcome = (status, payload, ttl);
@@ -280,7 +272,7 @@ impl<DB: Backend> LeaseStore for SqlxLeaseStore<DB> {
     }
 
     fn release_lease<'a>(&'a self, ticket: &'a Ticket) -> BoxFuture<'a, Result<(), Error>> {
-        let (pool, ticket) = (self.pool.clone(), *ticket);
+        let (pool, ticket) = (self.pool().clone(), *ticket);
         Box::pin(detached(async move {
             let (d, _) = statements(&pool).await;
             let release = d.lease.release(&ticket.id, ticket.token);
@@ -394,7 +386,7 @@ where
     let committing = |e| store_error("committing the final phase", e);
     if idem_core::testing::is_disabled() {
         // Switched off, the call's lease is in memory: the writes alone, in a transaction.
-        let mut tx = DB::begin_claim(pool).await.map_err(begin)?;
+        let mut tx = crate::driver::begin_claim(pool).await.map_err(begin)?;
         let value = writes(&mut tx).await?;
         tx.commit().await.map_err(committing)?;
         return Ok(value);
@@ -409,13 +401,10 @@ where
     }
     let ticket = lease.ticket();
     let (d, named) = statements(pool).await;
-    let mut tx = DB::begin_claim(pool)
+    let mut tx = crate::driver::begin_claim(pool)
         .await
         .map_err(|e| lease.store_failed(begin(e)))?;
-    let mut conn = InClaim::<DB> {
-        conn: &mut tx,
-        named,
-    };
+    let mut conn = on::<DB>(&mut tx, named);
     // Every failure on the phase's connection goes through `store_failed`: a server that went
     // away under the phase makes the call release its lease behind its answer.
     match idem_sql::fence(&mut conn, d, &ticket).await {
@@ -442,10 +431,7 @@ where
     };
     let payload = lease.encode(&value)?;
     lease.recording_step();
-    let mut conn = InClaim::<DB> {
-        conn: &mut tx,
-        named,
-    };
+    let mut conn = on::<DB>(&mut tx, named);
     let resumable = lease.is_resumable();
     idem_sql::record_final_step(&mut conn, d, &ticket, name, &payload, resumable)
         .await

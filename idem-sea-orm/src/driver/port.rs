@@ -1,0 +1,190 @@
+//! SeaORM as idem-sql's [`Driver`]: a `DatabaseConnection` ([`SeaOrm`]), its transactions, and
+//! [`On`], any SeaORM connection (the pool, a transaction, a body's transaction) running
+//! idem-sql's bound statements. The store's features run on them through [`Bridge`]
+//! ([`on`]).
+
+use std::time::Duration;
+
+use idem_sql::{Begin, Bound, Bridge, Connection, Dialect, Driver, Failure, MySqlServer, Row};
+use sea_orm::{
+    AccessMode, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
+    IsolationLevel, SqliteTransactionMode, TransactionOptions, TransactionTrait,
+};
+
+use super::error::{CREATE_TABLES, classify};
+
+/// A SeaORM pool as idem's driver. Cloning it shares the pool.
+#[derive(Clone, Debug)]
+pub(crate) struct SeaOrm {
+    db: DatabaseConnection,
+}
+
+impl SeaOrm {
+    /// The driver on `db`.
+    pub(crate) fn new(db: DatabaseConnection) -> Self {
+        SeaOrm { db }
+    }
+
+    /// The pool.
+    pub(crate) fn db(&self) -> &DatabaseConnection {
+        &self.db
+    }
+}
+
+/// A SeaORM connection as the port runs statements on it: `C` is the pool
+/// (`DatabaseConnection`, each statement on a pooled connection of its own, committing
+/// alone), a transaction (`DatabaseTransaction`), or a borrowed one of either.
+#[derive(Debug)]
+pub(crate) struct On<C>(C);
+
+/// A SeaORM connection as every per-feature port of idem-sql (claim, lease, completer, purge,
+/// outbox), its errors a [`Fault`](idem_sql::Fault).
+pub(crate) type OnPort<'c, C> = Bridge<On<&'c C>, SeaOrm>;
+
+/// `db` (the pool or a transaction) as the per-feature ports.
+pub(crate) fn on<C: ConnectionTrait + ?Sized>(db: &C) -> OnPort<'_, C> {
+    Bridge::new(On(db))
+}
+
+/// What [`On`] runs statements on: a SeaORM connection, owned or borrowed.
+pub(crate) trait Runs: Send + Sync {
+    /// The connection.
+    fn db(&self) -> &(impl ConnectionTrait + ?Sized);
+}
+
+impl<C: ConnectionTrait + ?Sized> Runs for &C {
+    fn db(&self) -> &(impl ConnectionTrait + ?Sized) {
+        *self
+    }
+}
+
+impl Runs for DatabaseConnection {
+    fn db(&self) -> &(impl ConnectionTrait + ?Sized) {
+        self
+    }
+}
+
+impl Runs for DatabaseTransaction {
+    fn db(&self) -> &(impl ConnectionTrait + ?Sized) {
+        self
+    }
+}
+
+impl<C: Runs> Connection for On<C> {
+    type Error = DbErr;
+
+    async fn execute(&mut self, statement: Bound<'static>) -> Result<u64, DbErr> {
+        let db = self.0.db();
+        let sql = super::of(db.get_database_backend());
+        Ok(db
+            .execute_raw(super::statement(sql, statement))
+            .await?
+            .rows_affected())
+    }
+
+    async fn fetch_all(&mut self, statement: Bound<'static>) -> Result<Vec<Row>, DbErr> {
+        let db = self.0.db();
+        let sql = super::of(db.get_database_backend());
+        super::fetch_rows(db, sql, statement).await
+    }
+
+    async fn execute_unprepared(&mut self, sql: &str) -> Result<(), DbErr> {
+        self.0.db().execute_unprepared(sql).await.map(drop)
+    }
+}
+
+impl idem_sql::Transaction for On<DatabaseTransaction> {
+    async fn commit(self) -> Result<(), DbErr> {
+        self.0.commit().await
+    }
+
+    async fn rollback(self) -> Result<(), DbErr> {
+        self.0.rollback().await
+    }
+}
+
+/// SeaORM's options for a transaction begun `how` on `backend`.
+pub(crate) fn options(backend: DbBackend, how: Begin) -> TransactionOptions {
+    match (backend, how) {
+        // SQLite takes its write lock up front for a write (a deferred transaction that reads,
+        // then writes, fails with SQLITE_BUSY instead of waiting); its transactions are
+        // serializable and it has no access modes.
+        (DbBackend::Sqlite, Begin::Write) => TransactionOptions {
+            sqlite_transaction_mode: Some(SqliteTransactionMode::Immediate),
+            ..TransactionOptions::default()
+        },
+        (DbBackend::Sqlite, _) | (_, Begin::Write) => TransactionOptions::default(),
+        (_, Begin::ReadCommitted) => TransactionOptions {
+            isolation_level: Some(IsolationLevel::ReadCommitted),
+            ..TransactionOptions::default()
+        },
+        (_, Begin::Snapshot) => TransactionOptions {
+            isolation_level: Some(IsolationLevel::RepeatableRead),
+            access_mode: Some(AccessMode::ReadOnly),
+            ..TransactionOptions::default()
+        },
+    }
+}
+
+/// A transaction on `db` begun `how`.
+pub(crate) async fn begin<
+    C: TransactionTrait<Transaction = DatabaseTransaction> + ConnectionTrait,
+>(
+    db: &C,
+    how: Begin,
+) -> Result<DatabaseTransaction, DbErr> {
+    db.begin_with_options(options(db.get_database_backend(), how))
+        .await
+}
+
+impl Driver for SeaOrm {
+    type Error = DbErr;
+    /// The pool itself: SeaORM lends a connection per statement.
+    type Pooled = On<DatabaseConnection>;
+    type Tx = On<DatabaseTransaction>;
+    type Body<'t> = &'t DatabaseTransaction;
+
+    const CREATE_TABLES: &'static str = CREATE_TABLES;
+
+    fn dialect(&self) -> Dialect {
+        super::dialect(self.db.get_database_backend())
+    }
+
+    fn server(&self) -> Option<MySqlServer> {
+        super::flavour::server(&self.db)
+    }
+
+    fn identity(&self) -> Option<usize> {
+        super::pool_identity(&self.db)
+    }
+
+    fn connection_wait(&self) -> Option<Duration> {
+        (self.db.get_database_backend() != DbBackend::Sqlite).then(crate::atomic::connection_wait)
+    }
+
+    async fn acquire(&self) -> Result<On<DatabaseConnection>, DbErr> {
+        Ok(On(self.db.clone()))
+    }
+
+    async fn begin(&self, how: Begin) -> Result<On<DatabaseTransaction>, DbErr> {
+        begin(&self.db, how).await.map(On)
+    }
+
+    fn body(tx: &mut On<DatabaseTransaction>) -> &DatabaseTransaction {
+        &tx.0
+    }
+
+    fn reborrow<'t, 'c: 't>(body: &'t mut &'c DatabaseTransaction) -> &'t DatabaseTransaction {
+        body
+    }
+
+    fn on_body<'t, 'c: 't>(
+        body: &'t mut &'c DatabaseTransaction,
+    ) -> impl Connection<Error = DbErr> + 't {
+        On(*body)
+    }
+
+    fn classify(error: &DbErr) -> Failure {
+        classify(error)
+    }
+}
