@@ -14,17 +14,16 @@ use std::time::Duration;
 
 use idem_core::Error;
 use idem_core::outbox::{Message, OutboxHealth};
-use idem_sql::{
-    Begin, ClaimedMessage, FailedAttempt, RelayStore, claim_messages, read_health, record_outcomes,
-};
+use idem_sql::{ClaimedMessage, FailedAttempt, RelayStore, SqlStore, read_health};
 use sea_orm::{ConnectionTrait, DatabaseConnection};
 
 use idem_sql::paced_purge;
 pub use idem_sql::{DeadMessage, RelayCounters, RelayRound};
 
 use crate::atomic::{detached, list_rows};
-use crate::driver::error::{failed, store_error};
-use crate::driver::{Bound, NewDeadLetter, NewMessage, Sql, fetch_first, millis, on};
+use crate::driver::SeaOrm;
+use crate::driver::error::store_error;
+use crate::driver::{Bound, NewDeadLetter, NewMessage, Sql, fetch_first, millis};
 
 /// Staging messages in the transaction you are in: inside an `#[idempotent]` body, on the
 /// claim's transaction (`db` there).
@@ -118,21 +117,7 @@ impl RelayStore<SeaOrmOutbox> for DatabaseConnection {
         lease: Duration,
         token: i64,
     ) -> Result<Vec<ClaimedMessage>, Error> {
-        let sql = crate::driver::of(self.get_database_backend());
-        if !sql.outbox.claims_in_three_steps() {
-            return claim_messages(&mut on(self), &sql.outbox, batch, lease, token)
-                .await
-                .map_err(failed);
-        }
-        let doing = "claiming outbox messages";
-        let tx = crate::driver::port::begin(self, Begin::ReadCommitted)
-            .await
-            .map_err(|e| store_error(doing, e))?;
-        let claimed = claim_messages(&mut on(&tx), &sql.outbox, batch, lease, token)
-            .await
-            .map_err(failed)?;
-        tx.commit().await.map_err(|e| store_error(doing, e))?;
-        Ok(claimed)
+        generic(self).claim_messages(batch, lease, token).await
     }
 
     async fn record_outcomes(
@@ -141,19 +126,23 @@ impl RelayStore<SeaOrmOutbox> for DatabaseConnection {
         published: Vec<i64>,
         failures: Vec<FailedAttempt>,
     ) -> Result<(), Error> {
-        let sql = crate::driver::of(self.get_database_backend());
-        record_outcomes(&mut on(self), &sql.outbox, token, &published, &failures)
+        generic(self)
+            .record_outcomes(token, &published, &failures)
             .await
-            .map_err(failed)
     }
 
     async fn health(&self) -> Result<OutboxHealth, Error> {
-        outbox_health(self).await
+        generic(self).outbox_health().await
     }
 
     fn listen_for_commits(&self) -> Option<tokio::task::JoinHandle<()>> {
         listen_for_notifications(self)
     }
+}
+
+/// The store written once for every driver, on `db`'s pool.
+fn generic(db: &DatabaseConnection) -> SqlStore<SeaOrm> {
+    SqlStore::new(SeaOrm::new(db.clone()))
 }
 
 /// On PostgreSQL, a task that turns each `NOTIFY` on the channel named after the outbox table

@@ -16,18 +16,17 @@
 //! and numbers the `?` placeholders on PostgreSQL. An `{ids}` list stays for [`with_ids`].
 //!
 //! This crate names no database driver: the SeaORM store (`idem-sea-orm`) and the sqlx
-//! store (`idem-sqlx`) execute these statements, and run the same algorithms over them: the
-//! atomic-mode claim ([`claim`], over a [`ClaimConnection`]) and lease mode's claim, fence and
-//! completion ([`claim_lease`], [`fence`], [`complete`], …, over a [`LeaseConnection`]),
-//! the completer's reads and fenced updates ([`due_calls`], [`give_up`], …, over any
-//! driver's [`Connection`], and idem-core's `ResumeStore` on [`SqlStore`]) and the outbox's relay ([`Relay`], its claims and marks over an
-//! [`OutboxConnection`]).
-//!
-//! The driver port replaces those per-feature ports, store by store: a driver implements
-//! [`Driver`] (with a [`Connection`] and a [`Transaction`]) and reads each row's columns at the
-//! types its statement declares ([`Bound::columns`], [`Column`]); [`Bridge`] serves the
-//! features' ports over it until the generic store takes their place
-//! (`docs/plans/driver-port.md`).
+//! store (`idem-sqlx`) execute these statements, and run the same algorithms over them. A
+//! driver implements the port, [`Driver`] (with a [`Connection`] and a [`Transaction`]),
+//! reading each row's columns at the types its statement declares ([`Bound::columns`],
+//! [`Column`]). Over it run the completer's reads and fenced updates ([`due_calls`],
+//! [`give_up`], …), the purge ([`ExpiredPurge`]) and the outbox's relay ([`Relay`], its
+//! claims and marks: [`claim_messages`], [`record_outcomes`]), and the one store,
+//! [`SqlStore`], implements idem-core's store traits with them, once for every driver (the
+//! completer's so far). The atomic-mode claim ([`claim`]) and lease mode's claim, fence and
+//! completion ([`claim_lease`], [`fence`], [`complete`], …) still run over their own ports
+//! ([`ClaimConnection`], [`LeaseConnection`]), which [`Bridge`] serves from a driver's
+//! connection until the generic store takes their place (`docs/plans/driver-port.md`).
 //!
 //! It is an implementation crate of idem: its API follows idem's versions, with no promise of its own.
 
@@ -68,16 +67,14 @@ pub use lease::{
     StuckLease, claim_lease, complete, completion, fence, read_step, record_final_step,
     record_step, settled, write_grouped,
 };
-pub use ledger::{
-    ExpiredPurge, Ledger, NewRecord, Purge, PurgeByIndex, PurgeConnection, PurgeSweep,
-};
+pub use ledger::{ExpiredPurge, Ledger, NewRecord, Purge, PurgeByIndex, PurgeSweep};
 pub use names::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
 };
 pub use outbox::{
-    ClaimedMessage, ClaimedRow, DeadMessage, FailedAttempt, NewMessage, Outbox, OutboxConnection,
-    Relay, RelayCounters, RelayRound, RelayStore, claim_messages, health_of, paced_purge,
-    read_health, record_outcomes,
+    ClaimedMessage, ClaimedRow, DeadMessage, FailedAttempt, NewMessage, Outbox, Relay,
+    RelayCounters, RelayRound, RelayStore, claim_messages, health_of, paced_purge, read_health,
+    record_outcomes,
 };
 pub use schema::{Family, SCHEMA_DIALECTS, schema};
 pub use statement::bound::{Bound, Param};

@@ -3,7 +3,7 @@
 //! one bounded statement at a time.
 
 use idem_core::Error;
-use idem_sql::{Bridge, Driver, Sql};
+use idem_sql::{Driver, Sql};
 use sqlx::Pool;
 
 use crate::driver::error::{failed, store_error};
@@ -55,16 +55,12 @@ impl ExpiredPurge {
 }
 
 /// A connection of `pool` as the purge runs statements on it, and the statements.
-async fn connection<DB: Backend>(
-    pool: &Pool<DB>,
-) -> Result<(Bridge<SqlxPooled<DB>, Sqlx<DB>>, &'static Sql), Error> {
-    let driver = Sqlx::new(pool.clone());
-    let sql = Sql::of(DB::flavour(pool).await);
-    let conn = driver
+async fn connection<DB: Backend>(pool: &Pool<DB>) -> Result<(SqlxPooled<DB>, &'static Sql), Error> {
+    let conn = Sqlx::new(pool.clone())
         .acquire()
         .await
         .map_err(|e| store_error("purging expired records", e))?;
-    Ok((Bridge::new(conn), sql))
+    Ok((conn, Sql::common(DB::DIALECT)))
 }
 
 /// Deletes every record that ended and whose TTL passed, `batch` rows per statement (see

@@ -11,14 +11,14 @@ use std::time::Duration;
 use idem_core::Error;
 use idem_core::outbox::{Message, OutboxHealth};
 use idem_sql::{
-    Begin, Bound, ClaimedMessage, FailedAttempt, Outbox as Statements, RelayStore, claim_messages,
-    millis, paced_purge, read_health, record_outcomes,
+    Bound, ClaimedMessage, FailedAttempt, Outbox as Statements, RelayStore, SqlStore, millis,
+    paced_purge,
 };
 use sqlx::Pool;
 
-use crate::driver::error::{failed, store_error};
+use crate::driver::error::store_error;
 use crate::driver::pooler::named;
-use crate::driver::{Backend, on};
+use crate::driver::{Backend, Sqlx};
 
 pub use idem_sql::{DeadMessage, RelayCounters, RelayRound};
 
@@ -144,26 +144,7 @@ impl<DB: Backend> RelayStore<SqlxOutbox> for Pool<DB> {
         lease: Duration,
         token: i64,
     ) -> Result<Vec<ClaimedMessage>, Error> {
-        let outbox = Statements::of(DB::DIALECT);
-        let doing = "claiming outbox messages";
-        let named = named(self);
-        if !outbox.claims_in_three_steps() {
-            let mut conn = self.acquire().await.map_err(|e| store_error(doing, e))?;
-            let mut on = on::<DB>(&mut conn, named);
-            return claim_messages(&mut on, outbox, batch, lease, token)
-                .await
-                .map_err(failed);
-        }
-        // The three statements' transaction reads committed rows, as the SeaORM store's does.
-        let mut tx = crate::driver::port::begin(self, Begin::ReadCommitted)
-            .await
-            .map_err(|e| store_error(doing, e))?;
-        let mut on = on::<DB>(&mut tx, named);
-        let claimed = claim_messages(&mut on, outbox, batch, lease, token)
-            .await
-            .map_err(failed)?;
-        tx.commit().await.map_err(|e| store_error(doing, e))?;
-        Ok(claimed)
+        generic(self).claim_messages(batch, lease, token).await
     }
 
     async fn record_outcomes(
@@ -172,16 +153,9 @@ impl<DB: Backend> RelayStore<SqlxOutbox> for Pool<DB> {
         published: Vec<i64>,
         failures: Vec<FailedAttempt>,
     ) -> Result<(), Error> {
-        let outbox = Statements::of(DB::DIALECT);
-        let named = named(self);
-        let mut conn = self
-            .acquire()
+        generic(self)
+            .record_outcomes(token, &published, &failures)
             .await
-            .map_err(|e| store_error("marking outbox messages", e))?;
-        let mut on = on::<DB>(&mut *conn, named);
-        record_outcomes(&mut on, outbox, token, &published, &failures)
-            .await
-            .map_err(failed)
     }
 
     async fn health(&self) -> Result<OutboxHealth, Error> {
@@ -228,13 +202,12 @@ fn listen_for_notifications(pool: Pool<sqlx::Postgres>) -> tokio::task::JoinHand
 /// The outbox's figures for a health endpoint or a metrics scrape: pending messages, the age
 /// of the oldest one (database clock), dead messages. One statement.
 pub async fn outbox_health<DB: Backend>(pool: &Pool<DB>) -> Result<OutboxHealth, Error> {
-    let doing = "reading the outbox's health";
-    let mut conn = pool.acquire().await.map_err(|e| store_error(doing, e))?;
-    let statement = Statements::of(DB::DIALECT).outbox_health();
-    DB::fetch_first(&mut *conn, statement, named(pool), read_health)
-        .await
-        .and_then(|health| health.ok_or(sqlx::Error::RowNotFound))
-        .map_err(|e| store_error(doing, e))
+    generic(pool).outbox_health().await
+}
+
+/// The store written once for every driver, on `pool`.
+fn generic<DB: Backend>(pool: &Pool<DB>) -> SqlStore<Sqlx<DB>> {
+    SqlStore::new(Sqlx::new(pool.clone()))
 }
 
 /// Lists up to `limit` dead messages, oldest first: each blocks its aggregate until

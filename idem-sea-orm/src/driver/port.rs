@@ -35,7 +35,7 @@ impl SeaOrm {
 /// (`DatabaseConnection`, each statement on a pooled connection of its own, committing
 /// alone), a transaction (`DatabaseTransaction`), or a borrowed one of either.
 #[derive(Debug)]
-pub(crate) struct On<C>(C);
+pub(crate) struct On<C>(pub(crate) C);
 
 /// A SeaORM connection as every per-feature port of idem-sql (claim, lease, completer, purge,
 /// outbox), its errors a [`Fault`](idem_sql::Fault).

@@ -4,8 +4,6 @@
 //! of a holder locks the ledger row and checks its token first, so a holder whose lease was
 //! taken over cannot record anything.
 
-mod group_commit;
-
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -14,7 +12,7 @@ use idem_core::lease::{LeaseHandle, OpenPhase};
 use idem_core::ledger::ids::random_token;
 use idem_core::{BoxFuture, Error, LeaseClaim, LeaseStore, RecordStatus, Request, Ticket};
 pub use idem_sql::{ExpiredLease, StuckLease};
-use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr};
+use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -64,18 +62,20 @@ async fn fence(tx: &DatabaseTransaction, sql: &'static Sql, ticket: &Ticket) -> 
 /// insert of a new key, or the committed row it ran into when that row settles the answer
 /// ([`LeaseStep::answer_at_once`]). `None` when it does not (an ended lease or record to take
 /// over, a row purged in between): then [`claim`] decides under the row's lock. On SQLite the
-/// statement commits with the group of its concurrent writes ([`group_commit`]).
+/// statement commits with the group of its concurrent writes (`SqlStore::write_lease`).
 async fn claim_at_once(
     db: &DatabaseConnection,
     d: &'static Sql,
     step: &LeaseStep,
 ) -> Result<Option<LeaseClaim>, Error> {
-    let failed = |e: DbErr| store_error("claiming a lease", e);
+    let doing = "claiming a lease";
     let (claim, read) = step.at_once(d);
-    let claim = LeaseWrite::Claim { claim, read };
-    let written = within_connection_wait(db, group_commit::write(db, claim))
+    let store = SqlStore::new(SeaOrm::new(db.clone()));
+    let write = store.write_lease(LeaseWrite::Claim { claim, read });
+    let written = within_connection_wait(db, async { Ok(write.await) })
         .await
-        .map_err(failed)?;
+        .map_err(|e| store_error(doing, e))?
+        .map_err(|e| failed((doing, e)))?;
     let LeaseWritten::Row(row) = written else {
         return Ok(None);
     };
@@ -160,11 +160,13 @@ async fn fenced_update(
     update: Bound<'static>,
     doing: &'static str,
 ) -> Result<bool, Error> {
-    let update = LeaseWrite::Update(update);
-    within_connection_wait(db, group_commit::write(db, update))
+    let store = SqlStore::new(SeaOrm::new(db.clone()));
+    let write = store.write_lease(LeaseWrite::Update(update));
+    let written = within_connection_wait(db, async { Ok(write.await) })
         .await
-        .map(|written| matches!(written, LeaseWritten::Changed(1)))
-        .map_err(|e| store_error(doing, e))
+        .map_err(|e| store_error(doing, e))?
+        .map_err(|e| failed((doing, e)))?;
+    Ok(matches!(written, LeaseWritten::Changed(1)))
 }
 
 fn lost() -> Error {

@@ -5,7 +5,8 @@ use idem_core::Error;
 use sea_orm::ConnectionTrait;
 
 use crate::driver::error::{failed, store_error};
-use crate::driver::{fetch_first, on};
+use crate::driver::fetch_first;
+use crate::driver::port::On;
 
 /// A purge of expired records, one bounded statement at a time. [`purge_expired`] runs one to
 /// the end; step one yourself to pace it your own way.
@@ -72,7 +73,7 @@ impl ExpiredPurge {
         batch: u32,
     ) -> Result<Option<u64>, Error> {
         let sql = crate::driver::of(db.get_database_backend());
-        self.0.step(&mut on(db), sql, batch).await.map_err(failed)
+        self.0.step(&mut On(db), sql, batch).await.map_err(failed)
     }
 }
 
@@ -88,7 +89,7 @@ impl ExpiredPurge {
 pub async fn purge_expired<C: ConnectionTrait>(db: &C, batch: u32) -> Result<u64, Error> {
     let sql = crate::driver::of(db.get_database_backend());
     idem_sql::ExpiredPurge::new()
-        .run(&mut on(db), sql, batch)
+        .run(&mut On(db), sql, batch)
         .await
         .map_err(failed)
 }

@@ -1,5 +1,4 @@
-//! The per-feature connection ports (`ClaimConnection`, `LeaseConnection`, `PurgeConnection`,
-//! `OutboxConnection`) over one [`Connection`], so that each store moves
+//! The per-feature connection ports (`ClaimConnection`, `LeaseConnection`) over one [`Connection`], so that each store moves
 //! onto the driver port on its own while the features' algorithms keep their ports. Rows are
 //! decoded here, once, from the columns each statement declares; the ports go as the generic
 //! store takes their places (`docs/plans/driver-port.md`, steps 3 to 9).
@@ -7,10 +6,7 @@
 use std::marker::PhantomData;
 
 use super::{Connection, Driver, Fault};
-use crate::{
-    Bound, ClaimConnection, ClaimRow, ClaimedRow, Failure, LeaseConnection, OutboxConnection,
-    PurgeConnection, Row, read_step,
-};
+use crate::{Bound, ClaimConnection, ClaimRow, Failure, LeaseConnection, Row, read_step};
 
 /// Connection `C` of driver `D` as every per-feature port: its rows decoded by the columns
 /// their statements declare, its errors and idem's findings a [`Fault`].
@@ -101,58 +97,5 @@ where
         statement: Bound<'static>,
     ) -> Result<Vec<(String, Vec<u8>)>, Fault<D::Error>> {
         self.fetch_each(statement, read_step).await
-    }
-}
-
-impl<C, D> PurgeConnection for Bridge<C, D>
-where
-    C: Connection<Error = D::Error>,
-    D: Driver,
-{
-    type Error = Fault<D::Error>;
-
-    async fn execute(&mut self, statement: Bound<'static>) -> Result<u64, Fault<D::Error>> {
-        self.run(statement).await
-    }
-
-    async fn fetch_key(
-        &mut self,
-        statement: Bound<'static>,
-    ) -> Result<Option<Vec<u8>>, Fault<D::Error>> {
-        self.fetch_first(statement, Row::into_bytes).await
-    }
-
-    async fn fetch_texts(
-        &mut self,
-        statement: Bound<'static>,
-    ) -> Result<Vec<String>, Fault<D::Error>> {
-        self.fetch_each(statement, Row::into_text).await
-    }
-}
-
-impl<C, D> OutboxConnection for Bridge<C, D>
-where
-    C: Connection<Error = D::Error>,
-    D: Driver,
-{
-    type Error = Fault<D::Error>;
-
-    async fn execute(&mut self, statement: Bound<'static>) -> Result<u64, Fault<D::Error>> {
-        self.run(statement).await
-    }
-
-    async fn fetch_ids(&mut self, statement: Bound<'static>) -> Result<Vec<i64>, Fault<D::Error>> {
-        self.fetch_each(statement, Row::into_i64).await
-    }
-
-    async fn fetch_claimed(
-        &mut self,
-        statement: Bound<'static>,
-    ) -> Result<Vec<ClaimedRow>, Fault<D::Error>> {
-        self.fetch_each(statement, ClaimedRow::from_row).await
-    }
-
-    fn undecodable(what: String) -> Fault<D::Error> {
-        Fault::Undecodable(what)
     }
 }

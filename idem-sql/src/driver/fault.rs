@@ -19,6 +19,9 @@ pub enum Fault<E> {
     Missing(&'static str),
     /// A stored value idem could not read (an outbox message's headers), described.
     Undecodable(String),
+    /// The group commit that held this write failed or ended without answering it (SQLite's
+    /// lease writes, `write_grouped`): the write did not happen, and may be sent again.
+    Group(String),
 }
 
 impl<E> From<Decode> for Fault<E> {
@@ -33,6 +36,7 @@ impl<E> Fault<E> {
     pub fn failure(&self, classify: impl FnOnce(&E) -> Failure) -> Failure {
         match self {
             Fault::Db(e) => classify(e),
+            Fault::Group(_) => Failure::Unavailable,
             _ => Failure::Other,
         }
     }
@@ -59,6 +63,11 @@ impl<E: std::error::Error + Send + Sync + 'static> Fault<E> {
                 message: format!("{what} (while {doing})"),
                 source: None,
             },
+            // Nothing was written: as a lost connection, the call may be sent again.
+            Fault::Group(why) => Error::Unavailable {
+                message: format!("{why} while {doing}"),
+                retry_after: std::time::Duration::from_secs(1),
+            },
         }
     }
 }
@@ -69,7 +78,7 @@ impl<E: fmt::Display> fmt::Display for Fault<E> {
             Fault::Db(e) => e.fmt(f),
             Fault::Decode(decode) => decode.fmt(f),
             Fault::Missing(what) => write!(f, "{what} was not found"),
-            Fault::Undecodable(what) => f.write_str(what),
+            Fault::Undecodable(what) | Fault::Group(what) => f.write_str(what),
         }
     }
 }
@@ -118,6 +127,15 @@ mod tests {
         assert_eq!(decode.failure(|_| Failure::Unavailable), Failure::Other);
         let error = decode.into_error("reading the key", |_| Failure::Unavailable, "");
         assert!(error.to_string().contains("reading the key"), "{error}");
+
+        // A write whose group commit failed did not happen: the call may be sent again.
+        let group = Fault::<Lost>::Group("the group commit failed: disk I/O error".to_owned());
+        assert_eq!(group.failure(|_| Failure::Other), Failure::Unavailable);
+        let error = group.into_error("claiming a lease", |_| Failure::Other, "");
+        assert!(
+            matches!(error, idem_core::Error::Unavailable { .. }),
+            "{error:?}"
+        );
 
         let missing = Fault::<Lost>::Missing("the claimed ledger row");
         let error = missing.into_error("reading the claimed key", |_| Failure::Other, "");

@@ -2,7 +2,7 @@
 //! sqlx, tokio-postgres) implements [`Driver`] once, on a type of its own that holds its pool,
 //! with a [`Connection`] and a [`Transaction`]; every statement's text, every row's decoding
 //! and every decision stay in idem-sql. The plan, and how it replaces the per-feature ports
-//! (`ClaimConnection`, `ResumeConnection`, …) store by store through [`Bridge`], are in
+//! (`ClaimConnection`, `LeaseConnection`) store by store through [`Bridge`], are in
 //! `docs/plans/driver-port.md`.
 
 mod begin;

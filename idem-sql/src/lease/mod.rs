@@ -14,6 +14,7 @@ use idem_core::{Fingerprints, LeaseClaim, RecordStatus, Recorded, Request, Ticke
 mod group_commit;
 mod operator;
 mod statements;
+mod store;
 
 pub use group_commit::{GroupCommit, LeaseWrite, LeaseWritten, write_grouped};
 pub use operator::{ExpiredLease, StuckLease};

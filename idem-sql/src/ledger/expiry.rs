@@ -1,35 +1,15 @@
 //! The purge of expired records, once for every store: which statement each step runs, where
 //! the next step starts, and when the purge has finished. A store supplies the connection
-//! ([`PurgeConnection`]) and wraps [`ExpiredPurge`] in its own type.
+//! (any driver's [`Connection`], each statement committing on its own) and wraps
+//! [`ExpiredPurge`] in its own type.
 
-use std::future::Future;
 use std::time::Instant;
 
-use crate::{Bound, CALLS_TABLE, Purge, STEPS_TABLE, Sql};
+use crate::driver::{fetch_each, fetch_first};
+use crate::{CALLS_TABLE, Connection, Fault, Purge, Row, STEPS_TABLE, Sql};
 
-/// A connection (or pool) the purge's statements run on, each on its own.
-pub trait PurgeConnection: Send {
-    /// The driver's error.
-    type Error: Send;
-
-    /// Runs `statement` and returns the number of rows it changed.
-    fn execute(
-        &mut self,
-        statement: Bound<'static>,
-    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
-
-    /// Runs `statement` and reads the one key (bytes) it selects, if any.
-    fn fetch_key(
-        &mut self,
-        statement: Bound<'static>,
-    ) -> impl Future<Output = Result<Option<Vec<u8>>, Self::Error>> + Send;
-
-    /// Runs `statement` and reads the one text column of each row it returns.
-    fn fetch_texts(
-        &mut self,
-        statement: Bound<'static>,
-    ) -> impl Future<Output = Result<Vec<String>, Self::Error>> + Send;
-}
+/// What a purge step returns: its answer, or what it was doing when the statement failed.
+type Done<T, C> = Result<T, (&'static str, Fault<<C as Connection>::Error>)>;
 
 /// A purge of expired records, one bounded statement at a time.
 ///
@@ -88,12 +68,12 @@ impl ExpiredPurge {
     /// each statement for as long as it took, so it never holds more than half of the
     /// database's write time: claims queue behind at most one batch. Returns the records
     /// deleted.
-    pub async fn run<C: PurgeConnection>(
+    pub async fn run<C: Connection>(
         &mut self,
         conn: &mut C,
         sql: &'static Sql,
         batch: u32,
-    ) -> Result<u64, (&'static str, C::Error)> {
+    ) -> Done<u64, C> {
         loop {
             let started = Instant::now();
             self.step(conn, sql, batch).await?;
@@ -108,12 +88,12 @@ impl ExpiredPurge {
     /// the records it deleted, or `None` once the purge has finished (then nothing runs). With
     /// [`with_orphans`](Self::with_orphans), the step that finishes also deletes steps and
     /// stored calls left without their record. An error says what the step was doing.
-    pub async fn step<C: PurgeConnection>(
+    pub async fn step<C: Connection>(
         &mut self,
         conn: &mut C,
         sql: &'static Sql,
         batch: u32,
-    ) -> Result<Option<u64>, (&'static str, C::Error)> {
+    ) -> Done<Option<u64>, C> {
         if self.finished {
             return Ok(None);
         }
@@ -121,8 +101,7 @@ impl ExpiredPurge {
         let (steps, calls) = match self.tables {
             Some(tables) => tables,
             None => {
-                let existing = conn
-                    .fetch_texts(sql.inspect.existing_tables())
+                let existing = fetch_each(conn, sql.inspect.existing_tables(), Row::into_text)
                     .await
                     .map_err(|e| ("listing idem's tables", e))?;
                 let has = |table: &str| existing.iter().any(|name| name == table);
@@ -135,20 +114,23 @@ impl ExpiredPurge {
                 let deleted = conn
                     .execute(purge.delete(i64::from(batch)))
                     .await
-                    .map_err(|e| (purging, e))?;
+                    .map_err(|e| (purging, Fault::Db(e)))?;
                 self.finished = deleted < u64::from(batch);
                 deleted
             }
             Purge::Sweep(sweep) => {
-                let last = conn
-                    .fetch_key(sweep.bound(&self.after, i64::from(batch - 1)))
+                let next = sweep.bound(&self.after, i64::from(batch - 1));
+                let last = fetch_first(conn, next, Row::into_bytes)
                     .await
                     .map_err(|e| ("finding the next records to purge", e))?;
                 let delete = match &last {
                     Some(last) => sweep.delete(&self.after, last),
                     None => sweep.delete_rest(&self.after),
                 };
-                let deleted = conn.execute(delete).await.map_err(|e| (purging, e))?;
+                let deleted = conn
+                    .execute(delete)
+                    .await
+                    .map_err(|e| (purging, Fault::Db(e)))?;
                 match last {
                     Some(last) => self.after = last,
                     None => self.finished = true,
@@ -168,9 +150,12 @@ impl ExpiredPurge {
                 calls.then(|| sql.completer.purge_orphaned_calls()),
             ];
             for orphans in orphans.into_iter().flatten() {
-                conn.execute(orphans)
-                    .await
-                    .map_err(|e| ("purging the steps and calls of purged records", e))?;
+                conn.execute(orphans).await.map_err(|e| {
+                    (
+                        "purging the steps and calls of purged records",
+                        Fault::Db(e),
+                    )
+                })?;
             }
         }
         Ok(Some(deleted))

@@ -2,7 +2,7 @@
 
 mod expiry;
 
-pub use expiry::{ExpiredPurge, PurgeConnection};
+pub use expiry::ExpiredPurge;
 
 use crate::statement::render::{render, upsert};
 use crate::{Bound, ClaimRow, Column, Dialect, Param, Tables};

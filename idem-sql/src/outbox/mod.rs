@@ -2,12 +2,11 @@
 //! relay does with them over a connection ([`claim_messages`], [`record_outcomes`],
 //! [`health_of`]) and the relay itself ([`Relay`]: one round claims, publishes to a
 //! [`Sink`](idem_core::outbox::Sink) and marks each message published, retrying or dead;
-//! the loop wakes on commits and polls). A store supplies the connection
-//! ([`OutboxConnection`]) and, for the relay, its claim, marks and health over its pool
+//! the loop wakes on commits and polls), over any driver's [`Connection`]. A store supplies
+//! the connection and, for the relay, its claim, marks and health over its pool
 //! ([`RelayStore`]); staging is one call of [`Outbox::stage`]'s statements in the caller's
 //! transaction.
 
-use std::future::Future;
 use std::time::Duration;
 
 use idem_core::outbox::{OutboxHealth, OutboxMessage};
@@ -15,40 +14,17 @@ use idem_core::outbox::{OutboxHealth, OutboxMessage};
 mod operator;
 mod relay;
 mod statements;
+mod store;
 
 pub use operator::{DeadMessage, paced_purge};
 pub use relay::{Relay, RelayCounters, RelayRound, RelayStore};
 pub use statements::{NewMessage, Outbox};
 
-use crate::{Bound, Column, Decode, Row, millis};
+use crate::driver::fetch_each;
+use crate::{Column, Connection, Decode, Fault, Row, millis};
 
-/// A connection (or transaction) the outbox's statements run on.
-pub trait OutboxConnection: Send {
-    /// The driver's error.
-    type Error: Send;
-
-    /// Runs `statement` and returns the number of rows it changed.
-    fn execute(
-        &mut self,
-        statement: Bound<'static>,
-    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
-
-    /// Runs `statement`, which returns one integer column, and reads it from every row.
-    fn fetch_ids(
-        &mut self,
-        statement: Bound<'static>,
-    ) -> impl Future<Output = Result<Vec<i64>, Self::Error>> + Send;
-
-    /// Runs `statement`, which returns the columns of [`ClaimedRow`] in its order, and reads
-    /// them.
-    fn fetch_claimed(
-        &mut self,
-        statement: Bound<'static>,
-    ) -> impl Future<Output = Result<Vec<ClaimedRow>, Self::Error>> + Send;
-
-    /// The error for a claimed row whose columns do not make a message.
-    fn undecodable(what: String) -> Self::Error;
-}
+/// What an outbox step returns: its answer, or what it was doing when the statement failed.
+type Done<T, C> = Result<T, (&'static str, Fault<<C as Connection>::Error>)>;
 
 /// A claimed outbox row, as the claim returns it: id, message_id, topic, aggregate_key,
 /// aggregate_seq, headers, payload, attempts.
@@ -129,9 +105,9 @@ impl ClaimedRow {
     }
 }
 
-fn messages<C: OutboxConnection>(rows: Vec<ClaimedRow>) -> Result<Vec<ClaimedMessage>, C::Error> {
+fn messages<E>(rows: Vec<ClaimedRow>) -> Result<Vec<ClaimedMessage>, Fault<E>> {
     rows.into_iter()
-        .map(|row| row.into_message().map_err(C::undecodable))
+        .map(|row| row.into_message().map_err(Fault::Undecodable))
         .collect()
 }
 
@@ -139,33 +115,31 @@ fn messages<C: OutboxConnection>(rows: Vec<ClaimedRow>) -> Result<Vec<ClaimedMes
 /// to `token`, in row order. Where [`Outbox::claims_in_three_steps`] (MySQL), `conn` is a
 /// READ COMMITTED transaction the store began and commits after; elsewhere one statement,
 /// on any connection. An error says what failed.
-pub async fn claim_messages<C: OutboxConnection>(
+pub async fn claim_messages<C: Connection>(
     conn: &mut C,
     outbox: &'static Outbox,
     batch: u32,
     lease: Duration,
     token: i64,
-) -> Result<Vec<ClaimedMessage>, (&'static str, C::Error)> {
+) -> Done<Vec<ClaimedMessage>, C> {
     let failed = |e| ("claiming outbox messages", e);
     let (batch, lease_ms) = (i64::from(batch), millis(lease));
     let mut claimed = if outbox.claims_in_three_steps() {
-        let eligible = conn
-            .fetch_ids(outbox.select_eligible(batch))
+        let eligible = fetch_each(conn, outbox.select_eligible(batch), Row::into_i64)
             .await
             .map_err(failed)?;
         if eligible.is_empty() {
             return Ok(Vec::new());
         }
-        let rows = conn
-            .fetch_claimed(outbox.lock_claimable(&eligible))
+        let rows = fetch_each(conn, outbox.lock_claimable(&eligible), ClaimedRow::from_row)
             .await
             .map_err(failed)?;
-        let mut locked = messages::<C>(rows).map_err(failed)?;
+        let mut locked = messages(rows).map_err(failed)?;
         if !locked.is_empty() {
             let ids: Vec<i64> = locked.iter().map(|c| c.row).collect();
             conn.execute(outbox.lease_messages(&ids, token, lease_ms))
                 .await
-                .map_err(failed)?;
+                .map_err(|e| failed(Fault::Db(e)))?;
             // The rows were read before the lease counted this attempt.
             for c in &mut locked {
                 c.message.attempt += 1;
@@ -173,11 +147,11 @@ pub async fn claim_messages<C: OutboxConnection>(
         }
         locked
     } else {
-        let rows = conn
-            .fetch_claimed(outbox.claim_messages(token, lease_ms, batch))
+        let claim = outbox.claim_messages(token, lease_ms, batch);
+        let rows = fetch_each(conn, claim, ClaimedRow::from_row)
             .await
             .map_err(failed)?;
-        messages::<C>(rows).map_err(failed)?
+        messages(rows).map_err(failed)?
     };
     claimed.sort_by_key(|c| c.row);
     Ok(claimed)
@@ -199,17 +173,17 @@ pub struct FailedAttempt {
 /// Records a round's outcomes in `conn` for the relay holding `token`: `published` rows
 /// published, each of `failures` retrying or dead. A row whose lease `token` lost is left
 /// alone (another relay holds it now).
-pub async fn record_outcomes<C: OutboxConnection>(
+pub async fn record_outcomes<C: Connection>(
     conn: &mut C,
     outbox: &'static Outbox,
     token: i64,
     published: &[i64],
     failures: &[FailedAttempt],
-) -> Result<(), (&'static str, C::Error)> {
+) -> Done<(), C> {
     if !published.is_empty() {
         conn.execute(outbox.mark_published(published, token))
             .await
-            .map_err(|e| ("marking outbox messages published", e))?;
+            .map_err(|e| ("marking outbox messages published", Fault::Db(e)))?;
     }
     for failure in failures {
         // Keep the stored error short: it is for an operator's eyes, not a log archive.
@@ -217,7 +191,7 @@ pub async fn record_outcomes<C: OutboxConnection>(
         let delay_ms = millis(failure.delay);
         conn.execute(outbox.mark_failed(failure.row, token, failure.dead, error, delay_ms))
             .await
-            .map_err(|e| ("recording a failed outbox attempt", e))?;
+            .map_err(|e| ("recording a failed outbox attempt", Fault::Db(e)))?;
     }
     Ok(())
 }

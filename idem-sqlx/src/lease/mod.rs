@@ -4,7 +4,6 @@
 //! idem-sql's ([`idem_sql::claim_lease`] and its neighbours), the same the SeaORM lease store
 //! runs; this file begins, commits and binds.
 
-mod group_commit;
 mod operator;
 
 pub use operator::{expired_leases, release_lease, stuck_leases};
@@ -116,12 +115,12 @@ async fn claim<DB: Backend>(
     let (d, named) = statements(&pool).await;
     if step.claims_at_once(d) {
         let (claim, read) = step.at_once(d);
-        let written = within(
-            wait,
-            group_commit::write(&pool, LeaseWrite::Claim { claim, read }),
-        )
-        .await
-        .map_err(|e| store_error(doing, e))?;
+        let store = SqlStore::new(Sqlx::new(pool.clone()));
+        let write = store.write_lease(LeaseWrite::Claim { claim, read });
+        let written = within(wait, async { Ok(write.await) })
+            .await
+            .map_err(|e| store_error(doing, e))?
+            .map_err(|e| failed((doing, e)))?;
         if let LeaseWritten::Row(row) = written
             && let Some(answer) = step.answer_at_once(row)
         {
@@ -144,10 +143,11 @@ async fn fenced_update<DB: Backend>(
     update: Bound<'static>,
     doing: &'static str,
 ) -> Result<bool, Error> {
-    group_commit::write(&pool, LeaseWrite::Update(update))
+    SqlStore::new(Sqlx::new(pool))
+        .write_lease(LeaseWrite::Update(update))
         .await
         .map(|written| matches!(written, LeaseWritten::Changed(1)))
-        .map_err(|e| store_error(doing, e))
+        .map_err(|e| failed((doing, e)))
 }
 
 /// Records a lease-mode call's outcome in `tx` if `ticket` still holds the lease

@@ -1,0 +1,78 @@
+//! The relay's side of the store, once for every driver: its claim (one statement, or
+//! MySQL's three in a READ COMMITTED transaction), its marks and the outbox's health, on
+//! [`SqlStore`]. Each store's [`RelayStore`](super::RelayStore) lends them.
+
+use std::time::Duration;
+
+use idem_core::Error;
+use idem_core::outbox::OutboxHealth;
+
+use super::{ClaimedMessage, FailedAttempt, claim_messages, read_health, record_outcomes};
+use crate::driver::fetch_first;
+use crate::store::{SqlStore, db_error, failed};
+use crate::{Begin, Driver, Transaction};
+
+impl<D: Driver> SqlStore<D> {
+    /// Claims up to `batch` due messages for `lease`, leased to `token`
+    /// ([`claim_messages`]).
+    pub async fn claim_messages(
+        &self,
+        batch: u32,
+        lease: Duration,
+        token: i64,
+    ) -> Result<Vec<ClaimedMessage>, Error> {
+        let outbox = &self.statements().outbox;
+        let doing = "claiming outbox messages";
+        if !outbox.claims_in_three_steps() {
+            let mut conn = self.pooled(doing).await?;
+            return claim_messages(&mut conn, outbox, batch, lease, token)
+                .await
+                .map_err(failed::<D>);
+        }
+        // The three statements' transaction reads rows committed since it began.
+        let mut tx = self
+            .driver()
+            .begin(Begin::ReadCommitted)
+            .await
+            .map_err(|e| db_error::<D>(doing, e))?;
+        let claimed = claim_messages(&mut tx, outbox, batch, lease, token)
+            .await
+            .map_err(failed::<D>)?;
+        tx.commit().await.map_err(|e| db_error::<D>(doing, e))?;
+        Ok(claimed)
+    }
+
+    /// Records a relay round's outcomes for the relay holding `token` ([`record_outcomes`]).
+    pub async fn record_outcomes(
+        &self,
+        token: i64,
+        published: &[i64],
+        failures: &[FailedAttempt],
+    ) -> Result<(), Error> {
+        let mut conn = self.pooled("marking outbox messages").await?;
+        record_outcomes(
+            &mut conn,
+            &self.statements().outbox,
+            token,
+            published,
+            failures,
+        )
+        .await
+        .map_err(failed::<D>)
+    }
+
+    /// The outbox's figures for a health endpoint or a metrics scrape: pending messages, the
+    /// age of the oldest one (database clock), dead messages. One statement.
+    pub async fn outbox_health(&self) -> Result<OutboxHealth, Error> {
+        let doing = "reading the outbox's health";
+        let mut conn = self.pooled(doing).await?;
+        fetch_first(
+            &mut conn,
+            self.statements().outbox.outbox_health(),
+            read_health,
+        )
+        .await
+        .map_err(|e| failed::<D>((doing, e)))?
+        .ok_or_else(|| Error::store(doing, "no row"))
+    }
+}
