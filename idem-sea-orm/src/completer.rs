@@ -3,65 +3,11 @@
 //! and deleted when the call is recorded (or, once given up, when its hook ran). What the
 //! completer's statements are and what their rows decide is idem-sql's
 //! ([`idem_sql::due_calls`] and its neighbours), and so is the store that runs them, written
-//! once for every driver ([`idem_sql::SqlStore`]); the lease store lends it.
-
-use std::time::Duration;
-
-use idem_core::completer::{Due, ResumeStore, Steps, StoredCall};
-use idem_core::{BoxFuture, Error};
+//! once for every driver ([`idem_sql::SqlStore`]); the lease store lends it
+//! (`idem_sql::lend_store!`).
 
 use crate::lease::SeaOrmLeaseStore;
 
 /// A [`Completer`](idem_core::Completer) on the SeaORM ledger: finishes resumable lease-mode
 /// calls whose clients did not come back. `Completer::new(SeaOrmLeaseStore::new(db))`.
 pub type Completer = idem_core::Completer<SeaOrmLeaseStore>;
-
-impl ResumeStore for SeaOrmLeaseStore {
-    fn due_calls<'a>(
-        &'a self,
-        scopes: &'a [&'a str],
-        limit: u32,
-    ) -> BoxFuture<'a, Result<Due, Error>> {
-        self.generic().due_calls(scopes, limit)
-    }
-
-    fn begin_attempt<'a>(
-        &'a self,
-        call: &'a StoredCall,
-        backoff: Duration,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        self.generic().begin_attempt(call, backoff)
-    }
-
-    fn note_failure<'a>(
-        &'a self,
-        call: &'a StoredCall,
-        error: &'a str,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        self.generic().note_failure(call, error)
-    }
-
-    fn give_up<'a>(
-        &'a self,
-        call: &'a StoredCall,
-        payload: &'a [u8],
-        hook_retry: Duration,
-    ) -> BoxFuture<'a, Result<bool, Error>> {
-        self.generic().give_up(call, payload, hook_retry)
-    }
-
-    fn steps<'a>(&'a self, call: &'a StoredCall) -> BoxFuture<'a, Result<Steps, Error>> {
-        self.generic().steps(call)
-    }
-
-    fn forget<'a>(&'a self, call: &'a StoredCall) -> BoxFuture<'a, Result<(), Error>> {
-        self.generic().forget(call)
-    }
-
-    fn unregistered<'a>(
-        &'a self,
-        scopes: &'a [&'a str],
-    ) -> BoxFuture<'a, Result<Vec<(String, u64)>, Error>> {
-        self.generic().unregistered(scopes)
-    }
-}

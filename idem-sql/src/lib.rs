@@ -64,8 +64,8 @@ pub use inbox::{Inbox, NewDeadLetter};
 pub use inspect::Inspect;
 pub use lease::{
     ExpiredLease, GroupCommit, Lease, LeaseConnection, LeaseStep, LeaseWrite, LeaseWritten,
-    StuckLease, claim_lease, complete, completion, fence, read_step, record_final_step,
-    record_step, settled, write_grouped,
+    StuckLease, WritesFuture, claim_lease, complete, completion, fence, final_phase, read_step,
+    record_final_step, record_step, settled, unfenced, write_grouped,
 };
 pub use ledger::{ExpiredPurge, Ledger, NewRecord, Purge, PurgeByIndex, PurgeSweep};
 pub use names::{

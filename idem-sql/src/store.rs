@@ -5,7 +5,7 @@
 
 use idem_core::Error;
 
-use crate::{Begin, Driver, Fault, Sql};
+use crate::{Begin, Dialect, Driver, Fault, Flavour, MySqlServer, Sql, learn_flavour};
 
 /// idem's store on driver `D`: SeaORM's, sqlx's or tokio-postgres's pool. Cloning it shares
 /// the pool.
@@ -29,6 +29,28 @@ impl<D: Driver> SqlStore<D> {
     /// claim's, which differ by MySQL family).
     pub(crate) fn statements(&self) -> &'static Sql {
         Sql::common(self.driver.dialect())
+    }
+
+    /// Every statement of the server the driver's pool reaches: on the MySQL protocol, of its
+    /// family, learnt once per server ([`learn_flavour`]; asked each time where the driver
+    /// cannot name the server); an error says it happened while `doing`.
+    pub(crate) async fn server_statements(&self, doing: &'static str) -> Result<&'static Sql, Error> {
+        let dialect = self.driver.dialect();
+        let flavour = match dialect {
+            Dialect::Postgres => Flavour::Postgres,
+            Dialect::Sqlite => Flavour::Sqlite,
+            Dialect::MySql => {
+                let server = self.driver.server();
+                match server.as_ref().and_then(MySqlServer::learnt) {
+                    Some(flavour) => flavour,
+                    None => {
+                        let mut conn = self.pooled(doing).await?;
+                        learn_flavour(&mut conn, dialect, server.as_ref()).await
+                    }
+                }
+            }
+        };
+        Ok(Sql::of(flavour))
     }
 
     /// A pooled connection; an error says it happened while `doing`.
@@ -56,4 +78,115 @@ pub(crate) fn db_error<D: Driver>(doing: &str, error: D::Error) -> Error {
 /// A step's failure, with what it was doing, as idem's error.
 pub(crate) fn failed<D: Driver>((doing, fault): (&str, Fault<D::Error>)) -> Error {
     fault.into_error(doing, D::classify, D::CREATE_TABLES)
+}
+
+/// Implements idem-core's `LeaseStore` and `ResumeStore` for a store crate's lease store by
+/// lending the [`SqlStore`] its `generic()` method returns: `lend_store!([DB: Backend]
+/// SqlxLeaseStore<DB>)`. The lease stores keep their own names and constructors for users;
+/// everything they do is written once, here.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! lend_store {
+    ([$($generics:tt)*] $store:ty) => {
+        impl<$($generics)*> ::idem_core::LeaseStore for $store {
+            fn claim_lease<'a>(
+                &'a self,
+                req: &'a ::idem_core::Request,
+                lease: ::std::time::Duration,
+            ) -> ::idem_core::BoxFuture<'a, Result<::idem_core::LeaseClaim, ::idem_core::Error>> {
+                self.generic().claim_lease(req, lease)
+            }
+
+            fn renew<'a>(
+                &'a self,
+                ticket: &'a ::idem_core::Ticket,
+                lease: ::std::time::Duration,
+            ) -> ::idem_core::BoxFuture<'a, Result<(), ::idem_core::Error>> {
+                self.generic().renew(ticket, lease)
+            }
+
+            fn record_step<'a>(
+                &'a self,
+                ticket: &'a ::idem_core::Ticket,
+                name: &'a str,
+                payload: &'a [u8],
+            ) -> ::idem_core::BoxFuture<'a, Result<(), ::idem_core::Error>> {
+                self.generic().record_step(ticket, name, payload)
+            }
+
+            fn complete<'a>(
+                &'a self,
+                ticket: &'a ::idem_core::Ticket,
+                req: &'a ::idem_core::Request,
+                status: ::idem_core::RecordStatus,
+                payload: &'a [u8],
+                forget_steps: bool,
+            ) -> ::idem_core::BoxFuture<'a, Result<(), ::idem_core::Error>> {
+                self.generic().complete(ticket, req, status, payload, forget_steps)
+            }
+
+            fn release_lease<'a>(
+                &'a self,
+                ticket: &'a ::idem_core::Ticket,
+            ) -> ::idem_core::BoxFuture<'a, Result<(), ::idem_core::Error>> {
+                self.generic().release_lease(ticket)
+            }
+        }
+
+        impl<$($generics)*> ::idem_core::completer::ResumeStore for $store {
+            fn due_calls<'a>(
+                &'a self,
+                scopes: &'a [&'a str],
+                limit: u32,
+            ) -> ::idem_core::BoxFuture<'a, Result<::idem_core::completer::Due, ::idem_core::Error>> {
+                self.generic().due_calls(scopes, limit)
+            }
+
+            fn begin_attempt<'a>(
+                &'a self,
+                call: &'a ::idem_core::completer::StoredCall,
+                backoff: ::std::time::Duration,
+            ) -> ::idem_core::BoxFuture<'a, Result<bool, ::idem_core::Error>> {
+                self.generic().begin_attempt(call, backoff)
+            }
+
+            fn note_failure<'a>(
+                &'a self,
+                call: &'a ::idem_core::completer::StoredCall,
+                error: &'a str,
+            ) -> ::idem_core::BoxFuture<'a, Result<(), ::idem_core::Error>> {
+                self.generic().note_failure(call, error)
+            }
+
+            fn give_up<'a>(
+                &'a self,
+                call: &'a ::idem_core::completer::StoredCall,
+                payload: &'a [u8],
+                hook_retry: ::std::time::Duration,
+            ) -> ::idem_core::BoxFuture<'a, Result<bool, ::idem_core::Error>> {
+                self.generic().give_up(call, payload, hook_retry)
+            }
+
+            fn steps<'a>(
+                &'a self,
+                call: &'a ::idem_core::completer::StoredCall,
+            ) -> ::idem_core::BoxFuture<'a, Result<::idem_core::completer::Steps, ::idem_core::Error>> {
+                self.generic().steps(call)
+            }
+
+            fn forget<'a>(
+                &'a self,
+                call: &'a ::idem_core::completer::StoredCall,
+            ) -> ::idem_core::BoxFuture<'a, Result<(), ::idem_core::Error>> {
+                self.generic().forget(call)
+            }
+
+            fn unregistered<'a>(
+                &'a self,
+                scopes: &'a [&'a str],
+            ) -> ::idem_core::BoxFuture<'a, Result<Vec<(String, u64)>, ::idem_core::Error>> {
+                self.generic().unregistered(scopes)
+            }
+        }
+    };
 }

@@ -2,31 +2,32 @@
 //! `owner` = the fencing token, `expires_at_ms` = the lease end while in progress), and
 //! recovery points live in the steps table ([`STEPS_TABLE`](crate::STEPS_TABLE)). Every write
 //! of a holder locks the ledger row and checks its token first, so a holder whose lease was
-//! taken over cannot record anything.
+//! taken over cannot record anything. All of it is idem-sql's, written once for every driver
+//! ([`idem_sql::SqlStore`]); this file names the store, the final phase and the operator's
+//! lists for SeaORM's users.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use idem_core::lease::{LeaseHandle, OpenPhase};
-use idem_core::ledger::ids::random_token;
-use idem_core::{BoxFuture, Error, LeaseClaim, LeaseStore, RecordStatus, Request, Ticket};
+use idem_core::Error;
+use idem_core::lease::LeaseHandle;
 pub use idem_sql::{ExpiredLease, StuckLease};
+use idem_sql::{Driver, SqlStore};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::atomic::{begin_within, connection_wait, detached, list_rows, within_connection_wait};
-use crate::driver::error::{failed, store_error};
-use crate::driver::{Bound, SeaOrm, Sql, millis, on, statement};
-use idem_sql::{LeaseStep, SqlStore};
-use idem_sql::{LeaseWrite, LeaseWritten};
+use crate::atomic::list_rows;
+use crate::driver::error::store_error;
+use crate::driver::port::On;
+use crate::driver::{SeaOrm, millis, statement};
 
 /// The ledger in lease mode on a SeaORM connection; `#[idempotent(..., lease = "…")]` builds
 /// one from the handler's connection.
 #[derive(Debug, Clone)]
 pub struct SeaOrmLeaseStore {
-    /// The features written once for every driver (the completer's) run on it.
+    /// Everything the store does is written once for every driver, on it.
     store: SqlStore<SeaOrm>,
 }
 
@@ -49,234 +50,7 @@ impl SeaOrmLeaseStore {
     }
 }
 
-/// Locks the ledger row of `ticket` in `tx` and checks the ticket still holds it
-/// ([`idem_sql::fence`]).
-async fn fence(tx: &DatabaseTransaction, sql: &'static Sql, ticket: &Ticket) -> Result<(), Error> {
-    let holds = idem_sql::fence(&mut on(tx), sql, ticket)
-        .await
-        .map_err(failed)?;
-    if holds { Ok(()) } else { Err(lost()) }
-}
-
-/// A lease claim as one statement outside a transaction (one round trip, one commit): the
-/// insert of a new key, or the committed row it ran into when that row settles the answer
-/// ([`LeaseStep::answer_at_once`]). `None` when it does not (an ended lease or record to take
-/// over, a row purged in between): then [`claim`] decides under the row's lock. On SQLite the
-/// statement commits with the group of its concurrent writes (`SqlStore::write_lease`).
-async fn claim_at_once(
-    db: &DatabaseConnection,
-    d: &'static Sql,
-    step: &LeaseStep,
-) -> Result<Option<LeaseClaim>, Error> {
-    let doing = "claiming a lease";
-    let (claim, read) = step.at_once(d);
-    let store = SqlStore::new(SeaOrm::new(db.clone()));
-    let write = store.write_lease(LeaseWrite::Claim { claim, read });
-    let written = within_connection_wait(db, async { Ok(write.await) })
-        .await
-        .map_err(|e| store_error(doing, e))?
-        .map_err(|e| failed((doing, e)))?;
-    let LeaseWritten::Row(row) = written else {
-        return Ok(None);
-    };
-    Ok(step.answer_at_once(row))
-}
-
-/// The lease claim ([`idem_sql::claim_lease`]): at once where it can, else in a transaction
-/// under the row's lock.
-async fn claim(db: DatabaseConnection, step: LeaseStep) -> Result<LeaseClaim, Error> {
-    let doing = "claiming a lease";
-    let d = within_connection_wait(&db, async { Ok(crate::driver::of_server(&db).await) })
-        .await
-        .map_err(|e| store_error(doing, e))?;
-    if step.claims_at_once(d)
-        && let Some(answer) = claim_at_once(&db, d, &step).await?
-    {
-        return Ok(answer);
-    }
-    let (tx, _) = begin_within(&db, connection_wait())
-        .await
-        .map_err(|e| store_error(doing, e))?;
-    let answer = idem_sql::claim_lease(&mut on(&tx), d, &step)
-        .await
-        .map_err(failed)?;
-    tx.commit().await.map_err(|e| store_error(doing, e))?;
-    Ok(answer)
-}
-
-/// Records a lease-mode call's outcome in `tx` if `ticket` still holds the lease
-/// ([`idem_sql::complete`]: kept for `ttl` from now, its steps and, for a `resumable` call,
-/// its stored call forgotten), and commits.
-async fn record_completion(
-    (tx, sql): (DatabaseTransaction, &'static Sql),
-    ticket: Ticket,
-    status: RecordStatus,
-    payload: Vec<u8>,
-    ttl: Duration,
-    resumable: bool,
-) -> Result<(), Error> {
-    let held = idem_sql::complete(&mut on(&tx), sql, &ticket, status, payload, ttl, resumable)
-        .await
-        .map_err(failed)?;
-    if !held {
-        return Err(lost());
-    }
-    tx.commit()
-        .await
-        .map_err(|e| store_error("recording the result", e))
-}
-
-/// A final phase's transaction kept open for the call's result (P10) with its server's
-/// statements, and whether the call is resumable.
-struct OpenFinalPhase((DatabaseTransaction, &'static Sql), bool);
-
-impl OpenPhase for OpenFinalPhase {
-    fn complete(
-        self: Box<Self>,
-        ticket: Ticket,
-        status: RecordStatus,
-        payload: Vec<u8>,
-        ttl: Duration,
-    ) -> BoxFuture<'static, Result<(), Error>> {
-        Box::pin(detached(record_completion(
-            self.0, ticket, status, payload, ttl, self.1,
-        )))
-    }
-
-    fn commit(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
-        Box::pin(detached(async move {
-            self.0
-                .0
-                .commit()
-                .await
-                .map_err(|e| store_error("committing the final phase", e))
-        }))
-    }
-}
-
-/// Runs `update` (binds as given) and reports whether it changed the held record.
-async fn fenced_update(
-    db: &DatabaseConnection,
-    update: Bound<'static>,
-    doing: &'static str,
-) -> Result<bool, Error> {
-    let store = SqlStore::new(SeaOrm::new(db.clone()));
-    let write = store.write_lease(LeaseWrite::Update(update));
-    let written = within_connection_wait(db, async { Ok(write.await) })
-        .await
-        .map_err(|e| store_error(doing, e))?
-        .map_err(|e| failed((doing, e)))?;
-    Ok(matches!(written, LeaseWritten::Changed(1)))
-}
-
-fn lost() -> Error {
-    // The scope is not known here; the engine's span carries it.
-    Error::LeaseLost {
-        scope: String::new(),
-    }
-}
-
-impl LeaseStore for SeaOrmLeaseStore {
-    fn claim_lease<'a>(
-        &'a self,
-        req: &'a Request,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<LeaseClaim, Error>> {
-        // SQLite: an atomic body in this task holds the database's one write lock, which the
-        // lease's claim would wait for. (Elsewhere the lease commits on its own, as it must.)
-        if let Err(e) = crate::atomic::outside_open_claim_sqlite(self.db(), req.scope()) {
-            return Box::pin(async move { Err(e) });
-        }
-        let step = claim(self.db().clone(), LeaseStep::of(req, random_token(), lease));
-        Box::pin(detached(step))
-    }
-
-    fn renew<'a>(
-        &'a self,
-        ticket: &'a Ticket,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        let renew = crate::driver::of(self.db().get_database_backend())
-            .lease
-            .renew(&ticket.id, ticket.token, millis(lease));
-        let db = self.db().clone();
-        Box::pin(detached(async move {
-            if fenced_update(&db, renew, "renewing a lease").await? {
-                Ok(())
-            } else {
-                Err(lost())
-            }
-        }))
-    }
-
-    fn record_step<'a>(
-        &'a self,
-        ticket: &'a Ticket,
-        name: &'a str,
-        payload: &'a [u8],
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        let (db, ticket, name, payload) = (
-            self.db().clone(),
-            *ticket,
-            name.to_owned(),
-            payload.to_vec(),
-        );
-        Box::pin(detached(async move {
-            let (tx, sql) = begin_within(&db, connection_wait())
-                .await
-                .map_err(|e| store_error("recording a step", e))?;
-            let held = idem_sql::record_step(&mut on(&tx), sql, &ticket, &name, &payload)
-                .await
-                .map_err(failed)?;
-            if !held {
-                return Err(lost());
-            }
-            tx.commit()
-                .await
-                .map_err(|e| store_error("recording a step", e))
-        }))
-    }
-
-    fn complete<'a>(
-        &'a self,
-        ticket: &'a Ticket,
-        req: &'a Request,
-        status: RecordStatus,
-        payload: &'a [u8],
-        forget_steps: bool,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        let (db, ticket, payload, ttl) = (self.db().clone(), *ticket, payload.to_vec(), req.ttl());
-        let resumable = req.stored_args().is_some();
-        Box::pin(detached(async move {
-            if !forget_steps && !resumable {
-                // Nothing else to delete: the fenced update alone, outside a transaction.
-                let sql = crate::driver::of(db.get_database_backend());
-                let update = idem_sql::completion(sql, &ticket, status, payload, ttl);
-                return if fenced_update(&db, update, "recording the result").await? {
-                    Ok(())
-                } else {
-                    Err(lost())
-                };
-            }
-            let begun = begin_within(&db, connection_wait())
-                .await
-                .map_err(|e| store_error("recording the result", e))?;
-            record_completion(begun, ticket, status, payload, ttl, resumable).await
-        }))
-    }
-
-    fn release_lease<'a>(&'a self, ticket: &'a Ticket) -> BoxFuture<'a, Result<(), Error>> {
-        let release = crate::driver::of(self.db().get_database_backend())
-            .lease
-            .release(&ticket.id, ticket.token);
-        let db = self.db().clone();
-        Box::pin(detached(async move {
-            fenced_update(&db, release, "ending a lease")
-                .await
-                .map(drop)
-        }))
-    }
-}
+idem_sql::lend_store!([] SeaOrmLeaseStore);
 
 /// The final phase of a lease-mode handler: runs `writes` in one transaction that also checks
 /// the lease and records the step `name`, so the database effects (the guarded transition,
@@ -328,26 +102,9 @@ where
     final_phase(db, name, writes, "idem::sea_orm::finish", true).await
 }
 
-/// A final phase's writes with idem switched off ([`idem_core::testing`]): committed if
-/// they succeed, nothing recorded.
-async fn unfenced<T, E, F>(db: &DatabaseConnection, writes: F) -> Result<T, E>
-where
-    E: From<Error>,
-    F: for<'t> FnOnce(
-        &'t DatabaseTransaction,
-    ) -> Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>,
-{
-    let (tx, _) = begin_within(db, connection_wait())
-        .await
-        .map_err(|e| store_error("beginning the final phase", e))?;
-    let value = writes(&tx).await?;
-    tx.commit()
-        .await
-        .map_err(|e| store_error("committing the final phase", e))?;
-    Ok(value)
-}
-
-/// A final phase; with `keep_open` its transaction waits for the call's result.
+/// A final phase; with `keep_open` its transaction waits for the call's result. The value's
+/// type is known here: a recorded step returns it; the rest is idem-sql's
+/// ([`idem_sql::final_phase`]).
 async fn final_phase<T, E, F>(
     db: &DatabaseConnection,
     name: &str,
@@ -362,67 +119,29 @@ where
         &'t DatabaseTransaction,
     ) -> Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>,
 {
+    let store = SqlStore::new(SeaOrm::new(db.clone()));
+    // The handler's writes get the phase's `DatabaseTransaction`.
     if idem_core::testing::is_disabled() {
         // Switched off, the call's lease is in memory: the writes alone, in a transaction.
-        return unfenced(db, writes).await;
+        return idem_sql::unfenced::<SeaOrm, T, E, _>(&store, |tx: &mut On<DatabaseTransaction>| {
+            writes(SeaOrm::body(tx))
+        })
+        .await;
     }
     let lease = LeaseHandle::current(what)?;
     if let Some(value) = lease.recorded::<T>(name)? {
         return Ok(value);
     }
-    lease.commit_open_phase().await?;
-    if lease.is_lost() {
-        return Err(lease.lose().into());
-    }
-    let ticket = lease.ticket();
-    let (tx, sql) = begin_within(db, connection_wait())
-        .await
-        .map_err(|e| lease.store_failed(store_error("beginning the final phase", e)))?;
-    // Every failure on the phase's connection goes through `store_failed`: a server that went
-    // away under the phase makes the call release its lease behind its answer.
-    if let Err(e) = fence(&tx, sql, &ticket).await {
-        let _ = tx.rollback().await;
-        return Err(if e.kind() == idem_core::ErrorKind::LeaseLost {
-            lease.lose()
-        } else {
-            lease.store_failed(e)
-        }
-        .into());
-    }
-    let value = match writes(&tx).await {
-        Ok(value) => value,
-        Err(e) => {
-            // The handler's error says nothing idem can read; a rollback that finds no
-            // connection says the server went away.
-            if let Err(rollback) = tx.rollback().await {
-                lease.store_failed(store_error("rolling back the final phase", rollback));
-            }
-            return Err(e);
-        }
-    };
-    let payload = lease.encode(&value)?;
-    lease.recording_step();
-    idem_sql::record_final_step(
-        &mut on(&tx),
-        sql,
-        &ticket,
+    let encode = |value: &T| lease.encode(value);
+    idem_sql::final_phase::<SeaOrm, T, E, _>(
+        &store,
+        &lease,
         name,
-        &payload,
-        lease.is_resumable(),
+        |tx: &mut On<DatabaseTransaction>| writes(SeaOrm::body(tx)),
+        encode,
+        keep_open,
     )
     .await
-    .map_err(|e| lease.store_failed(failed(e)))?;
-    if keep_open {
-        // The engine records the call's result in this transaction when the handler
-        // returns, or commits it alone if the handler does more first.
-        lease.keep_open(Box::new(OpenFinalPhase((tx, sql), lease.is_resumable())));
-    } else {
-        tx.commit()
-            .await
-            .map_err(|e| lease.store_failed(store_error("committing the final phase", e)))?;
-    }
-    lease.note_recorded(name, payload);
-    Ok(value)
 }
 
 /// Lists up to `limit` leases that ended without their call finishing, oldest first.

@@ -13,11 +13,13 @@ use idem_core::{Fingerprints, LeaseClaim, RecordStatus, Recorded, Request, Ticke
 
 mod group_commit;
 mod operator;
+mod phase;
 mod statements;
 mod store;
 
 pub use group_commit::{GroupCommit, LeaseWrite, LeaseWritten, write_grouped};
 pub use operator::{ExpiredLease, StuckLease};
+pub use phase::{WritesFuture, final_phase, unfenced};
 pub use statements::{Lease, read_step};
 
 use crate::{Bound, ClaimConnection, ClaimRow, NewCall, NewRecord, Sql, millis};

@@ -1,0 +1,159 @@
+//! A lease-mode call's final phase, once for every driver: the handler's database writes in
+//! one transaction that checks the lease ([`fence`]) and records them with a step, so they
+//! commit exactly once even across takeovers; kept open for the call's result when the phase
+//! is the handler's last work ([`OpenPhase`]). Each store's `final_step` and `finish` read the
+//! recorded step (the one part that knows the value's type) and lend the rest to
+//! [`final_phase`].
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::time::Duration;
+
+use idem_core::lease::{LeaseHandle, OpenPhase};
+use idem_core::{BoxFuture, Error, RecordStatus, Ticket, detached};
+
+use super::store::record_completion;
+use super::{fence, record_final_step};
+use crate::store::{SqlStore, db_error, failed};
+use crate::{Bridge, Driver, Sql, Transaction};
+
+/// The future of a final phase's writes, borrowing the body it runs on.
+pub type WritesFuture<'t, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>;
+
+/// Runs `writes` in a transaction that also checks `lease` and records the step `name`
+/// (its value encoded by `encode`); with `keep_open`, the transaction waits for the call's
+/// result ([`LeaseHandle::keep_open`]). The caller has checked that the step was not
+/// recorded already. A holder that lost its lease gets [`Error::LeaseLost`] and its writes
+/// roll back; every failure on the phase's connection goes through
+/// [`LeaseHandle::store_failed`], so a server that went away under the phase makes the call
+/// release its lease behind its answer.
+///
+/// `writes` runs in the phase's transaction; a store lends the handler's writes its body from
+/// it ([`Driver::body`]: `&mut PgConnection`, `&DatabaseTransaction`).
+pub async fn final_phase<D, T, E, F>(
+    store: &SqlStore<D>,
+    lease: &LeaseHandle,
+    name: &str,
+    writes: F,
+    encode: impl FnOnce(&T) -> Result<Vec<u8>, Error>,
+    keep_open: bool,
+) -> Result<T, E>
+where
+    D: Driver,
+    E: From<Error>,
+    F: for<'t> FnOnce(&'t mut D::Tx) -> WritesFuture<'t, T, E>,
+{
+    lease.commit_open_phase().await?;
+    if lease.is_lost() {
+        return Err(lease.lose().into());
+    }
+    let ticket = lease.ticket();
+    let doing = "beginning the final phase";
+    let d = store
+        .server_statements(doing)
+        .await
+        .map_err(|e| lease.store_failed(e))?;
+    let mut tx = store
+        .begin_lease_write(doing)
+        .await
+        .map_err(|e| lease.store_failed(e))?;
+    match fence(&mut Bridge::<_, D>::new(&mut tx), d, &ticket).await {
+        Ok(true) => {}
+        Ok(false) => {
+            let _ = tx.rollback().await;
+            return Err(lease.lose().into());
+        }
+        Err(e) => {
+            let _ = tx.rollback().await;
+            return Err(lease.store_failed(failed::<D>(e)).into());
+        }
+    }
+    let value = match writes(&mut tx).await {
+        Ok(value) => value,
+        Err(e) => {
+            // The handler's error says nothing idem can read; a rollback that finds no
+            // connection says the server went away.
+            if let Err(rollback) = tx.rollback().await {
+                lease.store_failed(db_error::<D>("rolling back the final phase", rollback));
+            }
+            return Err(e);
+        }
+    };
+    let payload = encode(&value)?;
+    lease.recording_step();
+    let resumable = lease.is_resumable();
+    let mut conn = Bridge::<_, D>::new(&mut tx);
+    record_final_step(&mut conn, d, &ticket, name, &payload, resumable)
+        .await
+        .map_err(|e| lease.store_failed(failed::<D>(e)))?;
+    if keep_open {
+        // The engine records the call's result in this transaction when the handler
+        // returns, or commits it alone if the handler does more first.
+        lease.keep_open(Box::new(OpenFinalPhase::<D> {
+            tx,
+            d,
+            resumable,
+            driver: PhantomData,
+        }));
+    } else {
+        tx.commit().await.map_err(|e| {
+            lease.store_failed(db_error::<D>("committing the final phase", e))
+        })?;
+    }
+    lease.note_recorded(name, payload);
+    Ok(value)
+}
+
+/// A final phase's writes with idem switched off ([`idem_core::testing`]): committed if they
+/// succeed, nothing recorded.
+pub async fn unfenced<D, T, E, F>(store: &SqlStore<D>, writes: F) -> Result<T, E>
+where
+    D: Driver,
+    E: From<Error>,
+    F: for<'t> FnOnce(&'t mut D::Tx) -> WritesFuture<'t, T, E>,
+{
+    let mut tx = store.begin_lease_write("beginning the final phase").await?;
+    let value = writes(&mut tx).await?;
+    tx.commit()
+        .await
+        .map_err(|e| db_error::<D>("committing the final phase", e))?;
+    Ok(value)
+}
+
+/// A final phase's transaction kept open for the call's result, its server's statements,
+/// and whether the call is resumable.
+struct OpenFinalPhase<D: Driver> {
+    tx: D::Tx,
+    d: &'static Sql,
+    resumable: bool,
+    driver: PhantomData<fn() -> D>,
+}
+
+impl<D: Driver> OpenPhase for OpenFinalPhase<D> {
+    fn complete(
+        self: Box<Self>,
+        ticket: Ticket,
+        status: RecordStatus,
+        payload: Vec<u8>,
+        ttl: Duration,
+    ) -> BoxFuture<'static, Result<(), Error>> {
+        let this = *self;
+        Box::pin(detached(record_completion::<D>(
+            this.tx,
+            this.d,
+            ticket,
+            (status, payload, ttl),
+            this.resumable,
+        )))
+    }
+
+    fn commit(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
+        Box::pin(detached(async move {
+            self.tx
+                .commit()
+                .await
+                .map_err(|e| db_error::<D>("committing the final phase", e))
+        }))
+    }
+}
