@@ -11,8 +11,7 @@ use std::time::Duration;
 use idem_core::Error;
 use idem_core::outbox::{Message, OutboxHealth};
 use idem_sql::{
-    Bound, ClaimedMessage, FailedAttempt, Outbox as Statements, RelayStore, SqlStore, millis,
-    paced_purge,
+    ClaimedMessage, FailedAttempt, Outbox as Statements, RelayStore, SqlStore, millis, paced_purge,
 };
 use sqlx::Pool;
 
@@ -54,7 +53,7 @@ pub trait Outbox: Send {
 fn staging(
     dialect: idem_sql::Dialect,
     message: Message,
-) -> Result<(String, Vec<Bound<'static>>), Error> {
+) -> Result<(String, Vec<idem_sql::Bound<'static>>), Error> {
     message.validate()?;
     let id = uuid::Uuid::now_v7().to_string();
     let headers = if message.headers().is_empty() {
