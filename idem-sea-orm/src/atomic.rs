@@ -56,18 +56,6 @@ impl<'c> SeaOrmStore<'c> {
     }
 }
 
-/// [`outside_open_claim`] for a lease-mode call on SQLite; elsewhere a lease claimed inside
-/// an atomic body commits on its own, as lease mode's claims always do.
-pub(crate) fn outside_open_claim_sqlite(db: &DatabaseConnection, scope: &str) -> Result<(), Error> {
-    if db.get_database_backend() != DbBackend::Sqlite {
-        return Ok(());
-    }
-    idem_core::atomic::lease_outside_open_sqlite_claim(
-        SeaOrmStore::new(db).ledger_identity(),
-        scope,
-    )
-}
-
 /// Refuses a claim through the pool `db` while an atomic-mode body runs in this task on the
 /// same pool: the call would commit on its own instead of with the body (PostgreSQL, MySQL),
 /// or wait for the body's own write lock (SQLite). `what` names the call's kind.
@@ -143,16 +131,6 @@ pub(crate) async fn begin_within(
         Ok((begin(db).await?, sql))
     })
     .await
-}
-
-/// Runs `work` (auto-committed statements on the pool), giving up after the connection wait:
-/// a server that died makes sqlx retry its connection until the pool's own acquire timeout
-/// (30 s by default), and a lease's holder must hear of the outage as promptly as a claim.
-pub(crate) async fn within_connection_wait<T>(
-    db: &DatabaseConnection,
-    work: impl Future<Output = Result<T, DbErr>>,
-) -> Result<T, DbErr> {
-    bounded(db, connection_wait(), work).await
 }
 
 /// `work`, failing as a connection timeout after `wait`. SQLite is not bounded: an embedded

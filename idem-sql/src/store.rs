@@ -34,7 +34,10 @@ impl<D: Driver> SqlStore<D> {
     /// Every statement of the server the driver's pool reaches: on the MySQL protocol, of its
     /// family, learnt once per server ([`learn_flavour`]; asked each time where the driver
     /// cannot name the server); an error says it happened while `doing`.
-    pub(crate) async fn server_statements(&self, doing: &'static str) -> Result<&'static Sql, Error> {
+    pub(crate) async fn server_statements(
+        &self,
+        doing: &'static str,
+    ) -> Result<&'static Sql, Error> {
         let dialect = self.driver.dialect();
         let flavour = match dialect {
             Dialect::Postgres => Flavour::Postgres,

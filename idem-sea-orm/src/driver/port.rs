@@ -24,11 +24,6 @@ impl SeaOrm {
     pub(crate) fn new(db: DatabaseConnection) -> Self {
         SeaOrm { db }
     }
-
-    /// The pool.
-    pub(crate) fn db(&self) -> &DatabaseConnection {
-        &self.db
-    }
 }
 
 /// A SeaORM connection as the port runs statements on it: `C` is the pool

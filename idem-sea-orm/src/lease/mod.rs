@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use idem_core::Error;
 use idem_core::lease::LeaseHandle;
-pub use idem_sql::{ExpiredLease, StuckLease};
 use idem_sql::{Driver, SqlStore};
+pub use idem_sql::{ExpiredLease, StuckLease};
 use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -37,11 +37,6 @@ impl SeaOrmLeaseStore {
         Self {
             store: SqlStore::new(SeaOrm::new(db)),
         }
-    }
-
-    /// The connection.
-    pub(crate) fn db(&self) -> &DatabaseConnection {
-        self.store.driver().db()
     }
 
     /// The store written once for every driver.
@@ -123,9 +118,10 @@ where
     // The handler's writes get the phase's `DatabaseTransaction`.
     if idem_core::testing::is_disabled() {
         // Switched off, the call's lease is in memory: the writes alone, in a transaction.
-        return idem_sql::unfenced::<SeaOrm, T, E, _>(&store, |tx: &mut On<DatabaseTransaction>| {
-            writes(SeaOrm::body(tx))
-        })
+        return idem_sql::unfenced::<SeaOrm, T, E, _>(
+            &store,
+            |tx: &mut On<DatabaseTransaction>| writes(SeaOrm::body(tx)),
+        )
         .await;
     }
     let lease = LeaseHandle::current(what)?;

@@ -97,9 +97,9 @@ where
             driver: PhantomData,
         }));
     } else {
-        tx.commit().await.map_err(|e| {
-            lease.store_failed(db_error::<D>("committing the final phase", e))
-        })?;
+        tx.commit()
+            .await
+            .map_err(|e| lease.store_failed(db_error::<D>("committing the final phase", e)))?;
     }
     lease.note_recorded(name, payload);
     Ok(value)

@@ -13,9 +13,7 @@ use idem_core::{
 };
 
 use super::group_commit::{GroupCommit, write_grouped};
-use super::{
-    LeaseStep, LeaseWrite, LeaseWritten, claim_lease, complete, completion, record_step,
-};
+use super::{LeaseStep, LeaseWrite, LeaseWritten, claim_lease, complete, completion, record_step};
 use crate::driver::fetch_first;
 use crate::store::{SqlStore, db_error, failed};
 use crate::{
@@ -119,7 +117,11 @@ impl<D: Driver> SqlStore<D> {
 
     /// Runs the fenced `update` on its own (on SQLite with the group of concurrent writes)
     /// and answers whether it changed the held record.
-    async fn fenced_update(&self, update: Bound<'static>, doing: &'static str) -> Result<bool, Error> {
+    async fn fenced_update(
+        &self,
+        update: Bound<'static>,
+        doing: &'static str,
+    ) -> Result<bool, Error> {
         let write = self.write_lease(LeaseWrite::Update(update));
         let written = within(self.driver().connection_wait(), doing, async {
             write.await.map_err(|e| failed::<D>((doing, e)))
@@ -130,7 +132,12 @@ impl<D: Driver> SqlStore<D> {
 
     /// A write transaction for lease mode, its wait for a connection bounded.
     pub(crate) async fn begin_lease_write(&self, doing: &'static str) -> Result<D::Tx, Error> {
-        within(self.driver().connection_wait(), doing, self.begin_write(doing)).await
+        within(
+            self.driver().connection_wait(),
+            doing,
+            self.begin_write(doing),
+        )
+        .await
     }
 }
 
@@ -174,17 +181,15 @@ pub(crate) async fn within<T>(
     let Some(wait) = wait else {
         return work.await;
     };
-    tokio::time::timeout(wait, work)
-        .await
-        .unwrap_or_else(|_| {
-            Err(Error::Unavailable {
-                message: format!(
-                    "no database connection while {doing} (none within {} ms)",
-                    wait.as_millis()
-                ),
-                retry_after: Duration::from_secs(1),
-            })
+    tokio::time::timeout(wait, work).await.unwrap_or_else(|_| {
+        Err(Error::Unavailable {
+            message: format!(
+                "no database connection while {doing} (none within {} ms)",
+                wait.as_millis()
+            ),
+            retry_after: Duration::from_secs(1),
         })
+    })
 }
 
 impl<D: Driver> LeaseStore for SqlStore<D> {
@@ -196,8 +201,10 @@ impl<D: Driver> LeaseStore for SqlStore<D> {
         // SQLite: an atomic body in this task holds the database's one write lock, which the
         // lease's claim would wait for. (Elsewhere the lease commits on its own, as it must.)
         if self.driver().dialect() == Dialect::Sqlite
-            && let Err(e) =
-                idem_core::atomic::lease_outside_open_sqlite_claim(self.driver().identity(), req.scope())
+            && let Err(e) = idem_core::atomic::lease_outside_open_sqlite_claim(
+                self.driver().identity(),
+                req.scope(),
+            )
         {
             return Box::pin(async move { Err(e) });
         }
@@ -240,9 +247,15 @@ impl<D: Driver> LeaseStore for SqlStore<D> {
             let doing = "recording a step";
             let d = store.server_statements(doing).await?;
             let mut tx = store.begin_lease_write(doing).await?;
-            let held = record_step(&mut Bridge::<_, D>::new(&mut tx), d, &ticket, &name, &payload)
-                .await
-                .map_err(failed::<D>)?;
+            let held = record_step(
+                &mut Bridge::<_, D>::new(&mut tx),
+                d,
+                &ticket,
+                &name,
+                &payload,
+            )
+            .await
+            .map_err(failed::<D>)?;
             if !held {
                 return Err(lost());
             }
@@ -281,7 +294,10 @@ impl<D: Driver> LeaseStore for SqlStore<D> {
         let release = self.statements().lease.release(&ticket.id, ticket.token);
         let store = self.clone();
         Box::pin(detached(async move {
-            store.fenced_update(release, "ending a lease").await.map(drop)
+            store
+                .fenced_update(release, "ending a lease")
+                .await
+                .map(drop)
         }))
     }
 }

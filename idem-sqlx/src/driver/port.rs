@@ -23,11 +23,6 @@ impl<DB: Backend> Sqlx<DB> {
     pub(crate) fn new(pool: Pool<DB>) -> Self {
         Sqlx { pool }
     }
-
-    /// The pool.
-    pub(crate) fn pool(&self) -> &Pool<DB> {
-        &self.pool
-    }
 }
 
 impl<DB: Backend> Clone for Sqlx<DB> {

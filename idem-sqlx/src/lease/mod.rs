@@ -44,11 +44,6 @@ impl<DB: Backend> SqlxLeaseStore<DB> {
         }
     }
 
-    /// The pool the store runs on.
-    pub(crate) fn pool(&self) -> &Pool<DB> {
-        self.store.driver().pool()
-    }
-
     /// The store written once for every driver.
     pub(crate) fn generic(&self) -> &SqlStore<Sqlx<DB>> {
         &self.store
