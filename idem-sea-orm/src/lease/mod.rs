@@ -16,9 +16,10 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::atomic::{begin_within, connection_wait, detached, list_rows, within_connection_wait};
+use crate::atomic::{begin_within, detached, list_rows, within_connection_wait};
 use crate::driver::error::{failed, store_error};
-use crate::driver::{Bound, SeaOrm, Sql, millis, on, statement};
+use crate::driver::port::{SeaOrm, connection_wait, on};
+use crate::driver::{Bound, Sql, millis, statement};
 use idem_sql::{LeaseStep, SqlStore};
 use idem_sql::{LeaseWrite, LeaseWritten};
 

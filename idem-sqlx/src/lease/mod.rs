@@ -23,8 +23,9 @@ use serde::de::DeserializeOwned;
 use sqlx::{Pool, Transaction};
 
 use crate::atomic::{connection_wait, within};
+use crate::driver::Backend;
 use crate::driver::error::{failed, store_error};
-use crate::driver::{Backend, Sqlx, on};
+use crate::driver::port::{Sqlx, on};
 
 /// The ledger in lease mode on a sqlx pool (PostgreSQL, MySQL/MariaDB, SQLite);
 /// `#[idempotent(..., lease = "…")]` builds one from the handler's `&PgPool` (`&MySqlPool`,
@@ -127,7 +128,7 @@ async fn claim<DB: Backend>(
             return Ok(answer);
         }
     }
-    let mut tx = within(wait, crate::driver::begin_claim(&pool))
+    let mut tx = within(wait, crate::driver::port::begin_claim(&pool))
         .await
         .map_err(|e| store_error(doing, e))?;
     let answer = idem_sql::claim_lease(&mut on::<DB>(&mut tx, named), d, &step)
@@ -226,7 +227,7 @@ impl<DB: Backend> LeaseStore for SqlxLeaseStore<DB> {
         Box::pin(detached(async move {
             let doing = "recording a step";
             let (d, named) = statements(&pool).await;
-            let mut tx = crate::driver::begin_claim(&pool)
+            let mut tx = crate::driver::port::begin_claim(&pool)
                 .await
                 .map_err(|e| store_error(doing, e))?;
             let mut conn = on::<DB>(&mut tx, named);
@@ -263,7 +264,7 @@ impl<DB: Backend> LeaseStore for SqlxLeaseStore<DB> {
                     Err(lost())
                 };
             }
-            let tx = crate::driver::begin_claim(&pool)
+            let tx = crate::driver::port::begin_claim(&pool)
                 .await
                 .map_err(|e| store_error(doing, e))?;
             let outcome = (status, payload, ttl);
@@ -386,7 +387,9 @@ where
     let committing = |e| store_error("committing the final phase", e);
     if idem_core::testing::is_disabled() {
         // Switched off, the call's lease is in memory: the writes alone, in a transaction.
-        let mut tx = crate::driver::begin_claim(pool).await.map_err(begin)?;
+        let mut tx = crate::driver::port::begin_claim(pool)
+            .await
+            .map_err(begin)?;
         let value = writes(&mut tx).await?;
         tx.commit().await.map_err(committing)?;
         return Ok(value);
@@ -401,7 +404,7 @@ where
     }
     let ticket = lease.ticket();
     let (d, named) = statements(pool).await;
-    let mut tx = crate::driver::begin_claim(pool)
+    let mut tx = crate::driver::port::begin_claim(pool)
         .await
         .map_err(|e| lease.store_failed(begin(e)))?;
     let mut conn = on::<DB>(&mut tx, named);
