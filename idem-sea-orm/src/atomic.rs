@@ -1,7 +1,6 @@
 //! The SeaORM [`Store`]: the claim, record and release steps on a [`DatabaseConnection`].
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use idem_core::ledger::ids::random_token;
@@ -11,7 +10,8 @@ use sea_orm::{
 };
 
 use crate::driver::error::{Failure, classify, failed, store_error};
-use crate::driver::{Bound, NewRecord, Sql, fetch_each, fetch_first, on, statement};
+use crate::driver::port::{connection_wait, on};
+use crate::driver::{Bound, NewRecord, Sql, fetch_each, fetch_first, statement};
 use idem_sql::{Claimed, Fault};
 
 /// The ledger on a SeaORM connection (SQLite, PostgreSQL, MySQL/MariaDB).
@@ -96,27 +96,6 @@ pub struct ClaimedTx {
     owner: i64,
     /// The statements of the server the claim runs on (its MySQL family's claim).
     sql: &'static Sql,
-}
-
-/// The longest a claim waits for a pooled connection, in milliseconds ([`set_connection_wait`]).
-static CONNECTION_WAIT_MS: AtomicU64 = AtomicU64::new(5_000);
-
-/// Sets how long a claim waits for a pooled connection before the call fails with
-/// [`Error::Unavailable`](idem_core::Error::Unavailable) (HTTP 503 with `Retry-After`): a dead or
-/// unreachable database, or a pool whose connections are all busy, is an outage, told
-/// promptly, not a duplicate in flight. Default 5 s; process-wide. In atomic mode the wait is
-/// also kept under the call's wait bound (`on_concurrent = wait("…")`), so a missing connection
-/// is never mistaken for another call holding the key. PostgreSQL and MySQL only: an embedded
-/// SQLite database cannot go away, and its one pooled connection is queued for under load.
-pub fn set_connection_wait(wait: Duration) {
-    let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
-    CONNECTION_WAIT_MS.store(ms, Ordering::Relaxed);
-}
-
-/// The connection wait ([`set_connection_wait`]) of a call with no bound of its own (lease
-/// mode); an atomic call keeps it under its bound ([`Concurrency::connection_wait`]).
-pub(crate) fn connection_wait() -> Duration {
-    Duration::from_millis(CONNECTION_WAIT_MS.load(Ordering::Relaxed))
 }
 
 /// Begins a claim's transaction, waiting at most `wait` for a connection (and, the first time

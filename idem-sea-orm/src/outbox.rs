@@ -21,8 +21,8 @@ use idem_sql::paced_purge;
 pub use idem_sql::{DeadMessage, RelayCounters, RelayRound};
 
 use crate::atomic::{detached, list_rows};
-use crate::driver::SeaOrm;
 use crate::driver::error::store_error;
+use crate::driver::port::SeaOrm;
 use crate::driver::{Bound, NewDeadLetter, NewMessage, Sql, fetch_first, millis};
 
 /// Staging messages in the transaction you are in: inside an `#[idempotent]` body, on the

@@ -10,7 +10,7 @@ use sqlx::{Pool, Transaction};
 
 use crate::driver::Backend;
 use crate::driver::error::{classify, failed, store_error};
-use crate::driver::on;
+use crate::driver::port::on;
 
 /// The ledger on a sqlx pool (PostgreSQL, MySQL/MariaDB, SQLite).
 ///
@@ -114,7 +114,7 @@ async fn claim_step<DB: Backend>(
 ) -> Result<Claim<ClaimedTx<DB>>, Error> {
     let sql = Sql::of(DB::flavour(&pool).await);
     let named = crate::driver::pooler::named(&pool);
-    let mut tx = within(wait, crate::driver::begin_claim(&pool))
+    let mut tx = within(wait, crate::driver::port::begin_claim(&pool))
         .await
         .map_err(|e| store_error("beginning the claim transaction", e))?;
     let claimed = idem_sql::claim(&mut on::<DB>(&mut tx, named), sql, &step)
@@ -232,7 +232,7 @@ impl<DB: Backend> Store for SqlxStore<'_, DB> {
     async fn begin(&self) -> Result<ClaimedTx<DB>, Error> {
         outside_open_claim(self, "a call run with idem switched off")?;
         let sql = Sql::of(DB::flavour(self.pool).await);
-        let tx = crate::driver::begin_claim(self.pool)
+        let tx = crate::driver::port::begin_claim(self.pool)
             .await
             .map_err(|e| store_error("beginning the handler's transaction", e))?;
         Ok(ClaimedTx {

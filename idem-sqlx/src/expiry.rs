@@ -6,9 +6,9 @@ use idem_core::Error;
 use idem_sql::{Driver, Sql};
 use sqlx::Pool;
 
+use crate::driver::Backend;
 use crate::driver::error::{failed, store_error};
-use crate::driver::port::SqlxPooled;
-use crate::driver::{Backend, Sqlx};
+use crate::driver::port::{Sqlx, SqlxPooled};
 
 /// A purge of expired records, one bounded statement at a time; [`purge_expired`] runs one to
 /// the end. Only records that ended and whose TTL passed are deleted, never a call not

@@ -13,8 +13,9 @@ use idem_sql::{
 use sqlx::Pool;
 
 use crate::atomic::{ClaimedTx, SqlxStore};
+use crate::driver::Backend;
 use crate::driver::error::{classify, failed, store_error};
-use crate::driver::{Backend, SqlxConn, on};
+use crate::driver::port::{SqlxConn, on};
 
 /// The connection of an `#[idempotent]` function that is called at the top of a request (on
 /// a pool) and inside another call's body (on that body's transaction). Build it with `.into()`

@@ -15,9 +15,10 @@ use idem_sql::{
 };
 use sqlx::Pool;
 
+use crate::driver::Backend;
 use crate::driver::error::store_error;
 use crate::driver::pooler::named;
-use crate::driver::{Backend, Sqlx};
+use crate::driver::port::Sqlx;
 
 pub use idem_sql::{DeadMessage, RelayCounters, RelayRound};
 

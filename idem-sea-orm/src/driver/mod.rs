@@ -7,8 +7,6 @@ pub(crate) mod error;
 pub(crate) mod flavour;
 pub(crate) mod port;
 
-pub(crate) use port::{SeaOrm, on};
-
 use idem_sql::{Column, Decode, Row, read_each, read_first};
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DbBackend, DbErr, QueryResult, Statement, Value,

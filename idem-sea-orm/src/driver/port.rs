@@ -3,6 +3,7 @@
 //! idem-sql's bound statements. The store's features run on them through [`Bridge`]
 //! ([`on`]).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use idem_sql::{Begin, Bound, Bridge, Connection, Dialect, Driver, Failure, MySqlServer, Row};
@@ -12,6 +13,27 @@ use sea_orm::{
 };
 
 use super::error::{CREATE_TABLES, classify};
+
+/// The longest a claim waits for a pooled connection, in milliseconds ([`set_connection_wait`]).
+static CONNECTION_WAIT_MS: AtomicU64 = AtomicU64::new(5_000);
+
+/// Sets how long a claim waits for a pooled connection before the call fails with
+/// [`Error::Unavailable`](idem_core::Error::Unavailable) (HTTP 503 with `Retry-After`): a dead or
+/// unreachable database, or a pool whose connections are all busy, is an outage, told
+/// promptly, not a duplicate in flight. Default 5 s; process-wide. In atomic mode the wait is
+/// also kept under the call's wait bound (`on_concurrent = wait("…")`), so a missing connection
+/// is never mistaken for another call holding the key. PostgreSQL and MySQL only: an embedded
+/// SQLite database cannot go away, and its one pooled connection is queued for under load.
+pub fn set_connection_wait(wait: Duration) {
+    let ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX).max(1);
+    CONNECTION_WAIT_MS.store(ms, Ordering::Relaxed);
+}
+
+/// The connection wait ([`set_connection_wait`]) of a call with no bound of its own (lease
+/// mode); an atomic call keeps it under its bound ([`Concurrency::connection_wait`](idem_core::Concurrency::connection_wait)).
+pub(crate) fn connection_wait() -> Duration {
+    Duration::from_millis(CONNECTION_WAIT_MS.load(Ordering::Relaxed))
+}
 
 /// A SeaORM pool as idem's driver. Cloning it shares the pool.
 #[derive(Clone, Debug)]
@@ -154,7 +176,7 @@ impl Driver for SeaOrm {
     }
 
     fn connection_wait(&self) -> Option<Duration> {
-        (self.db.get_database_backend() != DbBackend::Sqlite).then(crate::atomic::connection_wait)
+        (self.db.get_database_backend() != DbBackend::Sqlite).then(connection_wait)
     }
 
     async fn acquire(&self) -> Result<On<DatabaseConnection>, DbErr> {

@@ -20,8 +20,8 @@ use serde::de::DeserializeOwned;
 
 use crate::atomic::list_rows;
 use crate::driver::error::store_error;
-use crate::driver::port::On;
-use crate::driver::{SeaOrm, millis, statement};
+use crate::driver::port::{On, SeaOrm};
+use crate::driver::{millis, statement};
 
 /// The ledger in lease mode on a SeaORM connection; `#[idempotent(..., lease = "…")]` builds
 /// one from the handler's connection.

@@ -8,13 +8,11 @@ pub(crate) mod error;
 pub(crate) mod pooler;
 pub(crate) mod port;
 
-pub(crate) use port::{Sqlx, SqlxConn, on};
-
 use std::future::Future;
 use std::pin::Pin;
 
 use idem_sql::{Bound, Decode, Dialect, Flavour, MySqlServer, Row, read_each, read_first};
-use sqlx::{Pool, Transaction};
+use sqlx::Pool;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use {
     idem_sql::{Column, Param, Value},
@@ -294,12 +292,4 @@ mod mysql {
             .ok();
         server.learn(version.as_deref(), wsrep_on)
     }
-}
-
-/// Begins a claim's (or a lease write's, a final phase's) transaction on `pool`: idem-sql's
-/// [`Begin::Write`](idem_sql::Begin::Write), which takes SQLite's write lock up front.
-pub(crate) async fn begin_claim<DB: Backend>(
-    pool: &Pool<DB>,
-) -> Result<Transaction<'static, DB>, sqlx::Error> {
-    port::begin(pool, idem_sql::Begin::Write).await
 }

@@ -154,6 +154,14 @@ pub(crate) async fn begin<DB: Backend>(
     }
 }
 
+/// Begins a claim's (or a lease write's, a final phase's) transaction on `pool`: idem-sql's
+/// [`Begin::Write`](idem_sql::Begin::Write), which takes SQLite's write lock up front.
+pub(crate) async fn begin_claim<DB: Backend>(
+    pool: &Pool<DB>,
+) -> Result<Transaction<'static, DB>, sqlx::Error> {
+    begin(pool, Begin::Write).await
+}
+
 impl<DB: Backend> Driver for Sqlx<DB> {
     type Error = sqlx::Error;
     type Pooled = SqlxPooled<DB>;

@@ -18,8 +18,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sqlx::Pool;
 
-use crate::driver::port::SqlxTx;
-use crate::driver::{Backend, Sqlx};
+use crate::driver::Backend;
+use crate::driver::port::{Sqlx, SqlxTx};
 
 /// The ledger in lease mode on a sqlx pool (PostgreSQL, MySQL/MariaDB, SQLite);
 /// `#[idempotent(..., lease = "…")]` builds one from the handler's `&PgPool` (`&MySqlPool`,
