@@ -97,7 +97,7 @@ macro_rules! lend_store {
                 req: &'a ::idem_core::Request,
                 lease: ::std::time::Duration,
             ) -> ::idem_core::BoxFuture<'a, Result<::idem_core::LeaseClaim, ::idem_core::Error>> {
-                self.generic().claim_lease(req, lease)
+                ::idem_core::LeaseStore::claim_lease(self.generic(), req, lease)
             }
 
             fn renew<'a>(
@@ -105,7 +105,7 @@ macro_rules! lend_store {
                 ticket: &'a ::idem_core::Ticket,
                 lease: ::std::time::Duration,
             ) -> ::idem_core::BoxFuture<'a, Result<(), ::idem_core::Error>> {
-                self.generic().renew(ticket, lease)
+                ::idem_core::LeaseStore::renew(self.generic(), ticket, lease)
             }
 
             fn record_step<'a>(
@@ -114,7 +114,7 @@ macro_rules! lend_store {
                 name: &'a str,
                 payload: &'a [u8],
             ) -> ::idem_core::BoxFuture<'a, Result<(), ::idem_core::Error>> {
-                self.generic().record_step(ticket, name, payload)
+                ::idem_core::LeaseStore::record_step(self.generic(), ticket, name, payload)
             }
 
             fn complete<'a>(
@@ -125,14 +125,14 @@ macro_rules! lend_store {
                 payload: &'a [u8],
                 forget_steps: bool,
             ) -> ::idem_core::BoxFuture<'a, Result<(), ::idem_core::Error>> {
-                self.generic().complete(ticket, req, status, payload, forget_steps)
+                ::idem_core::LeaseStore::complete(self.generic(), ticket, req, status, payload, forget_steps)
             }
 
             fn release_lease<'a>(
                 &'a self,
                 ticket: &'a ::idem_core::Ticket,
             ) -> ::idem_core::BoxFuture<'a, Result<(), ::idem_core::Error>> {
-                self.generic().release_lease(ticket)
+                ::idem_core::LeaseStore::release_lease(self.generic(), ticket)
             }
         }
 
@@ -142,7 +142,7 @@ macro_rules! lend_store {
                 scopes: &'a [&'a str],
                 limit: u32,
             ) -> ::idem_core::BoxFuture<'a, Result<::idem_core::completer::Due, ::idem_core::Error>> {
-                self.generic().due_calls(scopes, limit)
+                ::idem_core::completer::ResumeStore::due_calls(self.generic(), scopes, limit)
             }
 
             fn begin_attempt<'a>(
@@ -150,7 +150,7 @@ macro_rules! lend_store {
                 call: &'a ::idem_core::completer::StoredCall,
                 backoff: ::std::time::Duration,
             ) -> ::idem_core::BoxFuture<'a, Result<bool, ::idem_core::Error>> {
-                self.generic().begin_attempt(call, backoff)
+                ::idem_core::completer::ResumeStore::begin_attempt(self.generic(), call, backoff)
             }
 
             fn note_failure<'a>(
@@ -158,7 +158,7 @@ macro_rules! lend_store {
                 call: &'a ::idem_core::completer::StoredCall,
                 error: &'a str,
             ) -> ::idem_core::BoxFuture<'a, Result<(), ::idem_core::Error>> {
-                self.generic().note_failure(call, error)
+                ::idem_core::completer::ResumeStore::note_failure(self.generic(), call, error)
             }
 
             fn give_up<'a>(
@@ -167,28 +167,28 @@ macro_rules! lend_store {
                 payload: &'a [u8],
                 hook_retry: ::std::time::Duration,
             ) -> ::idem_core::BoxFuture<'a, Result<bool, ::idem_core::Error>> {
-                self.generic().give_up(call, payload, hook_retry)
+                ::idem_core::completer::ResumeStore::give_up(self.generic(), call, payload, hook_retry)
             }
 
             fn steps<'a>(
                 &'a self,
                 call: &'a ::idem_core::completer::StoredCall,
             ) -> ::idem_core::BoxFuture<'a, Result<::idem_core::completer::Steps, ::idem_core::Error>> {
-                self.generic().steps(call)
+                ::idem_core::completer::ResumeStore::steps(self.generic(), call)
             }
 
             fn forget<'a>(
                 &'a self,
                 call: &'a ::idem_core::completer::StoredCall,
             ) -> ::idem_core::BoxFuture<'a, Result<(), ::idem_core::Error>> {
-                self.generic().forget(call)
+                ::idem_core::completer::ResumeStore::forget(self.generic(), call)
             }
 
             fn unregistered<'a>(
                 &'a self,
                 scopes: &'a [&'a str],
             ) -> ::idem_core::BoxFuture<'a, Result<Vec<(String, u64)>, ::idem_core::Error>> {
-                self.generic().unregistered(scopes)
+                ::idem_core::completer::ResumeStore::unregistered(self.generic(), scopes)
             }
         }
     };

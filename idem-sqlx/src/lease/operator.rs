@@ -10,8 +10,8 @@ use idem_sql::{
 };
 use sqlx::Pool;
 
-use crate::driver::error::{failed, store_error};
 use crate::driver::Backend;
+use crate::driver::error::{failed, store_error};
 use crate::driver::port::{Sqlx, SqlxPooled};
 
 /// A connection of `pool` and the statements of its dialect; `doing` names an acquire that
