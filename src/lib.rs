@@ -154,7 +154,10 @@ pub mod store {
     #[cfg(feature = "sea-orm")]
     #[cfg_attr(docsrs, doc(cfg(feature = "sea-orm")))]
     impl IntoStore for idem_sea_orm::sea_orm::DatabaseConnection {
-        type Store<'a> = idem_sea_orm::SeaOrmStore<'a>;
+        // Lifetime-free: a store that borrowed the connection would be invariant in its
+        // lifetime (it may also hold a body), which rustc cannot prove `Send` for inside
+        // spawned and boxed futures.
+        type Store<'a> = idem_sea_orm::SeaOrmStore;
         fn store(&self) -> Self::Store<'_> {
             idem_sea_orm::SeaOrmStore::new(self)
         }
@@ -165,9 +168,9 @@ pub mod store {
     #[cfg(feature = "sea-orm")]
     #[cfg_attr(docsrs, doc(cfg(feature = "sea-orm")))]
     impl IntoStore for idem_sea_orm::sea_orm::DatabaseTransaction {
-        type Store<'a> = idem_sea_orm::SeaOrmStore<'a>;
+        type Store<'a> = idem_sea_orm::NestedStore<'a>;
         fn store(&self) -> Self::Store<'_> {
-            idem_sea_orm::SeaOrmStore::nested(self)
+            idem_sea_orm::NestedStore::new(self)
         }
     }
 
@@ -177,7 +180,7 @@ pub mod store {
     #[cfg(feature = "sqlx")]
     #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
     impl<DB: idem_sqlx::Backend> IntoStore for idem_sqlx::sqlx::Pool<DB> {
-        type Store<'a> = idem_sqlx::SqlxStore<'a, DB>;
+        type Store<'a> = idem_sqlx::SqlxStore<DB>;
         fn store(&self) -> Self::Store<'_> {
             idem_sqlx::SqlxStore::new(self)
         }
@@ -195,12 +198,7 @@ pub mod store {
         where
             Self: 'a;
         fn store(&self) -> Self::Store<'_> {
-            match self {
-                idem_sqlx::Conn::Pool(pool) => {
-                    idem_sqlx::ConnStore::Pool(idem_sqlx::SqlxStore::new(pool))
-                }
-                idem_sqlx::Conn::Nested(nested) => idem_sqlx::ConnStore::Nested(nested),
-            }
+            idem_sqlx::Conn::store(self)
         }
     }
 
@@ -211,15 +209,15 @@ pub mod store {
     #[cfg_attr(docsrs, doc(cfg(feature = "sea-orm")))]
     impl IntoStore for idem_sea_orm::sea_orm::DatabaseExecutor<'_> {
         type Store<'a>
-            = idem_sea_orm::SeaOrmStore<'a>
+            = idem_sea_orm::ExecutorStore<'a>
         where
             Self: 'a;
         fn store(&self) -> Self::Store<'_> {
             use idem_sea_orm::sea_orm::DatabaseExecutor as E;
             match self {
-                E::Connection(db) => idem_sea_orm::SeaOrmStore::new(db),
-                E::Transaction(tx) => idem_sea_orm::SeaOrmStore::nested(tx),
-                E::OwnedTransaction(tx) => idem_sea_orm::SeaOrmStore::nested(tx),
+                E::Connection(db) => idem_sea_orm::ExecutorStore::new(*db),
+                E::Transaction(tx) => idem_sea_orm::ExecutorStore::nested(tx),
+                E::OwnedTransaction(tx) => idem_sea_orm::ExecutorStore::nested(tx),
             }
         }
     }
@@ -408,11 +406,11 @@ pub mod sea_orm {
     pub use idem_sea_orm::{AnswerCheck, check, check_answers, check_final_errors};
     pub use idem_sea_orm::{
         CALLS_TABLE, ClaimedTx, Completer, ConditionalUpdate, DEAD_LETTERS_TABLE, DeadLetterTable,
-        DeadMessage, ExpiredLease, ExpiredPurge, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE,
-        Outbox, Relay, RelayCounters, RelayRound, STEPS_TABLE, SeaOrmLeaseStore, SeaOrmOutbox,
-        SeaOrmStore, Stateful, create_tables, database_now_ms, dead_messages, expired_leases,
-        final_step, finish, ledger, outbox_health, placeholders, purge_expired, purge_published,
-        retry_dead, set_connection_wait,
+        DeadMessage, ExecutorStore, ExpiredLease, ExpiredPurge, LEDGER_TABLE, NestedStore,
+        OUTBOX_HEADS_TABLE, OUTBOX_TABLE, Outbox, Relay, RelayCounters, RelayRound, STEPS_TABLE,
+        SeaOrm, SeaOrmLeaseStore, SeaOrmOutbox, SeaOrmStore, Stateful, create_tables,
+        database_now_ms, dead_messages, expired_leases, final_step, finish, ledger, outbox_health,
+        placeholders, purge_expired, purge_published, retry_dead, set_connection_wait,
     };
     #[cfg(feature = "migration")]
     #[cfg_attr(docsrs, doc(cfg(feature = "migration")))]
@@ -441,9 +439,9 @@ pub mod sqlx {
     pub use idem_sqlx::{
         Backend, Bindable, ClaimedTx, Completer, Conn, ConnClaimed, ConnStore, DeadMessage,
         ExpiredLease, ExpiredPurge, Family, Nested, NestedClaim, Outbox, Relay, RelayCounters,
-        RelayRound, SqlxLeaseStore, SqlxOutbox, SqlxStore, StateConnection, StateTable, StuckLease,
-        create_tables, dead_messages, expired_leases, final_step, finish, outbox_health,
-        purge_expired, purge_published, release_lease, retry_dead, stuck_leases,
+        RelayRound, Sqlx, SqlxLeaseStore, SqlxOutbox, SqlxStore, StateConnection, StateTable,
+        StuckLease, create_tables, dead_messages, expired_leases, final_step, finish,
+        outbox_health, purge_expired, purge_published, release_lease, retry_dead, stuck_leases,
         through_transaction_pooler,
     };
 }

@@ -46,11 +46,11 @@ pub mod ledger;
 mod outbox;
 mod state;
 
-pub use atomic::{ClaimedTx, SeaOrmStore};
+pub use atomic::{ClaimedTx, ExecutorStore, NestedStore, SeaOrmStore};
 pub use check::{AnswerCheck, check_answers, check_final_errors};
 pub use completer::Completer;
 pub use driver::flavour::{FORCE_MYSQL8_ENV, GALERA_SYNC_WAIT_ENV};
-pub use driver::port::set_connection_wait;
+pub use driver::port::{On, Runs, SeaOrm, SeaOrmNested, set_connection_wait};
 pub use driver::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
     placeholders,

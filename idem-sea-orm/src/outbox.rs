@@ -20,10 +20,11 @@ use sea_orm::{ConnectionTrait, DatabaseConnection};
 use idem_sql::paced_purge;
 pub use idem_sql::{DeadMessage, RelayCounters, RelayRound};
 
-use crate::atomic::{detached, list_rows};
 use crate::driver::error::store_error;
+use crate::driver::list_rows;
 use crate::driver::port::SeaOrm;
 use crate::driver::{Bound, NewDeadLetter, NewMessage, Sql, fetch_first, millis};
+use idem_core::detached;
 
 /// Staging messages in the transaction you are in: inside an `#[idempotent]` body, on the
 /// claim's transaction (`db` there).

@@ -50,7 +50,10 @@ pub use statement::names;
 
 use std::sync::LazyLock;
 
-pub use atomic::{ClaimConnection, ClaimRow, ClaimStep, Claimed, claim};
+pub use atomic::{
+    ClaimConnection, ClaimRow, ClaimStep, Claimed, ClaimedTx, ConnClaimed, ConnStore, Nested,
+    NestedClaim, claim,
+};
 pub use completer::{
     Completer, NewCall, STORED_CALL, begin_attempt, due_calls, forget, give_up, note_failure,
     read_count, read_stored_call, steps, unregistered,

@@ -3,6 +3,9 @@
 //! places feature by feature (`docs/plans/driver-port.md`); the completer's is the first
 //! (`completer/store.rs`).
 
+use std::future::Future;
+use std::time::Duration;
+
 use idem_core::Error;
 
 use crate::{Begin, Dialect, Driver, Fault, Flavour, MySqlServer, Sql, learn_flavour};
@@ -15,9 +18,12 @@ pub struct SqlStore<D> {
 }
 
 impl<D: Driver> SqlStore<D> {
-    /// The store on `driver`.
-    pub fn new(driver: D) -> Self {
-        SqlStore { driver }
+    /// The store on `driver`, or on a pool it converts from (`&DatabaseConnection`,
+    /// `&PgPool`, ...). The ledger table must exist.
+    pub fn new(driver: impl Into<D>) -> Self {
+        SqlStore {
+            driver: driver.into(),
+        }
     }
 
     /// The driver the store runs on.
@@ -71,6 +77,27 @@ impl<D: Driver> SqlStore<D> {
             .await
             .map_err(|e| db_error::<D>(doing, e))
     }
+}
+
+/// `work`, failing as a lost connection after `wait` (`None`: unbounded, SQLite): an
+/// outage told promptly, as a lease's holder must hear of it.
+pub(crate) async fn within<T>(
+    wait: Option<Duration>,
+    doing: &str,
+    work: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    let Some(wait) = wait else {
+        return work.await;
+    };
+    tokio::time::timeout(wait, work).await.unwrap_or_else(|_| {
+        Err(Error::Unavailable {
+            message: format!(
+                "no database connection while {doing} (none within {} ms)",
+                wait.as_millis()
+            ),
+            retry_after: Duration::from_secs(1),
+        })
+    })
 }
 
 /// The driver's error met while `doing` something, as idem's.

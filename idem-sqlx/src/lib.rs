@@ -23,28 +23,26 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // Modules named by feature as in idem-core, idem-sql and idem-sea-orm (`atomic`, `lease`,
-// `completer`, `outbox`, `state`; `nested`: atomic mode inside another call's transaction;
-// `schema` creates the tables), plus `driver/`: how sqlx runs idem-sql's statements (binding,
+// `completer`, `outbox`, `state`; `schema` creates the tables), plus `driver/`: how sqlx runs idem-sql's statements (binding,
 // decoding, `BEGIN`, flavour, errors, transaction poolers).
 mod atomic;
 mod completer;
 mod driver;
 mod expiry;
 mod lease;
-mod nested;
 mod outbox;
 mod schema;
 mod state;
 
-pub use atomic::{ClaimedTx, SqlxStore};
+pub use atomic::{ClaimedTx, Conn, ConnClaimed, ConnStore, Nested, NestedClaim, SqlxStore};
 pub use completer::Completer;
 pub use driver::Backend;
 pub use driver::pooler::through_transaction_pooler;
+pub use driver::port::{Sqlx, SqlxNested, SqlxPooled, SqlxTx};
 pub use expiry::{ExpiredPurge, purge_expired};
 pub use idem_sql::Family;
 pub use idem_sql::{ExpiredLease, StuckLease};
 pub use lease::{SqlxLeaseStore, expired_leases, final_step, finish, release_lease, stuck_leases};
-pub use nested::{Conn, ConnClaimed, ConnStore, Nested, NestedClaim};
 pub use outbox::{
     DeadMessage, Outbox, Relay, RelayCounters, RelayRound, SqlxOutbox, dead_messages,
     outbox_health, purge_published, retry_dead,

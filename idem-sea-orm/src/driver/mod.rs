@@ -13,9 +13,7 @@ use sea_orm::{
 };
 
 pub(crate) use idem_sql::names::ALL_TABLES;
-pub(crate) use idem_sql::{
-    Bound, Dialect, NewDeadLetter, NewMessage, NewRecord, Param, Sql, millis,
-};
+pub(crate) use idem_sql::{Bound, Dialect, NewDeadLetter, NewMessage, Param, Sql, millis};
 pub use idem_sql::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
 };
@@ -24,12 +22,6 @@ pub use idem_sql::{
 /// ([`Sql::common`]).
 pub(crate) fn of(backend: DbBackend) -> &'static Sql {
     Sql::common(dialect(backend))
-}
-
-/// Every statement of the server `db` talks to, the claim's included (on MySQL, of its
-/// family: [`flavour`]).
-pub(crate) async fn of_server(db: &DatabaseConnection) -> &'static Sql {
-    Sql::of(flavour::of(db).await)
 }
 
 /// SeaORM's name for the dialect `sql` is written in.
@@ -154,4 +146,17 @@ fn value(param: Param) -> Value {
         Param::Bytes(v) => v.into(),
         Param::Text(v) => v.into(),
     }
+}
+
+/// Runs `list`, which binds a row limit, and reads each row it returns with `read`; an error
+/// says it happened while `doing`.
+pub(crate) async fn list_rows<C: ConnectionTrait, T>(
+    db: &C,
+    list: Bound<'_>,
+    doing: &str,
+    read: fn(Row) -> Result<T, Decode>,
+) -> Result<Vec<T>, idem_core::Error> {
+    fetch_each(db, of(db.get_database_backend()), list, read)
+        .await
+        .map_err(|e| error::store_error(doing, e))
 }

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use idem_sql::{Begin, Bound, Bridge, Connection, Dialect, Driver, Failure, MySqlServer, Row};
+use idem_sql::{Begin, Bound, Connection, Dialect, Driver, Failure, MySqlServer, Row};
 use sea_orm::{
     AccessMode, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
     IsolationLevel, SqliteTransactionMode, TransactionOptions, TransactionTrait,
@@ -35,16 +35,30 @@ pub(crate) fn connection_wait() -> Duration {
     Duration::from_millis(CONNECTION_WAIT_MS.load(Ordering::Relaxed))
 }
 
-/// A SeaORM pool as idem's driver. Cloning it shares the pool.
+/// A SeaORM pool as idem's driver ([`idem_sql::Driver`]): what idem's one store runs on.
+/// Cloning it shares the pool. You rarely name it: `#[idempotent]` builds the store from your
+/// `&DatabaseConnection`.
 #[derive(Clone, Debug)]
-pub(crate) struct SeaOrm {
+pub struct SeaOrm {
     db: DatabaseConnection,
 }
 
 impl SeaOrm {
     /// The driver on `db`.
-    pub(crate) fn new(db: DatabaseConnection) -> Self {
+    pub fn new(db: DatabaseConnection) -> Self {
         SeaOrm { db }
+    }
+}
+
+impl From<DatabaseConnection> for SeaOrm {
+    fn from(db: DatabaseConnection) -> Self {
+        SeaOrm::new(db)
+    }
+}
+
+impl From<&DatabaseConnection> for SeaOrm {
+    fn from(db: &DatabaseConnection) -> Self {
+        SeaOrm::new(db.clone())
     }
 }
 
@@ -52,19 +66,10 @@ impl SeaOrm {
 /// (`DatabaseConnection`, each statement on a pooled connection of its own, committing
 /// alone), a transaction (`DatabaseTransaction`), or a borrowed one of either.
 #[derive(Debug)]
-pub(crate) struct On<C>(pub(crate) C);
-
-/// A SeaORM connection as every per-feature port of idem-sql (claim, lease, completer, purge,
-/// outbox), its errors a [`Fault`](idem_sql::Fault).
-pub(crate) type OnPort<'c, C> = Bridge<On<&'c C>, SeaOrm>;
-
-/// `db` (the pool or a transaction) as the per-feature ports.
-pub(crate) fn on<C: ConnectionTrait + ?Sized>(db: &C) -> OnPort<'_, C> {
-    Bridge::new(On(db))
-}
+pub struct On<C>(pub(crate) C);
 
 /// What [`On`] runs statements on: a SeaORM connection, owned or borrowed.
-pub(crate) trait Runs: Send + Sync {
+pub trait Runs: Send + Sync {
     /// The connection.
     fn db(&self) -> &(impl ConnectionTrait + ?Sized);
 }
@@ -160,8 +165,11 @@ impl Driver for SeaOrm {
     type Pooled = On<DatabaseConnection>;
     type Tx = On<DatabaseTransaction>;
     type Body<'t> = &'t DatabaseTransaction;
+    type Nested<'c> = SeaOrmNested<'c>;
 
     const CREATE_TABLES: &'static str = CREATE_TABLES;
+    const NESTED_CALL: &'static str =
+        "pass the body's `db` (its `&DatabaseTransaction`) so the call commits with the outer one";
 
     fn dialect(&self) -> Dialect {
         super::dialect(self.db.get_database_backend())
@@ -201,7 +209,76 @@ impl Driver for SeaOrm {
         On(*body)
     }
 
+    fn body_dialect(body: &&DatabaseTransaction) -> Dialect {
+        super::dialect(body.get_database_backend())
+    }
+
+    fn nest<'c>(body: &'c DatabaseTransaction) -> SeaOrmNested<'c>
+    where
+        Self: 'c,
+    {
+        SeaOrmNested {
+            outer: body,
+            levels: Vec::new(),
+        }
+    }
+
+    async fn savepoint<'n, 'c: 'n>(nested: &'n mut SeaOrmNested<'c>) -> Result<(), DbErr> {
+        // SeaORM's nested transaction: sqlx's savepoint at the connection's depth, rolled
+        // back to on drop before the connection's next statement.
+        let level = nested.body().begin().await?;
+        nested.levels.push(level);
+        Ok(())
+    }
+
+    async fn end_savepoint<'n, 'c: 'n>(
+        nested: &'n mut SeaOrmNested<'c>,
+        keep: bool,
+    ) -> Result<(), DbErr> {
+        match nested.levels.pop() {
+            Some(level) if keep => level.commit().await,
+            Some(level) => level.rollback().await,
+            None => Ok(()),
+        }
+    }
+
+    fn nested_body<'t, 'c: 't>(nested: &'t mut SeaOrmNested<'c>) -> &'t DatabaseTransaction {
+        nested.body()
+    }
+
+    fn unnest<'c>(nested: SeaOrmNested<'c>) -> &'c DatabaseTransaction
+    where
+        Self: 'c,
+    {
+        // Dropping it rolls back to the savepoints still open, innermost first.
+        nested.outer
+    }
+
     fn classify(error: &DbErr) -> Failure {
         classify(error)
+    }
+}
+
+/// A body's transaction with the savepoints a nested call took in it: SeaORM's nested
+/// transactions. Dropped with some still open, each queues its rollback for the connection's
+/// next statement, innermost first.
+#[derive(Debug)]
+pub struct SeaOrmNested<'c> {
+    outer: &'c DatabaseTransaction,
+    levels: Vec<DatabaseTransaction>,
+}
+
+impl SeaOrmNested<'_> {
+    /// The innermost transaction: the latest savepoint, or the outer body.
+    fn body(&self) -> &DatabaseTransaction {
+        self.levels.last().unwrap_or(self.outer)
+    }
+}
+
+impl Drop for SeaOrmNested<'_> {
+    fn drop(&mut self) {
+        while let Some(level) = self.levels.pop() {
+            drop(level);
+        }
     }
 }

@@ -18,8 +18,8 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::atomic::list_rows;
 use crate::driver::error::store_error;
+use crate::driver::list_rows;
 use crate::driver::port::{On, SeaOrm};
 use crate::driver::{millis, statement};
 

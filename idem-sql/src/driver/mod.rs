@@ -148,12 +148,14 @@ pub trait Driver: Clone + Send + Sync + 'static {
     type Tx: Transaction<Error = Self::Error> + 'static;
     /// What a handler's body gets of a claim's transaction: the driver's own type, not a
     /// wrapper (`&'t DatabaseTransaction`, `&'t mut PgConnection`).
-    type Body<'t>: Send
-    where
-        Self: 't;
+    type Body<'t>: Send;
 
     /// How this driver's users create a missing ledger, quoted in the error.
     const CREATE_TABLES: &'static str;
+
+    /// How this driver's users call an `#[idempotent]` function inside another call's body so
+    /// that it commits with it, quoted in the error of a call that reached the pool instead.
+    const NESTED_CALL: &'static str;
 
     /// The dialect of the pool's server.
     fn dialect(&self) -> Dialect;
@@ -189,6 +191,36 @@ pub trait Driver: Clone + Send + Sync + 'static {
     fn on_body<'t, 'c: 't>(
         body: &'t mut Self::Body<'c>,
     ) -> impl Connection<Error = Self::Error> + 't;
+
+    /// The dialect of the server a body's transaction is on.
+    fn body_dialect(body: &Self::Body<'_>) -> Dialect;
+
+    /// A body with the savepoints a nested call takes in its transaction (an `#[idempotent]`
+    /// function called with another call's body). Dropped with savepoints still open, it
+    /// rolls back to the first of them before the body's next statement, as the driver's own
+    /// nested transactions do (sqlx's transaction depth, SeaORM's nested `begin`): a nested
+    /// call cut off mid-body leaves nothing of its own in the outer call's commit.
+    type Nested<'c>: Send;
+
+    /// `body`, no savepoint taken yet.
+    fn nest<'c>(body: Self::Body<'c>) -> Self::Nested<'c>;
+
+    /// Takes one more savepoint.
+    fn savepoint<'n, 'c: 'n>(
+        nested: &'n mut Self::Nested<'c>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'n;
+
+    /// Ends the latest savepoint: kept (released), or rolled back to.
+    fn end_savepoint<'n, 'c: 'n>(
+        nested: &'n mut Self::Nested<'c>,
+        keep: bool,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'n;
+
+    /// Lends the body inside the savepoints.
+    fn nested_body<'t, 'c: 't>(nested: &'t mut Self::Nested<'c>) -> Self::Body<'t>;
+
+    /// The body back; savepoints still open are rolled back to first (queued, as on drop).
+    fn unnest<'c>(nested: Self::Nested<'c>) -> Self::Body<'c>;
 
     /// What kind of failure `error` is: a lost connection, a lock wait that gave up, a
     /// transient conflict, a missing table, or another error.

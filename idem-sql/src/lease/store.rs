@@ -4,7 +4,6 @@
 //! committed in groups ([`write_grouped`]: the queue, who leads and who waits) through the
 //! store's [`GroupCommit`].
 
-use std::future::Future;
 use std::time::Duration;
 
 use idem_core::ledger::ids::random_token;
@@ -15,7 +14,7 @@ use idem_core::{
 use super::group_commit::{GroupCommit, write_grouped};
 use super::{LeaseStep, LeaseWrite, LeaseWritten, claim_lease, complete, completion, record_step};
 use crate::driver::fetch_first;
-use crate::store::{SqlStore, db_error, failed};
+use crate::store::{SqlStore, db_error, failed, within};
 use crate::{
     Begin, Bound, Bridge, ClaimRow, Connection, Dialect, Driver, Fault, Sql, Transaction, millis,
 };
@@ -169,27 +168,6 @@ pub(crate) fn lost() -> Error {
     Error::LeaseLost {
         scope: String::new(),
     }
-}
-
-/// `work`, failing as a lost connection after `wait` (`None`: unbounded, SQLite): an
-/// outage told promptly, as a lease's holder must hear of it.
-pub(crate) async fn within<T>(
-    wait: Option<Duration>,
-    doing: &str,
-    work: impl Future<Output = Result<T, Error>>,
-) -> Result<T, Error> {
-    let Some(wait) = wait else {
-        return work.await;
-    };
-    tokio::time::timeout(wait, work).await.unwrap_or_else(|_| {
-        Err(Error::Unavailable {
-            message: format!(
-                "no database connection while {doing} (none within {} ms)",
-                wait.as_millis()
-            ),
-            retry_after: Duration::from_secs(1),
-        })
-    })
 }
 
 impl<D: Driver> LeaseStore for SqlStore<D> {

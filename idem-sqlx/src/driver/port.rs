@@ -5,23 +5,38 @@
 
 use std::time::Duration;
 
-use idem_sql::{Begin, Bound, Bridge, Connection, Dialect, Driver, Failure, MySqlServer, Row};
+use idem_sql::{Begin, Bound, Connection, Dialect, Driver, Failure, MySqlServer, Row};
 use sqlx::pool::PoolConnection;
 use sqlx::{Pool, Transaction};
+use sqlx_core::transaction::TransactionManager;
 
 use super::Backend;
 use super::error::{CREATE_TABLES, classify};
 use super::pooler;
 
-/// A sqlx pool as idem's driver. Cloning it shares the pool.
-pub(crate) struct Sqlx<DB: Backend> {
+/// A sqlx pool as idem's driver ([`idem_sql::Driver`]): what idem's one store runs on.
+/// Cloning it shares the pool. You rarely name it: `#[idempotent]` builds the store from
+/// your `&PgPool` (`&MySqlPool`, `&SqlitePool`).
+pub struct Sqlx<DB: Backend> {
     pool: Pool<DB>,
 }
 
 impl<DB: Backend> Sqlx<DB> {
     /// The driver on `pool`.
-    pub(crate) fn new(pool: Pool<DB>) -> Self {
+    pub fn new(pool: Pool<DB>) -> Self {
         Sqlx { pool }
+    }
+}
+
+impl<DB: Backend> From<Pool<DB>> for Sqlx<DB> {
+    fn from(pool: Pool<DB>) -> Self {
+        Sqlx::new(pool)
+    }
+}
+
+impl<DB: Backend> From<&Pool<DB>> for Sqlx<DB> {
+    fn from(pool: &Pool<DB>) -> Self {
+        Sqlx::new(pool.clone())
     }
 }
 
@@ -52,15 +67,6 @@ impl<'c, DB: Backend> SqlxConn<'c, DB> {
     }
 }
 
-/// A borrowed sqlx connection as every per-feature port of idem-sql (claim, lease, completer,
-/// purge, outbox), its errors a [`Fault`](idem_sql::Fault).
-pub(crate) type On<'c, DB> = Bridge<SqlxConn<'c, DB>, Sqlx<DB>>;
-
-/// `conn` as the per-feature ports, its statements named or not.
-pub(crate) fn on<DB: Backend>(conn: &mut DB::Connection, named: bool) -> On<'_, DB> {
-    Bridge::new(SqlxConn::new(conn, named))
-}
-
 impl<DB: Backend> Connection for SqlxConn<'_, DB> {
     type Error = sqlx::Error;
 
@@ -78,7 +84,8 @@ impl<DB: Backend> Connection for SqlxConn<'_, DB> {
 }
 
 /// A pooled sqlx connection outside any transaction.
-pub(crate) struct SqlxPooled<DB: Backend> {
+#[derive(Debug)]
+pub struct SqlxPooled<DB: Backend> {
     conn: PoolConnection<DB>,
     named: bool,
 }
@@ -101,7 +108,8 @@ impl<DB: Backend> Connection for SqlxPooled<DB> {
 
 /// An owned sqlx transaction. Dropped open, sqlx queues its `ROLLBACK` for the connection's
 /// next use, before the pool hands it to anyone else.
-pub(crate) struct SqlxTx<DB: Backend> {
+#[derive(Debug)]
+pub struct SqlxTx<DB: Backend> {
     tx: Transaction<'static, DB>,
     named: bool,
 }
@@ -154,21 +162,16 @@ pub(crate) async fn begin<DB: Backend>(
     }
 }
 
-/// Begins a claim's (or a lease write's, a final phase's) transaction on `pool`: idem-sql's
-/// [`Begin::Write`](idem_sql::Begin::Write), which takes SQLite's write lock up front.
-pub(crate) async fn begin_claim<DB: Backend>(
-    pool: &Pool<DB>,
-) -> Result<Transaction<'static, DB>, sqlx::Error> {
-    begin(pool, Begin::Write).await
-}
-
 impl<DB: Backend> Driver for Sqlx<DB> {
     type Error = sqlx::Error;
     type Pooled = SqlxPooled<DB>;
     type Tx = SqlxTx<DB>;
     type Body<'t> = &'t mut DB::Connection;
 
+    type Nested<'c> = SqlxNested<'c, DB>;
+
     const CREATE_TABLES: &'static str = CREATE_TABLES;
+    const NESTED_CALL: &'static str = "pass the body's `db` to a function whose connection is an `idem::sqlx::Conn` (`(&mut *db).into()`), so it claims in a savepoint and commits with the outer call";
 
     fn dialect(&self) -> Dialect {
         DB::DIALECT
@@ -216,7 +219,101 @@ impl<DB: Backend> Driver for Sqlx<DB> {
         SqlxConn::<DB>::new(body, false)
     }
 
+    fn body_dialect(_: &&mut DB::Connection) -> Dialect {
+        DB::DIALECT
+    }
+
+    fn nest<'c>(body: &'c mut DB::Connection) -> SqlxNested<'c, DB>
+    where
+        Self: 'c,
+    {
+        SqlxNested {
+            conn: Some(body),
+            open: 0,
+        }
+    }
+
+    async fn savepoint<'n, 'c: 'n>(nested: &'n mut SqlxNested<'c, DB>) -> Result<(), sqlx::Error> {
+        // sqlx's own nested transaction: `SAVEPOINT _sqlx_savepoint_<depth>`, and the depth
+        // that `start_rollback` (on drop) and the user's own `begin()` in the body go by.
+        <DB::TransactionManager as TransactionManager>::begin(nested.conn(), None).await?;
+        nested.open += 1;
+        Ok(())
+    }
+
+    async fn end_savepoint<'n, 'c: 'n>(
+        nested: &'n mut SqlxNested<'c, DB>,
+        keep: bool,
+    ) -> Result<(), sqlx::Error> {
+        let conn = nested.conn();
+        if keep {
+            <DB::TransactionManager as TransactionManager>::commit(conn).await?;
+        } else {
+            <DB::TransactionManager as TransactionManager>::rollback(conn).await?;
+        }
+        nested.open -= 1;
+        Ok(())
+    }
+
+    fn nested_body<'t, 'c: 't>(nested: &'t mut SqlxNested<'c, DB>) -> &'t mut DB::Connection {
+        nested.conn()
+    }
+
+    fn unnest<'c>(mut nested: SqlxNested<'c, DB>) -> &'c mut DB::Connection
+    where
+        Self: 'c,
+    {
+        nested.roll_back_open();
+        nested
+            .conn
+            .take()
+            .expect("a nested body's connection is taken only here, which consumes it")
+    }
+
     fn classify(error: &sqlx::Error) -> Failure {
         classify(error)
+    }
+}
+
+/// A body's connection with the savepoints a nested call took in it: sqlx's nested
+/// transactions, counted. Dropped with some still open, it queues their rollbacks for the
+/// connection's next statement, as a dropped `sqlx::Transaction` does.
+pub struct SqlxNested<'c, DB: Backend> {
+    /// Always `Some` but in [`Driver::unnest`], which takes it.
+    conn: Option<&'c mut DB::Connection>,
+    /// The savepoints taken and not yet ended.
+    open: usize,
+}
+
+impl<DB: Backend> SqlxNested<'_, DB> {
+    fn conn(&mut self) -> &mut DB::Connection {
+        self.conn
+            .as_deref_mut()
+            .expect("a nested body's connection is taken only by `unnest`, which consumes it")
+    }
+
+    /// Queues the rollback of every savepoint still open, innermost first.
+    fn roll_back_open(&mut self) {
+        if let Some(conn) = self.conn.as_deref_mut() {
+            for _ in 0..self.open {
+                <DB::TransactionManager as TransactionManager>::start_rollback(conn);
+            }
+        }
+        self.open = 0;
+    }
+}
+
+impl<DB: Backend> Drop for SqlxNested<'_, DB> {
+    fn drop(&mut self) {
+        self.roll_back_open();
+    }
+}
+
+impl<DB: Backend> std::fmt::Debug for SqlxNested<'_, DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlxNested")
+            .field("database", &DB::NAME)
+            .field("open", &self.open)
+            .finish_non_exhaustive()
     }
 }

@@ -3,9 +3,15 @@
 //! ([`ClaimConnection`]: its claim transaction, begun) and ends the transaction as the
 //! [`Claimed`] it gets back says.
 
+mod nested;
+mod store;
+
 use std::future::Future;
 
 use idem_core::{Claim, Fingerprint, RecordStatus, Recorded, Request};
+
+pub use nested::{ConnClaimed, ConnStore, Nested, NestedClaim};
+pub use store::ClaimedTx;
 
 use crate::{Bound, Column, Decode, NewRecord, Row, Sql, millis};
 
