@@ -59,8 +59,7 @@ pub use completer::{
     read_count, read_stored_call, steps, unregistered,
 };
 pub use driver::{
-    Begin, Bridge, Connection, Driver, Fault, Savepoint, Transaction, fetch_each, fetch_first,
-    learn_flavour,
+    Begin, Bridge, Connection, Driver, Fault, Transaction, fetch_each, fetch_first, learn_flavour,
 };
 pub use failure::{Failure, claim_lost};
 pub use inbox::{Inbox, NewDeadLetter};

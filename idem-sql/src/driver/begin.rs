@@ -1,7 +1,6 @@
-//! How a transaction begins ([`Begin`], the text per dialect) and the savepoints a nested
-//! call takes ([`Savepoint`]): the transaction statements a driver runs, written once.
-
-use std::sync::atomic::{AtomicU64, Ordering};
+//! How a transaction begins ([`Begin`], the text per dialect): the transaction statements a
+//! driver runs, written once. A nested call's savepoints are the driver's own nested
+//! transactions ([`Driver::savepoint`](crate::Driver::savepoint)).
 
 use crate::{Dialect, Outbox};
 
@@ -49,47 +48,9 @@ impl Dialect {
 /// MySQL sets the next transaction's level before it begins.
 const MYSQL_READ_COMMITTED: [&str; 2] = [Outbox::CLAIM_ISOLATION, "START TRANSACTION"];
 
-/// A savepoint by name, with the statements that take it, undo to it and release it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Savepoint(String);
-
-impl Savepoint {
-    /// A savepoint of a call nested in another's transaction, named for `what` it guards
-    /// (`claim`, `body`) and numbered for the process, so two nested calls never share one
-    /// (MySQL replaces a savepoint of the same name: a call nested in a nested call must not
-    /// reuse its caller's).
-    pub fn nested(what: &str) -> Self {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        Savepoint(format!(
-            "idem_nested_{what}_{}",
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ))
-    }
-
-    /// The savepoint's name.
-    pub fn name(&self) -> &str {
-        &self.0
-    }
-
-    /// Takes the savepoint.
-    pub fn take(&self) -> String {
-        format!("SAVEPOINT {}", self.0)
-    }
-
-    /// Undoes what ran since the savepoint, keeping it.
-    pub fn rollback_to(&self) -> String {
-        format!("ROLLBACK TO SAVEPOINT {}", self.0)
-    }
-
-    /// Forgets the savepoint, keeping what ran since.
-    pub fn release(&self) -> String {
-        format!("RELEASE SAVEPOINT {}", self.0)
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{Begin, Savepoint};
+    use super::Begin;
     use crate::Dialect;
 
     #[test]
@@ -108,18 +69,5 @@ mod tests {
             let snapshot = dialect.begin(Begin::Snapshot).join("; ");
             assert!(snapshot.contains("READ ONLY"), "{dialect:?}: {snapshot}");
         }
-    }
-
-    #[test]
-    fn nested_savepoints_never_share_a_name() {
-        let (a, b) = (Savepoint::nested("claim"), Savepoint::nested("claim"));
-        assert_ne!(a, b);
-        assert!(a.name().starts_with("idem_nested_claim_"), "{}", a.name());
-        assert_eq!(a.take(), format!("SAVEPOINT {}", a.name()));
-        assert_eq!(
-            a.rollback_to(),
-            format!("ROLLBACK TO SAVEPOINT {}", a.name())
-        );
-        assert_eq!(a.release(), format!("RELEASE SAVEPOINT {}", a.name()));
     }
 }

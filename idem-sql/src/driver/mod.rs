@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
-pub use begin::{Begin, Savepoint};
+pub use begin::Begin;
 pub use bridge::Bridge;
 pub use fault::Fault;
 pub use flavour::learn_flavour;

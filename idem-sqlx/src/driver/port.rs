@@ -214,9 +214,12 @@ impl<DB: Backend> Driver for Sqlx<DB> {
     fn on_body<'t, 'c: 't>(
         body: &'t mut &'c mut DB::Connection,
     ) -> impl Connection<Error = sqlx::Error> + 't {
-        // A body's connection may run the user's own named statements; idem's run unnamed
-        // there, which any server connection (a pooler's too) takes.
-        SqlxConn::<DB>::new(body, false)
+        // A body's connection does not say whether it came through a transaction pooler, so
+        // on PostgreSQL idem's statements run unnamed there, which any server connection (a
+        // pooler's too) takes, in the same round trip. On MySQL an unnamed statement costs a
+        // prepare, an execute and a close, and the close (which has no answer) stalls the
+        // next statement for a delayed ACK, about 40 ms: named there (no pooler in between).
+        SqlxConn::<DB>::new(body, DB::DIALECT != Dialect::Postgres)
     }
 
     fn body_dialect(_: &&mut DB::Connection) -> Dialect {
