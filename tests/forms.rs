@@ -345,3 +345,33 @@ async fn a_missing_or_invalid_body_key_is_a_400_problem_and_nothing_runs() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_body_over_the_frameworks_limit_is_a_413_problem_and_nothing_runs() {
+    for b in backends().await {
+        for (front, base) in fronts(&b.db).await {
+            let run = unique("large");
+            // Over both defaults: axum's `DefaultBodyLimit` (2 MiB), actix-web's
+            // `PayloadConfig` (256 KiB).
+            let padding = "x".repeat(3 << 20);
+            let body = format!("run={run}&title={padding}&idempotency_key=k-large");
+            let got = post(
+                format!("{base}/form"),
+                "application/x-www-form-urlencoded",
+                body,
+            )
+            .await;
+            assert_eq!(got.status, 413, "{front}: {}", got.body);
+            assert_eq!(
+                got.content_type.as_deref(),
+                Some("application/problem+json")
+            );
+            assert!(
+                got.body.contains("request-too-large"),
+                "{front}: {}",
+                got.body
+            );
+            assert_eq!(effects(&b.db, &run).await, 0, "{}/{front}", b.name);
+        }
+    }
+}
