@@ -29,14 +29,16 @@ pub const IDEMPOTENCY_KEY_FIELD: &str = "idempotency_key";
 /// The body is read once, up to the framework's own limit (axum's `DefaultBodyLimit`,
 /// actix-web's `PayloadConfig`), and `E` is given the whole of it, so `E` may be `Form`,
 /// `Json`, `Query`, `String` or any extractor of the framework; the key field may stay in the
-/// type `E` reads or not (serde skips unknown fields).
+/// type `E` reads or not (serde skips unknown fields). It takes the body as `E` would: on axum
+/// it is the handler's last argument, and on actix-web the extractors after it find no body.
 ///
 /// | request | answer |
 /// |---|---|
 /// | no key in any of those places | 400 `missing-key` |
 /// | a key that is not valid (empty, over 255 bytes, a control character) | 400 `invalid-key` |
 /// | the key sent twice in one place, or two places carrying different keys | 400 `invalid-key` |
-/// | a body `E` refuses, or over the framework's limit | `E`'s or the framework's own answer |
+/// | a body over the framework's limit | 413 `request-too-large` |
+/// | a body `E` refuses | `E`'s own rejection |
 ///
 /// The key is only the key: a `#[idempotent]` function fingerprints the arguments it is given
 /// (the form), so the same key with another form is answered 422 as with the header.
