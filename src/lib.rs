@@ -350,15 +350,17 @@ pub mod completer {
 /// ([`Respond`](axum::Respond) to answer replays with 200 or send an `ETag`), the
 /// [`IfMatch`](axum::IfMatch) extractor for conditional writes (428 without it, 412 when it no
 /// longer matches; see [`sea_orm::Stateful::update_if_match`]), [`ETag`](axum::ETag) for a
-/// response's tag, and [`IdempotencyLayer`](axum::IdempotencyLayer), which records whole
-/// responses of plain routes.
+/// response's tag, [`IdempotencyLayer`](axum::IdempotencyLayer), which records whole
+/// responses of plain routes, and for server-rendered forms [`Keyed`](axum::Keyed) (the key in
+/// a form field, a query parameter or a JSON member) and [`respond_answer`](axum::respond_answer)
+/// (an [`Answer`](axum::Answer) such as a `303 See Other` replayed with its headers).
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod axum {
     pub use idem_axum::{
-        ETag, EntityTag, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, IdempotencyLayer,
-        IdempotencyService, IfMatch, Problem, ReplayStatus, Respond, respond, respond_inline,
-        run_to_completion,
+        Answer, ETag, EntityTag, IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_FIELD, IDEMPOTENT_REPLAYED,
+        IdempotencyKey, IdempotencyLayer, IdempotencyService, IfMatch, Keyed, Problem,
+        ReplayStatus, Respond, respond, respond_answer, respond_inline, run_to_completion,
     };
 }
 
@@ -367,14 +369,15 @@ pub mod axum {
 /// without a valid key), [`Problem`](actix::Problem) as actix's `ResponseError` (every
 /// [`Error`] with its status, problem+json and `Retry-After`), and
 /// [`respond`](actix::respond), which runs the call to completion on a task of its own and
-/// marks replays with `Idempotent-Replayed: true`.
+/// marks replays with `Idempotent-Replayed: true`; for server-rendered forms
+/// [`Keyed`](actix::Keyed) and [`respond_answer`](actix::respond_answer), as on axum.
 #[cfg(feature = "actix")]
 #[cfg_attr(docsrs, doc(cfg(feature = "actix")))]
 pub mod actix {
     pub use idem_actix::{
-        ETag, EntityTag, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey,
-        IdempotencyMiddleware, IdempotencyMiddlewareService, IfMatch, Problem, ReplayStatus,
-        Respond, respond,
+        Answer, ETag, EntityTag, IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_FIELD, IDEMPOTENT_REPLAYED,
+        IdempotencyKey, IdempotencyMiddleware, IdempotencyMiddlewareService, IfMatch, Keyed,
+        Problem, ReplayStatus, Respond, respond, respond_answer,
     };
 }
 
@@ -450,15 +453,18 @@ pub mod sqlx {
 /// the `http` crate's types, for a service on any web framework (feature `http`; `axum` turns
 /// it on): `Problem::from(&e).to_response()` answers an [`Error`] with its status, problem
 /// document and `Retry-After`; `idempotency_key(headers)` reads the key; `json_answer` (or `JsonAnswer`, its options) and
-/// `mark_replayed` answer values and replays; `run_to_completion` keeps a call running when
+/// `mark_replayed` answer values and replays; `Answer` is an answer recorded with its status
+/// and headers (a `303 See Other`, a page); `key_of_request` finds a key in the header, a
+/// query parameter or a form or JSON body; `run_to_completion` keeps a call running when
 /// its client hangs up. `idem::axum` is the axum adapter over it.
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http {
     pub use idem_http::{
-        IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, JsonAnswer, Problem, ReplayStatus,
-        canonical, etag_value, idempotency_key, if_match, json_answer, mark_replayed,
-        parse_entity_tag, parse_if_match, parse_key, run_to_completion, spawn_and_wait,
+        Answer, IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_FIELD, IDEMPOTENT_REPLAYED, IdempotencyKey,
+        JsonAnswer, Keyed, Problem, ReplayStatus, canonical, etag_value, idempotency_key, if_match,
+        json_answer, key_of_request, mark_replayed, parse_entity_tag, parse_if_match, parse_key,
+        run_to_completion, spawn_and_wait,
     };
 }
 

@@ -6,10 +6,16 @@
 //! session), opens the form (`GET /admin/newsletters`, which carries a fresh idempotency key
 //! in a hidden field) and publishes an issue (`POST /admin/newsletters`): the issue and one
 //! delivery per confirmed subscriber are written in one transaction, and the answer is a
-//! `303 See Other` back to the form. Publishing must not happen twice: a double click, a
-//! resubmitted page or a retry after a timeout sends the same key and gets the same 303
-//! without a second issue. Keys are scoped to the logged-in user (`principal`), so two editors
-//! cannot collide; a key reused with another form is `422` (problem+json).
+//! `303 See Other` back to the form with a flash message in a cookie. Publishing must not
+//! happen twice: a double click, a resubmitted page or a retry after a timeout sends the same
+//! key and gets the same 303 and flash message without a second issue. Keys are scoped to the
+//! logged-in user (`principal`), so two editors cannot collide; a key reused with another form
+//! is `422` (problem+json).
+//!
+//! `Keyed<Form<PublishForm>>` reads the key from the form's hidden `idempotency_key` field and
+//! hands the form on; the function answers an `Answer` (the 303, its `Location` and its flash
+//! cookie), which idem records with the issue, and `respond_answer` runs the call to its end
+//! and answers it, the same again for a resubmit.
 //!
 //! The schema is the app's own migrations (`examples/newsletter/migrations/`, run with sqlx's
 //! migrator at start-up or `sqlx migrate run`); idem's ledger is one of them, as
@@ -30,18 +36,19 @@ use axum::extract::{Form, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
+use idem::axum::{Answer, IdempotencyKey, Keyed, Problem, respond_answer};
 use idem::idempotent;
 use serde::{Deserialize, Serialize};
 use sqlx::SqlitePool;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The form an editor submits; the key is the hidden field the form page rendered.
+/// The form an editor submits. Its key is the hidden `idempotency_key` field the form page
+/// rendered, which `Keyed` reads.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct PublishForm {
     title: String,
     content: String,
-    idempotency_key: String,
 }
 
 /// Why publishing failed.
@@ -65,15 +72,33 @@ impl From<sqlx::Error> for PublishError {
     }
 }
 
+impl IntoResponse for PublishError {
+    fn into_response(self) -> Response {
+        match self {
+            PublishError::Idem(e) => Problem::from(e).into_response(),
+            PublishError::Database(e) => {
+                tracing::error!(error = %e, "publishing failed");
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "publishing failed; try again",
+                )
+                    .into_response()
+            }
+        }
+    }
+}
+
 /// Publishes an issue: the issue and its deliveries in the claim's transaction (`db` is its
 /// `&mut SqliteConnection`), so they commit with the recorded answer or not at all. Its key
-/// belongs to the editor.
-#[idempotent(scope = "newsletter.publish", key = form.idempotency_key, principal = editor)]
+/// belongs to the editor. The answer is the page's: a 303 back to the form with a flash
+/// message, recorded as it is, so a resubmitted form gets the same.
+#[idempotent(scope = "newsletter.publish", key = key, principal = editor)]
 async fn publish_issue(
     db: &SqlitePool,
+    key: IdempotencyKey,
     editor: &str,
     form: PublishForm,
-) -> Result<i64, PublishError> {
+) -> Result<Answer, PublishError> {
     let issue_id: i64 = sqlx::query_scalar(
         "INSERT INTO newsletter_issues (title, content, published_by) VALUES (?, ?, ?) RETURNING id",
     )
@@ -91,7 +116,10 @@ async fn publish_issue(
     )
     .execute(&mut *db)
     .await?;
-    Ok(issue_id)
+    // 303: the browser GETs the form again, which shows the flash message.
+    Ok(Answer::see_other("/admin/newsletters").set_cookie(format!(
+        "flash=Issue%20{issue_id}%20published; Path=/admin; Max-Age=60; HttpOnly"
+    )))
 }
 
 #[derive(Clone)]
@@ -99,14 +127,19 @@ struct AppState {
     pool: SqlitePool,
 }
 
-/// The editor the request's cookie names.
-fn editor(headers: &HeaderMap) -> Option<String> {
+/// The value of the request's cookie `name`.
+fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
     let cookies = headers.get(header::COOKIE)?.to_str().ok()?;
     cookies
         .split(';')
-        .find_map(|c| c.trim().strip_prefix("editor="))
-        .filter(|name| !name.is_empty())
+        .find_map(|c| c.trim().strip_prefix(name)?.strip_prefix('='))
+        .filter(|value| !value.is_empty())
         .map(str::to_owned)
+}
+
+/// The editor the request's cookie names.
+fn editor(headers: &HeaderMap) -> Option<String> {
+    cookie(headers, "editor")
 }
 
 #[derive(Deserialize)]
@@ -134,43 +167,33 @@ async fn form_page(State(app): State<AppState>, headers: HeaderMap) -> Response 
         .fetch_one(&app.pool)
         .await
         .unwrap_or(0);
+    // The flash message a publication left, shown once (a real service escapes it).
+    let flash = cookie(&headers, "flash")
+        .map(|text| format!("<p><i>{}</i></p>", text.replace("%20", " ")))
+        .unwrap_or_default();
     let key = uuid::Uuid::new_v4();
-    Html(format!(
-        "<p>Logged in as {editor}. {published} issues published.</p>\
+    let page = Html(format!(
+        "{flash}<p>Logged in as {editor}. {published} issues published.</p>\
          <form method=\"post\" action=\"/admin/newsletters\">\
          <input name=\"title\"><textarea name=\"content\"></textarea>\
          <input type=\"hidden\" name=\"idempotency_key\" value=\"{key}\">\
          <button>Publish</button></form>"
-    ))
-    .into_response()
+    ));
+    let shown = "flash=; Path=/admin; Max-Age=0";
+    ([(header::SET_COOKIE, shown)], page).into_response()
 }
 
 async fn publish(
     State(app): State<AppState>,
     headers: HeaderMap,
-    Form(form): Form<PublishForm>,
+    Keyed(key, Form(form)): Keyed<Form<PublishForm>>,
 ) -> Response {
     let Some(editor) = editor(&headers) else {
         return Redirect::to("/login").into_response();
     };
     // A browser that gives up does not cut the publication off half-way: it runs to its end
-    // on a task of its own, and the retry replays it.
-    let published =
-        idem::http::run_to_completion(async move { publish_issue(&app.pool, &editor, form).await })
-            .await;
-    match published {
-        // 303: the browser GETs the form again; a replay answers the same.
-        Ok(_) => Redirect::to("/admin/newsletters").into_response(),
-        Err(PublishError::Idem(e)) => idem::axum::Problem::from(e).into_response(),
-        Err(PublishError::Database(e)) => {
-            tracing::error!(error = %e, "publishing failed");
-            (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "publishing failed; try again",
-            )
-                .into_response()
-        }
-    }
+    // on a task of its own, and the retry replays its 303.
+    respond_answer(async move { publish_issue(&app.pool, key, &editor, form).await }).await
 }
 
 fn router(pool: SqlitePool) -> Router {
@@ -311,18 +334,24 @@ mod tests {
             submit(&base, "ada", "Issue-1", &key),
             submit(&base, "ada", "Issue-1", &key)
         );
+        let flash = "flash=Issue%201%20published; Path=/admin; Max-Age=60; HttpOnly";
         for answer in [first, second] {
             assert_eq!(answer.status(), StatusCode::SEE_OTHER);
             assert_eq!(answer.headers()[header::LOCATION], "/admin/newsletters");
+            assert_eq!(answer.headers()[header::SET_COOKIE], flash);
         }
         assert_eq!(
             issues(&pool).await,
             (1, 2),
             "one issue, one delivery per confirmed subscriber"
         );
-        // A resubmit after the fact answers the same and publishes nothing.
+        // A resubmit after the fact answers the same, flash message included, and publishes
+        // nothing.
         let again = submit(&base, "ada", "Issue-1", &key).await;
         assert_eq!(again.status(), StatusCode::SEE_OTHER);
+        assert_eq!(again.headers()[header::LOCATION], "/admin/newsletters");
+        assert_eq!(again.headers()[header::SET_COOKIE], flash);
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
         assert_eq!(issues(&pool).await, (1, 2));
     }
 

@@ -7,6 +7,12 @@
 //! its JSON value, marking replays with `Idempotent-Replayed: true`. [`IdempotencyMiddleware`] records whole responses of plain
 //! handlers, the twin of `idem::axum::IdempotencyLayer` on the same ledger.
 //!
+//! Server-rendered forms: [`Keyed`] finds the key in a form's hidden `idempotency_key` field
+//! (or a query parameter, or a JSON member) as well as the header, and hands the body on to
+//! the extractor it wraps (`Keyed<web::Form<T>>`); [`respond_answer`] answers a call whose
+//! value is an [`Answer`] (a `303 See Other` with a flash cookie, a rendered page) with its
+//! recorded status and headers.
+//!
 //! ```no_run
 //! use actix_web::{App, HttpResponse, http::StatusCode, web};
 //! use idem_actix::{IdempotencyKey, Problem, respond};
@@ -28,7 +34,7 @@ mod middleware;
 mod respond;
 
 pub use middleware::{IdempotencyMiddleware, IdempotencyMiddlewareService};
-pub use respond::{Respond, respond};
+pub use respond::{Respond, respond, respond_answer};
 
 pub use idem_core::EntityTag;
 /// The validated `Idempotency-Key` of a request, idem's one key type
@@ -40,4 +46,7 @@ pub use idem_http::IdempotencyKey;
 /// `ResponseError`, so `?` on an idem call in a handler returning `Result<_, Problem>`
 /// answers the error's status, `application/problem+json` and `Retry-After` where it applies.
 pub use idem_http::Problem;
-pub use idem_http::{ETag, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IfMatch, ReplayStatus};
+pub use idem_http::{
+    Answer, ETag, IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_FIELD, IDEMPOTENT_REPLAYED, IfMatch, Keyed,
+    ReplayStatus,
+};

@@ -1,12 +1,12 @@
 //! Answering an idempotent call's value: its JSON with the first execution's status (or 200
-//! for replays), an optional `ETag`, replays marked.
+//! for replays), an optional `ETag`, replays marked; or an [`Answer`] as it was recorded.
 
 use actix_web::http::StatusCode;
 use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::{HttpResponse, ResponseError};
 use idem_core::{EntityTag, Outcome, with_outcome};
 use idem_http::frameworks::actix::to_actix;
-use idem_http::{JsonAnswer, ReplayStatus};
+use idem_http::{Answer, JsonAnswer, ReplayStatus};
 use serde::Serialize;
 
 /// Runs an idempotent call to completion on a task of its own and answers it: its JSON value
@@ -24,6 +24,45 @@ where
     E: ResponseError + Send + 'static,
 {
     Respond::<T>::new(status).run(call).await
+}
+
+/// Runs an idempotent call whose value is an [`Answer`] (a `303 See Other` with its
+/// `Location`, a rendered page, a flash cookie) to completion on a task of its own, as
+/// [`respond`] does, and answers it as it was recorded: its status, headers and body, with
+/// `Idempotent-Replayed: true` on a replay. `Err(e)` is `e`'s response, marked on a replay of
+/// a recorded final error too.
+///
+/// ```text
+/// async fn publish(pool: web::Data<PgPool>, Keyed(key, form): Keyed<web::Form<PublishForm>>) -> HttpResponse {
+///     let (pool, form) = (pool.get_ref().clone(), form.into_inner());
+///     // publish_issue returns Ok(Answer::see_other("/admin/newsletters").set_cookie(flash))
+///     respond_answer(async move { publish_issue(&pool, key, form).await }).await
+/// }
+/// ```
+pub async fn respond_answer<E, F>(call: F) -> HttpResponse
+where
+    F: Future<Output = Result<Answer, E>> + Send + 'static,
+    E: ResponseError + Send + 'static,
+{
+    let (answer, outcome) = idem_http::run_to_completion(with_outcome(call)).await;
+    let replayed = outcome == Some(Outcome::Replayed);
+    match answer {
+        Ok(answer) => to_actix(answer.to_response(replayed)),
+        Err(e) => error_response(&e, replayed),
+    }
+}
+
+/// An error's own response, marked `Idempotent-Replayed: true` when it is a recorded final
+/// error replayed.
+fn error_response(e: &impl ResponseError, replayed: bool) -> HttpResponse {
+    let mut response = e.error_response();
+    if replayed {
+        response.headers_mut().insert(
+            HeaderName::from_static("idempotent-replayed"),
+            HeaderValue::from_static("true"),
+        );
+    }
+    response
 }
 
 /// How to answer an idempotent call on actix-web: [`respond`] with options, the twin of
@@ -91,16 +130,7 @@ impl<T: Serialize> Respond<T> {
         let replayed = outcome == Some(Outcome::Replayed);
         match answer {
             Ok(value) => to_actix(self.0.answer(&value, replayed)),
-            Err(e) => {
-                let mut response = e.error_response();
-                if replayed {
-                    response.headers_mut().insert(
-                        HeaderName::from_static("idempotent-replayed"),
-                        HeaderValue::from_static("true"),
-                    );
-                }
-                response
-            }
+            Err(e) => error_response(&e, replayed),
         }
     }
 }

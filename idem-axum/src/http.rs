@@ -1,5 +1,5 @@
 //! The `Idempotency-Key` extractor, problem+json errors, `If-Match` and `ETag`, and
-//! [`respond`], which answers an idempotent call (and marks its replays).
+//! [`respond`] and [`respond_answer`], which answer an idempotent call (and mark its replays).
 
 use std::future::Future;
 
@@ -10,8 +10,8 @@ use serde::Serialize;
 use idem_core::{EntityTag, Outcome, with_outcome};
 use idem_http::JsonAnswer;
 pub use idem_http::{
-    ETag, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, IfMatch, Problem, ReplayStatus,
-    run_to_completion,
+    Answer, ETag, IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_FIELD, IDEMPOTENT_REPLAYED, IdempotencyKey,
+    IfMatch, Keyed, Problem, ReplayStatus, run_to_completion,
 };
 
 /// Runs an idempotent call **to completion on a task of its own** and answers it: `Ok(value)`
@@ -53,6 +53,45 @@ where
     E: IntoResponse + 'static,
 {
     Respond::new(status).run(call)
+}
+
+/// Runs an idempotent call whose value is an [`Answer`] (a `303 See Other` with its
+/// `Location`, a rendered page, a flash cookie) **to completion on a task of its own**, as
+/// [`respond`] does, and answers it as it was recorded: its status, headers and body, with
+/// `Idempotent-Replayed: true` on a replay. `Err(e)` is `e`'s response, marked on a replay of
+/// a recorded final error too.
+///
+/// ```text
+/// async fn publish(State(app): State<AppState>, Keyed(key, Form(form)): Keyed<Form<PublishForm>>) -> Response {
+///     // publish_issue returns Ok(Answer::see_other("/admin/newsletters").set_cookie(flash))
+///     respond_answer(async move { publish_issue(&app.pool, key, form).await }).await
+/// }
+/// ```
+pub fn respond_answer<E, F>(call: F) -> impl Future<Output = Response>
+where
+    F: Future<Output = Result<Answer, E>> + Send + 'static,
+    E: IntoResponse + 'static,
+{
+    run_to_completion(async move {
+        let (result, outcome) = with_outcome(call).await;
+        let replayed = outcome == Some(Outcome::Replayed);
+        match result {
+            Ok(answer) => answer
+                .to_response(replayed)
+                .map(axum_core::body::Body::from),
+            Err(e) => error_response(e, replayed),
+        }
+    })
+}
+
+/// An error's own response, marked `Idempotent-Replayed: true` when it is a recorded final
+/// error replayed.
+fn error_response(e: impl IntoResponse, replayed: bool) -> Response {
+    let mut response = e.into_response();
+    if replayed {
+        idem_http::mark_replayed(response.headers_mut());
+    }
+    response
 }
 
 /// [`respond`] without the task: the call runs inside the handler's future, so it needs
@@ -146,13 +185,7 @@ impl<T: Serialize> Respond<T> {
                 .0
                 .answer(&value, replayed)
                 .map(axum_core::body::Body::from),
-            Err(e) => {
-                let mut response = e.into_response();
-                if replayed {
-                    idem_http::mark_replayed(response.headers_mut());
-                }
-                response
-            }
+            Err(e) => error_response(e, replayed),
         }
     }
 }

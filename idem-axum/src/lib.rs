@@ -24,13 +24,20 @@
 //!
 //! [`respond`] runs the call to completion on a task of its own, so a client that hangs up
 //! cannot cut it off mid-statement; its retry replays the recorded answer.
+//!
+//! Server-rendered forms: [`Keyed`] finds the key in a form's hidden `idempotency_key` field
+//! (or a query parameter, or a JSON member) as well as the header, and hands the body on to
+//! the extractor it wraps (`Keyed<Form<T>>`); [`respond_answer`] answers a call whose value is
+//! an [`Answer`] (a `303 See Other` with a flash cookie, a rendered page) with its recorded
+//! status and headers.
 
 mod http;
 mod layer;
 
 pub use http::{
-    ETag, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, IfMatch, Problem, ReplayStatus,
-    Respond, respond, respond_inline, run_to_completion,
+    Answer, ETag, IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_FIELD, IDEMPOTENT_REPLAYED, IdempotencyKey,
+    IfMatch, Keyed, Problem, ReplayStatus, Respond, respond, respond_answer, respond_inline,
+    run_to_completion,
 };
 pub use idem_core::EntityTag;
 pub use layer::{IdempotencyLayer, IdempotencyService};

@@ -21,22 +21,26 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod answer;
 pub mod canonical;
 mod completion;
 mod conditional;
 pub mod frameworks;
 mod key;
+mod keyed;
 mod precondition;
 mod problem;
 mod recorded;
 pub mod recording;
 mod replay;
 
+pub use answer::Answer;
 pub use completion::{run_to_completion, spawn_and_wait};
 pub use conditional::{ETag, IfMatch};
 pub use key::{
     IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, IdempotencyKey, idempotency_key, key_of_fields, parse_key,
 };
+pub use keyed::{IDEMPOTENCY_KEY_FIELD, Keyed, ViaKeyed, key_of_request};
 pub use precondition::{etag_value, if_match, parse_entity_tag, parse_if_match};
 pub use problem::Problem;
 pub use recorded::{RecordedBody, RecordedResponse, restore_headers};

@@ -1,18 +1,22 @@
-//! actix-web 4: [`Problem`] as a `ResponseError`, [`IdempotencyKey`] and [`IfMatch`] as
-//! extractors, [`ETag`] as a header, and
+//! actix-web 4: [`Problem`] as a `ResponseError`, [`Answer`] as a `Responder`,
+//! [`IdempotencyKey`], [`Keyed`] and [`IfMatch`] as extractors, [`ETag`] as a header, and
 //! an answer of the `http` crate as actix's (actix-web 4 has its own HTTP types).
 
-use std::future::{Ready, ready};
+use std::future::{Future, Ready, ready};
+use std::pin::Pin;
 
 use actix_web::http::StatusCode;
 use actix_web::http::header::{
     self, HeaderName, HeaderValue, InvalidHeaderValue, TryIntoHeaderPair,
 };
-use actix_web::{FromRequest, HttpRequest, HttpResponse, ResponseError, dev::Payload};
+use actix_web::{FromRequest, HttpRequest, HttpResponse, Responder, ResponseError, dev::Payload};
+use actix_web::{body::BoxBody, web::Bytes};
 use idem_core::Error;
 
+use crate::answer::Answer;
 use crate::conditional::{ETag, IfMatch};
 use crate::key::{IDEMPOTENCY_KEY, IdempotencyKey, key_of_fields};
+use crate::keyed::{Keyed, key_of_request, unread_body};
 use crate::precondition::if_match;
 use crate::problem::Problem;
 
@@ -50,6 +54,45 @@ impl FromRequest for IdempotencyKey {
             Ok(None) => Err(Problem::from(Error::MissingKey)),
             Err(e) => Err(Problem::from(e)),
         })
+    }
+}
+
+impl<E: FromRequest + 'static> FromRequest for Keyed<E> {
+    type Error = actix_web::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, actix_web::Error>>>>;
+
+    fn from_request(request: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let request = request.clone();
+        // Up to the app's `PayloadConfig` limit, as `E` would read it.
+        let body = Bytes::from_request(&request, payload);
+        Box::pin(async move {
+            let bytes = body.await.map_err(|e| {
+                let status = e.as_response_error().status_code().as_u16();
+                unread_body(status, &e.to_string())
+            })?;
+            let headers = request.headers();
+            let key = key_of_request(
+                headers
+                    .get_all(IDEMPOTENCY_KEY.as_str())
+                    .map(|value| value.as_bytes()),
+                Some(request.query_string()).filter(|query| !query.is_empty()),
+                headers.get("content-type").map(|value| value.as_bytes()),
+                &bytes,
+            )?;
+            let inner = E::from_request(&request, &mut Payload::from(bytes))
+                .await
+                .map_err(Into::into)?;
+            Ok(Self(IdempotencyKey(key), inner))
+        })
+    }
+}
+
+/// An answer outside an idempotent call (a first execution's: no replay marker).
+impl Responder for Answer {
+    type Body = BoxBody;
+
+    fn respond_to(self, _: &HttpRequest) -> HttpResponse {
+        to_actix(self.to_response(false))
     }
 }
 

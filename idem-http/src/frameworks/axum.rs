@@ -1,14 +1,19 @@
-//! axum 0.8: [`Problem`] as a response, [`IdempotencyKey`] and [`IfMatch`] as extractors,
-//! [`ETag`] as a response part.
+//! axum 0.8: [`Problem`] and [`Answer`] as responses, [`IdempotencyKey`], [`Keyed`] and
+//! [`IfMatch`] as extractors, [`ETag`] as a response part.
 
-use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
+use axum_core::body::Body;
+use axum_core::extract::{FromRequest, FromRequestParts, OptionalFromRequestParts, Request};
 use axum_core::response::{IntoResponse, IntoResponseParts, Response, ResponseParts};
-use http::header::ETAG;
+use bytes::Bytes;
+use http::HeaderValue;
+use http::header::{CONTENT_TYPE, ETAG};
 use http::request::Parts;
 use idem_core::Error;
 
+use crate::answer::Answer;
 use crate::conditional::{ETag, IfMatch};
-use crate::key::IdempotencyKey;
+use crate::key::{IDEMPOTENCY_KEY, IdempotencyKey};
+use crate::keyed::{Keyed, ViaKeyed, key_of_request, unread_body};
 use crate::precondition::{etag_value, if_match};
 use crate::problem::Problem;
 
@@ -31,6 +36,49 @@ impl<S: Send + Sync> OptionalFromRequestParts<S> for IdempotencyKey {
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Option<Self>, Problem> {
         Ok(Self::of_headers(&parts.headers)?)
+    }
+}
+
+/// An answer outside an idempotent call (a first execution's: no replay marker).
+impl IntoResponse for Answer {
+    fn into_response(self) -> Response {
+        self.to_response(false).map(Body::from)
+    }
+}
+
+impl<S, M, E> FromRequest<S, ViaKeyed<M>> for Keyed<E>
+where
+    S: Send + Sync,
+    E: FromRequest<S, M>,
+{
+    type Rejection = Response;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Response> {
+        let (parts, body) = request.into_parts();
+        // Read with the request's extensions, where `DefaultBodyLimit` keeps the route's limit.
+        let mut reading = Request::new(body);
+        *reading.extensions_mut() = parts.extensions.clone();
+        let bytes = Bytes::from_request(reading, state)
+            .await
+            .map_err(|rejection| {
+                unread_body(rejection.status().as_u16(), &rejection.body_text()).into_response()
+            })?;
+        let key = key_of_request(
+            parts
+                .headers
+                .get_all(IDEMPOTENCY_KEY)
+                .iter()
+                .map(HeaderValue::as_bytes),
+            parts.uri.query(),
+            parts.headers.get(CONTENT_TYPE).map(HeaderValue::as_bytes),
+            &bytes,
+        )
+        .map_err(IntoResponse::into_response)?;
+        let request = Request::from_parts(parts, Body::from(bytes));
+        let inner = E::from_request(request, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        Ok(Self(IdempotencyKey(key), inner))
     }
 }
 
