@@ -411,9 +411,9 @@ pub mod sea_orm {
         CALLS_TABLE, ClaimedTx, Completer, ConditionalUpdate, DEAD_LETTERS_TABLE, DeadLetterTable,
         DeadMessage, ExecutorStore, ExpiredLease, ExpiredPurge, LEDGER_TABLE, NestedStore,
         OUTBOX_HEADS_TABLE, OUTBOX_TABLE, Outbox, Relay, RelayCounters, RelayRound, STEPS_TABLE,
-        SeaOrm, SeaOrmLeaseStore, SeaOrmOutbox, SeaOrmStore, Stateful, create_tables,
-        database_now_ms, dead_messages, expired_leases, final_step, finish, ledger, outbox_health,
-        placeholders, purge_expired, purge_published, retry_dead, set_connection_wait,
+        SeaOrm, SeaOrmLeaseStore, SeaOrmStore, Stateful, create_tables, database_now_ms,
+        dead_messages, expired_leases, final_step, finish, ledger, outbox_health, placeholders,
+        purge_expired, purge_published, retry_dead, set_connection_wait,
     };
     #[cfg(feature = "migration")]
     #[cfg_attr(docsrs, doc(cfg(feature = "migration")))]
@@ -442,9 +442,9 @@ pub mod sqlx {
     pub use idem_sqlx::{
         Backend, Bindable, ClaimedTx, Completer, Conn, ConnClaimed, ConnStore, DeadMessage,
         ExpiredLease, ExpiredPurge, Family, Nested, NestedClaim, Outbox, Relay, RelayCounters,
-        RelayRound, Sqlx, SqlxLeaseStore, SqlxOutbox, SqlxStore, StateConnection, StateTable,
-        StuckLease, create_tables, dead_messages, expired_leases, final_step, finish,
-        outbox_health, purge_expired, purge_published, release_lease, retry_dead, stuck_leases,
+        RelayRound, Sqlx, SqlxLeaseStore, SqlxStore, StateConnection, StateTable, StuckLease,
+        create_tables, dead_messages, expired_leases, final_step, finish, outbox_health,
+        purge_expired, purge_published, release_lease, retry_dead, stuck_leases,
         through_transaction_pooler,
     };
 }

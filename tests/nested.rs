@@ -378,3 +378,84 @@ async fn a_database_executor_connection_works_at_the_top_and_nested() {
         assert_eq!(labelled(&b.db, &run, "either").await, 2, "{}", b.name);
     }
 }
+
+/// A charge that, when `hang` says so, never finishes after its write: its caller gives up
+/// on it (a timeout), which drops it mid-body.
+#[idempotent(scope = "nested.hanging", key = cmd.key, skip(hang, runs))]
+async fn hanging_charge(
+    db: &DatabaseExecutor<'_>,
+    cmd: Charge,
+    hang: bool,
+    runs: &AtomicUsize,
+) -> Result<i64, ShopError> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    insert_effect(db, &cmd.run, "charge", cmd.amount).await;
+    if hang {
+        std::future::pending::<()>().await;
+    }
+    Ok(cmd.amount)
+}
+
+/// An order that gives up on its nested charge after 100 ms, writes once more and answers.
+#[idempotent(scope = "nested.gives-up", key = key, skip(inner, runs))]
+async fn order_giving_up_on_its_charge(
+    db: &DatabaseConnection,
+    key: String,
+    run: String,
+    inner: Charge,
+    runs: &AtomicUsize,
+) -> Result<i64, ShopError> {
+    insert_effect(db, &run, "order", 1).await;
+    let executor = db.into();
+    let charge = hanging_charge(&executor, inner, true, runs);
+    let gave_up = tokio::time::timeout(Duration::from_millis(100), charge)
+        .await
+        .is_err();
+    assert!(gave_up, "the hanging charge finished");
+    insert_effect(db, &run, "after", 1).await;
+    Ok(0)
+}
+
+/// A nested call cut off mid-body (a timeout, a `select!`) leaves nothing in the outer
+/// commit: neither its write nor its claim, so the key runs again when called again.
+#[tokio::test]
+async fn a_nested_call_dropped_mid_body_leaves_nothing_in_the_outer_commit() {
+    for b in backends().await {
+        let run = unique("nest-dropped");
+        let runs = AtomicUsize::new(0);
+        let inner = Charge {
+            key: format!("{run}-charge"),
+            run: run.clone(),
+            amount: 4,
+        };
+        let answered = order_giving_up_on_its_charge(
+            &b.db,
+            format!("{run}-order"),
+            run.clone(),
+            inner.clone(),
+            &runs,
+        )
+        .await;
+        assert!(matches!(answered, Ok(0)), "{}: {answered:?}", b.name);
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "{}: the charge started",
+            b.name
+        );
+        assert_eq!(labelled(&b.db, &run, "order").await, 1, "{}", b.name);
+        assert_eq!(labelled(&b.db, &run, "after").await, 1, "{}", b.name);
+        assert_eq!(
+            labelled(&b.db, &run, "charge").await,
+            0,
+            "{}: the dropped charge's write was undone",
+            b.name
+        );
+        // Its claim was undone too: called again, the charge runs (a pending record committed
+        // with the order would answer `InFlight` until its TTL).
+        let charged = hanging_charge(&(&b.db).into(), inner, false, &runs).await;
+        assert!(matches!(charged, Ok(4)), "{}: {charged:?}", b.name);
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "{}", b.name);
+        assert_eq!(labelled(&b.db, &run, "charge").await, 1, "{}", b.name);
+    }
+}

@@ -66,8 +66,8 @@ pub use ledger::migration::{
     CompleterMigration, LeaseMigration, Migration, OutboxMigration, migrations,
 };
 pub use outbox::{
-    DeadLetterTable, DeadMessage, Outbox, Relay, RelayCounters, RelayRound, SeaOrmOutbox,
-    dead_messages, outbox_health, purge_published, retry_dead,
+    DeadLetterTable, DeadMessage, Outbox, Relay, RelayCounters, RelayRound, dead_messages,
+    outbox_health, purge_published, retry_dead,
 };
 pub use state::{ConditionalUpdate, Stateful};
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use idem_core::Error;
 use idem_core::outbox::{Message, OutboxHealth};
-use idem_sql::{ClaimedMessage, FailedAttempt, RelayStore, SqlStore, read_health};
+use idem_sql::read_health;
 use sea_orm::{ConnectionTrait, DatabaseConnection};
 
 use idem_sql::paced_purge;
@@ -22,8 +22,8 @@ pub use idem_sql::{DeadMessage, RelayCounters, RelayRound};
 
 use crate::driver::error::store_error;
 use crate::driver::list_rows;
-use crate::driver::port::SeaOrm;
-use crate::driver::{Bound, NewDeadLetter, NewMessage, Sql, fetch_first, millis};
+use crate::driver::port::{On, SeaOrm};
+use crate::driver::{Bound, NewDeadLetter, Sql, fetch_first, millis};
 use idem_core::detached;
 
 /// Staging messages in the transaction you are in: inside an `#[idempotent]` body, on the
@@ -51,34 +51,9 @@ pub trait Outbox {
 
 impl<C: ConnectionTrait + Sync + ?Sized> Outbox for C {
     async fn stage(&self, message: Message) -> Result<String, Error> {
-        message.validate()?;
-        let sql = crate::driver::of(self.get_database_backend());
+        let dialect = crate::driver::dialect(self.get_database_backend());
         let id = uuid::Uuid::now_v7().to_string();
-        let headers = if message.headers().is_empty() {
-            None
-        } else {
-            Some(
-                serde_json::to_string(message.headers())
-                    .map_err(|e| Error::store("encoding message headers", e))?,
-            )
-        };
-        let staged = NewMessage {
-            id: id.clone(),
-            topic: message.topic().to_owned(),
-            aggregate: message.aggregate_key().map(str::to_owned),
-            headers,
-            payload: message.into_payload(),
-        };
-        for statement in sql.outbox.stage(&staged) {
-            exec(self, sql, statement)
-                .await
-                .map_err(|e| store_error("staging an outbox message", e))?;
-        }
-        if !idem_core::outbox::note_staged() {
-            // Not inside an `#[idempotent]` call: no commit to wait for that we can see.
-            idem_core::outbox::wake();
-        }
-        Ok(id)
+        idem_sql::stage_message::<SeaOrm>(&mut On(self), dialect, id, message).await
     }
 }
 
@@ -92,13 +67,10 @@ async fn exec<C: ConnectionTrait + ?Sized>(
         .map(|r| r.rows_affected())
 }
 
-/// Names the SeaORM store in [`idem_sql::Relay`]'s parameters: [`Relay`] is the relay on a
-/// SeaORM `DatabaseConnection`.
-#[derive(Debug, Clone, Copy)]
-pub struct SeaOrmOutbox;
-
 /// Publishes committed outbox messages to a [`Sink`](idem_core::outbox::Sink): claims a
 /// batch (leased, so several relays in several processes share the work), publishes, marks.
+/// The relay written once for every driver ([`idem_sql::Relay`]), on the [`SeaOrm`] driver;
+/// on PostgreSQL it wakes on every commit's `NOTIFY`.
 ///
 /// ```no_run
 /// # async fn run(db: sea_orm::DatabaseConnection) -> Result<(), idem_core::Error> {
@@ -109,75 +81,7 @@ pub struct SeaOrmOutbox;
 /// relay.run(stopped).await // until `stop` is sent or dropped
 /// # }
 /// ```
-pub type Relay<S> = idem_sql::Relay<DatabaseConnection, S, SeaOrmOutbox>;
-
-impl RelayStore<SeaOrmOutbox> for DatabaseConnection {
-    async fn claim(
-        &self,
-        batch: u32,
-        lease: Duration,
-        token: i64,
-    ) -> Result<Vec<ClaimedMessage>, Error> {
-        generic(self).claim_messages(batch, lease, token).await
-    }
-
-    async fn record_outcomes(
-        &self,
-        token: i64,
-        published: Vec<i64>,
-        failures: Vec<FailedAttempt>,
-    ) -> Result<(), Error> {
-        generic(self)
-            .record_outcomes(token, &published, &failures)
-            .await
-    }
-
-    async fn health(&self) -> Result<OutboxHealth, Error> {
-        generic(self).outbox_health().await
-    }
-
-    fn listen_for_commits(&self) -> Option<tokio::task::JoinHandle<()>> {
-        listen_for_notifications(self)
-    }
-}
-
-/// The store written once for every driver, on `db`'s pool.
-fn generic(db: &DatabaseConnection) -> SqlStore<SeaOrm> {
-    SqlStore::new(SeaOrm::new(db.clone()))
-}
-
-/// On PostgreSQL, a task that turns each `NOTIFY` on the channel named after the outbox table
-/// (sent by every stage at commit, from any process) into a wake-up of this process's relays.
-/// It reconnects after failures.
-#[allow(unused_variables)]
-fn listen_for_notifications(db: &DatabaseConnection) -> Option<tokio::task::JoinHandle<()>> {
-    #[cfg(feature = "postgres")]
-    if db.get_database_backend() == sea_orm::DbBackend::Postgres {
-        let pool = db.get_postgres_connection_pool().clone();
-        return Some(tokio::spawn(async move {
-            use sea_orm::sqlx::postgres::PgListener;
-            let mut failures = 0u32;
-            loop {
-                let listening = async {
-                    let mut listener = PgListener::connect_with(&pool).await?;
-                    listener.listen(idem_sql::names::WAKE_CHANNEL).await?;
-                    loop {
-                        listener.recv().await?;
-                        idem_core::outbox::wake();
-                    }
-                };
-                let result: Result<(), sea_orm::sqlx::Error> = listening.await;
-                if let Err(e) = result {
-                    failures = failures.saturating_add(1);
-                    tracing::debug!(error = %e, "outbox listener reconnecting");
-                }
-                let pause = Duration::from_millis(100u64 << failures.min(6));
-                tokio::time::sleep(pause).await;
-            }
-        }));
-    }
-    None
-}
+pub type Relay<S> = idem_sql::Relay<SeaOrm, S>;
 
 /// The outbox's figures for a health endpoint or a metrics scrape: pending messages, the age
 /// of the oldest one (database clock), dead messages. One statement.

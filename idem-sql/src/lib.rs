@@ -59,7 +59,8 @@ pub use completer::{
     read_count, read_stored_call, steps, unregistered,
 };
 pub use driver::{
-    Begin, Bridge, Connection, Driver, Fault, Transaction, fetch_each, fetch_first, learn_flavour,
+    Begin, Bridge, Connection, Driver, Fault, ListenError, Transaction, fetch_each, fetch_first,
+    learn_flavour,
 };
 pub use failure::{Failure, claim_lost};
 pub use inbox::{Inbox, NewDeadLetter};
@@ -75,8 +76,8 @@ pub use names::{
 };
 pub use outbox::{
     ClaimedMessage, ClaimedRow, DeadMessage, FailedAttempt, NewMessage, Outbox, Relay,
-    RelayCounters, RelayRound, RelayStore, claim_messages, health_of, paced_purge, read_health,
-    record_outcomes,
+    RelayCounters, RelayRound, claim_messages, health_of, paced_purge, read_health,
+    record_outcomes, stage_message,
 };
 pub use schema::{Family, SCHEMA_DIALECTS, schema};
 pub use statement::bound::{Bound, Param};

@@ -4,15 +4,11 @@
 //! relay does with them and the relay's loop are idem-sql's, shared with the SeaORM store;
 //! this file runs them on sqlx. Guarantees and their limits are in `docs/OUTBOX.md`.
 
-#[cfg(feature = "postgres")]
-use std::any::Any;
 use std::time::Duration;
 
 use idem_core::Error;
 use idem_core::outbox::{Message, OutboxHealth};
-use idem_sql::{
-    ClaimedMessage, FailedAttempt, Outbox as Statements, RelayStore, SqlStore, millis, paced_purge,
-};
+use idem_sql::{Outbox as Statements, SqlStore, millis, paced_purge};
 use sqlx::Pool;
 
 use crate::driver::Backend;
@@ -49,52 +45,17 @@ pub trait Outbox: Send {
     ) -> impl std::future::Future<Output = Result<String, Error>> + Send;
 }
 
-/// The statements staging `message` under a new id, and the id.
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-fn staging(
-    dialect: idem_sql::Dialect,
-    message: Message,
-) -> Result<(String, Vec<idem_sql::Bound<'static>>), Error> {
-    message.validate()?;
-    let id = uuid::Uuid::now_v7().to_string();
-    let headers = if message.headers().is_empty() {
-        None
-    } else {
-        Some(
-            serde_json::to_string(message.headers())
-                .map_err(|e| Error::store("encoding message headers", e))?,
-        )
-    };
-    let staged = idem_sql::NewMessage {
-        id: id.clone(),
-        topic: message.topic().to_owned(),
-        aggregate: message.aggregate_key().map(str::to_owned),
-        headers,
-        payload: message.into_payload(),
-    };
-    let statements = Statements::of(dialect).stage(&staged);
-    Ok((id, statements))
-}
-
-/// Stages on `conn`, a connection of `DB`.
+/// Stages on `conn`, a connection of `DB`: idem-sql's staging, on the connection as a body's
+/// (its statements unnamed on PostgreSQL, where a transaction pooler may sit between).
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 async fn stage_on<DB: Backend>(
-    conn: &mut DB::Connection,
+    mut conn: &mut DB::Connection,
     message: Message,
 ) -> Result<String, Error> {
-    let (id, statements) = staging(DB::DIALECT, message)?;
-    for statement in statements {
-        // Unnamed: a connection does not say whether its pool goes through a transaction
-        // pooler, and an unnamed statement runs through one or not.
-        DB::execute(&mut *conn, statement, false)
-            .await
-            .map_err(|e| store_error("staging an outbox message", e))?;
-    }
-    if !idem_core::outbox::note_staged() {
-        // Not inside an `#[idempotent]` call: no commit to wait for that we can see.
-        idem_core::outbox::wake();
-    }
-    Ok(id)
+    use idem_sql::Driver;
+    let id = uuid::Uuid::now_v7().to_string();
+    let mut on = Sqlx::<DB>::on_body(&mut conn);
+    idem_sql::stage_message::<Sqlx<DB>>(&mut on, DB::DIALECT, id, message).await
 }
 
 // Unused when no database feature is on.
@@ -116,15 +77,11 @@ outbox_connection!(sqlx::MySqlConnection, sqlx::MySql);
 #[cfg(feature = "sqlite")]
 outbox_connection!(sqlx::SqliteConnection, sqlx::Sqlite);
 
-/// Names the sqlx store in [`idem_sql::Relay`]'s parameters: [`Relay`] is the relay on a
-/// sqlx pool.
-#[derive(Debug, Clone, Copy)]
-pub struct SqlxOutbox;
-
 /// Publishes committed outbox messages from a sqlx pool (`Pool<Postgres>`, `Pool<MySql>`,
 /// `Pool<Sqlite>`) to a [`Sink`](idem_core::outbox::Sink): claims a batch (leased, so
-/// several relays in several processes share the work), publishes, marks. The same relay as
-/// the SeaORM store's, on the same tables.
+/// several relays in several processes share the work), publishes, marks. The relay written
+/// once for every driver ([`idem_sql::Relay`]), on the same tables as the SeaORM store's; on
+/// PostgreSQL it wakes on every commit's `NOTIFY`.
 ///
 /// ```no_run
 /// # async fn run(pool: sqlx::SqlitePool) -> Result<(), idem_core::Error> {
@@ -135,69 +92,7 @@ pub struct SqlxOutbox;
 /// relay.run(stopped).await // until `stop` is sent or dropped
 /// # }
 /// ```
-pub type Relay<DB, S> = idem_sql::Relay<Pool<DB>, S, SqlxOutbox>;
-
-impl<DB: Backend> RelayStore<SqlxOutbox> for Pool<DB> {
-    async fn claim(
-        &self,
-        batch: u32,
-        lease: Duration,
-        token: i64,
-    ) -> Result<Vec<ClaimedMessage>, Error> {
-        generic(self).claim_messages(batch, lease, token).await
-    }
-
-    async fn record_outcomes(
-        &self,
-        token: i64,
-        published: Vec<i64>,
-        failures: Vec<FailedAttempt>,
-    ) -> Result<(), Error> {
-        generic(self)
-            .record_outcomes(token, &published, &failures)
-            .await
-    }
-
-    async fn health(&self) -> Result<OutboxHealth, Error> {
-        outbox_health(self).await
-    }
-
-    fn listen_for_commits(&self) -> Option<tokio::task::JoinHandle<()>> {
-        #[cfg(feature = "postgres")]
-        if let Some(pool) = (self as &dyn Any).downcast_ref::<Pool<sqlx::Postgres>>() {
-            return Some(listen_for_notifications(pool.clone()));
-        }
-        None
-    }
-}
-
-/// On PostgreSQL, a task that turns each `NOTIFY` on the outbox's channel (sent by every
-/// stage at commit, from any process) into a wake-up of this process's relays. It
-/// reconnects after failures.
-#[cfg(feature = "postgres")]
-fn listen_for_notifications(pool: Pool<sqlx::Postgres>) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        use sqlx::postgres::PgListener;
-        let mut failures = 0u32;
-        loop {
-            let listening = async {
-                let mut listener = PgListener::connect_with(&pool).await?;
-                listener.listen(idem_sql::names::WAKE_CHANNEL).await?;
-                loop {
-                    listener.recv().await?;
-                    idem_core::outbox::wake();
-                }
-            };
-            let result: Result<(), sqlx::Error> = listening.await;
-            if let Err(e) = result {
-                failures = failures.saturating_add(1);
-                tracing::debug!(error = %e, "outbox listener reconnecting");
-            }
-            let pause = Duration::from_millis(100u64 << failures.min(6));
-            tokio::time::sleep(pause).await;
-        }
-    })
-}
+pub type Relay<DB, S> = idem_sql::Relay<Sqlx<DB>, S>;
 
 /// The outbox's figures for a health endpoint or a metrics scrape: pending messages, the age
 /// of the oldest one (database clock), dead messages. One statement.

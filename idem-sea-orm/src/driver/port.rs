@@ -6,7 +6,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use idem_sql::{Begin, Bound, Connection, Dialect, Driver, Failure, MySqlServer, Row};
+use futures_util::future::BoxFuture;
+use idem_sql::{Begin, Bound, Connection, Dialect, Driver, Failure, ListenError, MySqlServer, Row};
 use sea_orm::{
     AccessMode, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
     IsolationLevel, SqliteTransactionMode, TransactionOptions, TransactionTrait,
@@ -256,6 +257,23 @@ impl Driver for SeaOrm {
 
     fn classify(error: &DbErr) -> Failure {
         classify(error)
+    }
+
+    fn wake_on_commits(&self) -> Option<BoxFuture<'static, Result<(), ListenError>>> {
+        #[cfg(feature = "postgres")]
+        if self.db.get_database_backend() == DbBackend::Postgres {
+            let pool = self.db.get_postgres_connection_pool().clone();
+            return Some(Box::pin(async move {
+                use sea_orm::sqlx::postgres::PgListener;
+                let mut listener = PgListener::connect_with(&pool).await?;
+                listener.listen(idem_sql::names::WAKE_CHANNEL).await?;
+                loop {
+                    listener.recv().await?;
+                    idem_core::outbox::wake();
+                }
+            }));
+        }
+        None
     }
 }
 

@@ -22,6 +22,9 @@ pub use flavour::learn_flavour;
 
 use crate::{Bound, Decode, Dialect, Failure, MySqlServer, Row, read_each};
 
+/// Why a commit listener ([`Driver::wake_on_commits`]) stopped: logged, then it restarts.
+pub type ListenError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Runs `statement` on `conn` and reads each row it returns with `read` (idem-sql's reader of
 /// the statement's rows).
 pub async fn fetch_each<C: Connection, T>(
@@ -229,7 +232,7 @@ pub trait Driver: Clone + Send + Sync + 'static {
     /// Wakes this process's relays on each commit that staged a message, until the connection
     /// it listens on fails (PostgreSQL's `LISTEN`); the relay restarts it with its backoff.
     /// `None`: the relay polls.
-    fn wake_on_commits(&self) -> Option<BoxFuture<'static, Result<(), Self::Error>>> {
+    fn wake_on_commits(&self) -> Option<BoxFuture<'static, Result<(), ListenError>>> {
         None
     }
 }

@@ -17,8 +17,9 @@ mod statements;
 mod store;
 
 pub use operator::{DeadMessage, paced_purge};
-pub use relay::{Relay, RelayCounters, RelayRound, RelayStore};
+pub use relay::{Relay, RelayCounters, RelayRound};
 pub use statements::{NewMessage, Outbox};
+pub use store::stage_message;
 
 use crate::driver::fetch_each;
 use crate::{Column, Connection, Decode, Fault, Row, millis};

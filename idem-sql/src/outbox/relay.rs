@@ -2,44 +2,16 @@
 //! runs them until shutdown.
 
 use std::future::Future;
-use std::marker::PhantomData;
 use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use idem_core::outbox::{OutboxHealth, RelayOptions, Sink, SinkError, random_token};
+use idem_core::outbox::{RelayOptions, Sink, SinkError, random_token};
 use idem_core::{Error, detached};
 
-use super::{ClaimedMessage, FailedAttempt};
-
-/// What a relay needs from a store's database handle (a pool). `Via` is a type of the
-/// store's crate naming the store, so a store implements this for its driver's own type.
-pub trait RelayStore<Via>: Clone + Send + Sync + 'static {
-    /// Claims up to `batch` due messages, leased to `token` for `lease`, in row order
-    /// ([`claim_messages`](super::claim_messages) on a connection of the store).
-    fn claim(
-        &self,
-        batch: u32,
-        lease: Duration,
-        token: i64,
-    ) -> impl Future<Output = Result<Vec<ClaimedMessage>, Error>> + Send;
-
-    /// Records a round's outcomes ([`record_outcomes`](super::record_outcomes)).
-    fn record_outcomes(
-        &self,
-        token: i64,
-        published: Vec<i64>,
-        failures: Vec<FailedAttempt>,
-    ) -> impl Future<Output = Result<(), Error>> + Send;
-
-    /// The outbox's figures, for the relay's periodic report.
-    fn health(&self) -> impl Future<Output = Result<OutboxHealth, Error>> + Send;
-
-    /// A task that wakes this process's relays when another process commits a message
-    /// (PostgreSQL's `NOTIFY`), where the database can tell; the relay aborts it when it stops.
-    fn listen_for_commits(&self) -> Option<tokio::task::JoinHandle<()>>;
-}
+use super::FailedAttempt;
+use crate::{Driver, SqlStore};
 
 /// What one relay round did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -79,21 +51,19 @@ struct Counters {
 }
 
 /// Publishes committed outbox messages to a [`Sink`]: claims a batch (leased, so several
-/// relays in several processes share the work), publishes, marks. `Db` is the store's
-/// database handle, `Via` names the store ([`RelayStore`]); each store exports it as its
-/// own `Relay`.
-pub struct Relay<Db, S, Via> {
-    db: Db,
+/// relays in several processes share the work), publishes, marks. `D` is the driver of the
+/// pool it relays from; each store exports it as its own `Relay`.
+pub struct Relay<D, S> {
+    store: SqlStore<D>,
     sink: S,
     options: RelayOptions,
     counters: Arc<Counters>,
-    via: PhantomData<fn() -> Via>,
 }
 
-impl<Db: std::fmt::Debug, S: std::fmt::Debug, Via> std::fmt::Debug for Relay<Db, S, Via> {
+impl<D: std::fmt::Debug, S: std::fmt::Debug> std::fmt::Debug for Relay<D, S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Relay")
-            .field("db", &self.db)
+            .field("store", &self.store)
             .field("sink", &self.sink)
             .field("options", &self.options)
             .field("counters", &self.counters)
@@ -101,15 +71,15 @@ impl<Db: std::fmt::Debug, S: std::fmt::Debug, Via> std::fmt::Debug for Relay<Db,
     }
 }
 
-impl<Db: RelayStore<Via>, S: Sink, Via> Relay<Db, S, Via> {
-    /// A relay from `db`'s outbox to `sink`, with [`RelayOptions::default`].
-    pub fn new(db: Db, sink: S) -> Self {
+impl<D: Driver, S: Sink> Relay<D, S> {
+    /// A relay from the outbox of `pool` (a `DatabaseConnection`, a sqlx `Pool`, ...) to
+    /// `sink`, with [`RelayOptions::default`].
+    pub fn new(pool: impl Into<D>, sink: S) -> Self {
         Self {
-            db,
+            store: SqlStore::new(pool),
             sink,
             options: RelayOptions::default(),
             counters: Arc::default(),
-            via: PhantomData,
         }
     }
 
@@ -186,13 +156,16 @@ impl<Db: RelayStore<Via>, S: Sink, Via> Relay<Db, S, Via> {
     pub async fn run_once(&self) -> Result<RelayRound, Error> {
         let token = random_token();
         let options = self.options;
-        let db = self.db.clone();
+        let store = self.store.clone();
         // Detached: a claim or a mark the caller stops waiting for still finishes, so no
         // message stays leased (or published unmarked) longer than it must.
         tracing::trace!(token, "relay round: claiming");
-        let claimed =
-            detached(async move { db.claim(options.batch_size, options.lease, token).await })
-                .await?;
+        let claimed = detached(async move {
+            store
+                .claim_messages(options.batch_size, options.lease, token)
+                .await
+        })
+        .await?;
         tracing::trace!(
             token,
             claimed = claimed.len(),
@@ -256,8 +229,8 @@ impl<Db: RelayStore<Via>, S: Sink, Via> Relay<Db, S, Via> {
             failed = failures.len(),
             "relay round: published, recording"
         );
-        let db = self.db.clone();
-        detached(async move { db.record_outcomes(token, published, failures).await }).await?;
+        let store = self.store.clone();
+        detached(async move { store.record_outcomes(token, &published, &failures).await }).await?;
         tracing::trace!(token, "relay round: recorded");
         self.counters
             .published
@@ -280,11 +253,12 @@ impl<Db: RelayStore<Via>, S: Sink, Via> Relay<Db, S, Via> {
     /// Its liveness guard: when rounds keep claiming messages and none goes through for
     /// [`sink_stall`](Self::sink_stall), the relay drops the sink's connection
     /// ([`Sink::reconnect`]), logs it at WARN, and counts it ([`RelayCounters::sink_restarts`],
-    /// [`OutboxHealth::sink_restarts`], the `idem_relay_sink_restarts_total` metric).
+    /// [`OutboxHealth::sink_restarts`](idem_core::outbox::OutboxHealth::sink_restarts), the
+    /// `idem_relay_sink_restarts_total` metric).
     pub async fn run(&self, shutdown: impl Future) -> Result<(), Error> {
         let mut shutdown = pin!(shutdown);
         let mut wake = idem_core::outbox::wake_signal();
-        let listener = self.db.listen_for_commits();
+        let listener = listen_for_commits(self.store.driver());
         let mut failures: u32 = 0;
         let mut last_report = Instant::now();
         let mut published_at_report = 0;
@@ -321,7 +295,7 @@ impl<Db: RelayStore<Via>, S: Sink, Via> Relay<Db, S, Via> {
                 let published = self.counters.published.load(Ordering::Relaxed);
                 let per_s =
                     (published - published_at_report) as f64 / last_report.elapsed().as_secs_f64();
-                match self.db.health().await {
+                match self.store.outbox_health().await {
                     Ok(h) => tracing::info!(
                         pending = h.pending,
                         oldest_pending_ms = h.oldest_pending_ms.unwrap_or(0),
@@ -380,4 +354,29 @@ impl<Db: RelayStore<Via>, S: Sink, Via> Relay<Db, S, Via> {
         self.counters.sink_restarts.fetch_add(1, Ordering::Relaxed);
         idem_core::outbox::note_sink_restart();
     }
+}
+
+/// A task that wakes this process's relays on each commit another process announces
+/// ([`Driver::wake_on_commits`]: PostgreSQL's `NOTIFY`), restarting the listener after a
+/// failure with a growing pause (0.1 s doubling to 6.4 s); `None` where the driver cannot
+/// listen (the relay polls). The relay aborts it when it stops.
+fn listen_for_commits<D: Driver>(driver: &D) -> Option<tokio::task::JoinHandle<()>> {
+    let first = driver.wake_on_commits()?;
+    let driver = driver.clone();
+    Some(tokio::spawn(async move {
+        let mut listening = Some(first);
+        let mut failures = 0u32;
+        loop {
+            if let Some(listen) = listening.take().or_else(|| driver.wake_on_commits()) {
+                match listen.await {
+                    Ok(()) => failures = 0,
+                    Err(e) => {
+                        failures = failures.saturating_add(1);
+                        tracing::debug!(error = %e, "outbox listener reconnecting");
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100u64 << failures.min(6))).await;
+        }
+    }))
 }

@@ -1,6 +1,6 @@
 //! The relay's side of the store, once for every driver: its claim (one statement, or
 //! MySQL's three in a READ COMMITTED transaction), its marks and the outbox's health, on
-//! [`SqlStore`]. Each store's [`RelayStore`](super::RelayStore) lends them.
+//! [`SqlStore`], which the [`Relay`](super::Relay) runs on.
 
 use std::time::Duration;
 
@@ -75,4 +75,42 @@ impl<D: Driver> SqlStore<D> {
         .map_err(|e| failed::<D>((doing, e)))?
         .ok_or_else(|| Error::store(doing, "no row"))
     }
+}
+
+/// Stages `message` under `id` (a new UUID v7, which the driver crate makes) on `conn`, a
+/// connection of driver `D` in the transaction the message commits with (a handler's body),
+/// whose statements are of `dialect`; returns the id. Wakes this process's relays at once when
+/// no `#[idempotent]` call in this task will (a transaction of the caller's own).
+pub async fn stage_message<D: Driver>(
+    conn: &mut impl crate::Connection<Error = D::Error>,
+    dialect: crate::Dialect,
+    id: String,
+    message: idem_core::outbox::Message,
+) -> Result<String, Error> {
+    message.validate()?;
+    let headers = if message.headers().is_empty() {
+        None
+    } else {
+        Some(
+            serde_json::to_string(message.headers())
+                .map_err(|e| Error::store("encoding message headers", e))?,
+        )
+    };
+    let staged = super::NewMessage {
+        id,
+        topic: message.topic().to_owned(),
+        aggregate: message.aggregate_key().map(str::to_owned),
+        headers,
+        payload: message.into_payload(),
+    };
+    for statement in super::Outbox::of(dialect).stage(&staged) {
+        conn.execute(statement)
+            .await
+            .map_err(|e| db_error::<D>("staging an outbox message", e))?;
+    }
+    if !idem_core::outbox::note_staged() {
+        // Not inside an `#[idempotent]` call: no commit to wait for that we can see.
+        idem_core::outbox::wake();
+    }
+    Ok(staged.id)
 }

@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use idem_sql::{Begin, Bound, Connection, Dialect, Driver, Failure, MySqlServer, Row};
+use idem_core::BoxFuture;
+use idem_sql::{Begin, Bound, Connection, Dialect, Driver, Failure, ListenError, MySqlServer, Row};
 use sqlx::pool::PoolConnection;
 use sqlx::{Pool, Transaction};
 use sqlx_core::transaction::TransactionManager;
@@ -275,6 +276,25 @@ impl<DB: Backend> Driver for Sqlx<DB> {
 
     fn classify(error: &sqlx::Error) -> Failure {
         classify(error)
+    }
+
+    fn wake_on_commits(&self) -> Option<BoxFuture<'static, Result<(), ListenError>>> {
+        #[cfg(feature = "postgres")]
+        if let Some(pool) =
+            (&self.pool as &dyn std::any::Any).downcast_ref::<Pool<sqlx::Postgres>>()
+        {
+            let pool = pool.clone();
+            return Some(Box::pin(async move {
+                use sqlx::postgres::PgListener;
+                let mut listener = PgListener::connect_with(&pool).await?;
+                listener.listen(idem_sql::names::WAKE_CHANNEL).await?;
+                loop {
+                    listener.recv().await?;
+                    idem_core::outbox::wake();
+                }
+            }));
+        }
+        None
     }
 }
 
