@@ -440,11 +440,11 @@ pub mod sea_orm {
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub mod sqlx {
     pub use idem_sqlx::{
-        Backend, Bindable, ClaimedTx, Completer, Conn, ConnClaimed, ConnStore, DeadMessage,
-        ExpiredLease, ExpiredPurge, Family, Nested, NestedClaim, Outbox, Relay, RelayCounters,
-        RelayRound, Sqlx, SqlxLeaseStore, SqlxStore, StateConnection, StateTable, StuckLease,
-        create_tables, dead_messages, expired_leases, final_step, finish, outbox_health,
-        purge_expired, purge_published, release_lease, retry_dead, stuck_leases,
+        Backend, Bindable, ClaimedTx, Completer, Conn, ConnClaimed, ConnStore, DeadLetterTable,
+        DeadMessage, ExpiredLease, ExpiredPurge, Family, Nested, NestedClaim, Outbox, Relay,
+        RelayCounters, RelayRound, Sqlx, SqlxLeaseStore, SqlxStore, StateConnection, StateTable,
+        StuckLease, create_tables, dead_messages, expired_leases, final_step, finish,
+        outbox_health, purge_expired, purge_published, release_lease, retry_dead, stuck_leases,
         through_transaction_pooler,
     };
 }

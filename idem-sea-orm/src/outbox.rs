@@ -14,17 +14,14 @@ use std::time::Duration;
 
 use idem_core::Error;
 use idem_core::outbox::{Message, OutboxHealth};
-use idem_sql::read_health;
+use idem_sql::{SqlStore, read_health};
 use sea_orm::{ConnectionTrait, DatabaseConnection};
 
-use idem_sql::paced_purge;
 pub use idem_sql::{DeadMessage, RelayCounters, RelayRound};
 
 use crate::driver::error::store_error;
-use crate::driver::list_rows;
+use crate::driver::fetch_first;
 use crate::driver::port::{On, SeaOrm};
-use crate::driver::{Bound, NewDeadLetter, Sql, fetch_first, millis};
-use idem_core::detached;
 
 /// Staging messages in the transaction you are in: inside an `#[idempotent]` body, on the
 /// claim's transaction (`db` there).
@@ -57,16 +54,6 @@ impl<C: ConnectionTrait + Sync + ?Sized> Outbox for C {
     }
 }
 
-async fn exec<C: ConnectionTrait + ?Sized>(
-    db: &C,
-    sql: &Sql,
-    statement: Bound<'_>,
-) -> Result<u64, sea_orm::DbErr> {
-    db.execute_raw(crate::driver::statement(sql, statement))
-        .await
-        .map(|r| r.rows_affected())
-}
-
 /// Publishes committed outbox messages to a [`Sink`](idem_core::outbox::Sink): claims a
 /// batch (leased, so several relays in several processes share the work), publishes, marks.
 /// The relay written once for every driver ([`idem_sql::Relay`]), on the [`SeaOrm`] driver;
@@ -95,88 +82,37 @@ pub async fn outbox_health<C: ConnectionTrait>(db: &C) -> Result<OutboxHealth, E
 }
 
 /// Lists up to `limit` dead messages, oldest first.
-pub async fn dead_messages<C: ConnectionTrait>(
+pub async fn dead_messages<C: ConnectionTrait + Sync>(
     db: &C,
     limit: u32,
 ) -> Result<Vec<DeadMessage>, Error> {
-    let list = crate::driver::of(db.get_database_backend())
-        .outbox
-        .list_dead(i64::from(limit));
-    list_rows(
-        db,
-        list,
-        "listing dead outbox messages",
-        DeadMessage::from_row,
-    )
-    .await
+    let outbox = &crate::driver::of(db.get_database_backend()).outbox;
+    idem_sql::dead_messages::<SeaOrm>(&mut On(db), outbox, limit).await
 }
 
 /// Puts a dead message back in line with fresh attempts; `false` if no dead message has that
 /// id.
-pub async fn retry_dead<C: ConnectionTrait>(db: &C, message_id: &str) -> Result<bool, Error> {
-    let sql = crate::driver::of(db.get_database_backend());
-    let retried = exec(db, sql, sql.outbox.retry_dead(message_id))
-        .await
-        .map_err(|e| store_error("retrying a dead outbox message", e))?;
-    if retried > 0 {
-        idem_core::outbox::wake();
-    }
-    Ok(retried > 0)
+pub async fn retry_dead<C: ConnectionTrait + Sync>(
+    db: &C,
+    message_id: &str,
+) -> Result<bool, Error> {
+    let outbox = &crate::driver::of(db.get_database_backend()).outbox;
+    idem_sql::retry_dead::<SeaOrm>(&mut On(db), outbox, message_id).await
 }
 
 /// Deletes messages published more than `retention` ago, `batch` rows per statement, pausing
 /// between statements as [`crate::purge_expired`] does. Returns how many it deleted.
-pub async fn purge_published<C: ConnectionTrait>(
-    db: &C,
+pub async fn purge_published(
+    db: &DatabaseConnection,
     retention: Duration,
     batch: u32,
 ) -> Result<u64, Error> {
-    let sql = crate::driver::of(db.get_database_backend());
-    let batch = batch.max(1);
-    paced_purge(batch, || async move {
-        let purge = sql
-            .outbox
-            .purge_published(millis(retention), i64::from(batch));
-        exec(db, sql, purge)
-            .await
-            .map_err(|e| store_error("purging published outbox messages", e))
-    })
-    .await
+    SqlStore::<SeaOrm>::new(db)
+        .purge_published(retention, batch)
+        .await
 }
 
 /// Where a consumer records the messages it gave up on: the dead-letter table,
-/// [`DEAD_LETTERS_TABLE`](crate::DEAD_LETTERS_TABLE).
-#[derive(Debug, Clone)]
-pub struct DeadLetterTable {
-    db: DatabaseConnection,
-}
-
-impl DeadLetterTable {
-    /// The dead-letter table on `db` ([`crate::create_tables`] creates it).
-    pub fn new(db: DatabaseConnection) -> Self {
-        Self { db }
-    }
-}
-
-impl idem_core::outbox::DeadLetters for DeadLetterTable {
-    async fn record(&self, letter: &idem_core::outbox::DeadLetter<'_>) -> Result<(), Error> {
-        let sql = crate::driver::of(self.db.get_database_backend());
-        let record = sql.inbox.record_dead_letter(&NewDeadLetter {
-            consumer: letter.consumer.to_owned(),
-            message_id: letter.message_id.to_owned(),
-            subject: letter.subject.to_owned(),
-            payload: letter.payload.to_vec(),
-            // Bounded: an error text can be long; the start says what failed.
-            error: letter.error.chars().take(2000).collect(),
-            deliveries: i64::try_from(letter.deliveries).unwrap_or(i64::MAX),
-        });
-        let db = self.db.clone();
-        detached(async move {
-            exec(&db, sql, record)
-                .await
-                .map(drop)
-                .map_err(|e| store_error("recording a dead letter", e))
-        })
-        .await
-    }
-}
+/// [`DEAD_LETTERS_TABLE`](crate::DEAD_LETTERS_TABLE) (`DeadLetterTable::new(db)`;
+/// [`crate::create_tables`] creates it).
+pub type DeadLetterTable = idem_sql::DeadLetterTable<SeaOrm>;

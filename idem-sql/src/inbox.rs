@@ -59,3 +59,53 @@ impl Inbox {
         )
     }
 }
+
+/// Where a consumer records the messages it gave up on: the dead-letter table
+/// ([`DEAD_LETTERS_TABLE`](crate::DEAD_LETTERS_TABLE)) on driver `D`'s pool, written once for
+/// every driver.
+#[derive(Debug, Clone)]
+pub struct DeadLetterTable<D> {
+    store: crate::SqlStore<D>,
+}
+
+impl<D: crate::Driver> DeadLetterTable<D> {
+    /// The dead-letter table on `pool` (a `DatabaseConnection`, a sqlx `Pool`, ...; the
+    /// store's `create_tables` creates it).
+    pub fn new(pool: impl Into<D>) -> Self {
+        Self {
+            store: crate::SqlStore::new(pool),
+        }
+    }
+}
+
+impl<D: crate::Driver> idem_core::outbox::DeadLetters for DeadLetterTable<D> {
+    async fn record(
+        &self,
+        letter: &idem_core::outbox::DeadLetter<'_>,
+    ) -> Result<(), idem_core::Error> {
+        let record = self
+            .store
+            .statements()
+            .inbox
+            .record_dead_letter(&NewDeadLetter {
+                consumer: letter.consumer.to_owned(),
+                message_id: letter.message_id.to_owned(),
+                subject: letter.subject.to_owned(),
+                payload: letter.payload.to_vec(),
+                // Bounded: an error text can be long; the start says what failed.
+                error: letter.error.chars().take(2000).collect(),
+                deliveries: i64::try_from(letter.deliveries).unwrap_or(i64::MAX),
+            });
+        let store = self.store.clone();
+        // Detached: a consumer that stops waiting still leaves the letter recorded.
+        idem_core::detached(async move {
+            let doing = "recording a dead letter";
+            let mut conn = store.pooled(doing).await?;
+            crate::Connection::execute(&mut conn, record)
+                .await
+                .map(drop)
+                .map_err(|e| crate::store::db_error::<D>(doing, e))
+        })
+        .await
+    }
+}

@@ -63,7 +63,7 @@ pub use driver::{
     learn_flavour,
 };
 pub use failure::{Failure, claim_lost};
-pub use inbox::{Inbox, NewDeadLetter};
+pub use inbox::{DeadLetterTable, Inbox, NewDeadLetter};
 pub use inspect::Inspect;
 pub use lease::{
     ExpiredLease, GroupCommit, Lease, LeaseConnection, LeaseStep, LeaseWrite, LeaseWritten,
@@ -76,8 +76,8 @@ pub use names::{
 };
 pub use outbox::{
     ClaimedMessage, ClaimedRow, DeadMessage, FailedAttempt, NewMessage, Outbox, Relay,
-    RelayCounters, RelayRound, claim_messages, health_of, paced_purge, read_health,
-    record_outcomes, stage_message,
+    RelayCounters, RelayRound, claim_messages, dead_messages, health_of, paced_purge, read_health,
+    record_outcomes, retry_dead, stage_message,
 };
 pub use schema::{Family, SCHEMA_DIALECTS, schema};
 pub use statement::bound::{Bound, Param};

@@ -44,8 +44,8 @@ pub use idem_sql::Family;
 pub use idem_sql::{ExpiredLease, StuckLease};
 pub use lease::{SqlxLeaseStore, expired_leases, final_step, finish, release_lease, stuck_leases};
 pub use outbox::{
-    DeadMessage, Outbox, Relay, RelayCounters, RelayRound, dead_messages, outbox_health,
-    purge_published, retry_dead,
+    DeadLetterTable, DeadMessage, Outbox, Relay, RelayCounters, RelayRound, dead_messages,
+    outbox_health, purge_published, retry_dead,
 };
 pub use schema::create_tables;
 pub use sqlx;

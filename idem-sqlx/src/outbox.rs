@@ -8,12 +8,10 @@ use std::time::Duration;
 
 use idem_core::Error;
 use idem_core::outbox::{Message, OutboxHealth};
-use idem_sql::{Outbox as Statements, SqlStore, millis, paced_purge};
+use idem_sql::SqlStore;
 use sqlx::Pool;
 
 use crate::driver::Backend;
-use crate::driver::error::store_error;
-use crate::driver::pooler::named;
 use crate::driver::port::Sqlx;
 
 pub use idem_sql::{DeadMessage, RelayCounters, RelayRound};
@@ -111,27 +109,13 @@ pub async fn dead_messages<DB: Backend>(
     pool: &Pool<DB>,
     limit: u32,
 ) -> Result<Vec<DeadMessage>, Error> {
-    let doing = "listing dead outbox messages";
-    let mut conn = pool.acquire().await.map_err(|e| store_error(doing, e))?;
-    let list = Statements::of(DB::DIALECT).list_dead(i64::from(limit));
-    DB::fetch_each(&mut *conn, list, named(pool), DeadMessage::from_row)
-        .await
-        .map_err(|e| store_error(doing, e))
+    generic(pool).dead_messages(limit).await
 }
 
 /// Puts a dead message back in line with fresh attempts, and wakes this process's relays;
 /// `false` if no dead message has that id.
 pub async fn retry_dead<DB: Backend>(pool: &Pool<DB>, message_id: &str) -> Result<bool, Error> {
-    let doing = "retrying a dead outbox message";
-    let mut conn = pool.acquire().await.map_err(|e| store_error(doing, e))?;
-    let retry = Statements::of(DB::DIALECT).retry_dead(message_id);
-    let retried = DB::execute(&mut *conn, retry, named(pool))
-        .await
-        .map_err(|e| store_error(doing, e))?;
-    if retried > 0 {
-        idem_core::outbox::wake();
-    }
-    Ok(retried > 0)
+    generic(pool).retry_dead(message_id).await
 }
 
 /// Deletes messages published more than `retention` ago, `batch` rows per statement, pausing
@@ -142,15 +126,10 @@ pub async fn purge_published<DB: Backend>(
     retention: Duration,
     batch: u32,
 ) -> Result<u64, Error> {
-    let doing = "purging published outbox messages";
-    let batch = batch.max(1);
-    paced_purge(batch, || async move {
-        let mut conn = pool.acquire().await.map_err(|e| store_error(doing, e))?;
-        let purge =
-            Statements::of(DB::DIALECT).purge_published(millis(retention), i64::from(batch));
-        DB::execute(&mut *conn, purge, named(pool))
-            .await
-            .map_err(|e| store_error(doing, e))
-    })
-    .await
+    generic(pool).purge_published(retention, batch).await
 }
+
+/// Where a consumer records the messages it gave up on: the dead-letter table,
+/// [`idem_sql::DEAD_LETTERS_TABLE`] (`DeadLetterTable::new(pool)`; [`crate::create_tables`]
+/// creates it with `Family::Inbox`).
+pub type DeadLetterTable<DB> = idem_sql::DeadLetterTable<Sqlx<DB>>;

@@ -13,7 +13,7 @@ use sea_orm::{
 };
 
 pub(crate) use idem_sql::names::ALL_TABLES;
-pub(crate) use idem_sql::{Bound, Dialect, NewDeadLetter, Param, Sql, millis};
+pub(crate) use idem_sql::{Bound, Dialect, Param, Sql, millis};
 pub use idem_sql::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
 };

@@ -16,7 +16,7 @@ mod relay;
 mod statements;
 mod store;
 
-pub use operator::{DeadMessage, paced_purge};
+pub use operator::{DeadMessage, dead_messages, paced_purge, retry_dead};
 pub use relay::{Relay, RelayCounters, RelayRound};
 pub use statements::{NewMessage, Outbox};
 pub use store::stage_message;

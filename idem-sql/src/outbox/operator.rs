@@ -1,11 +1,15 @@
-//! What an operator asks of the outbox, once for every store: the dead messages' rows, and the
-//! paced purge of published ones. Each store runs [`Outbox::list_dead`](crate::Outbox::list_dead)
-//! and [`Outbox::purge_published`](crate::Outbox::purge_published) on its own connection.
+//! What an operator asks of the outbox, once for every store: the dead messages (listed and put
+//! back in line) and the paced purge of published ones, on any driver's connection or on
+//! [`SqlStore`]'s pool.
 
 use std::future::Future;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crate::{Column, Decode, Row};
+use idem_core::Error;
+
+use crate::driver::fetch_each;
+use crate::store::{db_error, failed};
+use crate::{Column, Connection, Decode, Driver, Outbox, Row, SqlStore, millis};
 
 /// A message that exhausted its attempts (or that its sink refused).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,5 +97,69 @@ where
             return Ok(total);
         }
         tokio::time::sleep(started.elapsed()).await;
+    }
+}
+
+/// Lists up to `limit` dead messages on `conn` (a connection of driver `D` whose statements are
+/// `outbox`'s), oldest first: each blocks its aggregate until [`retry_dead`] puts it back in
+/// line.
+pub async fn dead_messages<D: Driver>(
+    conn: &mut impl Connection<Error = D::Error>,
+    outbox: &'static Outbox,
+    limit: u32,
+) -> Result<Vec<DeadMessage>, Error> {
+    let list = outbox.list_dead(i64::from(limit));
+    fetch_each(conn, list, DeadMessage::from_row)
+        .await
+        .map_err(|fault| failed::<D>(("listing dead outbox messages", fault)))
+}
+
+/// Puts the dead message `message_id` back in line with fresh attempts, and wakes this
+/// process's relays; `false` if no dead message has that id.
+pub async fn retry_dead<D: Driver>(
+    conn: &mut impl Connection<Error = D::Error>,
+    outbox: &'static Outbox,
+    message_id: &str,
+) -> Result<bool, Error> {
+    let retried = conn
+        .execute(outbox.retry_dead(message_id))
+        .await
+        .map_err(|e| db_error::<D>("retrying a dead outbox message", e))?;
+    if retried > 0 {
+        idem_core::outbox::wake();
+    }
+    Ok(retried > 0)
+}
+
+impl<D: Driver> SqlStore<D> {
+    /// [`dead_messages`] on a pooled connection.
+    pub async fn dead_messages(&self, limit: u32) -> Result<Vec<DeadMessage>, Error> {
+        let mut conn = self.pooled("listing dead outbox messages").await?;
+        dead_messages::<D>(&mut conn, &self.statements().outbox, limit).await
+    }
+
+    /// [`retry_dead`] on a pooled connection.
+    pub async fn retry_dead(&self, message_id: &str) -> Result<bool, Error> {
+        let mut conn = self.pooled("retrying a dead outbox message").await?;
+        retry_dead::<D>(&mut conn, &self.statements().outbox, message_id).await
+    }
+
+    /// Deletes messages published more than `retention` ago, `batch` rows per statement (each
+    /// on a pooled connection of its own), pausing after each for as long as it took
+    /// ([`paced_purge`]). Returns how many it deleted.
+    pub async fn purge_published(&self, retention: Duration, batch: u32) -> Result<u64, Error> {
+        let doing = "purging published outbox messages";
+        let batch = batch.max(1);
+        paced_purge(batch, || async move {
+            let mut conn = self.pooled(doing).await?;
+            let purge = self
+                .statements()
+                .outbox
+                .purge_published(millis(retention), i64::from(batch));
+            conn.execute(purge)
+                .await
+                .map_err(|e| db_error::<D>(doing, e))
+        })
+        .await
     }
 }
