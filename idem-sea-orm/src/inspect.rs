@@ -88,11 +88,6 @@ pub async fn missing_tables<C: ConnectionTrait>(db: &C) -> Result<Vec<&'static s
         .collect())
 }
 
-/// Whether the calls table exists: a schema without resumable calls may leave it out.
-pub(crate) async fn has_calls_table<C: ConnectionTrait>(db: &C) -> Result<bool, Error> {
-    Ok(!missing_tables(db).await?.contains(&CALLS_TABLE))
-}
-
 async fn existing_tables<C: ConnectionTrait>(db: &C) -> Result<Vec<String>, DbErr> {
     let sql = crate::driver::of(db.get_database_backend());
     db.query_all_raw(statement(sql, sql.inspect.existing_tables()))

@@ -67,8 +67,9 @@ pub use inbox::{DeadLetterTable, Inbox, NewDeadLetter};
 pub use inspect::Inspect;
 pub use lease::{
     ExpiredLease, GroupCommit, Lease, LeaseConnection, LeaseStep, LeaseWrite, LeaseWritten,
-    StuckLease, WritesFuture, claim_lease, complete, completion, fence, final_phase, read_step,
-    record_final_step, record_step, settled, unfenced, write_grouped,
+    StuckLease, WritesFuture, claim_lease, complete, completion, expired_leases, fence,
+    final_phase, read_step, record_final_step, record_step, release_lease, settled, stuck_leases,
+    unfenced, write_grouped,
 };
 pub use ledger::{ExpiredPurge, Ledger, NewRecord, Purge, PurgeByIndex, PurgeSweep};
 pub use names::{

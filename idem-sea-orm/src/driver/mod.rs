@@ -7,13 +7,13 @@ pub(crate) mod error;
 pub(crate) mod flavour;
 pub(crate) mod port;
 
-use idem_sql::{Column, Decode, Row, read_each, read_first};
+use idem_sql::{Column, Decode, Row, read_first};
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DbBackend, DbErr, QueryResult, Statement, Value,
 };
 
 pub(crate) use idem_sql::names::ALL_TABLES;
-pub(crate) use idem_sql::{Bound, Dialect, Param, Sql, millis};
+pub(crate) use idem_sql::{Bound, Dialect, Param, Sql};
 pub use idem_sql::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
 };
@@ -94,16 +94,6 @@ pub(crate) async fn fetch_rows<C: ConnectionTrait + ?Sized>(
     rows.iter().map(|row| read_columns(row, columns)).collect()
 }
 
-/// Runs `bound` on `db` and reads each row with `read` (idem-sql's reader of its rows).
-pub(crate) async fn fetch_each<C: ConnectionTrait + ?Sized, T>(
-    db: &C,
-    sql: &Sql,
-    bound: Bound<'_>,
-    read: fn(Row) -> Result<T, Decode>,
-) -> Result<Vec<T>, DbErr> {
-    read_each(fetch_rows(db, sql, bound).await?, read).map_err(|e| undecodable(&e))
-}
-
 /// Runs `bound` on `db` and reads its first row, if any, with `read`.
 pub(crate) async fn fetch_first<C: ConnectionTrait + ?Sized, T>(
     db: &C,
@@ -146,17 +136,4 @@ fn value(param: Param) -> Value {
         Param::Bytes(v) => v.into(),
         Param::Text(v) => v.into(),
     }
-}
-
-/// Runs `list`, which binds a row limit, and reads each row it returns with `read`; an error
-/// says it happened while `doing`.
-pub(crate) async fn list_rows<C: ConnectionTrait, T>(
-    db: &C,
-    list: Bound<'_>,
-    doing: &str,
-    read: fn(Row) -> Result<T, Decode>,
-) -> Result<Vec<T>, idem_core::Error> {
-    fetch_each(db, of(db.get_database_backend()), list, read)
-        .await
-        .map_err(|e| error::store_error(doing, e))
 }

@@ -18,10 +18,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::driver::error::store_error;
-use crate::driver::list_rows;
 use crate::driver::port::{On, SeaOrm};
-use crate::driver::{millis, statement};
 
 /// The ledger in lease mode on a SeaORM connection; `#[idempotent(..., lease = "…")]` builds
 /// one from the handler's connection.
@@ -141,46 +138,32 @@ where
 }
 
 /// Lists up to `limit` leases that ended without their call finishing, oldest first.
-pub async fn expired_leases<C: ConnectionTrait>(
+pub async fn expired_leases<C: ConnectionTrait + Sync>(
     db: &C,
     limit: u32,
 ) -> Result<Vec<ExpiredLease>, Error> {
-    let calls_table = crate::inspect::has_calls_table(db).await?;
-    let list = crate::driver::of(db.get_database_backend())
-        .lease
-        .expired_leases(i64::from(limit), calls_table);
-    list_rows(db, list, "listing expired leases", ExpiredLease::from_row).await
+    let sql = crate::driver::of(db.get_database_backend());
+    idem_sql::expired_leases::<SeaOrm>(&mut On(db), sql, limit).await
 }
 
-/// Ends the lease of the call in progress under record `id` by hand (`idem release`), fenced:
-/// the lease's token goes up by one, as a takeover's would, and the lease ends now. The holder,
-/// if it still runs, is refused its next step, renewal and completion
-/// ([`Error::LeaseLost`](idem_core::Error::LeaseLost)); the next client retry, or a completer
-/// for a resumable call, takes the call over at once from its recorded steps. Returns whether
-/// there was a live lease to release (`false`: no record, one that ended, or a lease that
-/// already ended: the next retry takes that one over anyway).
-///
-/// For a holder that hangs (a step awaiting a call that never returns): its renewals keep the
-/// lease alive for ever otherwise. [`stuck_leases`] lists such calls.
-pub async fn release_lease<C: ConnectionTrait>(db: &C, id: &[u8]) -> Result<bool, Error> {
+/// Ends the lease of the call in progress under record `id` by hand (`idem release`), fenced
+/// ([`idem_sql::release_lease`]): the lease's token goes up by one, as a takeover's would, and
+/// the lease ends now. The holder, if it still runs, is refused its next step, renewal and
+/// completion ([`Error::LeaseLost`](idem_core::Error::LeaseLost)); the next client retry, or a
+/// completer for a resumable call, takes the call over at once from its recorded steps.
+/// Returns whether there was a live lease to release. For a holder that hangs (a step
+/// awaiting a call that never returns): [`stuck_leases`] lists such calls.
+pub async fn release_lease<C: ConnectionTrait + Sync>(db: &C, id: &[u8]) -> Result<bool, Error> {
     let sql = crate::driver::of(db.get_database_backend());
-    let released = db
-        .execute_raw(statement(sql, sql.lease.release_by_hand(id)))
-        .await
-        .map_err(|e| store_error("releasing a lease", e))?;
-    Ok(released.rows_affected() > 0)
+    idem_sql::release_lease::<SeaOrm>(&mut On(db), sql, id).await
 }
 
 /// Lists up to `limit` live leases held for longer than `held_for`, longest held first.
-pub async fn stuck_leases<C: ConnectionTrait>(
+pub async fn stuck_leases<C: ConnectionTrait + Sync>(
     db: &C,
     held_for: Duration,
     limit: u32,
 ) -> Result<Vec<StuckLease>, Error> {
     let sql = crate::driver::of(db.get_database_backend());
-    let calls_table = crate::inspect::has_calls_table(db).await?;
-    let list = sql
-        .lease
-        .stuck_leases(millis(held_for), i64::from(limit), calls_table);
-    list_rows(db, list, "listing stuck leases", StuckLease::from_row).await
+    idem_sql::stuck_leases::<SeaOrm>(&mut On(db), sql, held_for, limit).await
 }

@@ -18,7 +18,7 @@ mod statements;
 mod store;
 
 pub use group_commit::{GroupCommit, LeaseWrite, LeaseWritten, write_grouped};
-pub use operator::{ExpiredLease, StuckLease};
+pub use operator::{ExpiredLease, StuckLease, expired_leases, release_lease, stuck_leases};
 pub use phase::{WritesFuture, final_phase, unfenced};
 pub use statements::{Lease, read_step};
 

@@ -1,10 +1,14 @@
-//! What the operator's lease reads answer, once for every store: leases that ended without
-//! their call finishing, and live leases held for long (a hung holder). Each store runs
-//! [`Lease::expired_leases`](crate::Lease::expired_leases) and
-//! [`Lease::stuck_leases`](crate::Lease::stuck_leases) and builds these from the rows'
-//! columns, in the order the statements select them.
+//! What an operator asks of lease mode, once for every store, on any driver's connection:
+//! leases that ended without their call finishing, live leases held for long (a hung holder),
+//! and the fenced release by hand.
 
-use crate::{Column, Decode, Row};
+use std::time::Duration;
+
+use idem_core::Error;
+
+use crate::driver::fetch_each;
+use crate::store::{db_error, failed};
+use crate::{CALLS_TABLE, Column, Connection, Decode, Driver, Row, Sql, millis};
 
 /// A lease that ended without its call finishing (the holder crashed, hung or was dropped): a
 /// retry takes it over, and so does a completer when the call is
@@ -154,4 +158,68 @@ impl StuckLease {
             resumable: attempts.is_some(),
         }
     }
+}
+
+/// Whether the calls table exists on `conn`'s database (a schema without resumable calls may
+/// leave it out): the lease lists join it when it does.
+async fn has_calls_table<D: Driver>(
+    conn: &mut impl Connection<Error = D::Error>,
+    sql: &'static Sql,
+) -> Result<bool, Error> {
+    let tables = fetch_each(conn, sql.inspect.existing_tables(), Row::into_text)
+        .await
+        .map_err(|fault| failed::<D>(("listing idem's tables", fault)))?;
+    Ok(tables.iter().any(|name| name == CALLS_TABLE))
+}
+
+/// Lists up to `limit` leases that ended without their call finishing, oldest first (see
+/// [`ExpiredLease`]), on `conn`, a connection of driver `D` whose statements are `sql`'s: a
+/// retry takes each over, and a completer a resumable one.
+pub async fn expired_leases<D: Driver>(
+    conn: &mut impl Connection<Error = D::Error>,
+    sql: &'static Sql,
+    limit: u32,
+) -> Result<Vec<ExpiredLease>, Error> {
+    let calls_table = has_calls_table::<D>(conn, sql).await?;
+    let list = sql.lease.expired_leases(i64::from(limit), calls_table);
+    fetch_each(conn, list, ExpiredLease::from_row)
+        .await
+        .map_err(|fault| failed::<D>(("listing expired leases", fault)))
+}
+
+/// Lists up to `limit` live leases held for longer than `held_for`, longest held first (see
+/// [`StuckLease`]): their holders may hang, renewing for ever. [`release_lease`] ends one.
+pub async fn stuck_leases<D: Driver>(
+    conn: &mut impl Connection<Error = D::Error>,
+    sql: &'static Sql,
+    held_for: Duration,
+    limit: u32,
+) -> Result<Vec<StuckLease>, Error> {
+    let calls_table = has_calls_table::<D>(conn, sql).await?;
+    let list = sql
+        .lease
+        .stuck_leases(millis(held_for), i64::from(limit), calls_table);
+    fetch_each(conn, list, StuckLease::from_row)
+        .await
+        .map_err(|fault| failed::<D>(("listing stuck leases", fault)))
+}
+
+/// Ends the lease of the call in progress under record `id` by hand, fenced (`idem release`):
+/// its token goes up by one and the lease ends now, so a holder still running is refused its
+/// next step, renewal and completion
+/// ([`Error::LeaseLost`](idem_core::Error::LeaseLost)), and the next retry (or a completer)
+/// takes the call over at once from its recorded steps. Returns whether there was a live lease
+/// to release (`false`: no record, or one whose lease already ended: the next retry takes that
+/// one over anyway). For a holder that hangs: its renewals keep the lease alive for ever
+/// otherwise; [`stuck_leases`] lists such calls.
+pub async fn release_lease<D: Driver>(
+    conn: &mut impl Connection<Error = D::Error>,
+    sql: &'static Sql,
+    id: &[u8],
+) -> Result<bool, Error> {
+    let released = conn
+        .execute(sql.lease.release_by_hand(id))
+        .await
+        .map_err(|e| db_error::<D>("releasing a lease", e))?;
+    Ok(released > 0)
 }
