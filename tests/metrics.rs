@@ -385,7 +385,6 @@ async fn storm_body<C: ConnectionTrait>(
     cmd: Pay,
     gate: Option<&Gate>,
 ) -> Result<u64, PayError> {
-    static EXECUTIONS: AtomicU64 = AtomicU64::new(1);
     if let Some(gate) = gate {
         gate.pass().await;
     }
@@ -393,7 +392,13 @@ async fn storm_body<C: ConnectionTrait>(
         return Err(PayError::Flaky);
     }
     insert_effect(db, &cmd.run, "pay", cmd.amount).await;
-    Ok(EXECUTIONS.fetch_add(1, Ordering::Relaxed))
+    Ok(next_execution())
+}
+
+/// A number no other execution of a storm handler gets.
+fn next_execution() -> u64 {
+    static EXECUTIONS: AtomicU64 = AtomicU64::new(1);
+    EXECUTIONS.fetch_add(1, Ordering::Relaxed)
 }
 
 #[idempotent(scope = "observe.storm.enforced", key = cmd.key)]
@@ -422,6 +427,104 @@ async fn held_observed(
     gate: Option<&Gate>,
 ) -> Result<u64, PayError> {
     storm_body(db, cmd, gate).await
+}
+
+/// The same four handlers on sqlx's store (SQLite): the body's connection is the claim's
+/// `&mut SqliteConnection`.
+mod on_sqlx {
+    use super::{Gate, Pay, PayError};
+    use idem::idempotent;
+    use sqlx::SqlitePool;
+
+    async fn body(
+        db: &mut sqlx::SqliteConnection,
+        cmd: Pay,
+        gate: Option<&Gate>,
+    ) -> Result<u64, PayError> {
+        if let Some(gate) = gate {
+            gate.pass().await;
+        }
+        if cmd.amount < 0 {
+            return Err(PayError::Flaky);
+        }
+        sqlx::query("INSERT INTO idem_test_effects (run_id, label, amount) VALUES (?, ?, ?)")
+            .bind(&cmd.run)
+            .bind("pay")
+            .bind(cmd.amount)
+            .execute(db)
+            .await
+            .expect("insert effect");
+        Ok(super::next_execution())
+    }
+
+    #[idempotent(scope = "observe.sqlx.storm.enforced", key = cmd.key)]
+    pub(super) async fn storm_enforced(db: &SqlitePool, cmd: Pay) -> Result<u64, PayError> {
+        body(db, cmd, None).await
+    }
+
+    #[idempotent(scope = "observe.sqlx.storm.observed", key = cmd.key, mode = observe)]
+    pub(super) async fn storm_observed(db: &SqlitePool, cmd: Pay) -> Result<u64, PayError> {
+        body(db, cmd, None).await
+    }
+
+    #[idempotent(scope = "observe.sqlx.held.enforced", key = cmd.key, on_concurrent = reject, skip(gate))]
+    pub(super) async fn held_enforced(
+        db: &SqlitePool,
+        cmd: Pay,
+        gate: Option<&Gate>,
+    ) -> Result<u64, PayError> {
+        body(db, cmd, gate).await
+    }
+
+    #[idempotent(scope = "observe.sqlx.held.observed", key = cmd.key, on_concurrent = reject, skip(gate), mode = observe)]
+    pub(super) async fn held_observed(
+        db: &SqlitePool,
+        cmd: Pay,
+        gate: Option<&Gate>,
+    ) -> Result<u64, PayError> {
+        body(db, cmd, gate).await
+    }
+}
+
+/// The store a storm goes through: SeaORM's on the backend's connection, or sqlx's on a pool
+/// of its own to the same SQLite file.
+#[derive(Clone)]
+enum Through {
+    SeaOrm(DatabaseConnection),
+    Sqlx(sqlx::SqlitePool),
+}
+
+impl Through {
+    /// The storm's and the held call's scopes, enforced or observed.
+    fn scopes(&self, observe: bool) -> (&'static str, &'static str) {
+        match (self, observe) {
+            (Self::SeaOrm(_), false) => ("observe.storm.enforced", "observe.held.enforced"),
+            (Self::SeaOrm(_), true) => ("observe.storm.observed", "observe.held.observed"),
+            (Self::Sqlx(_), false) => ("observe.sqlx.storm.enforced", "observe.sqlx.held.enforced"),
+            (Self::Sqlx(_), true) => ("observe.sqlx.storm.observed", "observe.sqlx.held.observed"),
+        }
+    }
+
+    /// A call of the storm's handler.
+    async fn storm(self, observe: bool, cmd: Pay) -> Result<u64, PayError> {
+        match (self, observe) {
+            (Self::SeaOrm(db), false) => storm_enforced(&db, cmd).await,
+            (Self::SeaOrm(db), true) => storm_observed(&db, cmd).await,
+            (Self::Sqlx(pool), false) => on_sqlx::storm_enforced(&pool, cmd).await,
+            (Self::Sqlx(pool), true) => on_sqlx::storm_observed(&pool, cmd).await,
+        }
+    }
+
+    /// A call of the held handler, held in its body at `gate` if there is one.
+    async fn held(self, observe: bool, cmd: Pay, gate: Option<Gate>) -> Result<u64, PayError> {
+        let gate = gate.as_ref();
+        match (self, observe) {
+            (Self::SeaOrm(db), false) => held_enforced(&db, cmd, gate).await,
+            (Self::SeaOrm(db), true) => held_observed(&db, cmd, gate).await,
+            (Self::Sqlx(pool), false) => on_sqlx::held_enforced(&pool, cmd, gate).await,
+            (Self::Sqlx(pool), true) => on_sqlx::held_observed(&pool, cmd, gate).await,
+        }
+    }
 }
 
 /// Observe mode's decision events seen in this process: `(scope, key_hash, decision)` of each
@@ -472,7 +575,8 @@ fn logged_decisions(scopes: [&str; 2], since: usize) -> BTreeMap<&'static str, u
     changes(&counted, &BTreeMap::new())
 }
 
-/// The same storm against the same store, enforced and observed: eight concurrent duplicates,
+/// The same storm against the same store (SeaORM's on every backend, sqlx's on SQLite),
+/// enforced and observed: eight concurrent duplicates,
 /// the key reused with other arguments, a transient error, an invalid key, and a duplicate
 /// while the first call is held in its body (`reject`). Observe mode runs the body on every
 /// call and answers with its own answer, and reports, in its counter and its log lines,
@@ -486,166 +590,143 @@ async fn observe_mode_runs_every_body_and_reports_exactly_the_decisions_enforcin
     );
     installed.expect("the only global subscriber of this binary");
     for b in backends().await {
-        let mut decisions = Vec::new();
-        let mut effects_of = Vec::new();
-        for observe in [false, true] {
-            let (storm, held) = match observe {
-                false => ("observe.storm.enforced", "observe.held.enforced"),
-                true => ("observe.storm.observed", "observe.held.observed"),
-            };
-            let counted = |scope: &str| match observe {
-                false => samples("idem_calls_total", scope),
-                true => parse_by(
-                    &recorder().render(),
-                    "idem_observed_total",
-                    scope,
-                    "decision",
-                ),
-            };
-            let (storm_before, held_before) = (counted(storm), counted(held));
-            let calls_before = samples("idem_calls_total", storm);
-            let logged_before = DECISIONS
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .len();
-            let run = unique(&format!("observe-{}-{observe}", b.name));
-            let cmd = |key: &str, amount: i64| Pay {
-                key: key.to_owned(),
-                run: run.clone(),
-                amount,
-            };
-            let call = |cmd: Pay| {
-                let db = b.db.clone();
-                async move {
-                    match observe {
-                        false => storm_enforced(&db, cmd).await,
-                        true => storm_observed(&db, cmd).await,
-                    }
-                }
-            };
-
-            // Concurrent duplicates: enforcing runs one body and replays it to the others.
-            let key = unique("storm");
-            let storm_calls = (0..DUPLICATES).map(|_| tokio::spawn(call(cmd(&key, 10))));
-            let mut answers = Vec::new();
-            for answer in futures_util::future::join_all(storm_calls).await {
-                answers.push(answer.expect("join").expect("every duplicate answers"));
-            }
-            answers.sort_unstable();
-            answers.dedup();
-            let distinct = if observe { DUPLICATES } else { 1 };
-            assert_eq!(answers.len(), distinct, "{}: answers {answers:?}", b.name);
-
-            // The key reused with other arguments: 422, or the body's own answer.
-            let reused = call(cmd(&key, 20)).await;
-            match observe {
-                false => assert!(
-                    matches!(reused, Err(PayError::Idem(ref e)) if e.kind() == idem::ErrorKind::KeyReused),
-                    "{}: {reused:?}",
-                    b.name
-                ),
-                true => assert!(
-                    !answers.contains(&reused.expect("the body answers")),
-                    "{}: the body's own answer, not a replay",
-                    b.name
-                ),
-            }
-            // A transient error: the body's error either way, nothing recorded or written.
-            let released = call(cmd(&unique("storm"), -1)).await;
-            assert!(matches!(released, Err(PayError::Flaky)), "{}", b.name);
-            // An invalid key: 400, or the body runs.
-            let invalid = call(cmd("", 30)).await;
-            match observe {
-                false => assert!(
-                    matches!(invalid, Err(PayError::Idem(ref e)) if e.kind() == idem::ErrorKind::InvalidKey),
-                    "{}: {invalid:?}",
-                    b.name
-                ),
-                true => assert!(invalid.is_ok(), "{}: {invalid:?}", b.name),
-            }
-
-            // A duplicate while the first call is held in its body, under `reject`: 409 at
-            // once when enforcing; observed, its body runs (on SQLite, once the first call's
-            // transaction lets go of the write lock: the test lets it go once the
-            // duplicate's decision is reported).
-            let gate = Gate::default();
-            let key = unique("held");
-            let first = {
-                let (db, cmd, gate) = (b.db.clone(), cmd(&key, 40), gate.clone());
-                tokio::spawn(async move {
-                    match observe {
-                        false => held_enforced(&db, cmd, Some(&gate)).await,
-                        true => held_observed(&db, cmd, Some(&gate)).await,
-                    }
-                })
-            };
-            gate.entered().await;
-            let duplicate = {
-                let (db, cmd) = (b.db.clone(), cmd(&key, 40));
-                tokio::spawn(async move {
-                    match observe {
-                        false => held_enforced(&db, cmd, None).await,
-                        true => held_observed(&db, cmd, None).await,
-                    }
-                })
-            };
-            let in_flight_before = held_before.get("in_flight").copied().unwrap_or(0);
-            let mut waited = 0;
-            while counted(held).get("in_flight").copied().unwrap_or(0) == in_flight_before {
-                waited += 1;
-                assert!(
-                    waited < 500,
-                    "{}: the duplicate's decision is reported",
-                    b.name
-                );
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            }
-            gate.release();
-            let first = first.await.expect("join");
-            let duplicate = duplicate.await.expect("join");
-            assert!(first.is_ok(), "{}: {first:?}", b.name);
-            match observe {
-                false => assert!(
-                    matches!(duplicate, Err(PayError::Idem(ref e)) if e.kind() == idem::ErrorKind::InFlight),
-                    "{}: {duplicate:?}",
-                    b.name
-                ),
-                true => assert!(duplicate.is_ok(), "{}: {duplicate:?}", b.name),
-            }
-
-            let mut taken = changes(&counted(storm), &storm_before);
-            for (decision, n) in changes(&counted(held), &held_before) {
-                *taken.entry(decision).or_insert(0) += n;
-            }
-            if observe {
-                let calls = changes(&samples("idem_calls_total", storm), &calls_before);
-                let storm_calls = (DUPLICATES + 3) as u64;
-                let all_observed: BTreeMap<&str, u64> = [("observed", storm_calls)].into();
-                assert_eq!(calls, all_observed, "{}", b.name);
-                let logged = logged_decisions([storm, held], logged_before);
-                assert_eq!(logged, taken, "{}: one log line per decision", b.name);
-            }
-            decisions.push(taken);
-            effects_of.push(effects(&b.db, &run).await);
+        let mut stores = vec![Through::SeaOrm(b.db.clone())];
+        if b.name == "sqlite" {
+            let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(4);
+            stores.push(Through::Sqlx(
+                pool.connect(&b.url).await.expect("sqlx's pool"),
+            ));
         }
-        let expected: BTreeMap<&str, u64> = [
-            ("executed", 2),
-            ("replayed", DUPLICATES as u64 - 1),
-            ("key_reused", 1),
-            ("released", 1),
-            ("invalid_key", 1),
-            ("in_flight", 1),
-        ]
-        .into();
-        assert_eq!(decisions[0], expected, "{}: enforcing", b.name);
-        assert_eq!(
-            decisions[1], decisions[0],
-            "{}: observed as enforced",
-            b.name
-        );
-        // Enforcing: the storm's one body and the held call's. Observed: every body but the
-        // transient error's (rolled back).
-        let observed_effects = DUPLICATES as i64 + 4;
-        assert_eq!(effects_of, [2, observed_effects], "{}: effect rows", b.name);
+        for through in stores {
+            let name = match through {
+                Through::SeaOrm(_) => b.name,
+                Through::Sqlx(_) => "sqlite (sqlx)",
+            };
+            let mut decisions = Vec::new();
+            let mut effects_of = Vec::new();
+            for observe in [false, true] {
+                let (storm, held) = through.scopes(observe);
+                let counted = |scope: &str| match observe {
+                    false => samples("idem_calls_total", scope),
+                    true => parse_by(
+                        &recorder().render(),
+                        "idem_observed_total",
+                        scope,
+                        "decision",
+                    ),
+                };
+                let (storm_before, held_before) = (counted(storm), counted(held));
+                let calls_before = samples("idem_calls_total", storm);
+                let logged_before = DECISIONS
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .len();
+                let run = unique(&format!("observe-{name}-{observe}"));
+                let cmd = |key: &str, amount: i64| Pay {
+                    key: key.to_owned(),
+                    run: run.clone(),
+                    amount,
+                };
+                let call = |cmd: Pay| through.clone().storm(observe, cmd);
+
+                // Concurrent duplicates: enforcing runs one body and replays it to the others.
+                let key = unique("storm");
+                let storm_calls = (0..DUPLICATES).map(|_| tokio::spawn(call(cmd(&key, 10))));
+                let mut answers = Vec::new();
+                for answer in futures_util::future::join_all(storm_calls).await {
+                    answers.push(answer.expect("join").expect("every duplicate answers"));
+                }
+                answers.sort_unstable();
+                answers.dedup();
+                let distinct = if observe { DUPLICATES } else { 1 };
+                assert_eq!(answers.len(), distinct, "{name}: answers {answers:?}");
+
+                // The key reused with other arguments: 422, or the body's own answer.
+                let reused = call(cmd(&key, 20)).await;
+                match observe {
+                    false => assert!(
+                        matches!(reused, Err(PayError::Idem(ref e)) if e.kind() == idem::ErrorKind::KeyReused),
+                        "{name}: {reused:?}"
+                    ),
+                    true => assert!(
+                        !answers.contains(&reused.expect("the body answers")),
+                        "{name}: the body's own answer, not a replay"
+                    ),
+                }
+                // A transient error: the body's error either way, nothing recorded or written.
+                let released = call(cmd(&unique("storm"), -1)).await;
+                assert!(matches!(released, Err(PayError::Flaky)), "{name}");
+                // An invalid key: 400, or the body runs.
+                let invalid = call(cmd("", 30)).await;
+                match observe {
+                    false => assert!(
+                        matches!(invalid, Err(PayError::Idem(ref e)) if e.kind() == idem::ErrorKind::InvalidKey),
+                        "{name}: {invalid:?}"
+                    ),
+                    true => assert!(invalid.is_ok(), "{name}: {invalid:?}"),
+                }
+
+                // A duplicate while the first call is held in its body, under `reject`: 409 at
+                // once when enforcing; observed, its body runs (on SQLite, once the first call's
+                // transaction lets go of the write lock: the test lets it go once the
+                // duplicate's decision is reported).
+                let gate = Gate::default();
+                let key = unique("held");
+                let held_call = through
+                    .clone()
+                    .held(observe, cmd(&key, 40), Some(gate.clone()));
+                let first = tokio::spawn(held_call);
+                gate.entered().await;
+                let duplicate = tokio::spawn(through.clone().held(observe, cmd(&key, 40), None));
+                let in_flight_before = held_before.get("in_flight").copied().unwrap_or(0);
+                let mut waited = 0;
+                while counted(held).get("in_flight").copied().unwrap_or(0) == in_flight_before {
+                    waited += 1;
+                    assert!(waited < 500, "{name}: the duplicate's decision is reported");
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+                gate.release();
+                let first = first.await.expect("join");
+                let duplicate = duplicate.await.expect("join");
+                assert!(first.is_ok(), "{name}: {first:?}");
+                match observe {
+                    false => assert!(
+                        matches!(duplicate, Err(PayError::Idem(ref e)) if e.kind() == idem::ErrorKind::InFlight),
+                        "{name}: {duplicate:?}"
+                    ),
+                    true => assert!(duplicate.is_ok(), "{name}: {duplicate:?}"),
+                }
+
+                let mut taken = changes(&counted(storm), &storm_before);
+                for (decision, n) in changes(&counted(held), &held_before) {
+                    *taken.entry(decision).or_insert(0) += n;
+                }
+                if observe {
+                    let calls = changes(&samples("idem_calls_total", storm), &calls_before);
+                    let storm_calls = (DUPLICATES + 3) as u64;
+                    let all_observed: BTreeMap<&str, u64> = [("observed", storm_calls)].into();
+                    assert_eq!(calls, all_observed, "{name}");
+                    let logged = logged_decisions([storm, held], logged_before);
+                    assert_eq!(logged, taken, "{name}: one log line per decision");
+                }
+                decisions.push(taken);
+                effects_of.push(effects(&b.db, &run).await);
+            }
+            let expected: BTreeMap<&str, u64> = [
+                ("executed", 2),
+                ("replayed", DUPLICATES as u64 - 1),
+                ("key_reused", 1),
+                ("released", 1),
+                ("invalid_key", 1),
+                ("in_flight", 1),
+            ]
+            .into();
+            assert_eq!(decisions[0], expected, "{name}: enforcing");
+            assert_eq!(decisions[1], decisions[0], "{name}: observed as enforced");
+            // Enforcing: the storm's one body and the held call's. Observed: every body but the
+            // transient error's (rolled back).
+            let observed_effects = DUPLICATES as i64 + 4;
+            assert_eq!(effects_of, [2, observed_effects], "{name}: effect rows");
+        }
     }
 }
