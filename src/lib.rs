@@ -13,6 +13,8 @@
 ///                                      //   or a `Duration` expression: `ttl = settings.record_ttl`
 ///     on_concurrent = wait,            // optional: `wait` (default, bounded at 5 s), `wait("2s")`
 ///                                      //   (another bound) or `reject` (`InFlight` at once)
+///     mode = observe,                  // optional: `enforce` (default) or `observe` (shadow mode:
+///                                      //   the body runs every time; idem reports what it would do)
 ///     conn = self.db as db,            // optional: where the connection comes from
 ///     crate = "::my_app::idem",        // optional: path to this crate for re-exporters
 /// )]
@@ -47,6 +49,11 @@
 ///
 /// Dropping the future (timeout, client gone) rolls the transaction back: nothing is left
 /// claimed. Use [`with_outcome`] to tell an execution from a replay.
+///
+/// With `mode = observe` ([`Mode::Observe`]) steps 1 to 3 decide as above and are reported (a
+/// log line and the `idem_observed_total` counter), but every call runs its body and answers
+/// its own answer; the ledger is written as when enforcing, so switching to `enforce` needs no
+/// migration. See the guide's "Observe mode before enforcing".
 ///
 /// # Requirements, checked at compile time
 ///
@@ -88,7 +95,8 @@ pub use idem_macros::transition;
 pub use idem_core::{
     BoxError, EntityTag, Error, ErrorKind, FinalError, Fingerprint, Fingerprinter, Fingerprints,
     IfMatch, InvalidEntityTag, Key, KeyProblem, KeySource, MAX_KEY_LEN, MemoryStore, MemoryTx,
-    Outcome, Result, StateMachine, Store, Transition, TransitionOutcome, Versioned, with_outcome,
+    Mode, Outcome, Result, StateMachine, Store, Transition, TransitionOutcome, Versioned,
+    with_outcome,
 };
 
 /// Answers whose type evolves ([`Versioned`]): the envelope a recorded answer carries its

@@ -23,6 +23,7 @@ pub mod inbox;
 pub mod lease;
 pub mod ledger;
 pub mod metrics;
+mod observe;
 pub mod outbox;
 pub mod retry;
 mod state;
@@ -39,6 +40,7 @@ pub use fingerprint::{
     Fingerprints, canonical_bytes, canonical_bytes_v1,
 };
 pub use ledger::{BoxFuture, Claim, Concurrency, LeaseClaim, RecordStatus, Recorded, Ticket};
+pub use observe::Mode;
 pub use state::precondition::{EntityTag, IfMatch, InvalidEntityTag};
 pub use state::{StateMachine, Transition, TransitionOutcome, declared};
 pub use store::memory::{MemoryStore, MemoryTx};
@@ -57,6 +59,7 @@ pub use versioned::{AnswerError, AnswerVersion, Versioned};
 #[doc(hidden)]
 pub mod __private {
     pub use crate::Concurrency;
+    pub use crate::Mode;
     pub use crate::atomic::run;
     pub use crate::call::handler::{
         FinalProbe, HandlerOutput, Rerun, RerunProbe, ViaClone, ViaFinal, ViaMove, ViaPlain,

@@ -11,6 +11,7 @@
 //! | `idem_completer_total` | counter | `scope`, `outcome` | what [completers](crate::completer) did: `resumed`, `finished`, `failed`, `gave_up`, `unregistered` |
 //! | `idem_conflict_retries_total` | counter | `scope` | tries run again after a transient database conflict ([`conflict`](crate::retry::conflict)) |
 //! | `idem_relay_sink_restarts_total` | counter | | outbox relays that restarted their sink after publishes stopped going through ([`note_sink_restart`](crate::outbox::note_sink_restart)) |
+//! | `idem_observed_total` | counter | `scope`, `decision` | in observe mode ([`Mode::Observe`](crate::Mode::Observe)), what enforcing would have done with each call: `decision` takes the `outcome` values below |
 //!
 //! `outcome` is one of:
 //!
@@ -23,6 +24,7 @@
 //! | `released` | the handler returned a transient error; nothing was recorded, the key is free |
 //! | `invalid_key` | the key (or principal) was missing or malformed; nothing was done (400) |
 //! | `error` | idem could not answer: the store failed or kept conflicting, a record no longer decodes, a lease was lost |
+//! | `observed` | observe mode: the handler ran and its own answer was returned; what enforcing would have done is counted in `idem_observed_total` |
 //!
 //! A call whose future is dropped before its answer (a client that went away) is not
 //! counted. Without the feature nothing here is compiled: no clock reads, no task-local.
@@ -39,6 +41,9 @@ pub const CONFLICT_RETRIES_TOTAL: &str = "idem_conflict_retries_total";
 /// Counter of outbox relays' sink restarts: a relay had messages to publish and none went
 /// through for its stall bound, so it dropped its sink's connection and started again.
 pub const RELAY_SINK_RESTARTS_TOTAL: &str = "idem_relay_sink_restarts_total";
+/// Counter of the decisions observe mode reported, labelled `scope` and `decision` (one of
+/// the `outcome` values of [`CALLS_TOTAL`]: what it would have counted when enforcing).
+pub const OBSERVED_TOTAL: &str = "idem_observed_total";
 /// Counter of answered calls, labelled `scope` and `outcome`.
 pub const CALLS_TOTAL: &str = "idem_calls_total";
 /// Histogram of call latency in seconds, labelled `scope` and `outcome`.
@@ -54,6 +59,8 @@ pub(crate) enum Label {
     Released,
     InvalidKey,
     Error,
+    /// Observe mode: the body answered; its decision is counted apart.
+    Observed,
 }
 
 impl Label {
@@ -66,6 +73,7 @@ impl Label {
             Self::Released => "released",
             Self::InvalidKey => "invalid_key",
             Self::Error => "error",
+            Self::Observed => "observed",
         }
     }
 
@@ -115,6 +123,12 @@ mod enabled {
     /// Counts a try run again after a conflict, for `scope`.
     pub(crate) fn conflict_retry(scope: &str) {
         ::metrics::counter!(super::CONFLICT_RETRIES_TOTAL, "scope" => scope.to_owned())
+            .increment(1);
+    }
+
+    /// Counts a decision observe mode reported for `scope`.
+    pub(crate) fn observed(scope: &'static str, decision: Label) {
+        ::metrics::counter!(super::OBSERVED_TOTAL, "scope" => scope, "decision" => decision.as_str())
             .increment(1);
     }
 
@@ -176,6 +190,10 @@ pub fn describe() {
         RELAY_SINK_RESTARTS_TOTAL,
         "Outbox relays that restarted their sink after publishes stopped going through"
     );
+    ::metrics::describe_counter!(
+        OBSERVED_TOTAL,
+        "In observe mode, what idem would have done with each call when enforcing, by scope and decision"
+    );
 }
 
 #[cfg(not(feature = "metrics"))]
@@ -194,6 +212,9 @@ mod enabled {
     pub(crate) fn conflict_retry(_scope: &str) {}
 
     #[inline(always)]
+    pub(crate) fn observed(_scope: &'static str, _decision: Label) {}
+
+    #[inline(always)]
     pub(crate) fn sink_restart() {}
 
     /// Without the feature the call is returned as it is: nothing wraps it.
@@ -203,4 +224,4 @@ mod enabled {
     }
 }
 
-pub(crate) use enabled::{completer, conflict_retry, note, observe, sink_restart};
+pub(crate) use enabled::{completer, conflict_retry, note, observe, observed, sink_restart};

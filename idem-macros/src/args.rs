@@ -35,6 +35,8 @@ pub(crate) struct Args {
     /// `answer_version = N`: the version the answer type writes (`idem::Versioned::VERSION`),
     /// checked at compile time against the type.
     pub(crate) answer_version: Option<(u32, Span)>,
+    /// `mode = observe`: where `observe` is written (`None` for `enforce`, the default).
+    pub(crate) observe: Option<Span>,
     /// Where a bare `on_concurrent = wait` was written: lease mode refuses it.
     bare_wait: Option<Span>,
 }
@@ -138,7 +140,27 @@ const ARGUMENTS: &[(&str, &[&str], ParseValue)] = &[
             Ok(())
         },
     ),
-    ("lease", &["mode", "lease_ms"], |input, args| {
+    (
+        "mode",
+        &["observe", "shadow", "dry_run", "enforce"],
+        |input, args| {
+            let input = value(input)?;
+            if input.peek(LitStr) {
+                let quoted: LitStr = input.parse()?;
+                let message = format!("write the mode without quotes: `mode = {}`", quoted.value());
+                return Err(syn::Error::new(quoted.span(), message));
+            }
+            let hint = "`mode` takes `enforce` or `observe`, e.g. `mode = observe`";
+            let mode: Ident = input.parse().map_err(|e| syn::Error::new(e.span(), hint))?;
+            args.observe = match mode.to_string().as_str() {
+                "enforce" => None,
+                "observe" => Some(mode.span()),
+                other => return Err(syn::Error::new(mode.span(), unknown_mode(other))),
+            };
+            Ok(())
+        },
+    ),
+    ("lease", &["lease_ms"], |input, args| {
         if !input.peek(Token![=]) {
             args.lease_ms = Some(30_000); // `lease` alone
             return Ok(());
@@ -221,6 +243,7 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Vec<syn::Error>) -> Option<A
         conn: None,
         krate: None,
         answer_version: None,
+        observe: None,
         bare_wait: None,
     };
     // Each argument given, and where its name is written.
@@ -282,6 +305,10 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Vec<syn::Error>) -> Option<A
             errors.push(syn::Error::new(span, message));
         }
     }
+    if let (Some(span), Some(_)) = (args.observe, args.lease_ms) {
+        let message = "observe mode is not available in lease mode yet: remove `mode = observe`, or observe the call in atomic mode (without `lease`)";
+        errors.push(syn::Error::new(span, message));
+    }
     if at("lease").is_some() {
         if let Some(span) = args.bare_wait {
             let message = "in lease mode a duplicate cannot wait on the claim's lock (the claim has committed); \
@@ -333,6 +360,36 @@ fn unknown_argument(meta: &ParseNestedMeta<'_>) -> syn::Error {
     let all = crate::code_list(ARGUMENTS.iter().map(|a| a.0));
     let message = format!("unknown argument `{name}`{hint}; expected one of {all}");
     meta.error(message)
+}
+
+/// The error for a `mode` that is neither `enforce` nor `observe`: a "did you mean" for a
+/// misspelling or a word people reach for, and what each mode does.
+fn unknown_mode(mode: &str) -> String {
+    const MODES: &[(&str, &[&str])] = &[
+        ("enforce", &["enforcing", "enforced", "strict", "atomic"]),
+        (
+            "observe",
+            &["shadow", "observed", "observing", "dry_run", "audit", "log"],
+        ),
+    ];
+    let hint = MODES
+        .iter()
+        .find(|(_, mistaken_for)| mistaken_for.contains(&mode))
+        .or_else(|| {
+            MODES
+                .iter()
+                .find(|(name, _)| strsim::levenshtein(name, mode) <= 2)
+        })
+        .map(|(name, _)| format!(" (did you mean `{name}`?)"))
+        .unwrap_or_default();
+    let lease = if mode == "lease" {
+        "; lease mode is an argument of its own, `lease = \"30s\"`"
+    } else {
+        ""
+    };
+    format!(
+        "unknown mode `{mode}`{hint}; expected `enforce` (the default: idem replays, answers 409 and 422) or `observe` (the body runs every call; idem logs and counts what it would have done){lease}"
+    )
 }
 
 /// A duration such as `"24h"`, `"90s"`, `"1h30m"` or `"500ms"`, in milliseconds. Errors span the
@@ -405,7 +462,7 @@ mod tests {
         let mut errors = Vec::new();
         let tokens = quote::quote! {
             scope = "orders.pay", key = cmd.key, principal = cmd.tenant, skip(a, b), ttl = "1h30m",
-            on_concurrent = wait("1500ms"), lease, answer_version = 2, conn = self.db as db,
+            on_concurrent = wait("1500ms"), mode = enforce, lease, answer_version = 2, conn = self.db as db,
             crate = "::x::idem",
         };
         let args = parse(tokens, &mut errors).expect("complete");
@@ -422,6 +479,22 @@ mod tests {
         ));
         assert!(matches!(args.conn, Some(Conn::Expr { .. })));
         assert_eq!(args.answer_version.map(|(version, _)| version), Some(2));
+    }
+
+    #[test]
+    fn observe_mode_is_parsed_and_a_misspelt_mode_gets_a_suggestion() {
+        let mut errors = Vec::new();
+        let tokens = quote::quote! { scope = "orders.pay", key = cmd.key, mode = observe };
+        let args = parse(tokens, &mut errors).expect("complete");
+        assert!(errors.is_empty(), "{errors:?}");
+        assert!(args.observe.is_some());
+        let tokens = quote::quote! { scope = "orders.pay", key = cmd.key, mode = obsreve };
+        let _ = parse(tokens, &mut errors);
+        assert_eq!(errors.len(), 1);
+        let message = errors[0].to_string();
+        assert!(message.contains("did you mean `observe`?"), "{message}");
+        assert!(unknown_mode("shadow").contains("did you mean `observe`?"));
+        assert!(unknown_mode("lease").contains("`lease = \"30s\"`"));
     }
 
     #[test]

@@ -364,6 +364,10 @@ pub(crate) fn expand(
     let deadline = args
         .deadline_ms
         .map(|ms| quote!(__idem_call.deadline(#p::Duration::from_millis(#ms));));
+    // Observe mode: the engine decides and reports, and the body answers every call.
+    let mode = args
+        .observe
+        .map(|_| quote!(#p::Call::mode(&mut __idem_call, #p::Mode::Observe);));
     // The call carries the user's spans, so clippy sees `_name` used as user code.
     let allow_underscored = |name: &Ident| {
         let underscored = name.to_string().starts_with('_');
@@ -537,6 +541,7 @@ pub(crate) fn expand(
         #principal
         #ttl
         #deadline
+        #mode
         #(#fingerprint_args)*
         #versions
         #pinned

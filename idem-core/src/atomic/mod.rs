@@ -4,6 +4,7 @@
 //! aborts for a conflict is run again whole ([`conflict`](crate::retry::conflict)).
 
 mod flight;
+mod observe;
 
 use crate::call::{Call, RETRY_AFTER, Request, collecting_hooks};
 use crate::error::Error;
@@ -47,6 +48,9 @@ where
     metrics::observe(scope, async move {
         if crate::testing::is_disabled() {
             return unclaimed(&store, bodies).await;
+        }
+        if call.observing() {
+            return observe::observed(&store, call, finality, bodies).await;
         }
         let request = match call.prepare::<R>(finality.is_some()) {
             Ok(request) => request,
@@ -231,27 +235,10 @@ where
             return Try::Answered(request.fail(e));
         }
     };
-    let nested = outcome::Nested::enter();
-    let running =
-        tracing::Instrument::instrument(body(S::tx(&mut claimed)), request.span().clone());
-    let open = OpenClaim {
-        ledger: store
-            .ledger_identity()
-            .or(open_claim().and_then(|c| c.ledger)),
-    };
-    let (output, hooks) = OPEN_CLAIM.scope(open, collecting_hooks(running)).await;
-    drop(nested);
-    let output = output.into_result();
-    if let Err(error) = &output
-        && !finality.is_some_and(|f| (f.is_final)(error))
-        && store.aborted(&mut claimed, request).await
-    {
-        // The body's error reports the conflict that aborted its transaction.
+    let Some((output, hooks)) = in_claim(store, request, finality, &mut claimed, body).await else {
         let _ = store.release(claimed).await;
-        return Try::Conflict(Error::conflict(
-            "running the handler's body, whose transaction was aborted",
-        ));
-    }
+        return Try::Conflict(aborted_body());
+    };
     let record = match request.record_of(R::from_result(output), finality) {
         Ok(record) => record,
         Err(answer) => {
@@ -287,4 +274,46 @@ where
             Try::Answered(R::from_result(Err(e.into())))
         }
     }
+}
+
+/// Runs a try's body in the claim's transaction (in the call's span, marked as an open claim
+/// for the calls nested in it): its output and the hooks it asked for. `None` when the body
+/// failed because the database had aborted the transaction under it: the try was a conflict
+/// ([`aborted_body`]), and the caller releases the claim.
+async fn in_claim<S, R, B>(
+    store: &S,
+    request: &Request,
+    finality: Option<Finality<R::Error>>,
+    claimed: &mut S::Claimed,
+    body: B,
+) -> Option<(Result<R::Ok, R::Error>, Vec<fn()>)>
+where
+    S: Store,
+    R: HandlerOutput,
+    R::Error: HandlerError,
+    B: for<'t> AsyncFnOnce(S::Tx<'t>) -> R,
+{
+    let nested = outcome::Nested::enter();
+    let running = tracing::Instrument::instrument(body(S::tx(claimed)), request.span().clone());
+    let open = OpenClaim {
+        ledger: store
+            .ledger_identity()
+            .or(open_claim().and_then(|c| c.ledger)),
+    };
+    let (output, hooks) = OPEN_CLAIM.scope(open, collecting_hooks(running)).await;
+    drop(nested);
+    let output = output.into_result();
+    if let Err(error) = &output
+        && !finality.is_some_and(|f| (f.is_final)(error))
+        && store.aborted(claimed, request).await
+    {
+        return None;
+    }
+    Some((output, hooks))
+}
+
+/// The conflict of a try whose body's error only reports that the database aborted its
+/// transaction.
+fn aborted_body() -> Error {
+    Error::conflict("running the handler's body, whose transaction was aborted")
 }

@@ -25,6 +25,7 @@ use crate::lease::answers::RecentAnswers;
 use crate::ledger::ids::{KeyHash, derived_key, record_id};
 use crate::ledger::{Concurrency, RecordStatus, Recorded};
 use crate::metrics::{self, Label};
+use crate::observe::Mode;
 use crate::versioned::{AnswerError, AnswerVersion, NEWER_RETRY_AFTER};
 
 /// A lease-mode call's deadline when its attribute gives none, in leases: 5 minutes for a
@@ -111,6 +112,8 @@ pub struct Call {
     deadline: Option<Duration>,
     /// How long the record is kept: the site's, unless set at run time ([`Call::ttl`]).
     ttl: Duration,
+    /// Whether idem acts on its decision or only reports it ([`Call::mode`]).
+    mode: Mode,
 }
 
 /// The versions a call's answers are recorded and read as: its value's and its final
@@ -148,7 +151,21 @@ impl Call {
             },
             deadline: None,
             ttl: site.ttl,
+            mode: Mode::Enforce,
         }
+    }
+
+    /// Sets whether idem acts on what it decides for this call ([`Mode::Enforce`], the
+    /// default) or only reports it while the body runs every time ([`Mode::Observe`]:
+    /// `#[idempotent(..., mode = observe)]`). Atomic mode only, for now: a lease-mode call
+    /// ignores it.
+    pub fn mode(&mut self, mode: Mode) {
+        self.mode = mode;
+    }
+
+    /// Whether this call is run in observe mode.
+    pub(crate) fn observing(&self) -> bool {
+        self.mode == Mode::Observe
     }
 
     /// Sets how long this call's record is kept, in place of its site's TTL: a TTL read
@@ -259,7 +276,9 @@ impl Call {
         })
     }
 
-    fn check(self, savepoint: bool) -> Result<Request, Error> {
+    /// The checks of [`Call::prepare`], answering idem's error itself (observe mode reports
+    /// it and runs the body).
+    pub(crate) fn check(self, savepoint: bool) -> Result<Request, Error> {
         let site = self.site;
         let key = self.key?;
         let principal = self.principal?;
@@ -402,6 +421,11 @@ impl Request {
         &self.span
     }
 
+    /// The record id's hash as log lines name the call (keys can carry user data).
+    pub(crate) fn key_hash(&self) -> String {
+        KeyHash(&self.id).to_string()
+    }
+
     /// This call's answer, if this process recorded it recently ([`Call::remember_answers`]).
     pub(crate) fn recent_answer(&self) -> Option<Arc<Recorded>> {
         self.answers.as_ref()?.get(&self.id)
@@ -458,17 +482,34 @@ impl Request {
         R::Ok: Replayable,
         R::Error: HandlerError,
     {
-        match verdict(self.scope(), output, finality) {
-            Verdict::Record(mut record) => {
-                let version = self.versions.of(record.status);
-                record.payload = version.envelope(record.payload);
-                Ok(record)
-            }
+        match self.verdict(output, finality) {
+            Verdict::Record(record) => Ok(record),
             Verdict::Release(error) => {
                 metrics::settle(&self.span, Label::Released);
                 Err(R::from_result(Err(error)))
             }
             Verdict::Unencodable(e) => Err(self.fail(e)),
+        }
+    }
+
+    /// Sorts the body's output as [`Request::record_of`] does, with no answer given: what to
+    /// record (behind its version's envelope), or why nothing is.
+    pub(crate) fn verdict<R>(
+        &self,
+        output: R,
+        finality: Option<Finality<R::Error>>,
+    ) -> Verdict<R::Ok, R::Error>
+    where
+        R: HandlerOutput,
+        R::Ok: Replayable,
+    {
+        match verdict(self.scope(), output, finality) {
+            Verdict::Record(mut record) => {
+                let version = self.versions.of(record.status);
+                record.payload = version.envelope(record.payload);
+                Verdict::Record(record)
+            }
+            other => other,
         }
     }
 
@@ -490,14 +531,54 @@ impl Request {
         R::Ok: Replayable,
         R::Error: HandlerError,
     {
+        match self.replayed::<R>(recorded, finality) {
+            Ok(answer) => {
+                metrics::settle(&self.span, Label::Replayed);
+                outcome::report(Outcome::Replayed);
+                R::from_result(answer)
+            }
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// What replaying `recorded` would answer, and nothing else: the label observe mode
+    /// reports for it.
+    pub(crate) fn replay_decision<R>(
+        &self,
+        recorded: &Recorded,
+        finality: Option<Finality<R::Error>>,
+    ) -> Label
+    where
+        R: HandlerOutput,
+        R::Ok: Replayable,
+        R::Error: HandlerError,
+    {
+        match self.replayed::<R>(recorded, finality) {
+            Ok(_) => Label::Replayed,
+            Err(e) => Label::of_error(&e),
+        }
+    }
+
+    /// The answer `recorded` replays as, or the error of idem's a replay answers instead;
+    /// nothing is counted or reported.
+    fn replayed<R>(
+        &self,
+        recorded: &Recorded,
+        finality: Option<Finality<R::Error>>,
+    ) -> Result<Result<R::Ok, R::Error>, Error>
+    where
+        R: HandlerOutput,
+        R::Ok: Replayable,
+        R::Error: HandlerError,
+    {
         let scope = self.scope();
         if !self.fingerprint.matches(&recorded.fingerprint) {
-            return self.fail(Error::KeyReused {
+            return Err(Error::KeyReused {
                 scope: scope.to_owned(),
             });
         }
         let payload = &recorded.payload;
-        let replay: Result<Result<R::Ok, R::Error>, Error> = match recorded.status {
+        match recorded.status {
             RecordStatus::Completed => self
                 .versions
                 .value
@@ -522,14 +603,6 @@ impl Request {
             )
             .into())),
             _ => Err(self.in_flight(RETRY_AFTER)),
-        };
-        match replay {
-            Ok(answer) => {
-                metrics::settle(&self.span, Label::Replayed);
-                outcome::report(Outcome::Replayed);
-                R::from_result(answer)
-            }
-            Err(e) => self.fail(e),
         }
     }
 

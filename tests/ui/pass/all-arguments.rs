@@ -46,6 +46,21 @@ async fn configured(
     Ok(())
 }
 
+/// Observe mode: every call runs the body and answers its own answer; idem reports what it
+/// would have done.
+#[idempotent(scope = "orders.observed", key = key, mode = observe)]
+async fn observed(store: &idem::MemoryStore, key: u64, amount: u64) -> Result<u64, idem::Error> {
+    let _ = store;
+    Ok(amount)
+}
+
+/// `mode = enforce` is the default, written out.
+#[idempotent(scope = "orders.enforced", key = key, mode = enforce)]
+async fn enforced(store: &idem::MemoryStore, key: u64, amount: u64) -> Result<u64, idem::Error> {
+    let _ = store;
+    Ok(amount)
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let store = idem::MemoryStore::new();
@@ -61,4 +76,8 @@ async fn main() {
         record_ttl: std::time::Duration::from_secs(3600),
     };
     configured(&store, &settings, 1).await.unwrap();
+    assert_eq!(observed(&store, 1, 5).await.unwrap(), 5);
+    assert_eq!(observed(&store, 1, 6).await.unwrap(), 6, "a reused key: the body answers");
+    assert_eq!(enforced(&store, 1, 5).await.unwrap(), 5);
+    assert!(enforced(&store, 1, 6).await.is_err(), "a reused key: 422");
 }
