@@ -230,6 +230,30 @@ pub mod store {
         }
     }
 
+    /// A deadpool-postgres pool (feature `tokio-postgres`): the body's connection is the
+    /// claim's transaction as a `&ClientWrapper`, so `db.execute(..)` commits with the
+    /// recorded answer.
+    #[cfg(feature = "tokio-postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio-postgres")))]
+    impl IntoStore for idem_tokio_postgres::deadpool_postgres::Pool {
+        type Store<'a> = idem_tokio_postgres::TokioPostgresStore;
+        fn store(&self) -> Self::Store<'_> {
+            idem_tokio_postgres::TokioPostgresStore::new(self)
+        }
+    }
+
+    /// A nested call on tokio-postgres: an `#[idempotent]` function called with another
+    /// one's body `db` (a `&ClientWrapper`) claims its key in a savepoint of that
+    /// transaction, and commits with it or not at all.
+    #[cfg(feature = "tokio-postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio-postgres")))]
+    impl IntoStore for idem_tokio_postgres::deadpool_postgres::ClientWrapper {
+        type Store<'a> = idem_tokio_postgres::NestedStore<'a>;
+        fn store(&self) -> Self::Store<'_> {
+            idem_tokio_postgres::NestedStore::new(self)
+        }
+    }
+
     /// What the connection of a lease-mode `#[idempotent(..., lease = "…")]` function is:
     /// something that hands out an owned, shareable [`LeaseStore`] (the lease outlives the
     /// claim). Implemented for `sea_orm::DatabaseConnection`, sqlx's pools (feature `sqlx`)
@@ -271,6 +295,15 @@ pub mod store {
     impl<DB: idem_sqlx::Backend> IntoLeaseStore for idem_sqlx::sqlx::Pool<DB> {
         fn lease_store(&self) -> std::sync::Arc<dyn LeaseStore> {
             std::sync::Arc::new(idem_sqlx::SqlxLeaseStore::new(self.clone()))
+        }
+    }
+
+    /// A deadpool-postgres pool (feature `tokio-postgres`): the lease store on a clone of it.
+    #[cfg(feature = "tokio-postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tokio-postgres")))]
+    impl IntoLeaseStore for idem_tokio_postgres::deadpool_postgres::Pool {
+        fn lease_store(&self) -> std::sync::Arc<dyn LeaseStore> {
+            std::sync::Arc::new(idem_tokio_postgres::TokioPostgresStore::new(self))
         }
     }
 }
@@ -454,6 +487,26 @@ pub mod sqlx {
         StuckLease, create_tables, dead_messages, expired_leases, final_step, finish,
         outbox_health, purge_expired, purge_published, release_lease, retry_dead, stuck_leases,
         through_transaction_pooler,
+    };
+}
+
+/// The tokio-postgres store (feature `tokio-postgres`, the `idem-tokio-postgres` crate):
+/// `#[idempotent]` on a function whose connection is a `&deadpool_postgres::Pool`; inside
+/// the body `db` is the claim's transaction as a `&deadpool_postgres::ClientWrapper` (it
+/// derefs to `tokio_postgres::Client`), so `db.execute(..)` commits with the recorded
+/// answer. A function whose connection is a `&ClientWrapper`, called with a body's `db`,
+/// claims in a savepoint of that transaction. Lease mode ([`final_step`](tokio_postgres::final_step),
+/// [`finish`](tokio_postgres::finish)), the [`Completer`](tokio_postgres::Completer), the
+/// outbox ([`Outbox::stage`](tokio_postgres::Outbox::stage), [`Relay`](tokio_postgres::Relay))
+/// and the operator's calls ([`TokioPostgresStore`](tokio_postgres::TokioPostgresStore)'s
+/// methods) run on the same pool.
+#[cfg(feature = "tokio-postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio-postgres")))]
+pub mod tokio_postgres {
+    pub use idem_tokio_postgres::{
+        ClaimedTx, Completer, DeadLetterTable, DeadMessage, ExpiredLease, Family, NestedStore,
+        Outbox, Relay, RelayCounters, RelayRound, StuckLease, TokioPostgres, TokioPostgresStore,
+        Writes, create_tables, deadpool_postgres, final_step, finish, purge_expired,
     };
 }
 

@@ -59,8 +59,9 @@ pub use completer::{
     read_count, read_stored_call, steps, unregistered,
 };
 pub use driver::{
-    Begin, Bridge, Connection, Driver, Fault, ListenError, Transaction, fetch_each, fetch_first,
-    learn_flavour,
+    Begin, Bridge, COMMIT, Connection, Driver, Fault, ListenError, ROLLBACK, Transaction,
+    fetch_each, fetch_first, learn_flavour, nested_savepoint, release_nested_savepoint,
+    roll_back_nested_savepoint,
 };
 pub use failure::{Failure, claim_lost};
 pub use inbox::{DeadLetterTable, Inbox, NewDeadLetter};

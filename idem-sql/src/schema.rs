@@ -5,7 +5,10 @@
 use crate::statement::names::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
 };
-use crate::{Dialect, Sql, Tables};
+use idem_core::Error;
+
+use crate::store::{db_error, failed};
+use crate::{Connection, Dialect, Driver, Row, Sql, SqlStore, Tables, fetch_each};
 
 /// A family of idem's tables, created together. Atomic mode needs the ledger alone; lease
 /// mode the ledger and the steps; resumable calls (and their completer) the calls table too;
@@ -83,6 +86,37 @@ impl Sql {
             Family::Completer => &self.completer.tables,
             Family::Outbox => &self.outbox.tables,
         }
+    }
+}
+
+impl<D: Driver> SqlStore<D> {
+    /// Creates the tables of `families` if they are missing. It reads the catalogue first and
+    /// runs DDL only for a family with a missing table, so a restart runs no DDL against a
+    /// live ledger (on a Galera cluster even `CREATE TABLE IF NOT EXISTS` aborts transactions
+    /// cluster-wide). SQLite reruns its (idempotent) DDL every time: it is embedded, so no
+    /// other node aborts, and the DDL drops the expiry index ledgers of earlier versions have.
+    pub async fn create_tables(&self, families: &[Family]) -> Result<(), Error> {
+        const DOING: &str = "creating idem's tables";
+        let sql = self.server_statements(DOING).await?;
+        let mut conn = self.pooled(DOING).await?;
+        let existing = if sql.dialect == Dialect::Sqlite {
+            None
+        } else {
+            let listed = fetch_each(&mut conn, sql.inspect.existing_tables(), Row::into_text);
+            Some(listed.await.map_err(|fault| failed::<D>((DOING, fault)))?)
+        };
+        for &family in families {
+            let present = |table: &&str| existing.iter().flatten().any(|name| name == table);
+            if existing.is_some() && family.tables().iter().all(present) {
+                continue;
+            }
+            for statement in &sql.tables(family).create {
+                conn.execute_unprepared(statement)
+                    .await
+                    .map_err(|e| db_error::<D>(DOING, e))?;
+            }
+        }
+        Ok(())
     }
 }
 

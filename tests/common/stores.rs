@@ -1,7 +1,10 @@
-//! The two stores a parametrised suite runs each case through (the behaviour, lease,
-//! completer and outbox suites): SeaORM's, on the backend's connection, or sqlx's, on a pool of its own to
-//! the same database. Each suite writes its handlers once per connection type, in modules
-//! `on_sea_orm`, `on_sqlx_sqlite`, `on_sqlx_postgres` and `on_sqlx_mysql`.
+//! The stores a parametrised suite runs each case through (the behaviour, lease, completer,
+//! outbox and reliability suites): SeaORM's, on the backend's connection, sqlx's, on a pool of
+//! its own to the same database, and on PostgreSQL tokio-postgres's, on a deadpool pool of its
+//! own. Each suite writes its handlers once per connection type, in modules `on_sea_orm`,
+//! `on_sqlx_sqlite`, `on_sqlx_postgres`, `on_sqlx_mysql` and `on_tokio_postgres`.
+
+use idem::tokio_postgres::deadpool_postgres;
 
 /// Which store a case goes through.
 #[derive(Clone)]
@@ -10,6 +13,7 @@ pub enum Conn {
     SqlxSqlite(sqlx::SqlitePool),
     SqlxPostgres(sqlx::PgPool),
     SqlxMySql(sqlx::MySqlPool),
+    TokioPostgres(deadpool_postgres::Pool),
 }
 
 impl Conn {
@@ -27,6 +31,13 @@ impl Conn {
         }
     }
 
+    /// tokio-postgres's store, on a deadpool pool of its own (8 connections) to the
+    /// PostgreSQL database at `url`.
+    #[allow(dead_code)]
+    pub fn tokio_postgres(url: &str) -> Self {
+        Self::TokioPostgres(deadpool_pool(url, 8))
+    }
+
     /// The name of a case through this store on backend `backend`.
     pub fn name(&self, backend: &'static str) -> &'static str {
         match self {
@@ -34,6 +45,7 @@ impl Conn {
             Self::SqlxSqlite(_) => "sqlite (sqlx)",
             Self::SqlxPostgres(_) => "postgres (sqlx)",
             Self::SqlxMySql(_) => "mysql (sqlx)",
+            Self::TokioPostgres(_) => "postgres (tokio-postgres)",
         }
     }
 }
@@ -48,8 +60,24 @@ macro_rules! call {
             Conn::SqlxSqlite(pool) => on_sqlx_sqlite::$handler(pool, $($arg),*).await,
             Conn::SqlxPostgres(pool) => on_sqlx_postgres::$handler(pool, $($arg),*).await,
             Conn::SqlxMySql(pool) => on_sqlx_mysql::$handler(pool, $($arg),*).await,
+            Conn::TokioPostgres(pool) => on_tokio_postgres::$handler(pool, $($arg),*).await,
         }
     };
 }
 #[allow(unused_imports)]
 pub(crate) use call;
+
+/// A deadpool-postgres pool of up to `size` connections to the PostgreSQL database at `url`,
+/// waiting at most 5 s for a connection, as a service would configure it.
+#[allow(dead_code)]
+pub fn deadpool_pool(url: &str, size: usize) -> deadpool_postgres::Pool {
+    let config: idem::tokio_postgres::deadpool_postgres::tokio_postgres::Config =
+        url.parse().expect("a PostgreSQL URL");
+    let manager = deadpool_postgres::Manager::new(config, deadpool_postgres::tokio_postgres::NoTls);
+    deadpool_postgres::Pool::builder(manager)
+        .max_size(size)
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .wait_timeout(Some(std::time::Duration::from_secs(5)))
+        .build()
+        .expect("a deadpool-postgres pool")
+}

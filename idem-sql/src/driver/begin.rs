@@ -45,6 +45,29 @@ impl Dialect {
     }
 }
 
+/// Ends a transaction, keeping its writes (for a driver that ends its transactions with text).
+pub const COMMIT: &str = "COMMIT";
+
+/// Ends a transaction, undoing its writes.
+pub const ROLLBACK: &str = "ROLLBACK";
+
+/// Takes the savepoint of a nested call at `depth` (1 for the first), for a driver without
+/// nested transactions of its own (tokio-postgres; sqlx and SeaORM number theirs).
+pub fn nested_savepoint(depth: usize) -> String {
+    format!("SAVEPOINT idem_nested_{depth}")
+}
+
+/// Keeps what was written since the savepoint at `depth` and ends it.
+pub fn release_nested_savepoint(depth: usize) -> String {
+    format!("RELEASE SAVEPOINT idem_nested_{depth}")
+}
+
+/// Undoes what was written since the savepoint at `depth` and ends it (a rollback to a
+/// savepoint keeps it, so it is released too).
+pub fn roll_back_nested_savepoint(depth: usize) -> String {
+    format!("ROLLBACK TO SAVEPOINT idem_nested_{depth}; RELEASE SAVEPOINT idem_nested_{depth}")
+}
+
 /// MySQL sets the next transaction's level before it begins.
 const MYSQL_READ_COMMITTED: [&str; 2] = [Outbox::CLAIM_ISOLATION, "START TRANSACTION"];
 

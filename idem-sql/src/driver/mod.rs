@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
-pub use begin::Begin;
+pub use begin::{
+    Begin, COMMIT, ROLLBACK, nested_savepoint, release_nested_savepoint, roll_back_nested_savepoint,
+};
 pub use bridge::Bridge;
 pub use fault::Fault;
 pub use flavour::learn_flavour;

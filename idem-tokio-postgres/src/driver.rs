@@ -1,0 +1,361 @@
+//! tokio-postgres on a deadpool-postgres pool as idem-sql's [`Driver`]: a pooled client
+//! ([`TokioPostgresPooled`]), an owned transaction ([`TokioPostgresTx`]), a handler's body
+//! (`&ClientWrapper`) and its nested savepoints ([`TokioPostgresNested`]). Every statement is
+//! idem-sql's, sent unnamed with its values' types (`query_typed`): one round trip, and
+//! nothing a transaction pooler's server connection would have to keep.
+
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Waker};
+use std::time::Duration;
+
+use deadpool_postgres::{ClientWrapper, Object, Pool, PoolError};
+use futures_util::TryStreamExt;
+use idem_sql::{Begin, Bound, Column, Connection, Dialect, Driver, Failure, Param, Row, Value};
+use tokio_postgres::types::{ToSql, Type};
+
+/// How a tokio-postgres user creates a missing ledger, quoted in the error.
+const CREATE_TABLES: &str = "call `idem::tokio_postgres::create_tables(&pool, &[Family::Ledger])` at startup, or add \
+     the output of `idem schema --backend postgres` to your migrations";
+
+/// A deadpool-postgres pool as idem's driver ([`idem_sql::Driver`]): what idem's one store
+/// runs on. Cloning it shares the pool. You rarely name it: `#[idempotent]` builds the store
+/// from your `&deadpool_postgres::Pool`.
+#[derive(Clone)]
+pub struct TokioPostgres {
+    pool: Pool,
+}
+
+impl TokioPostgres {
+    /// The driver on `pool`.
+    pub fn new(pool: Pool) -> Self {
+        TokioPostgres { pool }
+    }
+}
+
+impl From<Pool> for TokioPostgres {
+    fn from(pool: Pool) -> Self {
+        TokioPostgres::new(pool)
+    }
+}
+
+impl From<&Pool> for TokioPostgres {
+    fn from(pool: &Pool) -> Self {
+        TokioPostgres::new(pool.clone())
+    }
+}
+
+impl std::fmt::Debug for TokioPostgres {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokioPostgres")
+            .field("status", &self.pool.status())
+            .finish()
+    }
+}
+
+/// Runs `statement` on `client`, unnamed, its values sent with their types; returns its rows,
+/// read at the types it declares, and the rows it changed.
+async fn run(
+    client: &tokio_postgres::Client,
+    statement: Bound<'static>,
+) -> Result<(Vec<Row>, u64), PoolError> {
+    let params = statement.params.iter().map(typed);
+    let rows = client
+        .query_typed_raw(&statement.sql, params)
+        .await
+        .map_err(PoolError::Backend)?;
+    let mut rows = pin!(rows);
+    let mut read = Vec::new();
+    while let Some(row) = rows.try_next().await.map_err(PoolError::Backend)? {
+        read.push(read_row(&row, statement.columns).map_err(PoolError::Backend)?);
+    }
+    let changed = rows.rows_affected().unwrap_or(0);
+    Ok((read, changed))
+}
+
+/// A value and the PostgreSQL type it is sent as.
+fn typed(param: &Param) -> (&(dyn ToSql + Sync), Type) {
+    match param {
+        Param::I64(v) => (v, Type::INT8),
+        Param::I32(v) => (v, Type::INT4),
+        Param::I16(v) => (v, Type::INT2),
+        Param::Bytes(v) => (v, Type::BYTEA),
+        Param::Text(v) => (v, Type::TEXT),
+    }
+}
+
+/// `row`'s columns at the types the statement declares, integers widened.
+fn read_row(row: &tokio_postgres::Row, columns: &[Column]) -> Result<Row, tokio_postgres::Error> {
+    let mut values = Vec::with_capacity(columns.len());
+    for (at, column) in columns.iter().enumerate() {
+        values.push(match column {
+            Column::I16 => Value::from(row.try_get::<_, Option<i16>>(at)?),
+            Column::I32 => Value::from(row.try_get::<_, Option<i32>>(at)?),
+            Column::I64 => Value::from(row.try_get::<_, Option<i64>>(at)?),
+            Column::Bytes => row
+                .try_get::<_, Option<Vec<u8>>>(at)?
+                .map_or(Value::Null, Value::Bytes),
+            Column::Text => row
+                .try_get::<_, Option<String>>(at)?
+                .map_or(Value::Null, Value::Text),
+        });
+    }
+    Ok(Row::new(values))
+}
+
+/// Sends `sql` (simple protocol) now, without waiting for its answer: for a `Drop`, which
+/// cannot wait. tokio-postgres queues a request when its future is first polled, and its
+/// connection task sends queued requests in order and reads every answer, awaited or not, so
+/// `sql` runs before any later statement on this connection (its own `Transaction` queues
+/// its `ROLLBACK` on drop the same way). The answer is dropped: a `ROLLBACK` that fails
+/// leaves nothing to undo.
+fn send_unawaited(client: &tokio_postgres::Client, sql: &str) {
+    let sent = pin!(client.batch_execute(sql));
+    let _ = sent.poll(&mut Context::from_waker(Waker::noop()));
+}
+
+/// Runs `sql` (simple protocol) on `client`.
+async fn batch(client: &tokio_postgres::Client, sql: &str) -> Result<(), PoolError> {
+    client.batch_execute(sql).await.map_err(PoolError::Backend)
+}
+
+/// A connection the port runs statements on: a pooled client, a transaction, a body.
+macro_rules! connection {
+    ($type:ty, |$this:ident| $client:expr) => {
+        impl Connection for $type {
+            type Error = PoolError;
+
+            async fn execute(&mut self, statement: Bound<'static>) -> Result<u64, PoolError> {
+                let $this = self;
+                Ok(run($client, statement).await?.1)
+            }
+
+            async fn fetch_all(
+                &mut self,
+                statement: Bound<'static>,
+            ) -> Result<Vec<Row>, PoolError> {
+                let $this = self;
+                Ok(run($client, statement).await?.0)
+            }
+
+            async fn execute_unprepared(&mut self, sql: &str) -> Result<(), PoolError> {
+                let $this = self;
+                batch($client, sql).await
+            }
+        }
+    };
+}
+
+/// A pooled client outside any transaction: each statement commits alone.
+#[derive(Debug)]
+pub struct TokioPostgresPooled {
+    client: Object,
+}
+
+connection!(TokioPostgresPooled, |this| &this.client);
+
+/// An owned transaction on a pooled client. Dropped open (a claim whose call was cut off, a
+/// `BEGIN` still in flight), it queues its `ROLLBACK` before the client goes back to the pool,
+/// so the next user of the connection finds it outside any transaction.
+#[derive(Debug)]
+pub struct TokioPostgresTx {
+    client: Object,
+    /// Whether a `BEGIN` was sent and no `COMMIT` or `ROLLBACK` has answered yet.
+    open: bool,
+}
+
+connection!(TokioPostgresTx, |this| &this.client);
+
+impl TokioPostgresTx {
+    /// Sends `end` (`COMMIT` or `ROLLBACK`) and waits for its answer.
+    async fn end(mut self, end: &str) -> Result<(), PoolError> {
+        let ended = batch(&self.client, end).await;
+        // Answered, even with an error: the server ended the transaction (a failed COMMIT
+        // rolls back) or the connection is gone, which the pool's recycling finds.
+        self.open = false;
+        ended
+    }
+}
+
+impl idem_sql::Transaction for TokioPostgresTx {
+    async fn commit(self) -> Result<(), PoolError> {
+        self.end(idem_sql::COMMIT).await
+    }
+
+    async fn rollback(self) -> Result<(), PoolError> {
+        self.end(idem_sql::ROLLBACK).await
+    }
+}
+
+impl Drop for TokioPostgresTx {
+    fn drop(&mut self) {
+        if self.open {
+            send_unawaited(&self.client, idem_sql::ROLLBACK);
+        }
+    }
+}
+
+/// A handler's body as a connection (a claim's transaction, a final phase's).
+#[derive(Debug)]
+pub struct OnBody<'t>(&'t ClientWrapper);
+
+connection!(OnBody<'_>, |this| this.0);
+
+impl Driver for TokioPostgres {
+    type Error = PoolError;
+    type Pooled = TokioPostgresPooled;
+    type Tx = TokioPostgresTx;
+    type Body<'t> = &'t ClientWrapper;
+    type Nested<'c> = TokioPostgresNested<'c>;
+
+    const CREATE_TABLES: &'static str = CREATE_TABLES;
+    const NESTED_CALL: &'static str = "pass the body's `db` to a function whose connection is a `&deadpool_postgres::ClientWrapper`, so it claims in a savepoint and commits with the outer call";
+
+    fn dialect(&self) -> Dialect {
+        Dialect::Postgres
+    }
+
+    fn identity(&self) -> Option<usize> {
+        // The manager lives as long as the pool and is shared by its clones.
+        Some(std::ptr::from_ref(self.pool.manager()).addr())
+    }
+
+    fn connection_wait(&self) -> Option<Duration> {
+        self.pool.timeouts().wait
+    }
+
+    async fn acquire(&self) -> Result<TokioPostgresPooled, PoolError> {
+        Ok(TokioPostgresPooled {
+            client: self.pool.get().await?,
+        })
+    }
+
+    async fn begin(&self, how: Begin) -> Result<TokioPostgresTx, PoolError> {
+        // Open before the `BEGIN` is sent: cut off while it is in flight, the transaction
+        // still queues its `ROLLBACK` on drop.
+        let tx = TokioPostgresTx {
+            client: self.pool.get().await?,
+            open: true,
+        };
+        for statement in Dialect::Postgres.begin(how) {
+            batch(&tx.client, statement).await?;
+        }
+        Ok(tx)
+    }
+
+    fn body(tx: &mut TokioPostgresTx) -> &ClientWrapper {
+        &tx.client
+    }
+
+    fn reborrow<'t, 'c: 't>(body: &'t mut &'c ClientWrapper) -> &'t ClientWrapper {
+        body
+    }
+
+    fn on_body<'t, 'c: 't>(
+        body: &'t mut &'c ClientWrapper,
+    ) -> impl Connection<Error = PoolError> + 't {
+        OnBody(body)
+    }
+
+    fn body_dialect(_: &&ClientWrapper) -> Dialect {
+        Dialect::Postgres
+    }
+
+    fn nest<'c>(body: &'c ClientWrapper) -> TokioPostgresNested<'c>
+    where
+        Self: 'c,
+    {
+        TokioPostgresNested {
+            client: body,
+            open: 0,
+        }
+    }
+
+    async fn savepoint<'n, 'c: 'n>(
+        nested: &'n mut TokioPostgresNested<'c>,
+    ) -> Result<(), PoolError> {
+        // Counted before it is sent: cut off in flight, the drop rolls back to it after it.
+        nested.open += 1;
+        batch(nested.client, &idem_sql::nested_savepoint(nested.open)).await
+    }
+
+    async fn end_savepoint<'n, 'c: 'n>(
+        nested: &'n mut TokioPostgresNested<'c>,
+        keep: bool,
+    ) -> Result<(), PoolError> {
+        let end = if keep {
+            idem_sql::release_nested_savepoint(nested.open)
+        } else {
+            idem_sql::roll_back_nested_savepoint(nested.open)
+        };
+        batch(nested.client, &end).await?;
+        nested.open -= 1;
+        Ok(())
+    }
+
+    fn nested_body<'t, 'c: 't>(nested: &'t mut TokioPostgresNested<'c>) -> &'t ClientWrapper {
+        nested.client
+    }
+
+    fn unnest<'c>(mut nested: TokioPostgresNested<'c>) -> &'c ClientWrapper
+    where
+        Self: 'c,
+    {
+        nested.roll_back_open();
+        nested.client
+    }
+
+    fn classify(error: &PoolError) -> Failure {
+        match error {
+            PoolError::Backend(e) => classify(e),
+            // No connection in time, the pool closed, or a new connection failed its hook.
+            _ => Failure::Unavailable,
+        }
+    }
+}
+
+/// What kind of failure a tokio-postgres error is, as far as the ledger cares.
+fn classify(e: &tokio_postgres::Error) -> Failure {
+    if let Some(db) = e.as_db_error() {
+        return Failure::of_code(db.code().code(), None)
+            .or_else(|| {
+                Failure::names_missing_ledger(db.message()).then_some(Failure::MissingTable)
+            })
+            .unwrap_or(Failure::Other);
+    }
+    let io = std::error::Error::source(e).is_some_and(|source| source.is::<std::io::Error>());
+    if e.is_closed() || io {
+        Failure::Unavailable
+    } else {
+        Failure::Other
+    }
+}
+
+/// A body's client with the savepoints a nested call took in its transaction. Dropped with
+/// some still open, it queues their rollbacks for the client's next statement, innermost
+/// first, as a dropped `tokio_postgres::Transaction` queues its own.
+#[derive(Debug)]
+pub struct TokioPostgresNested<'c> {
+    client: &'c ClientWrapper,
+    /// The savepoints taken (or in flight) and not yet ended.
+    open: usize,
+}
+
+impl TokioPostgresNested<'_> {
+    /// Queues the rollback of every savepoint still open, innermost first.
+    fn roll_back_open(&mut self) {
+        while self.open > 0 {
+            send_unawaited(
+                self.client,
+                &idem_sql::roll_back_nested_savepoint(self.open),
+            );
+            self.open -= 1;
+        }
+    }
+}
+
+impl Drop for TokioPostgresNested<'_> {
+    fn drop(&mut self) {
+        self.roll_back_open();
+    }
+}

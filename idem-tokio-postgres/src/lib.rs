@@ -1,0 +1,207 @@
+//! The tokio-postgres ledger store of [`idem`](https://docs.rs/idempotence): `#[idempotent]`
+//! on a function whose connection is a `&deadpool_postgres::Pool`. Inside the body that name
+//! is the claim's transaction, as a `&ClientWrapper` (which derefs to
+//! `tokio_postgres::Client`): `db.execute(..)` runs in the transaction that claims the key
+//! and records the answer, so they commit together or not at all. Called with that `db`, an
+//! `#[idempotent]` function whose connection is a `&ClientWrapper` claims its key in a
+//! savepoint of the transaction ([`NestedStore`]).
+//!
+//! Lease mode (`#[idempotent(..., lease = "30s")]`) runs on the same pool: the body runs on
+//! the pool, its `idem::step`s are recorded fenced by the lease's token, and its database
+//! writes go in [`final_step`] or [`finish`]. A [`Completer`] finishes resumable calls; a
+//! [`Relay`] publishes what bodies staged ([`Outbox`]).
+//!
+//! This crate is a driver ([`TokioPostgres`]) and names: every statement, decision and store
+//! is idem-sql's, the same the SeaORM and sqlx stores run. idem's statements go out unnamed
+//! with their values' types (one round trip each), so the store works through a transaction
+//! pooler (PgBouncer in transaction mode) as it is. The relay polls: a deadpool pool does not
+//! hand out a connection's notifications, so PostgreSQL's `NOTIFY` does not wake it here.
+//!
+//! This is an implementation crate of idem: its API follows idem's versions.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod driver;
+
+use std::future::Future;
+use std::pin::Pin;
+
+use deadpool_postgres::{ClientWrapper, Pool};
+use idem_core::Error;
+use idem_core::lease::LeaseHandle;
+use idem_core::outbox::Message;
+use idem_sql::{Driver, SqlStore};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+pub use deadpool_postgres;
+pub use deadpool_postgres::tokio_postgres;
+pub use driver::{
+    OnBody, TokioPostgres, TokioPostgresNested, TokioPostgresPooled, TokioPostgresTx,
+};
+pub use idem_sql::{DeadMessage, ExpiredLease, Family, RelayCounters, RelayRound, StuckLease};
+
+/// The ledger on a deadpool-postgres pool, in atomic and lease mode, and the completer's
+/// store: idem-sql's one store on the [`TokioPostgres`] driver. `#[idempotent]` builds one
+/// from the handler's `&Pool`; `TokioPostgresStore::new(&pool)` builds one by hand (its
+/// operator methods: `outbox_health`, `dead_messages`, `retry_dead`, `purge_published`,
+/// `create_tables`).
+pub type TokioPostgresStore = SqlStore<TokioPostgres>;
+
+/// The ledger in another call's body: an `#[idempotent]` function called with that body's
+/// `&ClientWrapper` claims its key in a savepoint of its transaction, and commits with it or
+/// not at all; dropped before it ends, it leaves nothing.
+pub type NestedStore<'c> = idem_sql::Nested<'c, TokioPostgres>;
+
+/// A key claimed on a deadpool-postgres pool: the claim's transaction, which the body runs in.
+pub type ClaimedTx = idem_sql::ClaimedTx<TokioPostgres>;
+
+/// A [`Completer`](idem_core::Completer) on a deadpool-postgres pool:
+/// `Completer::new(TokioPostgresStore::new(&pool))`; the calls table must exist
+/// ([`create_tables`] with [`Family::Completer`]).
+pub type Completer = idem_core::Completer<TokioPostgresStore>;
+
+/// Publishes committed outbox messages from a deadpool-postgres pool to a
+/// [`Sink`](idem_core::outbox::Sink): `Relay::new(&pool, sink).run(stopped)`.
+pub type Relay<S> = idem_sql::Relay<TokioPostgres, S>;
+
+/// Where a consumer records the messages it gave up on (`DeadLetterTable::new(&pool)`).
+pub type DeadLetterTable = idem_sql::DeadLetterTable<TokioPostgres>;
+
+/// Creates the tables of `families` that are missing ([`SqlStore::create_tables`]).
+///
+/// ```no_run
+/// # async fn run(pool: deadpool_postgres::Pool) -> Result<(), idem_core::Error> {
+/// idem_tokio_postgres::create_tables(&pool, &[idem_tokio_postgres::Family::Ledger]).await
+/// # }
+/// ```
+pub async fn create_tables(pool: &Pool, families: &[Family]) -> Result<(), Error> {
+    TokioPostgresStore::new(pool).create_tables(families).await
+}
+
+/// Deletes every record that ended and whose TTL passed, `batch` rows per statement, pausing
+/// after each for as long as it took ([`idem_sql::ExpiredPurge`]); returns how many it deleted.
+pub async fn purge_expired(pool: &Pool, batch: u32) -> Result<u64, Error> {
+    let fail = |(doing, fault): (&str, idem_sql::Fault<_>)| {
+        fault.into_error(doing, TokioPostgres::classify, TokioPostgres::CREATE_TABLES)
+    };
+    let doing = "purging expired records";
+    let acquired = TokioPostgres::from(pool).acquire().await;
+    let mut conn = acquired.map_err(|e| fail((doing, idem_sql::Fault::Db(e))))?;
+    let sql = idem_sql::Sql::common(idem_sql::Dialect::Postgres);
+    idem_sql::ExpiredPurge::new()
+        .run(&mut conn, sql, batch)
+        .await
+        .map_err(fail)
+}
+
+/// Staging messages in the transaction you are in: inside an `#[idempotent]` body, on the
+/// claim's transaction (`db` there).
+///
+/// ```no_run
+/// # async fn body(db: &deadpool_postgres::ClientWrapper) -> Result<(), idem_core::Error> {
+/// use idem_tokio_postgres::Outbox;
+/// db.stage(idem_core::outbox::Message::json("shop.orders.paid", &"o-1")?).await?;
+/// # Ok(()) }
+/// ```
+pub trait Outbox: Sync {
+    /// Stages `message` in this client's transaction and returns its id (a UUID, the
+    /// downstream deduplication key): published after the transaction commits, never if it
+    /// rolls back.
+    fn stage(&self, message: Message) -> impl Future<Output = Result<String, Error>> + Send;
+}
+
+impl Outbox for ClientWrapper {
+    async fn stage(&self, message: Message) -> Result<String, Error> {
+        let id = uuid::Uuid::now_v7().to_string();
+        let mut body = self;
+        let mut on = TokioPostgres::on_body(&mut body);
+        idem_sql::stage_message::<TokioPostgres>(&mut on, idem_sql::Dialect::Postgres, id, message)
+            .await
+    }
+}
+
+/// What a final phase's `writes` is: given the phase's transaction, the writes' future.
+pub trait Writes<T, E>:
+    for<'t> FnOnce(&'t ClientWrapper) -> Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>
+{
+}
+
+impl<T, E, F> Writes<T, E> for F where
+    F: for<'t> FnOnce(&'t ClientWrapper) -> Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>
+{
+}
+
+/// The final phase of a lease-mode handler: runs `writes` in one transaction that also checks
+/// the lease and records the step `name`, so its database effects commit exactly once even
+/// across takeovers; a takeover that finds the step recorded returns its value. A holder that
+/// lost its lease gets [`Error::LeaseLost`] and its writes roll back.
+///
+/// ```text
+/// let receipt = idem::tokio_postgres::final_step(db, "record-payment", |tx| Box::pin(async move {
+///     tx.execute("INSERT INTO payments (order_id) VALUES ($1)", &[&id]).await?;
+///     Ok(receipt)
+/// })).await?;
+/// ```
+pub async fn final_step<T, E>(pool: &Pool, name: &str, writes: impl Writes<T, E>) -> Result<T, E>
+where
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+{
+    final_phase(
+        pool,
+        name,
+        writes,
+        "idem::tokio_postgres::final_step",
+        false,
+    )
+    .await
+}
+
+/// [`final_step`] as the handler's last work: its transaction stays open until the handler
+/// returns and records the call's result too (three write transactions per call, not four).
+/// Read its writes back inside `writes`; database work after it waits at most 50 ms, after
+/// which the phase commits alone.
+pub async fn finish<T, E>(pool: &Pool, name: &str, writes: impl Writes<T, E>) -> Result<T, E>
+where
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+{
+    final_phase(pool, name, writes, "idem::tokio_postgres::finish", true).await
+}
+
+/// A final phase; the value's type is known here, the rest is idem-sql's.
+async fn final_phase<T, E>(
+    pool: &Pool,
+    name: &str,
+    writes: impl Writes<T, E>,
+    what: &str,
+    keep_open: bool,
+) -> Result<T, E>
+where
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+{
+    let store = TokioPostgresStore::new(pool);
+    if idem_core::testing::is_disabled() {
+        // Switched off, the call's lease is in memory: the writes alone, in a transaction.
+        return idem_sql::unfenced::<TokioPostgres, T, E, _>(&store, |tx: &mut TokioPostgresTx| {
+            writes(TokioPostgres::body(tx))
+        })
+        .await;
+    }
+    let lease = LeaseHandle::current(what)?;
+    if let Some(value) = lease.recorded::<T>(name)? {
+        return Ok(value);
+    }
+    let encode = |value: &T| lease.encode(value);
+    idem_sql::final_phase::<TokioPostgres, T, E, _>(
+        &store,
+        &lease,
+        name,
+        |tx: &mut TokioPostgresTx| writes(TokioPostgres::body(tx)),
+        encode,
+        keep_open,
+    )
+    .await
+}
