@@ -240,6 +240,19 @@ sqlx_handlers!(on_sqlx_sqlite, sqlx::SqlitePool, "?", "?", "?");
 sqlx_handlers!(on_sqlx_postgres, sqlx::PgPool, "$1", "$2", "$3");
 sqlx_handlers!(on_sqlx_mysql, sqlx::MySqlPool, "?", "?", "?");
 
+handlers!(
+    on_tokio_postgres,
+    idem::tokio_postgres::deadpool_postgres::Pool,
+    final_step = idem::tokio_postgres::final_step,
+    insert = |tx, run, amount| tx
+        .execute(
+            "INSERT INTO idem_test_effects (run_id, label, amount) VALUES ($1, $2, $3)",
+            &[run, &"payment", &amount],
+        )
+        .await
+        .expect("insert effect"),
+);
+
 /// The case's store, whichever it is, so one completer type serves every case.
 #[derive(Clone)]
 struct AnyStore(Arc<dyn ResumeStore>);
@@ -318,7 +331,7 @@ struct Case {
 }
 
 /// A case of run `run` per backend of the run and per store, each on a database of its own:
-/// sqlx's store, then SeaORM's.
+/// sqlx's store, tokio-postgres's (on PostgreSQL), then SeaORM's.
 async fn cases(run: &str) -> Vec<Case> {
     let mut cases = Vec::new();
     for backend in isolated().await {
@@ -328,6 +341,18 @@ async fn cases(run: &str) -> Vec<Case> {
             name,
             db: backend.db,
             conn,
+            gateway: Gateway::default(),
+            run: unique(run),
+        });
+    }
+    for backend in isolated().await {
+        if backend.name != "postgres" {
+            continue;
+        }
+        cases.push(Case {
+            name: "postgres (tokio-postgres)",
+            db: backend.db,
+            conn: Conn::tokio_postgres(&backend.url),
             gateway: Gateway::default(),
             run: unique(run),
         });
@@ -352,6 +377,9 @@ impl Case {
             Conn::SqlxSqlite(pool) => Arc::new(SqlxLeaseStore::new(pool.clone())),
             Conn::SqlxPostgres(pool) => Arc::new(SqlxLeaseStore::new(pool.clone())),
             Conn::SqlxMySql(pool) => Arc::new(SqlxLeaseStore::new(pool.clone())),
+            Conn::TokioPostgres(pool) => {
+                Arc::new(idem::tokio_postgres::TokioPostgresStore::new(pool))
+            }
         })
     }
 

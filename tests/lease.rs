@@ -316,6 +316,31 @@ sqlx_handlers!(on_sqlx_sqlite, sqlx::SqlitePool, "?", "?", "?");
 sqlx_handlers!(on_sqlx_postgres, sqlx::PgPool, "$1", "$2", "$3");
 sqlx_handlers!(on_sqlx_mysql, sqlx::MySqlPool, "?", "?", "?");
 
+handlers!(
+    on_tokio_postgres,
+    idem::tokio_postgres::deadpool_postgres::Pool,
+    final_step = idem::tokio_postgres::final_step,
+    finish = idem::tokio_postgres::finish,
+    insert = |tx, run, amount| tx
+        .execute(
+            "INSERT INTO idem_test_effects (run_id, label, amount) VALUES ($1, $2, $3)",
+            &[run, &"payment", &amount],
+        )
+        .await
+        .expect("insert effect"),
+    count = |db, run| db
+        .get()
+        .await
+        .expect("a connection")
+        .query_one(
+            "SELECT COUNT(*) FROM idem_test_effects WHERE run_id = $1",
+            &[run]
+        )
+        .await
+        .expect("count effects")
+        .get::<_, i64>(0),
+);
+
 fn cmd(run: &str) -> Pay {
     Pay {
         key: format!("{run}-k"),
@@ -345,6 +370,15 @@ struct Case {
 async fn cases(run: &str) -> Vec<Case> {
     let mut cases = Vec::new();
     for backend in backends().await {
+        if backend.name == "postgres" {
+            cases.push(Case {
+                name: "postgres (tokio-postgres)",
+                db: backend.db.clone(),
+                conn: Conn::tokio_postgres(&backend.url),
+                gateway: Gateway::default(),
+                run: unique(run),
+            });
+        }
         let conn = Conn::sqlx(backend.name, &backend.url).await;
         let name = conn.name(backend.name);
         cases.push(Case {
@@ -373,6 +407,9 @@ macro_rules! operate {
             Conn::SqlxSqlite(pool) => idem::sqlx::$function(pool, $($arg),*).await,
             Conn::SqlxPostgres(pool) => idem::sqlx::$function(pool, $($arg),*).await,
             Conn::SqlxMySql(pool) => idem::sqlx::$function(pool, $($arg),*).await,
+            Conn::TokioPostgres(pool) => {
+                idem::tokio_postgres::TokioPostgresStore::new(pool).$function($($arg),*).await
+            }
         }
     };
 }

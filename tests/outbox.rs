@@ -62,6 +62,8 @@ macro_rules! handlers {
             use idem::sea_orm::Outbox as _;
             #[allow(unused_imports)]
             use idem::sqlx::Outbox as _;
+            #[allow(unused_imports)]
+            use idem::tokio_postgres::Outbox as _;
 
             #[idempotent(scope = "outbox.place", key = cmd.key)]
             pub(crate) async fn place(db: &$conn, cmd: Place) -> Result<Vec<String>, TestError> {
@@ -127,6 +129,18 @@ sqlx_handlers!(on_sqlx_sqlite, sqlx::SqlitePool, "?", "?", "?");
 sqlx_handlers!(on_sqlx_postgres, sqlx::PgPool, "$1", "$2", "$3");
 sqlx_handlers!(on_sqlx_mysql, sqlx::MySqlPool, "?", "?", "?");
 
+handlers!(
+    on_tokio_postgres,
+    idem::tokio_postgres::deadpool_postgres::Pool,
+    insert = |db, run| db
+        .execute(
+            "INSERT INTO idem_test_effects (run_id, label, amount) VALUES ($1, $2, $3)",
+            &[run, &"order", &1_i64],
+        )
+        .await
+        .expect("insert effect"),
+);
+
 /// One test on one backend and one store, in a database of its own. `db` is the database's
 /// SeaORM connection, which the test reads through whichever store stages and relays.
 #[derive(Clone)]
@@ -147,6 +161,15 @@ async fn cases() -> Vec<Case> {
         });
     }
     for Isolated { name, db, url } in isolated().await {
+        if name == "postgres" {
+            cases.push(Case {
+                name: format!("{name} (tokio-postgres)"),
+                db,
+                conn: Conn::tokio_postgres(&url),
+            });
+        }
+    }
+    for Isolated { name, db, url } in isolated().await {
         let conn = Conn::sqlx(name, &url).await;
         cases.push(Case {
             name: format!("{name} (sqlx)"),
@@ -157,16 +180,30 @@ async fn cases() -> Vec<Case> {
     cases
 }
 
-/// Runs `$body` with `$conn` bound to the sqlx pool of the case, or `$sea_orm` for SeaORM's.
+/// Runs `$sqlx` with `$pool` bound to the sqlx pool of the case, `$sea_orm` for SeaORM's, or
+/// `$tokio_postgres` with `$pool` bound to the deadpool pool.
 macro_rules! on_store {
-    ($case:expr, sea_orm => $sea_orm:expr, |$pool:ident| $sqlx:expr $(,)?) => {
+    (
+        $case:expr,
+        sea_orm => $sea_orm:expr,
+        |$pool:ident| $sqlx:expr,
+        tokio_postgres => $tokio_postgres:expr $(,)?
+    ) => {
         match &$case.conn {
             Conn::SeaOrm => $sea_orm,
             Conn::SqlxSqlite($pool) => $sqlx,
             Conn::SqlxPostgres($pool) => $sqlx,
             Conn::SqlxMySql($pool) => $sqlx,
+            Conn::TokioPostgres($pool) => $tokio_postgres,
         }
     };
+}
+
+/// The tokio-postgres store on `pool`, for its operator's calls.
+fn tokio_postgres(
+    pool: &idem::tokio_postgres::deadpool_postgres::Pool,
+) -> idem::tokio_postgres::TokioPostgresStore {
+    idem::tokio_postgres::TokioPostgresStore::new(pool)
 }
 
 impl Case {
@@ -177,6 +214,7 @@ impl Case {
             Conn::SqlxSqlite(pool) => on_sqlx_sqlite::place(pool, cmd).await,
             Conn::SqlxPostgres(pool) => on_sqlx_postgres::place(pool, cmd).await,
             Conn::SqlxMySql(pool) => on_sqlx_mysql::place(pool, cmd).await,
+            Conn::TokioPostgres(pool) => on_tokio_postgres::place(pool, cmd).await,
         }
     }
 
@@ -184,15 +222,17 @@ impl Case {
     async fn stage(&self, message: Message) -> Result<String, idem::Error> {
         use idem::sea_orm::Outbox as _;
         use idem::sqlx::Outbox as _;
+        use idem::tokio_postgres::Outbox as _;
         on_store!(self, sea_orm => self.db.stage(message).await, |pool| {
             pool.acquire().await.expect("connection").stage(message).await
-        })
+        }, tokio_postgres => pool.get().await.expect("connection").stage(message).await)
     }
 
     /// Stages `messages` in one transaction held open `hold` before it commits; their ids.
     async fn stage_together(&self, messages: Vec<Message>, hold: Duration) -> Vec<String> {
         use idem::sea_orm::Outbox as _;
         use idem::sqlx::Outbox as _;
+        use idem::tokio_postgres::Outbox as _;
         let mut ids = Vec::new();
         on_store!(self, sea_orm => {
             let tx = self.db.begin().await.expect("begin");
@@ -203,6 +243,14 @@ impl Case {
             tx.commit().await.expect("commit");
         }, |pool| {
             let mut tx = pool.begin().await.expect("begin");
+            for message in messages {
+                ids.push(tx.stage(message).await.expect("stage"));
+            }
+            tokio::time::sleep(hold).await;
+            tx.commit().await.expect("commit");
+        }, tokio_postgres => {
+            let mut client = pool.get().await.expect("connection");
+            let tx = client.transaction().await.expect("begin");
             for message in messages {
                 ids.push(tx.stage(message).await.expect("stage"));
             }
@@ -225,6 +273,9 @@ impl Case {
             Conn::SqlxMySql(pool) => {
                 AnyRelay::SqlxMySql(idem::sqlx::Relay::new(pool.clone(), sink))
             }
+            Conn::TokioPostgres(pool) => {
+                AnyRelay::TokioPostgres(idem::tokio_postgres::Relay::new(pool, sink))
+            }
         }
     }
 
@@ -232,7 +283,7 @@ impl Case {
     async fn dead_messages(&self) -> Vec<DeadMessage> {
         on_store!(self, sea_orm => idem::sea_orm::dead_messages(&self.db, 10).await, |pool| {
             idem::sqlx::dead_messages(pool, 10).await
-        })
+        }, tokio_postgres => tokio_postgres(pool).dead_messages(10).await)
         .expect("dead messages")
     }
 
@@ -240,7 +291,7 @@ impl Case {
     async fn retry_dead(&self, id: &str) -> bool {
         on_store!(self, sea_orm => idem::sea_orm::retry_dead(&self.db, id).await, |pool| {
             idem::sqlx::retry_dead(pool, id).await
-        })
+        }, tokio_postgres => tokio_postgres(pool).retry_dead(id).await)
         .expect("retry")
     }
 
@@ -249,7 +300,7 @@ impl Case {
     async fn purge_published(&self, retention: Duration) -> u64 {
         on_store!(self, sea_orm => idem::sea_orm::purge_published(&self.db, retention, 2).await, |pool| {
             idem::sqlx::purge_published(pool, retention, 2).await
-        })
+        }, tokio_postgres => tokio_postgres(pool).purge_published(retention, 2).await)
         .expect("purge")
     }
 
@@ -257,7 +308,7 @@ impl Case {
     async fn health(&self) -> OutboxHealth {
         on_store!(self, sea_orm => idem::sea_orm::outbox_health(&self.db).await, |pool| {
             idem::sqlx::outbox_health(pool).await
-        })
+        }, tokio_postgres => tokio_postgres(pool).outbox_health().await)
         .expect("health")
     }
 }
@@ -268,6 +319,7 @@ enum AnyRelay<S> {
     SqlxSqlite(idem::sqlx::Relay<sqlx::Sqlite, S>),
     SqlxPostgres(idem::sqlx::Relay<sqlx::Postgres, S>),
     SqlxMySql(idem::sqlx::Relay<sqlx::MySql, S>),
+    TokioPostgres(idem::tokio_postgres::Relay<S>),
 }
 
 /// `$e` with `$r` bound to whichever relay `$relay` holds; `wrap` puts a relay it returns
@@ -279,6 +331,7 @@ macro_rules! each_relay {
             AnyRelay::SqlxSqlite($r) => $e,
             AnyRelay::SqlxPostgres($r) => $e,
             AnyRelay::SqlxMySql($r) => $e,
+            AnyRelay::TokioPostgres($r) => $e,
         }
     };
     ($relay:expr, wrap |$r:ident| $e:expr) => {
@@ -287,6 +340,7 @@ macro_rules! each_relay {
             AnyRelay::SqlxSqlite($r) => AnyRelay::SqlxSqlite($e),
             AnyRelay::SqlxPostgres($r) => AnyRelay::SqlxPostgres($e),
             AnyRelay::SqlxMySql($r) => AnyRelay::SqlxMySql($e),
+            AnyRelay::TokioPostgres($r) => AnyRelay::TokioPostgres($e),
         }
     };
 }

@@ -66,6 +66,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection};
 
 use stores::{
     Case, Conn, Store, call, on_sea_orm, on_sqlx_mysql, on_sqlx_postgres, on_sqlx_sqlite,
+    on_tokio_postgres,
 };
 use support::{Answer, Backend, Probe, Rng, SCOPE, Snapshot, Transfer, key_of, snapshot, stmt};
 

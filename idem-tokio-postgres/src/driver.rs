@@ -195,9 +195,10 @@ impl Drop for TokioPostgresTx {
     }
 }
 
-/// A handler's body as a connection (a claim's transaction, a final phase's).
+/// A client as a connection: a handler's body (a claim's transaction, a final phase's), or a
+/// transaction of the user's own (staging).
 #[derive(Debug)]
-pub struct OnBody<'t>(&'t ClientWrapper);
+pub struct OnBody<'t>(pub(crate) &'t tokio_postgres::Client);
 
 connection!(OnBody<'_>, |this| this.0);
 
@@ -254,7 +255,7 @@ impl Driver for TokioPostgres {
     fn on_body<'t, 'c: 't>(
         body: &'t mut &'c ClientWrapper,
     ) -> impl Connection<Error = PoolError> + 't {
-        OnBody(body)
+        OnBody(&***body)
     }
 
     fn body_dialect(_: &&ClientWrapper) -> Dialect {

@@ -96,7 +96,7 @@ pub async fn purge_expired(pool: &Pool, batch: u32) -> Result<u64, Error> {
 }
 
 /// Staging messages in the transaction you are in: inside an `#[idempotent]` body, on the
-/// claim's transaction (`db` there).
+/// claim's transaction (`db` there), or on a `tokio_postgres::Transaction` of your own.
 ///
 /// ```no_run
 /// # async fn body(db: &deadpool_postgres::ClientWrapper) -> Result<(), idem_core::Error> {
@@ -104,18 +104,18 @@ pub async fn purge_expired(pool: &Pool, batch: u32) -> Result<u64, Error> {
 /// db.stage(idem_core::outbox::Message::json("shop.orders.paid", &"o-1")?).await?;
 /// # Ok(()) }
 /// ```
-pub trait Outbox: Sync {
+pub trait Outbox {
     /// Stages `message` in this client's transaction and returns its id (a UUID, the
     /// downstream deduplication key): published after the transaction commits, never if it
-    /// rolls back.
+    /// rolls back. In a transaction of your own, call `idem::outbox::wake()` after committing
+    /// (or let the relays' poll find it).
     fn stage(&self, message: Message) -> impl Future<Output = Result<String, Error>> + Send;
 }
 
-impl Outbox for ClientWrapper {
+impl<C: tokio_postgres::GenericClient + Sync> Outbox for C {
     async fn stage(&self, message: Message) -> Result<String, Error> {
         let id = uuid::Uuid::now_v7().to_string();
-        let mut body = self;
-        let mut on = TokioPostgres::on_body(&mut body);
+        let mut on = OnBody(self.client());
         idem_sql::stage_message::<TokioPostgres>(&mut on, idem_sql::Dialect::Postgres, id, message)
             .await
     }

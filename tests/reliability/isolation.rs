@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::stores::{
     Case, Conn, call, on_sea_orm, on_sqlx_mysql, on_sqlx_postgres, on_sqlx_sqlite,
+    on_tokio_postgres,
 };
 use crate::support::{Backend, backends, snapshot, stmt, unique};
 

@@ -45,7 +45,7 @@ const NAMED_POINTS: [&str; 5] = [
 async fn sigkill_at_random_points_loses_and_duplicates_nothing() {
     let kills = if quick() { 40 } else { 100 };
     for b in backends(4).await {
-        for store in Store::ALL {
+        for store in Store::on(&b.url) {
             sigkills(&b, store, kills).await;
         }
     }

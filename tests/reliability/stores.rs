@@ -1,5 +1,5 @@
-//! The two stores the database-facing rows run through (R1-R5, R7): SeaORM's and sqlx's,
-//! on the same database. The suite's handlers are written once, in `handlers!`, and
+//! The stores the database-facing rows run through (R1-R5, R7): SeaORM's and sqlx's on the
+//! same database, and on PostgreSQL tokio-postgres's. The suite's handlers are written once, in `handlers!`, and
 //! instantiated per connection type (`on_sea_orm`, `on_sqlx_sqlite`, `on_sqlx_postgres`,
 //! `on_sqlx_mysql`), as tests/lease.rs does; `call!` (tests/common/stores.rs) dispatches a
 //! case to its store. Each handler writes its two effect rows through the claim's
@@ -22,17 +22,29 @@ use crate::support::{Answer, Backend, Probe, Transfer, connect, stmt, unique};
 pub enum Store {
     SeaOrm,
     Sqlx,
+    /// On PostgreSQL only.
+    TokioPostgres,
 }
 
 impl Store {
-    /// Both, SeaORM's first.
-    pub const ALL: [Self; 2] = [Self::SeaOrm, Self::Sqlx];
+    /// Every store, SeaORM's first.
+    pub const ALL: [Self; 3] = [Self::SeaOrm, Self::Sqlx, Self::TokioPostgres];
+
+    /// The stores that run on the database at `url`.
+    pub fn on(url: &str) -> Vec<Self> {
+        let postgres = backend_of(url) == "postgres";
+        Self::ALL
+            .into_iter()
+            .filter(|store| *store != Self::TokioPostgres || postgres)
+            .collect()
+    }
 
     /// Its name in `IDEM_REL_STORE`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::SeaOrm => "sea-orm",
             Self::Sqlx => "sqlx",
+            Self::TokioPostgres => "tokio-postgres",
         }
     }
 
@@ -41,6 +53,7 @@ impl Store {
         match s {
             "sea-orm" => Self::SeaOrm,
             "sqlx" => Self::Sqlx,
+            "tokio-postgres" => Self::TokioPostgres,
             other => panic!("unknown store {other}"),
         }
     }
@@ -92,6 +105,9 @@ impl Case {
                     .await
                     .expect("sqlx connects to the run's database"),
             ),
+            (Store::TokioPostgres, _) => {
+                Conn::TokioPostgres(crate::common::stores::deadpool_pool(url, max as usize))
+            }
             (Store::Sqlx, _) => Conn::SqlxMySql(
                 sqlx::mysql::MySqlPoolOptions::new()
                     .max_connections(max)
@@ -108,10 +124,10 @@ impl Case {
         }
     }
 
-    /// Both stores' cases on backend `b`.
+    /// Every store's case on backend `b`.
     pub async fn both(b: &Backend, max: u32) -> Vec<Self> {
         let mut cases = Vec::new();
-        for store in Store::ALL {
+        for store in Store::on(&b.url) {
             cases.push(Self::open(&b.url, store, max).await);
         }
         cases
@@ -147,6 +163,14 @@ impl Case {
                 .fetch_one(pool)
                 .await
                 .expect("the pool's connection id"),
+            Conn::TokioPostgres(pool) => pool
+                .get()
+                .await
+                .expect("a connection")
+                .query_one(postgres, &[])
+                .await
+                .expect("the pool's connection id")
+                .get(0),
         }
     }
 
@@ -166,6 +190,11 @@ impl Case {
             Conn::SqlxSqlite(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
             Conn::SqlxPostgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
             Conn::SqlxMySql(pool) => sqlx::query_scalar(sql).fetch_one(pool).await,
+            Conn::TokioPostgres(pool) => {
+                let client = pool.get().await.map_err(|e| e.to_string())?;
+                let row = client.query_one(sql, &[]).await;
+                return row.map(|row| row.get(0)).map_err(|e| e.to_string());
+            }
         }
         .map_err(|e: sqlx::Error| e.to_string())
     }
@@ -184,6 +213,10 @@ impl Case {
             Conn::SqlxSqlite(pool) => sqlx::raw_sql(sql).execute(pool).await.map(drop),
             Conn::SqlxPostgres(pool) => sqlx::raw_sql(sql).execute(pool).await.map(drop),
             Conn::SqlxMySql(pool) => sqlx::raw_sql(sql).execute(pool).await.map(drop),
+            Conn::TokioPostgres(pool) => {
+                let client = pool.get().await.map_err(|e| e.to_string())?;
+                return client.batch_execute(sql).await.map_err(|e| e.to_string());
+            }
         }
         .map_err(|e: sqlx::Error| e.to_string())
     }
@@ -195,6 +228,7 @@ impl Case {
             Conn::SqlxSqlite(pool) => pool.close().await,
             Conn::SqlxPostgres(pool) => pool.close().await,
             Conn::SqlxMySql(pool) => pool.close().await,
+            Conn::TokioPostgres(pool) => pool.close(),
         }
     }
 }
@@ -418,4 +452,23 @@ sqlx_handlers!(
     "?",
     "?",
     "?"
+);
+
+handlers!(
+    on_tokio_postgres,
+    idem::tokio_postgres::deadpool_postgres::Pool,
+    &idem::tokio_postgres::deadpool_postgres::ClientWrapper,
+    effect = |db, run, key, label, execution| db
+        .execute(
+            "INSERT INTO idem_rel_effects (run_id, k, label, execution) VALUES ($1, $2, $3, $4)",
+            &[&run, &key, &label, &execution],
+        )
+        .await
+        .map(drop)
+        .map_err(|e| idem::Error::store("writing an effect", e)),
+    connection_id = |db| db
+        .query_one("SELECT CAST(pg_backend_pid() AS BIGINT)", &[])
+        .await
+        .expect("own connection id")
+        .get(0),
 );

@@ -10,6 +10,7 @@ use idem::{ErrorKind, Outcome, with_outcome};
 
 use crate::stores::{
     Case, Conn, call, on_sea_orm, on_sqlx_mysql, on_sqlx_postgres, on_sqlx_sqlite,
+    on_tokio_postgres,
 };
 use crate::support::{Answer, Backend, Probe, Rng, backends, key_of, quick, unique};
 use crate::{assert_exactly_once, cmd, recorded_answers};

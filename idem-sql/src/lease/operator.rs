@@ -8,7 +8,7 @@ use idem_core::Error;
 
 use crate::driver::fetch_each;
 use crate::store::{db_error, failed};
-use crate::{CALLS_TABLE, Column, Connection, Decode, Driver, Row, Sql, millis};
+use crate::{CALLS_TABLE, Column, Connection, Decode, Driver, Row, Sql, SqlStore, millis};
 
 /// A lease that ended without its call finishing (the holder crashed, hung or was dropped): a
 /// retry takes it over, and so does a completer when the call is
@@ -222,4 +222,30 @@ pub async fn release_lease<D: Driver>(
         .await
         .map_err(|e| db_error::<D>("releasing a lease", e))?;
     Ok(released > 0)
+}
+
+/// The operator's lease calls on a store's pool, for a driver crate that names no functions
+/// of its own (tokio-postgres): each on a pooled connection, with the dialect's statements.
+impl<D: Driver> SqlStore<D> {
+    /// [`expired_leases`] on a pooled connection.
+    pub async fn expired_leases(&self, limit: u32) -> Result<Vec<ExpiredLease>, Error> {
+        let mut conn = self.pooled("listing expired leases").await?;
+        expired_leases::<D>(&mut conn, self.statements(), limit).await
+    }
+
+    /// [`stuck_leases`] on a pooled connection.
+    pub async fn stuck_leases(
+        &self,
+        held_for: Duration,
+        limit: u32,
+    ) -> Result<Vec<StuckLease>, Error> {
+        let mut conn = self.pooled("listing stuck leases").await?;
+        stuck_leases::<D>(&mut conn, self.statements(), held_for, limit).await
+    }
+
+    /// [`release_lease`] on a pooled connection.
+    pub async fn release_lease(&self, id: &[u8]) -> Result<bool, Error> {
+        let mut conn = self.pooled("releasing a lease").await?;
+        release_lease::<D>(&mut conn, self.statements(), id).await
+    }
 }
