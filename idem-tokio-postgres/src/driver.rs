@@ -255,7 +255,7 @@ impl Driver for TokioPostgres {
     fn on_body<'t, 'c: 't>(
         body: &'t mut &'c ClientWrapper,
     ) -> impl Connection<Error = PoolError> + 't {
-        OnBody(&***body)
+        OnBody(body)
     }
 
     fn body_dialect(_: &&ClientWrapper) -> Dialect {
