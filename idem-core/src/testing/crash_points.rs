@@ -246,3 +246,41 @@ pub(crate) fn note_lease(store: &Arc<dyn LeaseStore>, ticket: Ticket) {
             Some((Arc::clone(store), ticket));
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn points_are_counted_only_under_a_plan_and_crash_only_where_it_says() {
+        // No crash test: inert.
+        reach(CrashPoint::AfterClaim, None).await;
+        assert!(fault(CrashPoint::BeforeCommit).is_ok());
+
+        let plan = Plan::new(Some(1));
+        let (first, second, third) = plan
+            .scope(async {
+                // Another task is not counted: the plan is this call's.
+                let other = tokio::spawn(async { fault(CrashPoint::AfterClaim).is_ok() });
+                assert!(other.await.expect("the other task"));
+                (
+                    fault(CrashPoint::AfterClaim).is_ok(),
+                    fault(CrashPoint::BeforeCommit).is_err(),
+                    fault(CrashPoint::BeforeCommit).is_ok(),
+                )
+            })
+            .await;
+        assert!(first && second && third, "crashes at the second point only");
+        assert!(plan.crashed());
+        let points: Vec<CrashPoint> = plan.reached().iter().map(|r| r.point).collect();
+        assert_eq!(
+            points,
+            [
+                CrashPoint::AfterClaim,
+                CrashPoint::BeforeCommit,
+                CrashPoint::BeforeCommit
+            ]
+        );
+        assert_eq!(RUNNING.load(Ordering::SeqCst), 0, "the test has ended");
+    }
+}
