@@ -529,11 +529,46 @@ pub mod http {
     };
 }
 
-/// Switching idem off in tests of a service that uses it: [`run_disabled`](testing::run_disabled)
-/// for one future, [`disable`](testing::disable) for the process, or `IDEM_DISABLED=1`. See
-/// the guide's "Testing a service that uses idem" (`docs/guide/testing.md`).
+/// Tests of a service that uses idem. Switching idem off: [`run_disabled`](testing::run_disabled)
+/// for one future, [`disable`](testing::disable) for the process, or `IDEM_DISABLED=1`.
+/// Crash-testing a handler: [`CrashTest`](testing::CrashTest) runs its call once per crash
+/// point idem has on its path ([`CrashPoint`](testing::CrashPoint)), kills it there, lets the
+/// retry (or a completer) finish it, and reports whether its effects happened once and the
+/// answer was the recorded one. See the guide's "Testing a service that uses idem"
+/// (`docs/guide/testing.md`).
+///
+/// ```
+/// use idem::{idempotent, testing::CrashTest};
+/// use std::sync::atomic::{AtomicU64, Ordering};
+///
+/// #[idempotent(scope = "mail.send", key = key, lease = "30s", skip(outbox))]
+/// async fn send(store: &idem::MemoryStore, outbox: &AtomicU64, key: String) -> Result<u64, idem::Error> {
+///     // The effect is a step: recorded once it ran, replayed by the next holder.
+///     idem::step("send", |_step_key| async { Ok(outbox.fetch_add(1, Ordering::SeqCst) + 1) }).await
+/// }
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let store = idem::MemoryStore::new();
+/// let report = CrashTest::new(
+///     async |scenario: &idem::testing::Scenario| (scenario.key.clone(), AtomicU64::new(0)),
+///     async |(key, outbox): &(String, AtomicU64)| send(&store, outbox, key.clone()).await,
+///     async |(_, outbox): &(String, AtomicU64)| outbox.load(Ordering::SeqCst), // the effects
+/// )
+/// .run()
+/// .await;
+/// println!("{report}");
+/// // The lease's claim, the step's three points and the record; one of them fails: a
+/// // crash after the send, before it was recorded, sends again (the outbox ignores the
+/// // step's key, which a real receiver must deduplicate on).
+/// assert_eq!(report.points().len(), 5);
+/// assert_eq!(report.failures().count(), 1);
+/// # });
+/// ```
 pub mod testing {
-    pub use idem_core::testing::{DISABLED_ENV, disable, enable, is_disabled, run_disabled};
+    pub use idem_core::testing::{
+        CrashPoint, CrashReport, CrashRun, CrashTest, DEFAULT_CALL_TIMEOUT, DISABLED_ENV, Finisher,
+        NoCompleter, Reached, Scenario, WithCompleter, disable, enable, is_disabled, run_disabled,
+    };
 }
 
 /// What `#[idempotent]` expands to: idem-core's `__private`, and the three functions that

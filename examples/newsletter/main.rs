@@ -244,6 +244,18 @@ mod tests {
 
     /// A served app on a fresh database with two confirmed subscribers and a pending one.
     async fn serve() -> (String, SqlitePool) {
+        let pool = subscribed().await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        let app = router(pool.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (base, pool)
+    }
+
+    /// A fresh database with two confirmed subscribers and a pending one.
+    async fn subscribed() -> SqlitePool {
         let path =
             std::env::temp_dir().join(format!("idem-newsletter-{}.db", uuid::Uuid::new_v4()));
         let pool = database(&format!("sqlite://{}", path.display()))
@@ -257,13 +269,7 @@ mod tests {
         .execute(&pool)
         .await
         .expect("subscribers");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let base = format!("http://{}", listener.local_addr().expect("addr"));
-        let app = router(pool.clone());
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        (base, pool)
+        pool
     }
 
     fn client() -> reqwest::Client {
@@ -353,6 +359,55 @@ mod tests {
         assert_eq!(again.headers()[header::SET_COOKIE], flash);
         assert_eq!(again.headers()["idempotent-replayed"], "true");
         assert_eq!(issues(&pool).await, (1, 2));
+    }
+
+    /// The issue titled `title` and its deliveries, counted.
+    async fn published(pool: &SqlitePool, title: &str) -> (i64, i64) {
+        let issues = sqlx::query_scalar("SELECT COUNT(*) FROM newsletter_issues WHERE title = ?")
+            .bind(title)
+            .fetch_one(pool)
+            .await
+            .expect("count");
+        let deliveries = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM issue_delivery_queue q \
+             JOIN newsletter_issues i ON i.id = q.issue_id WHERE i.title = ?",
+        )
+        .bind(title)
+        .fetch_one(pool)
+        .await
+        .expect("count");
+        (issues, deliveries)
+    }
+
+    /// idem's crash-point harness: a publication killed at each crash point idem has on its
+    /// path (after the claim, before the record, before the commit) and submitted again
+    /// publishes one issue with one delivery per confirmed subscriber, and answers the
+    /// recorded 303.
+    #[tokio::test]
+    async fn a_publication_killed_at_any_crash_point_publishes_once() {
+        use idem::testing::{CrashTest, Scenario};
+
+        let pool = subscribed().await;
+        let report = CrashTest::new(
+            async |scenario: &Scenario| {
+                let key = IdempotencyKey::parse(scenario.key.as_bytes()).expect("a valid key");
+                (key, format!("Issue {}", scenario.key))
+            },
+            async |(key, title): &(IdempotencyKey, String)| {
+                let form = PublishForm {
+                    title: title.clone(),
+                    content: "Hello".to_owned(),
+                };
+                publish_issue(&pool, key.clone(), "ada", form).await
+            },
+            async |(_, title): &(IdempotencyKey, String)| published(&pool, title).await,
+        )
+        .expect_effects((1, 2))
+        .run()
+        .await;
+        println!("{report}");
+        report.assert_once();
+        assert_eq!(report.points().len(), 3, "{report}");
     }
 
     #[tokio::test]

@@ -15,6 +15,7 @@ use crate::call::outcome;
 use crate::ledger::{Claim, Concurrency, Recorded};
 use crate::metrics::{self, Label};
 use crate::store::Store;
+use crate::testing::crash_points::{self, CrashPoint};
 
 /// What `#[idempotent]` expands to: claims the key on `store`, runs the body in the claim's
 /// transaction (inside the call's tracing span), then records or releases. A replay or an idem
@@ -235,6 +236,7 @@ where
             return Try::Answered(request.fail(e));
         }
     };
+    crash_points::reach(CrashPoint::AfterClaim, None).await;
     let Some((output, hooks)) = in_claim(store, request, finality, &mut claimed, body).await else {
         let _ = store.release(claimed).await;
         return Try::Conflict(aborted_body());
@@ -249,6 +251,7 @@ where
             return Try::Answered(answer);
         }
     };
+    crash_points::reach(CrashPoint::BeforeRecord, None).await;
     match store
         .record(claimed, request, record.status, &record.payload)
         .await

@@ -26,6 +26,7 @@ use crate::ledger::{BoxFuture, LeaseClaim, RecordStatus, Ticket};
 use crate::metrics;
 use crate::retry::conflict::{Tries, retried};
 use crate::store::LeaseStore;
+use crate::testing::crash_points::{self, CrashPoint};
 
 pub use crate::call::DEFAULT_DEADLINE_LEASES;
 
@@ -153,7 +154,9 @@ where
         return Err(context.lost().into());
     }
     let key = context.request.derived_key(name);
+    crash_points::reach(CrashPoint::BeforeStep, Some(name)).await;
     let value = run(key).await?;
+    crash_points::reach(CrashPoint::StepNotRecorded, Some(name)).await;
     let payload = encode_step(&context, &value)?;
     context.may_have_steps.store(true, Ordering::SeqCst);
     // A conflict runs the record again, never the step: its effect has happened.
@@ -172,6 +175,7 @@ where
         return Err(e.into());
     }
     note_step(&context, name, payload);
+    crash_points::reach(CrashPoint::AfterStep, Some(name)).await;
     Ok(value)
 }
 
@@ -202,6 +206,17 @@ fn note_step(context: &Context, name: &str, payload: Vec<u8>) {
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .insert(name.to_owned(), payload);
+}
+
+/// Rolls back the final phase the lease-mode call in this task keeps open, if any: a crash
+/// test kills the call, and its open transaction dies with it (else the phase's fuse would
+/// commit it after the "crash").
+pub(crate) fn abandon_open_phase() {
+    let _ = LEASE.try_with(|context| {
+        if let Ok(mut slot) = context.open_phase.try_lock() {
+            drop(slot.take());
+        }
+    });
 }
 
 /// The current lease-mode call, for stores that record a step together with writes of their
@@ -431,6 +446,7 @@ where
             phase_failed: AtomicBool::new(false),
             store_unreachable: AtomicBool::new(false),
         });
+        crash_points::note_lease(&store, ticket);
         // Declared first, so that while unwinding the renewal stops before the release.
         let on_panic = ReleaseOnPanic {
             store: Arc::clone(&store),
@@ -445,7 +461,13 @@ where
             deadline,
             LEASE.scope(
                 Arc::clone(&context),
-                crate::call::collecting_hooks(tracing::Instrument::instrument(body(), span)),
+                crate::call::collecting_hooks(tracing::Instrument::instrument(
+                    async {
+                        crash_points::reach(CrashPoint::AfterLeaseClaim, None).await;
+                        body().await
+                    },
+                    span,
+                )),
             ),
         )
         .await;
@@ -480,6 +502,8 @@ where
     // A final phase kept open: the result is recorded in its transaction (waits for its
     // fuse if that is committing it alone right now).
     let open_phase = context.open_phase.lock().await.take();
+    // After the phase is taken: a crash here drops it, uncommitted, with the call.
+    crash_points::reach(CrashPoint::BeforeLeaseRecord, None).await;
     let record = match request.record_of(output, finality) {
         Ok(record) if !context.phase_failed.load(Ordering::SeqCst) => record,
         Ok(_) => {

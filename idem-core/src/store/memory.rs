@@ -131,6 +131,10 @@ impl Store for MemoryStore {
         status: RecordStatus,
         payload: &[u8],
     ) -> Result<(), Error> {
+        // In memory the insert is the commit: a crash test's crash before it keeps nothing.
+        crate::testing::crash_points::fault(
+            crate::testing::crash_points::CrashPoint::BeforeCommit,
+        )?;
         self.records()
             .insert(*req.id(), Entry::new(req, status, payload));
         drop(tx);

@@ -178,6 +178,11 @@ impl<D: Driver> Store for SqlStore<D> {
             if updated != 1 {
                 return Err(crate::claim_lost());
             }
+            // Inside a step that finishes on its own task once dropped: a crash test's crash
+            // here fails it, the transaction dropped uncommitted.
+            idem_core::testing::crash_points::fault(
+                idem_core::testing::crash_points::CrashPoint::BeforeCommit,
+            )?;
             tx.commit()
                 .await
                 .map_err(|e| db_error::<D>("committing the result", e))

@@ -11,6 +11,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use idem_core::lease::{LeaseHandle, OpenPhase};
+use idem_core::testing::crash_points::{self, CrashPoint};
 use idem_core::{BoxFuture, Error, RecordStatus, Ticket, detached};
 
 use super::store::record_completion;
@@ -48,6 +49,7 @@ where
     if lease.is_lost() {
         return Err(lease.lose().into());
     }
+    crash_points::reach(CrashPoint::BeforeFinalStep, Some(name)).await;
     let ticket = lease.ticket();
     let doing = "beginning the final phase";
     let d = store
@@ -87,6 +89,8 @@ where
     record_final_step(&mut conn, d, &ticket, name, &payload, resumable)
         .await
         .map_err(|e| lease.store_failed(failed::<D>(e)))?;
+    // A crash here drops the transaction, uncommitted, with the call.
+    crash_points::reach(CrashPoint::FinalStepBeforeCommit, Some(name)).await;
     if keep_open {
         // The engine records the call's result in this transaction when the handler
         // returns, or commits it alone if the handler does more first.
@@ -102,6 +106,7 @@ where
             .map_err(|e| lease.store_failed(db_error::<D>("committing the final phase", e)))?;
     }
     lease.note_recorded(name, payload);
+    crash_points::reach(CrashPoint::AfterFinalStep, Some(name)).await;
     Ok(value)
 }
 

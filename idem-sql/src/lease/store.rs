@@ -157,6 +157,11 @@ pub(crate) async fn record_completion<D: Driver>(
     if !held {
         return Err(lost());
     }
+    // Inside a step that finishes on its own task once dropped: a crash test's crash here
+    // fails it, the transaction dropped uncommitted.
+    idem_core::testing::crash_points::fault(
+        idem_core::testing::crash_points::CrashPoint::BeforeLeaseCommit,
+    )?;
     tx.commit()
         .await
         .map_err(|e| db_error::<D>("recording the result", e))

@@ -1,4 +1,8 @@
-//! Switching idem off for tests of a service that uses it.
+//! Tests of a service that uses idem: switching idem off ([`run_disabled`], [`disable`]),
+//! and crash-testing its handlers ([`CrashTest`]: one run per crash point idem has, each
+//! finished by a retry or a completer, its effects counted).
+//!
+//! # Switching idem off
 //!
 //! A test of a handler's business logic sometimes wants idem out of the way: every call runs
 //! its body, nothing is claimed, recorded or replayed. Three ways, narrowest first:
@@ -14,6 +18,16 @@
 //! remembered. No ledger table is needed. A retry runs the body again: this is for tests
 //! only, and the first call that runs switched off logs a WARN saying so, once per process,
 //! so a switch left on in production cannot go unseen.
+
+#[doc(hidden)]
+pub mod crash_points;
+mod harness;
+
+pub use crash_points::{CrashPoint, Reached};
+pub use harness::{
+    CrashReport, CrashRun, CrashTest, DEFAULT_CALL_TIMEOUT, Finisher, NoCompleter, Scenario,
+    WithCompleter,
+};
 
 use std::future::Future;
 use std::sync::Once;
