@@ -35,6 +35,10 @@ pub use crate::call::DEFAULT_DEADLINE_LEASES;
 /// the connection or the locks the phase holds) gets the phase committed alone after this.
 const OPEN_PHASE_FUSE: Duration = Duration::from_millis(50);
 
+/// The same fuse for a call run by a crash test ([`crate::testing::CrashTest`]), whose path
+/// must not depend on the machine's speed.
+const CRASH_TEST_FUSE: Duration = Duration::from_secs(10);
+
 /// A final phase whose transaction the store keeps open, so the call's result is recorded in
 /// it: one write transaction per call fewer. Dropping it rolls the phase back.
 pub trait OpenPhase: Send {
@@ -310,8 +314,16 @@ impl LeaseHandle {
         };
         *slot = Some(phase);
         drop(slot);
+        // Under a crash test the fuse waits for the handler as long as the test would: a
+        // machine slow enough to miss 50 ms would otherwise change the call's crash points
+        // from one run to the next (the phase's commit point comes and goes).
+        let fuse = if crate::testing::crash_points::under_crash_test() {
+            CRASH_TEST_FUSE
+        } else {
+            OPEN_PHASE_FUSE
+        };
         tokio::spawn(async move {
-            tokio::time::sleep(OPEN_PHASE_FUSE).await;
+            tokio::time::sleep(fuse).await;
             if let Err(e) = context.commit_open_phase().await {
                 tracing::warn!(parent: context.request.span(), error = %e, "the final phase failed to commit");
             }

@@ -198,6 +198,11 @@ impl Plan {
     }
 }
 
+/// Whether the call running in this task is run by a crash test.
+pub(crate) fn under_crash_test() -> bool {
+    RUNNING.load(Ordering::Relaxed) != 0 && PLAN.try_with(|_| ()).is_ok()
+}
+
 /// Whether the call running in this task crashes at `point`.
 fn crashes_at(point: CrashPoint, step: Option<&str>) -> bool {
     if RUNNING.load(Ordering::Relaxed) == 0 {
