@@ -447,6 +447,7 @@ pub mod sea_orm {
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub mod sqlx {
+    pub use idem_sqlx::{AnswerCheck, check, check_answers, check_final_errors};
     pub use idem_sqlx::{
         Backend, Bindable, ClaimedTx, Completer, Conn, ConnClaimed, ConnStore, DeadLetterTable,
         DeadMessage, ExpiredLease, ExpiredPurge, Family, Nested, NestedClaim, Outbox, Relay,
@@ -455,6 +456,7 @@ pub mod sqlx {
         outbox_health, purge_expired, purge_published, release_lease, retry_dead, stuck_leases,
         through_transaction_pooler,
     };
+    pub use idem_sqlx::{database_now_ms, inspect};
 }
 
 /// The HTTP contract (IETF Idempotency-Key draft, RFC 9457 problems, RFC 9110 `If-Match`) on

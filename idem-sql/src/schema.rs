@@ -1,11 +1,17 @@
-//! idem's tables as DDL a service puts in its own migrations: one file per family of tables
-//! and dialect (the files under `idem-sql/schema/`, or `idem schema --backend …`), so a
-//! service creates only the tables of the features it uses.
+//! idem's tables: created at start-up on any driver's [`Handle`] ([`create_tables`], only the
+//! families a database lacks), or as DDL a service puts in its own migrations: one file per
+//! family of tables and dialect (the files under `idem-sql/schema/`, or `idem schema
+//! --backend …`), so a service creates only the tables of the features it uses.
 
+use idem_core::Error;
+
+use crate::driver::connect;
+use crate::inspect::existing_tables;
 use crate::statement::names::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
 };
-use crate::{Dialect, Sql, Tables};
+use crate::store::{db_error, failed};
+use crate::{Connection, Dialect, Driver, Handle, Sql, Tables};
 
 /// A family of idem's tables, created together. Atomic mode needs the ledger alone; lease
 /// mode the ledger and the steps; resumable calls (and their completer) the calls table too;
@@ -102,4 +108,39 @@ pub fn schema(dialect: Dialect, family: Family) -> String {
         out.push_str(";\n");
     }
     out
+}
+
+/// Creates the tables of `families` (atomic mode needs [`Family::Ledger`] alone) where they
+/// do not exist. On PostgreSQL and MySQL it reads the catalogue first and runs DDL only for a
+/// family with a missing table: on a cluster (Galera) even `CREATE TABLE IF NOT EXISTS` is
+/// replicated as DDL and aborts the transactions committing on that table cluster-wide, so
+/// starting a service must not issue it against a live ledger. SQLite runs its (idempotent)
+/// DDL every time: it is embedded, so no other node aborts, and the DDL drops the expiry index
+/// that ledgers of earlier versions have.
+pub async fn create_tables<D: Driver, H: Handle<D>>(
+    db: &H,
+    families: &[Family],
+) -> Result<(), Error> {
+    let doing = "creating idem's tables";
+    let (mut conn, sql) = connect(db, doing).await?;
+    let existing = match sql.dialect {
+        Dialect::Sqlite => None,
+        _ => Some(
+            existing_tables(&mut conn, sql)
+                .await
+                .map_err(|fault| failed::<D>(("listing idem's tables", fault)))?,
+        ),
+    };
+    for &family in families {
+        let present = |table: &&str| existing.iter().flatten().any(|name| name == table);
+        if existing.is_some() && family.tables().iter().all(present) {
+            continue;
+        }
+        for statement in &sql.tables(family).create {
+            conn.execute_unprepared(statement)
+                .await
+                .map_err(|e| db_error::<D>(doing, e))?;
+        }
+    }
+    Ok(())
 }
