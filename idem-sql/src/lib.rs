@@ -26,7 +26,8 @@
 //! [`SqlStore`], implements idem-core's store traits with them, once for every driver. On a
 //! user's [`Handle`] (a pool, a transaction) run the operator's functions, once for every
 //! store: the purge ([`purge_expired`]), the inspection ([`inspect`]), the pre-deploy check
-//! ([`check`]), the lease and outbox lists, and [`create_tables`].
+//! ([`check`]), the lease and outbox lists, and [`create_tables`]. [`state`] writes the guarded
+//! transitions of a table the application names.
 //!
 //! It is an implementation crate of idem: its API follows idem's versions, with no promise of its own.
 
@@ -44,6 +45,7 @@ mod lease;
 mod ledger;
 mod outbox;
 mod schema;
+pub mod state;
 mod statement;
 mod store;
 
