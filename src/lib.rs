@@ -480,6 +480,7 @@ pub mod sea_orm {
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub mod sqlx {
+    pub use idem_sqlx::{AnswerCheck, check, check_answers, check_final_errors};
     pub use idem_sqlx::{
         Backend, Bindable, ClaimedTx, Completer, Conn, ConnClaimed, ConnStore, DeadLetterTable,
         DeadMessage, ExpiredLease, ExpiredPurge, Family, Nested, NestedClaim, Outbox, Relay,
@@ -488,6 +489,7 @@ pub mod sqlx {
         outbox_health, purge_expired, purge_published, release_lease, retry_dead, stuck_leases,
         through_transaction_pooler,
     };
+    pub use idem_sqlx::{database_now_ms, inspect};
 }
 
 /// The tokio-postgres store (feature `tokio-postgres`, the `idem-tokio-postgres` crate):
@@ -498,15 +500,18 @@ pub mod sqlx {
 /// claims in a savepoint of that transaction. Lease mode ([`final_step`](tokio_postgres::final_step),
 /// [`finish`](tokio_postgres::finish)), the [`Completer`](tokio_postgres::Completer), the
 /// outbox ([`Outbox::stage`](tokio_postgres::Outbox::stage), [`Relay`](tokio_postgres::Relay))
-/// and the operator's calls ([`TokioPostgresStore`](tokio_postgres::TokioPostgresStore)'s
-/// methods) run on the same pool.
+/// and the operator's functions ([`purge_expired`](tokio_postgres::purge_expired),
+/// [`inspect`](tokio_postgres::inspect), ...) run on the same pool.
 #[cfg(feature = "tokio-postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tokio-postgres")))]
 pub mod tokio_postgres {
     pub use idem_tokio_postgres::{
-        ClaimedTx, Completer, DeadLetterTable, DeadMessage, ExpiredLease, Family, NestedStore,
-        Outbox, Relay, RelayCounters, RelayRound, StuckLease, TokioPostgres, TokioPostgresStore,
-        Writes, create_tables, deadpool_postgres, final_step, finish, purge_expired,
+        AnswerCheck, ClaimedTx, Completer, DeadLetterTable, DeadMessage, ExpiredLease,
+        ExpiredPurge, Family, NestedStore, Outbox, Relay, RelayCounters, RelayRound, StuckLease,
+        TokioPostgres, TokioPostgresStore, Writes, check, check_answers, check_final_errors,
+        create_tables, database_now_ms, dead_messages, deadpool_postgres, expired_leases,
+        final_step, finish, inspect, outbox_health, purge_expired, purge_published, release_lease,
+        retry_dead, stuck_leases,
     };
 }
 

@@ -407,9 +407,7 @@ macro_rules! operate {
             Conn::SqlxSqlite(pool) => idem::sqlx::$function(pool, $($arg),*).await,
             Conn::SqlxPostgres(pool) => idem::sqlx::$function(pool, $($arg),*).await,
             Conn::SqlxMySql(pool) => idem::sqlx::$function(pool, $($arg),*).await,
-            Conn::TokioPostgres(pool) => {
-                idem::tokio_postgres::TokioPostgresStore::new(pool).$function($($arg),*).await
-            }
+            Conn::TokioPostgres(pool) => idem::tokio_postgres::$function(pool, $($arg),*).await,
         }
     };
 }

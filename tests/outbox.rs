@@ -199,13 +199,6 @@ macro_rules! on_store {
     };
 }
 
-/// The tokio-postgres store on `pool`, for its operator's calls.
-fn tokio_postgres(
-    pool: &idem::tokio_postgres::deadpool_postgres::Pool,
-) -> idem::tokio_postgres::TokioPostgresStore {
-    idem::tokio_postgres::TokioPostgresStore::new(pool)
-}
-
 impl Case {
     /// Places an order through the case's store.
     async fn place(&self, cmd: Place) -> Result<Vec<String>, TestError> {
@@ -283,7 +276,7 @@ impl Case {
     async fn dead_messages(&self) -> Vec<DeadMessage> {
         on_store!(self, sea_orm => idem::sea_orm::dead_messages(&self.db, 10).await, |pool| {
             idem::sqlx::dead_messages(pool, 10).await
-        }, tokio_postgres => tokio_postgres(pool).dead_messages(10).await)
+        }, tokio_postgres => idem::tokio_postgres::dead_messages(pool, 10).await)
         .expect("dead messages")
     }
 
@@ -291,7 +284,7 @@ impl Case {
     async fn retry_dead(&self, id: &str) -> bool {
         on_store!(self, sea_orm => idem::sea_orm::retry_dead(&self.db, id).await, |pool| {
             idem::sqlx::retry_dead(pool, id).await
-        }, tokio_postgres => tokio_postgres(pool).retry_dead(id).await)
+        }, tokio_postgres => idem::tokio_postgres::retry_dead(pool, id).await)
         .expect("retry")
     }
 
@@ -300,7 +293,7 @@ impl Case {
     async fn purge_published(&self, retention: Duration) -> u64 {
         on_store!(self, sea_orm => idem::sea_orm::purge_published(&self.db, retention, 2).await, |pool| {
             idem::sqlx::purge_published(pool, retention, 2).await
-        }, tokio_postgres => tokio_postgres(pool).purge_published(retention, 2).await)
+        }, tokio_postgres => idem::tokio_postgres::purge_published(pool, retention, 2).await)
         .expect("purge")
     }
 
@@ -308,7 +301,7 @@ impl Case {
     async fn health(&self) -> OutboxHealth {
         on_store!(self, sea_orm => idem::sea_orm::outbox_health(&self.db).await, |pool| {
             idem::sqlx::outbox_health(pool).await
-        }, tokio_postgres => tokio_postgres(pool).outbox_health().await)
+        }, tokio_postgres => idem::tokio_postgres::outbox_health(pool).await)
         .expect("health")
     }
 }

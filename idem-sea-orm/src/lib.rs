@@ -40,7 +40,6 @@ mod atomic;
 pub mod check;
 mod completer;
 mod driver;
-pub mod inspect;
 mod lease;
 pub mod ledger;
 mod outbox;
@@ -55,11 +54,11 @@ pub use driver::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
     placeholders,
 };
-pub use idem_sql::Family;
-pub use lease::{
-    ExpiredLease, SeaOrmLeaseStore, StuckLease, expired_leases, final_step, finish, release_lease,
-    stuck_leases,
+pub use idem_sql::{
+    ExpiredLease, ExpiredPurge, Family, StuckLease, database_now_ms, expired_leases, inspect,
+    purge_expired, release_lease, stuck_leases,
 };
+pub use lease::{SeaOrmLeaseStore, final_step, finish};
 #[cfg(feature = "migration")]
 #[cfg_attr(docsrs, doc(cfg(feature = "migration")))]
 pub use ledger::migration::{
@@ -73,5 +72,4 @@ pub use state::{ConditionalUpdate, Stateful};
 
 pub use sea_orm;
 
-pub use ledger::expiry::{ExpiredPurge, database_now_ms, purge_expired};
 pub use ledger::schema::{create_tables, schema};

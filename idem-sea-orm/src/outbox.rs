@@ -10,17 +10,16 @@
 //!   aggregate.
 
 use std::future::Future;
-use std::time::Duration;
 
 use idem_core::Error;
-use idem_core::outbox::{Message, OutboxHealth};
-use idem_sql::{SqlStore, read_health};
-use sea_orm::{ConnectionTrait, DatabaseConnection};
+use idem_core::outbox::Message;
+use sea_orm::ConnectionTrait;
 
-pub use idem_sql::{DeadMessage, RelayCounters, RelayRound};
+pub use idem_sql::{
+    DeadMessage, RelayCounters, RelayRound, dead_messages, outbox_health, purge_published,
+    retry_dead,
+};
 
-use crate::driver::error::store_error;
-use crate::driver::fetch_first;
 use crate::driver::port::{On, SeaOrm};
 
 /// Staging messages in the transaction you are in: inside an `#[idempotent]` body, on the
@@ -69,48 +68,6 @@ impl<C: ConnectionTrait + Sync + ?Sized> Outbox for C {
 /// # }
 /// ```
 pub type Relay<S> = idem_sql::Relay<SeaOrm, S>;
-
-/// The outbox's figures for a health endpoint or a metrics scrape: pending messages, the age
-/// of the oldest one (database clock), dead messages. One statement.
-pub async fn outbox_health<C: ConnectionTrait>(db: &C) -> Result<OutboxHealth, Error> {
-    let sql = crate::driver::of(db.get_database_backend());
-    let doing = "reading the outbox's health";
-    fetch_first(db, sql, sql.outbox.outbox_health(), read_health)
-        .await
-        .map_err(|e| store_error(doing, e))?
-        .ok_or_else(|| Error::store(doing, "no row"))
-}
-
-/// Lists up to `limit` dead messages, oldest first.
-pub async fn dead_messages<C: ConnectionTrait + Sync>(
-    db: &C,
-    limit: u32,
-) -> Result<Vec<DeadMessage>, Error> {
-    let outbox = &crate::driver::of(db.get_database_backend()).outbox;
-    idem_sql::dead_messages::<SeaOrm>(&mut On(db), outbox, limit).await
-}
-
-/// Puts a dead message back in line with fresh attempts; `false` if no dead message has that
-/// id.
-pub async fn retry_dead<C: ConnectionTrait + Sync>(
-    db: &C,
-    message_id: &str,
-) -> Result<bool, Error> {
-    let outbox = &crate::driver::of(db.get_database_backend()).outbox;
-    idem_sql::retry_dead::<SeaOrm>(&mut On(db), outbox, message_id).await
-}
-
-/// Deletes messages published more than `retention` ago, `batch` rows per statement, pausing
-/// between statements as [`crate::purge_expired`] does. Returns how many it deleted.
-pub async fn purge_published(
-    db: &DatabaseConnection,
-    retention: Duration,
-    batch: u32,
-) -> Result<u64, Error> {
-    SqlStore::<SeaOrm>::new(db)
-        .purge_published(retention, batch)
-        .await
-}
 
 /// Where a consumer records the messages it gave up on: the dead-letter table,
 /// [`DEAD_LETTERS_TABLE`](crate::DEAD_LETTERS_TABLE) (`DeadLetterTable::new(db)`;

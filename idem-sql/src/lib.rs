@@ -19,14 +19,15 @@
 //! store (`idem-sqlx`) execute these statements, and run the same algorithms over them. A
 //! driver implements the port, [`Driver`] (with a [`Connection`] and a [`Transaction`]),
 //! reading each row's columns at the types its statement declares ([`Bound::columns`],
-//! [`Column`]). Over it run the completer's reads and fenced updates ([`due_calls`],
-//! [`give_up`], …), the purge ([`ExpiredPurge`]) and the outbox's relay ([`Relay`], its
-//! claims and marks: [`claim_messages`], [`record_outcomes`]), and the one store,
-//! [`SqlStore`], implements idem-core's store traits with them, once for every driver (the
-//! completer's so far). The atomic-mode claim ([`claim`]) and lease mode's claim, fence and
-//! completion ([`claim_lease`], [`fence`], [`complete`], …) still run over their own ports
-//! ([`ClaimConnection`], [`LeaseConnection`]), which [`Bridge`] serves from a driver's
-//! connection until the generic store takes their place (`docs/plans/driver-port.md`).
+//! [`Column`]). Over its [`Connection`] run the atomic-mode claim ([`claim`]), lease mode's
+//! claim, fence and completion ([`claim_lease`], [`fence`], [`complete`], …), the completer's
+//! reads and fenced updates ([`due_calls`], [`give_up`], …) and the outbox's relay ([`Relay`],
+//! its claims and marks: [`claim_messages`], [`record_outcomes`]); the one store,
+//! [`SqlStore`], implements idem-core's store traits with them, once for every driver. On a
+//! user's [`Handle`] (a pool, a transaction) run the operator's functions, once for every
+//! store: the purge ([`purge_expired`]), the inspection ([`inspect`]), the pre-deploy check
+//! ([`check`]), the lease and outbox lists, and [`create_tables`]. [`state`] writes the guarded
+//! transitions of a table the application names.
 //!
 //! It is an implementation crate of idem: its API follows idem's versions, with no promise of its own.
 
@@ -34,15 +35,17 @@
 // mode's, the completer's and the outbox's statements and algorithms); `statement/` holds what
 // they are all made of.
 mod atomic;
+pub mod check;
 mod completer;
 mod driver;
 mod failure;
 mod inbox;
-mod inspect;
+pub mod inspect;
 mod lease;
 mod ledger;
 mod outbox;
 mod schema;
+pub mod state;
 mod statement;
 mod store;
 
@@ -51,37 +54,39 @@ pub use statement::names;
 use std::sync::LazyLock;
 
 pub use atomic::{
-    ClaimConnection, ClaimRow, ClaimStep, Claimed, ClaimedTx, ConnClaimed, ConnStore, Nested,
-    NestedClaim, claim,
+    ClaimRow, ClaimStep, Claimed, ClaimedTx, ConnClaimed, ConnStore, Nested, NestedClaim, claim,
 };
 pub use completer::{
     Completer, NewCall, STORED_CALL, begin_attempt, due_calls, forget, give_up, note_failure,
     read_count, read_stored_call, steps, unregistered,
 };
 pub use driver::{
-    Begin, Bridge, COMMIT, Connection, Driver, Fault, ListenError, ROLLBACK, Transaction,
+    Begin, COMMIT, Connection, Driver, Fault, Handle, ListenError, ROLLBACK, Transaction,
     fetch_each, fetch_first, learn_flavour, nested_savepoint, release_nested_savepoint,
     roll_back_nested_savepoint,
 };
 pub use failure::{Failure, claim_lost};
 pub use inbox::{DeadLetterTable, Inbox, NewDeadLetter};
-pub use inspect::Inspect;
+pub use inspect::statements::Inspect;
 pub use lease::{
-    ExpiredLease, GroupCommit, Lease, LeaseConnection, LeaseStep, LeaseWrite, LeaseWritten,
-    StuckLease, WritesFuture, claim_lease, complete, completion, expired_leases, fence,
-    final_phase, read_step, record_final_step, record_step, release_lease, settled, stuck_leases,
-    unfenced, write_grouped,
+    ExpiredLease, GroupCommit, Lease, LeaseStep, LeaseWrite, LeaseWritten, StuckLease,
+    WritesFuture, claim_lease, complete, completion, expired_leases, fence, final_phase, read_step,
+    record_final_step, record_step, release_lease, settled, stuck_leases, write_grouped,
 };
-pub use ledger::{ExpiredPurge, Ledger, NewRecord, Purge, PurgeByIndex, PurgeSweep};
+pub use ledger::{
+    ExpiredPurge, Ledger, NewRecord, Purge, PurgeByIndex, PurgeSweep, database_now_ms,
+    purge_expired,
+};
 pub use names::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
 };
 pub use outbox::{
     ClaimedMessage, ClaimedRow, DeadMessage, FailedAttempt, NewMessage, Outbox, Relay,
-    RelayCounters, RelayRound, claim_messages, dead_messages, health_of, paced_purge, read_health,
-    record_outcomes, retry_dead, stage_message,
+    RelayCounters, RelayRound, claim_messages, dead_messages, health_of, outbox_health,
+    paced_purge, purge_published, read_health, record_outcomes, retry_dead, stage_message,
+    wake_on_each,
 };
-pub use schema::{Family, SCHEMA_DIALECTS, schema};
+pub use schema::{Family, SCHEMA_DIALECTS, create_tables, schema};
 pub use statement::bound::{Bound, Param};
 pub use statement::flavour::{
     Dialect, FORCE_MYSQL8_ENV, Flavour, GALERA_SYNC_WAIT_ENV, MySqlServer, SELECT_VERSION,

@@ -1,14 +1,17 @@
-//! idem's tables as DDL a service puts in its own migrations: one file per family of tables
-//! and dialect (the files under `idem-sql/schema/`, or `idem schema --backend …`), so a
-//! service creates only the tables of the features it uses.
+//! idem's tables: created at start-up on any driver's [`Handle`] ([`create_tables`], only the
+//! families a database lacks), or as DDL a service puts in its own migrations: one file per
+//! family of tables and dialect (the files under `idem-sql/schema/`, or `idem schema
+//! --backend …`), so a service creates only the tables of the features it uses.
 
+use idem_core::Error;
+
+use crate::driver::connect;
+use crate::inspect::existing_tables;
 use crate::statement::names::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
 };
-use idem_core::Error;
-
 use crate::store::{db_error, failed};
-use crate::{Connection, Dialect, Driver, Row, Sql, SqlStore, Tables, fetch_each};
+use crate::{Connection, Dialect, Driver, Handle, Sql, Tables};
 
 /// A family of idem's tables, created together. Atomic mode needs the ledger alone; lease
 /// mode the ledger and the steps; resumable calls (and their completer) the calls table too;
@@ -89,37 +92,6 @@ impl Sql {
     }
 }
 
-impl<D: Driver> SqlStore<D> {
-    /// Creates the tables of `families` if they are missing. It reads the catalogue first and
-    /// runs DDL only for a family with a missing table, so a restart runs no DDL against a
-    /// live ledger (on a Galera cluster even `CREATE TABLE IF NOT EXISTS` aborts transactions
-    /// cluster-wide). SQLite reruns its (idempotent) DDL every time: it is embedded, so no
-    /// other node aborts, and the DDL drops the expiry index ledgers of earlier versions have.
-    pub async fn create_tables(&self, families: &[Family]) -> Result<(), Error> {
-        const DOING: &str = "creating idem's tables";
-        let sql = self.server_statements(DOING).await?;
-        let mut conn = self.pooled(DOING).await?;
-        let existing = if sql.dialect == Dialect::Sqlite {
-            None
-        } else {
-            let listed = fetch_each(&mut conn, sql.inspect.existing_tables(), Row::into_text);
-            Some(listed.await.map_err(|fault| failed::<D>((DOING, fault)))?)
-        };
-        for &family in families {
-            let present = |table: &&str| existing.iter().flatten().any(|name| name == table);
-            if existing.is_some() && family.tables().iter().all(present) {
-                continue;
-            }
-            for statement in &sql.tables(family).create {
-                conn.execute_unprepared(statement)
-                    .await
-                    .map_err(|e| db_error::<D>(DOING, e))?;
-            }
-        }
-        Ok(())
-    }
-}
-
 /// `family`'s tables for `dialect` as a migration file: a comment saying what they serve, then
 /// each statement ending in `;`. The same statements as `create_tables` runs; every one is
 /// idempotent (`IF NOT EXISTS`).
@@ -136,4 +108,39 @@ pub fn schema(dialect: Dialect, family: Family) -> String {
         out.push_str(";\n");
     }
     out
+}
+
+/// Creates the tables of `families` (atomic mode needs [`Family::Ledger`] alone) where they
+/// do not exist. On PostgreSQL and MySQL it reads the catalogue first and runs DDL only for a
+/// family with a missing table: on a cluster (Galera) even `CREATE TABLE IF NOT EXISTS` is
+/// replicated as DDL and aborts the transactions committing on that table cluster-wide, so
+/// starting a service must not issue it against a live ledger. SQLite runs its (idempotent)
+/// DDL every time: it is embedded, so no other node aborts, and the DDL drops the expiry index
+/// that ledgers of earlier versions have.
+pub async fn create_tables<D: Driver, H: Handle<D>>(
+    db: &H,
+    families: &[Family],
+) -> Result<(), Error> {
+    let doing = "creating idem's tables";
+    let (mut conn, sql) = connect(db, doing).await?;
+    let existing = match sql.dialect {
+        Dialect::Sqlite => None,
+        _ => Some(
+            existing_tables(&mut conn, sql)
+                .await
+                .map_err(|fault| failed::<D>(("listing idem's tables", fault)))?,
+        ),
+    };
+    for &family in families {
+        let present = |table: &&str| existing.iter().flatten().any(|name| name == table);
+        if existing.is_some() && family.tables().iter().all(present) {
+            continue;
+        }
+        for statement in &sql.tables(family).create {
+            conn.execute_unprepared(statement)
+                .await
+                .map_err(|e| db_error::<D>(doing, e))?;
+        }
+    }
+    Ok(())
 }

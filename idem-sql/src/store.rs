@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use idem_core::Error;
 
-use crate::{Begin, Dialect, Driver, Fault, Flavour, MySqlServer, Sql, learn_flavour};
+use crate::{Begin, Dialect, Driver, Fault, Flavour, Handle, MySqlServer, Sql, learn_flavour};
 
 /// idem's store on driver `D`: SeaORM's, sqlx's or tokio-postgres's pool. Cloning it shares
 /// the pool.
@@ -76,6 +76,24 @@ impl<D: Driver> SqlStore<D> {
             .begin(Begin::Write)
             .await
             .map_err(|e| db_error::<D>(doing, e))
+    }
+}
+
+/// The store as the operator functions' handle: a pooled connection each (the relay reads the
+/// outbox's health through it).
+impl<D: Driver> Handle<D> for SqlStore<D> {
+    type Conn<'h> = D::Pooled;
+
+    fn dialect(&self) -> Dialect {
+        self.driver.dialect()
+    }
+
+    fn connection(&self) -> impl Future<Output = Result<D::Pooled, D::Error>> + Send {
+        self.driver.acquire()
+    }
+
+    fn driver(&self) -> Option<D> {
+        Some(self.driver.clone())
     }
 }
 

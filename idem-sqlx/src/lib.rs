@@ -23,30 +23,30 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // Modules named by feature as in idem-core, idem-sql and idem-sea-orm (`atomic`, `lease`,
-// `completer`, `outbox`, `state`; `schema` creates the tables), plus `driver/`: how sqlx runs idem-sql's statements (binding,
+// `completer`, `outbox`, `state`; `check` is the pre-deploy check), plus `driver/`: how sqlx runs idem-sql's statements (binding,
 // decoding, `BEGIN`, flavour, errors, transaction poolers).
 mod atomic;
+pub mod check;
 mod completer;
 mod driver;
-mod expiry;
 mod lease;
 mod outbox;
-mod schema;
 mod state;
 
 pub use atomic::{ClaimedTx, Conn, ConnClaimed, ConnStore, Nested, NestedClaim, SqlxStore};
+pub use check::{AnswerCheck, check_answers, check_final_errors};
 pub use completer::Completer;
 pub use driver::Backend;
 pub use driver::pooler::through_transaction_pooler;
 pub use driver::port::{Sqlx, SqlxNested, SqlxPooled, SqlxTx};
-pub use expiry::{ExpiredPurge, purge_expired};
-pub use idem_sql::Family;
-pub use idem_sql::{ExpiredLease, StuckLease};
-pub use lease::{SqlxLeaseStore, expired_leases, final_step, finish, release_lease, stuck_leases};
+pub use idem_sql::{
+    ExpiredLease, ExpiredPurge, Family, StuckLease, create_tables, database_now_ms, expired_leases,
+    inspect, purge_expired, release_lease, stuck_leases,
+};
+pub use lease::{SqlxLeaseStore, final_step, finish};
 pub use outbox::{
     DeadLetterTable, DeadMessage, Outbox, Relay, RelayCounters, RelayRound, dead_messages,
     outbox_health, purge_published, retry_dead,
 };
-pub use schema::create_tables;
 pub use sqlx;
 pub use state::{Bindable, StateConnection, StateTable};

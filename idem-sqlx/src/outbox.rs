@@ -4,17 +4,15 @@
 //! relay does with them and the relay's loop are idem-sql's, shared with the SeaORM store;
 //! this file runs them on sqlx. Guarantees and their limits are in `docs/OUTBOX.md`.
 
-use std::time::Duration;
-
 use idem_core::Error;
-use idem_core::outbox::{Message, OutboxHealth};
-use idem_sql::SqlStore;
-use sqlx::Pool;
+use idem_core::outbox::Message;
 
-use crate::driver::Backend;
 use crate::driver::port::Sqlx;
 
-pub use idem_sql::{DeadMessage, RelayCounters, RelayRound};
+pub use idem_sql::{
+    DeadMessage, RelayCounters, RelayRound, dead_messages, outbox_health, purge_published,
+    retry_dead,
+};
 
 /// Staging messages in the transaction you are in: inside an `#[idempotent]` body, on the
 /// claim's transaction (`db` there, a `&mut PgConnection`, `&mut MySqlConnection` or
@@ -46,7 +44,7 @@ pub trait Outbox: Send {
 /// Stages on `conn`, a connection of `DB`: idem-sql's staging, on the connection as a body's
 /// (its statements unnamed on PostgreSQL, where a transaction pooler may sit between).
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-async fn stage_on<DB: Backend>(
+async fn stage_on<DB: crate::Backend>(
     mut conn: &mut DB::Connection,
     message: Message,
 ) -> Result<String, Error> {
@@ -91,43 +89,6 @@ outbox_connection!(sqlx::SqliteConnection, sqlx::Sqlite);
 /// # }
 /// ```
 pub type Relay<DB, S> = idem_sql::Relay<Sqlx<DB>, S>;
-
-/// The outbox's figures for a health endpoint or a metrics scrape: pending messages, the age
-/// of the oldest one (database clock), dead messages. One statement.
-pub async fn outbox_health<DB: Backend>(pool: &Pool<DB>) -> Result<OutboxHealth, Error> {
-    generic(pool).outbox_health().await
-}
-
-/// The store written once for every driver, on `pool`.
-fn generic<DB: Backend>(pool: &Pool<DB>) -> SqlStore<Sqlx<DB>> {
-    SqlStore::new(Sqlx::new(pool.clone()))
-}
-
-/// Lists up to `limit` dead messages, oldest first: each blocks its aggregate until
-/// [`retry_dead`] puts it back in line.
-pub async fn dead_messages<DB: Backend>(
-    pool: &Pool<DB>,
-    limit: u32,
-) -> Result<Vec<DeadMessage>, Error> {
-    generic(pool).dead_messages(limit).await
-}
-
-/// Puts a dead message back in line with fresh attempts, and wakes this process's relays;
-/// `false` if no dead message has that id.
-pub async fn retry_dead<DB: Backend>(pool: &Pool<DB>, message_id: &str) -> Result<bool, Error> {
-    generic(pool).retry_dead(message_id).await
-}
-
-/// Deletes messages published more than `retention` ago, `batch` rows per statement, pausing
-/// after each statement for as long as it took ([`idem_sql::paced_purge`]). Returns how many
-/// it deleted.
-pub async fn purge_published<DB: Backend>(
-    pool: &Pool<DB>,
-    retention: Duration,
-    batch: u32,
-) -> Result<u64, Error> {
-    generic(pool).purge_published(retention, batch).await
-}
 
 /// Where a consumer records the messages it gave up on: the dead-letter table,
 /// [`idem_sql::DEAD_LETTERS_TABLE`] (`DeadLetterTable::new(pool)`; [`crate::create_tables`]

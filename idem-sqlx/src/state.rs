@@ -4,7 +4,7 @@
 //! `idem::sea_orm::Stateful` for services that write their own SQL.
 
 use idem_core::{Error, StateMachine, Transition, TransitionOutcome};
-use idem_sql::Dialect;
+use idem_sql::state::Guarded;
 use sqlx::{Database, Decode, Encode, Type};
 
 use crate::driver::Backend;
@@ -28,7 +28,8 @@ use crate::driver::error::store_error;
 ///
 /// The names are written into the statements as they are (unquoted, as a migration usually
 /// creates them), so each must be an identifier (`[A-Za-z_][A-Za-z0-9_]*`, a table may be
-/// `schema.table`); any other name is an [`Error::Store`] before anything runs.
+/// `schema.table`); any other name is an [`Error::Store`] before anything runs. The statements
+/// are idem-sql's ([`idem_sql::state::guarded`]); this type binds the values.
 ///
 /// [`EntityTag::from_version`]: idem_core::EntityTag::from_version
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,8 +79,15 @@ impl StateTable {
         S: StateMachine + Bindable<C::Database> + for<'r> Decode<'r, C::Database>,
         K: Bindable<C::Database> + Clone,
     {
+        let Self {
+            table,
+            key,
+            state,
+            version,
+        } = *self;
         let dialect = <C::Database as Backend>::DIALECT;
-        let (update, read) = self.statements(dialect)?;
+        let Guarded { update, read } =
+            idem_sql::state::guarded(table, key, state, version, dialect)?;
         let updated = conn
             .guarded_update(update, transition.to(), id.clone(), transition.from())
             .await
@@ -95,65 +103,6 @@ impl StateTable {
             .map_err(|e| store_error("reading the row's state", e))?;
         transition.unchanged_row(current)
     }
-
-    /// The guarded update (binds: to, id, from) and the locked read of the state (binds: id)
-    /// in `dialect`.
-    fn statements(&self, dialect: Dialect) -> Result<(String, String), Error> {
-        let names = [
-            Some(self.table),
-            Some(self.key),
-            Some(self.state),
-            self.version,
-        ];
-        if let Some(name) = names
-            .into_iter()
-            .flatten()
-            .find(|name| !is_identifier(name))
-        {
-            return Err(Error::Store {
-                message: format!(
-                    "`{name}` is not a plain SQL identifier: a `StateTable` names its table and columns as `[A-Za-z_][A-Za-z0-9_]*` (a table may be `schema.table`)"
-                ),
-                source: None,
-            });
-        }
-        let Self {
-            table, key, state, ..
-        } = self;
-        let placeholder = |n: u8| match dialect {
-            Dialect::Postgres => format!("${n}"),
-            Dialect::MySql | Dialect::Sqlite => "?".to_owned(),
-        };
-        let (to, id, from) = (placeholder(1), placeholder(2), placeholder(3));
-        let version = self
-            .version
-            .map(|v| format!(", {v} = {v} + 1"))
-            .unwrap_or_default();
-        let update = format!(
-            "UPDATE {table} SET {state} = {to}{version} WHERE {key} = {id} AND {state} = {from}"
-        );
-        // SQLite has no row locks: the claim's transaction already holds the write lock.
-        let lock = match dialect {
-            Dialect::Sqlite => "",
-            Dialect::Postgres | Dialect::MySql => " FOR UPDATE",
-        };
-        let id = placeholder(1);
-        let read = format!("SELECT {state} FROM {table} WHERE {key} = {id}{lock}");
-        Ok((update, read))
-    }
-}
-
-/// Whether `name` is `ident` or `ident.ident`, each `[A-Za-z_][A-Za-z0-9_]*`.
-fn is_identifier(name: &str) -> bool {
-    let parts: Vec<&str> = name.split('.').collect();
-    parts.len() <= 2
-        && parts.iter().all(|part| {
-            let mut chars = part.chars();
-            chars
-                .next()
-                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-        })
 }
 
 /// A value sqlx binds for `DB` by value: what a state or a key is.
@@ -248,43 +197,3 @@ state_connection!(sqlx::PgConnection, sqlx::Postgres);
 state_connection!(sqlx::MySqlConnection, sqlx::MySql);
 #[cfg(feature = "sqlite")]
 state_connection!(sqlx::SqliteConnection, sqlx::Sqlite);
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn statements_name_the_columns_and_bind_in_order() {
-        let orders = StateTable::new("shop.orders", "id", "status").version("version");
-        let (update, read) = orders.statements(Dialect::Postgres).unwrap();
-        assert_eq!(
-            update,
-            "UPDATE shop.orders SET status = $1, version = version + 1 WHERE id = $2 AND status = $3"
-        );
-        assert_eq!(
-            read,
-            "SELECT status FROM shop.orders WHERE id = $1 FOR UPDATE"
-        );
-        let (update, read) = StateTable::new("orders", "id", "status")
-            .statements(Dialect::Sqlite)
-            .unwrap();
-        assert_eq!(
-            update,
-            "UPDATE orders SET status = ? WHERE id = ? AND status = ?"
-        );
-        assert_eq!(read, "SELECT status FROM orders WHERE id = ?");
-    }
-
-    #[test]
-    fn a_name_that_is_not_an_identifier_is_refused() {
-        for bad in ["", "orders; DROP TABLE x", "a.b.c", "1st", "o\"rders", "a."] {
-            let table = StateTable::new(bad, "id", "status");
-            assert!(
-                matches!(table.statements(Dialect::MySql), Err(Error::Store { .. })),
-                "{bad:?}"
-            );
-        }
-        let bad_version = StateTable::new("orders", "id", "status").version("v-1");
-        assert!(bad_version.statements(Dialect::MySql).is_err());
-    }
-}

@@ -195,6 +195,24 @@ impl Drop for TokioPostgresTx {
     }
 }
 
+/// A pool as idem's operator functions take it ([`idem_sql::Handle`]): the purge, the
+/// inspection and the check hold one pooled client while they run.
+impl idem_sql::Handle<TokioPostgres> for Pool {
+    type Conn<'h> = TokioPostgresPooled;
+
+    fn dialect(&self) -> Dialect {
+        Dialect::Postgres
+    }
+
+    async fn connection(&self) -> Result<TokioPostgresPooled, PoolError> {
+        TokioPostgres::from(self).acquire().await
+    }
+
+    fn driver(&self) -> Option<TokioPostgres> {
+        Some(TokioPostgres::from(self))
+    }
+}
+
 /// A client as a connection: a handler's body (a claim's transaction, a final phase's), or a
 /// transaction of the user's own (staging).
 #[derive(Debug)]

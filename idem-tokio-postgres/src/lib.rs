@@ -28,24 +28,27 @@ use std::pin::Pin;
 
 use deadpool_postgres::{ClientWrapper, Pool};
 use idem_core::Error;
-use idem_core::lease::LeaseHandle;
 use idem_core::outbox::Message;
 use idem_sql::{Driver, SqlStore};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+pub use check::{AnswerCheck, check_answers, check_final_errors};
 pub use deadpool_postgres;
 pub use deadpool_postgres::tokio_postgres;
 pub use driver::{
     OnBody, TokioPostgres, TokioPostgresNested, TokioPostgresPooled, TokioPostgresTx,
 };
-pub use idem_sql::{DeadMessage, ExpiredLease, Family, RelayCounters, RelayRound, StuckLease};
+pub use idem_sql::{
+    DeadMessage, ExpiredLease, ExpiredPurge, Family, RelayCounters, RelayRound, StuckLease,
+    create_tables, database_now_ms, dead_messages, expired_leases, inspect, outbox_health,
+    purge_expired, purge_published, release_lease, retry_dead, stuck_leases,
+};
 
 /// The ledger on a deadpool-postgres pool, in atomic and lease mode, and the completer's
 /// store: idem-sql's one store on the [`TokioPostgres`] driver. `#[idempotent]` builds one
-/// from the handler's `&Pool`; `TokioPostgresStore::new(&pool)` builds one by hand (its
-/// operator methods: `outbox_health`, `dead_messages`, `retry_dead`, `purge_published`,
-/// `create_tables`).
+/// from the handler's `&Pool`; `TokioPostgresStore::new(&pool)` builds one by hand. The
+/// operator's functions ([`purge_expired`], [`inspect`], [`outbox_health`], ...) take the pool.
 pub type TokioPostgresStore = SqlStore<TokioPostgres>;
 
 /// The ledger in another call's body: an `#[idempotent]` function called with that body's
@@ -68,31 +71,11 @@ pub type Relay<S> = idem_sql::Relay<TokioPostgres, S>;
 /// Where a consumer records the messages it gave up on (`DeadLetterTable::new(&pool)`).
 pub type DeadLetterTable = idem_sql::DeadLetterTable<TokioPostgres>;
 
-/// Creates the tables of `families` that are missing ([`SqlStore::create_tables`]).
-///
-/// ```no_run
-/// # async fn run(pool: deadpool_postgres::Pool) -> Result<(), idem_core::Error> {
-/// idem_tokio_postgres::create_tables(&pool, &[idem_tokio_postgres::Family::Ledger]).await
-/// # }
-/// ```
-pub async fn create_tables(pool: &Pool, families: &[Family]) -> Result<(), Error> {
-    TokioPostgresStore::new(pool).create_tables(families).await
-}
+/// The pre-deploy check of an answer type that changed ([`idem_sql::check`]) on a pool.
+pub mod check {
+    pub use idem_sql::check::{AnswerCheck, MAX_LISTED, UnreadableRecord};
 
-/// Deletes every record that ended and whose TTL passed, `batch` rows per statement, pausing
-/// after each for as long as it took ([`idem_sql::ExpiredPurge`]); returns how many it deleted.
-pub async fn purge_expired(pool: &Pool, batch: u32) -> Result<u64, Error> {
-    let fail = |(doing, fault): (&str, idem_sql::Fault<_>)| {
-        fault.into_error(doing, TokioPostgres::classify, TokioPostgres::CREATE_TABLES)
-    };
-    let doing = "purging expired records";
-    let acquired = TokioPostgres::from(pool).acquire().await;
-    let mut conn = acquired.map_err(|e| fail((doing, idem_sql::Fault::Db(e))))?;
-    let sql = idem_sql::Sql::common(idem_sql::Dialect::Postgres);
-    idem_sql::ExpiredPurge::new()
-        .run(&mut conn, sql, batch)
-        .await
-        .map_err(fail)
+    idem_sql::check_entries!([] deadpool_postgres::Pool, crate::TokioPostgres);
 }
 
 /// Staging messages in the transaction you are in: inside an `#[idempotent]` body, on the
@@ -170,7 +153,7 @@ where
     final_phase(pool, name, writes, "idem::tokio_postgres::finish", true).await
 }
 
-/// A final phase; the value's type is known here, the rest is idem-sql's.
+/// A final phase on the pool: idem-sql's, the writes given the phase's transaction.
 async fn final_phase<T, E>(
     pool: &Pool,
     name: &str,
@@ -183,25 +166,8 @@ where
     E: From<Error>,
 {
     let store = TokioPostgresStore::new(pool);
-    if idem_core::testing::is_disabled() {
-        // Switched off, the call's lease is in memory: the writes alone, in a transaction.
-        return idem_sql::unfenced::<TokioPostgres, T, E, _>(&store, |tx: &mut TokioPostgresTx| {
-            writes(TokioPostgres::body(tx))
-        })
-        .await;
-    }
-    let lease = LeaseHandle::current(what)?;
-    if let Some(value) = lease.recorded::<T>(name)? {
-        return Ok(value);
-    }
-    let encode = |value: &T| lease.encode(value);
-    idem_sql::final_phase::<TokioPostgres, T, E, _>(
-        &store,
-        &lease,
-        name,
-        |tx: &mut TokioPostgresTx| writes(TokioPostgres::body(tx)),
-        encode,
-        keep_open,
-    )
+    idem_sql::final_phase(&store, name, what, keep_open, |tx: &mut TokioPostgresTx| {
+        writes(TokioPostgres::body(tx))
+    })
     .await
 }

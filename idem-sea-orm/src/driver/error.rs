@@ -1,7 +1,6 @@
 //! Classifies database errors into idem errors, without leaking SQL text.
 
 use idem_core::Error;
-use idem_sql::Fault;
 use sea_orm::DbErr;
 
 pub(crate) use idem_sql::Failure;
@@ -75,11 +74,6 @@ pub(crate) fn classify(e: &DbErr) -> Failure {
 /// Converts a database error met while `doing` something into an idem error.
 pub(crate) fn store_error(doing: &str, e: DbErr) -> Error {
     classify(&e).error(doing, e, CREATE_TABLES)
-}
-
-/// An idem-sql step's failure, with what it was doing, as an idem error.
-pub(crate) fn failed((doing, fault): (&'static str, Fault<DbErr>)) -> Error {
-    fault.into_error(doing, classify, CREATE_TABLES)
 }
 
 #[cfg(test)]

@@ -1,18 +1,17 @@
 //! How SeaORM runs [`idem_sql`]'s statements: which flavour a connection speaks (`flavour`),
 //! the dialect as SeaORM names it, a bound statement as a SeaORM `Statement`, its rows read at
-//! the column types the statement declares (idem-sql decodes them), and what a database error
-//! means (`error`).
+//! the column types the statement declares (idem-sql decodes them), SeaORM as the port's
+//! driver (`port`), and what a database error means (`error`).
 
 pub(crate) mod error;
 pub(crate) mod flavour;
 pub(crate) mod port;
 
-use idem_sql::{Column, Decode, Row, read_first};
+use idem_sql::{Column, Row};
 use sea_orm::{
     ConnectionTrait, DatabaseConnection, DbBackend, DbErr, QueryResult, Statement, Value,
 };
 
-pub(crate) use idem_sql::names::ALL_TABLES;
 pub(crate) use idem_sql::{Bound, Dialect, Param, Sql};
 pub use idem_sql::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
@@ -22,15 +21,6 @@ pub use idem_sql::{
 /// ([`Sql::common`]).
 pub(crate) fn of(backend: DbBackend) -> &'static Sql {
     Sql::common(dialect(backend))
-}
-
-/// SeaORM's name for the dialect `sql` is written in.
-pub(crate) fn backend(sql: &Sql) -> DbBackend {
-    match sql.dialect {
-        Dialect::Postgres => DbBackend::Postgres,
-        Dialect::MySql => DbBackend::MySql,
-        Dialect::Sqlite => DbBackend::Sqlite,
-    }
 }
 
 /// idem-sql's name for the dialect SeaORM calls `backend`.
@@ -75,8 +65,13 @@ pub fn placeholders(backend: DbBackend, template: &str) -> String {
 
 /// `bound` as SeaORM runs it, in the dialect of `sql`.
 pub(crate) fn statement(sql: &Sql, bound: Bound<'_>) -> Statement {
+    let backend = match sql.dialect {
+        Dialect::Postgres => DbBackend::Postgres,
+        Dialect::MySql => DbBackend::MySql,
+        Dialect::Sqlite => DbBackend::Sqlite,
+    };
     Statement::from_sql_and_values(
-        backend(sql),
+        backend,
         bound.sql.into_owned(),
         bound.params.into_iter().map(value),
     )
@@ -92,16 +87,6 @@ pub(crate) async fn fetch_rows<C: ConnectionTrait + ?Sized>(
     let columns = bound.columns;
     let rows = db.query_all_raw(statement(sql, bound)).await?;
     rows.iter().map(|row| read_columns(row, columns)).collect()
-}
-
-/// Runs `bound` on `db` and reads its first row, if any, with `read`.
-pub(crate) async fn fetch_first<C: ConnectionTrait + ?Sized, T>(
-    db: &C,
-    sql: &Sql,
-    bound: Bound<'_>,
-    read: fn(Row) -> Result<T, Decode>,
-) -> Result<Option<T>, DbErr> {
-    read_first(fetch_rows(db, sql, bound).await?, read).map_err(|e| undecodable(&e))
 }
 
 /// A row's `columns`, each read as its declared type (integers widened).
@@ -120,11 +105,6 @@ fn read_columns(row: &QueryResult, columns: &[Column]) -> Result<Row, DbErr> {
         })
         .collect::<Result<Vec<_>, DbErr>>()
         .map(Row::new)
-}
-
-/// A row whose columns were not what its statement declares, as SeaORM's error.
-fn undecodable(decode: &Decode) -> DbErr {
-    DbErr::Custom(decode.to_string())
 }
 
 /// A bound value as SeaORM binds it.

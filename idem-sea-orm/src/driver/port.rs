@@ -1,16 +1,18 @@
 //! SeaORM as idem-sql's [`Driver`]: a `DatabaseConnection` ([`SeaOrm`]), its transactions, and
 //! [`On`], any SeaORM connection (the pool, a transaction, a body's transaction) running
-//! idem-sql's bound statements. The store's features run on them through [`Bridge`]
-//! ([`on`]).
+//! idem-sql's bound statements; and SeaORM's connections as the operator functions'
+//! [`Handle`]s.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use idem_sql::{Begin, Bound, Connection, Dialect, Driver, Failure, ListenError, MySqlServer, Row};
+use idem_sql::{
+    Begin, Bound, Connection, Dialect, Driver, Failure, Handle, ListenError, MySqlServer, Row,
+};
 use sea_orm::{
-    AccessMode, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, DbErr,
-    IsolationLevel, SqliteTransactionMode, TransactionOptions, TransactionTrait,
+    AccessMode, ConnectionTrait, DatabaseConnection, DatabaseExecutor, DatabaseTransaction,
+    DbBackend, DbErr, IsolationLevel, SqliteTransactionMode, TransactionOptions, TransactionTrait,
 };
 
 use super::error::{CREATE_TABLES, classify};
@@ -125,6 +127,33 @@ impl idem_sql::Transaction for On<DatabaseTransaction> {
         self.0.rollback().await
     }
 }
+
+/// SeaORM's connections as idem's operator functions take them ([`Handle`]): the purge, the
+/// inspection and the check run their statements on the pool (a pooled connection each) or in
+/// the transaction; only the pool begins a snapshot of its own.
+macro_rules! handle {
+    (<$($l:lifetime),*> $handle:ty, $driver:expr) => {
+        impl<$($l),*> Handle<SeaOrm> for $handle {
+            type Conn<'h> = On<&'h $handle> where Self: 'h;
+
+            fn dialect(&self) -> Dialect {
+                super::dialect(self.get_database_backend())
+            }
+
+            async fn connection(&self) -> Result<On<&$handle>, DbErr> {
+                Ok(On(self))
+            }
+
+            fn driver(&self) -> Option<SeaOrm> {
+                ($driver)(self)
+            }
+        }
+    };
+}
+
+handle!(<> DatabaseConnection, |db: &DatabaseConnection| Some(SeaOrm::new(db.clone())));
+handle!(<> DatabaseTransaction, |_| None);
+handle!(<'e> DatabaseExecutor<'e>, |_| None);
 
 /// SeaORM's options for a transaction begun `how` on `backend`.
 pub(crate) fn options(backend: DbBackend, how: Begin) -> TransactionOptions {
@@ -267,10 +296,7 @@ impl Driver for SeaOrm {
                 use sea_orm::sqlx::postgres::PgListener;
                 let mut listener = PgListener::connect_with(&pool).await?;
                 listener.listen(idem_sql::names::WAKE_CHANNEL).await?;
-                loop {
-                    listener.recv().await?;
-                    idem_core::outbox::wake();
-                }
+                Ok(idem_sql::wake_on_each(listener.into_stream()).await?)
             }));
         }
         None

@@ -8,13 +8,10 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Duration;
 
 use idem_core::Error;
-use idem_core::lease::LeaseHandle;
 use idem_sql::{Driver, SqlStore};
-pub use idem_sql::{ExpiredLease, StuckLease};
-use sea_orm::{ConnectionTrait, DatabaseConnection, DatabaseTransaction};
+use sea_orm::{DatabaseConnection, DatabaseTransaction};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -67,7 +64,16 @@ where
         &'t DatabaseTransaction,
     ) -> Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>,
 {
-    final_phase(db, name, writes, "idem::sea_orm::final_step", false).await
+    let store = SqlStore::<SeaOrm>::new(db);
+    // The handler's writes get the phase's `DatabaseTransaction`.
+    idem_sql::final_phase(
+        &store,
+        name,
+        "idem::sea_orm::final_step",
+        false,
+        |tx: &mut On<DatabaseTransaction>| writes(SeaOrm::body(tx)),
+    )
+    .await
 }
 
 /// [`final_step`] as the handler's last work: the phase's transaction stays open until the
@@ -91,79 +97,14 @@ where
         &'t DatabaseTransaction,
     ) -> Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>,
 {
-    final_phase(db, name, writes, "idem::sea_orm::finish", true).await
-}
-
-/// A final phase; with `keep_open` its transaction waits for the call's result. The value's
-/// type is known here: a recorded step returns it; the rest is idem-sql's
-/// ([`idem_sql::final_phase`]).
-async fn final_phase<T, E, F>(
-    db: &DatabaseConnection,
-    name: &str,
-    writes: F,
-    what: &str,
-    keep_open: bool,
-) -> Result<T, E>
-where
-    T: Serialize + DeserializeOwned,
-    E: From<Error>,
-    F: for<'t> FnOnce(
-        &'t DatabaseTransaction,
-    ) -> Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>,
-{
-    let store = SqlStore::new(SeaOrm::new(db.clone()));
+    let store = SqlStore::<SeaOrm>::new(db);
     // The handler's writes get the phase's `DatabaseTransaction`.
-    if idem_core::testing::is_disabled() {
-        // Switched off, the call's lease is in memory: the writes alone, in a transaction.
-        return idem_sql::unfenced::<SeaOrm, T, E, _>(
-            &store,
-            |tx: &mut On<DatabaseTransaction>| writes(SeaOrm::body(tx)),
-        )
-        .await;
-    }
-    let lease = LeaseHandle::current(what)?;
-    if let Some(value) = lease.recorded::<T>(name)? {
-        return Ok(value);
-    }
-    let encode = |value: &T| lease.encode(value);
-    idem_sql::final_phase::<SeaOrm, T, E, _>(
+    idem_sql::final_phase(
         &store,
-        &lease,
         name,
+        "idem::sea_orm::finish",
+        true,
         |tx: &mut On<DatabaseTransaction>| writes(SeaOrm::body(tx)),
-        encode,
-        keep_open,
     )
     .await
-}
-
-/// Lists up to `limit` leases that ended without their call finishing, oldest first.
-pub async fn expired_leases<C: ConnectionTrait + Sync>(
-    db: &C,
-    limit: u32,
-) -> Result<Vec<ExpiredLease>, Error> {
-    let sql = crate::driver::of(db.get_database_backend());
-    idem_sql::expired_leases::<SeaOrm>(&mut On(db), sql, limit).await
-}
-
-/// Ends the lease of the call in progress under record `id` by hand (`idem release`), fenced
-/// ([`idem_sql::release_lease`]): the lease's token goes up by one, as a takeover's would, and
-/// the lease ends now. The holder, if it still runs, is refused its next step, renewal and
-/// completion ([`Error::LeaseLost`](idem_core::Error::LeaseLost)); the next client retry, or a
-/// completer for a resumable call, takes the call over at once from its recorded steps.
-/// Returns whether there was a live lease to release. For a holder that hangs (a step
-/// awaiting a call that never returns): [`stuck_leases`] lists such calls.
-pub async fn release_lease<C: ConnectionTrait + Sync>(db: &C, id: &[u8]) -> Result<bool, Error> {
-    let sql = crate::driver::of(db.get_database_backend());
-    idem_sql::release_lease::<SeaOrm>(&mut On(db), sql, id).await
-}
-
-/// Lists up to `limit` live leases held for longer than `held_for`, longest held first.
-pub async fn stuck_leases<C: ConnectionTrait + Sync>(
-    db: &C,
-    held_for: Duration,
-    limit: u32,
-) -> Result<Vec<StuckLease>, Error> {
-    let sql = crate::driver::of(db.get_database_backend());
-    idem_sql::stuck_leases::<SeaOrm>(&mut On(db), sql, held_for, limit).await
 }

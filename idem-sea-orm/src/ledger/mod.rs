@@ -3,7 +3,6 @@
 
 use sea_orm::entity::prelude::*;
 
-pub(crate) mod expiry;
 #[cfg(feature = "migration")]
 pub(crate) mod migration;
 pub(crate) mod schema;

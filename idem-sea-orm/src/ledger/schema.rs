@@ -2,24 +2,14 @@
 //! lacks) or as DDL for a service's own migrations ([`schema`]).
 
 use idem_core::Error;
-use idem_sql::Family;
-use sea_orm::ConnectionTrait;
+use idem_sql::{Family, Handle};
 
-use crate::driver::error::store_error;
-use crate::inspect;
-use crate::{
-    CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
-};
+use crate::SeaOrm;
 
 /// Creates the ledger, the steps and calls tables of lease mode, and the outbox tables (with
-/// their indexes) where they do not exist. Call it once at startup (or use the migrations,
-/// feature `migration`).
-///
-/// On PostgreSQL and MySQL it reads the catalogue first and runs DDL only for a family of
-/// tables that is missing: on a cluster (Galera) even `CREATE TABLE IF NOT EXISTS` is
-/// replicated as DDL and aborts the transactions committing on that table cluster-wide, so
-/// starting a service must not issue it against a live ledger. (On a cluster, prefer migrating
-/// once to creating at start.)
+/// their indexes) where they do not exist ([`idem_sql::create_tables`] of every family: DDL
+/// only for a family with a missing table). Call it once at startup (or use the migrations,
+/// feature `migration`; on a cluster, prefer migrating once to creating at start).
 ///
 /// ```
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -29,48 +19,8 @@ use crate::{
 /// # Ok(()) }
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(run()).unwrap();
 /// ```
-pub async fn create_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
-    let sql = crate::driver::of(db.get_database_backend());
-    // SQLite runs its (idempotent) DDL every time: it is embedded, so no other node aborts,
-    // and it drops the expiry index that ledgers of earlier versions have.
-    let missing = match crate::driver::backend(sql) {
-        sea_orm::DbBackend::Sqlite => crate::driver::ALL_TABLES.to_vec(),
-        _ => inspect::missing_tables(db).await?,
-    };
-    let exists = |table: &str| !missing.contains(&table);
-    let families = [
-        (
-            &sql.ledger.tables,
-            &[LEDGER_TABLE][..],
-            "creating the ledger table",
-        ),
-        (
-            &sql.lease.tables,
-            &[STEPS_TABLE][..],
-            "creating the steps table",
-        ),
-        (
-            &sql.completer.tables,
-            &[CALLS_TABLE][..],
-            "creating the calls table",
-        ),
-        (
-            &sql.outbox.tables,
-            &[OUTBOX_TABLE, OUTBOX_HEADS_TABLE, DEAD_LETTERS_TABLE][..],
-            "creating the outbox tables",
-        ),
-    ];
-    for (tables, names, doing) in families {
-        if names.iter().all(|&name| exists(name)) {
-            continue;
-        }
-        for statement in &tables.create {
-            db.execute_unprepared(statement)
-                .await
-                .map_err(|e| store_error(doing, e))?;
-        }
-    }
-    Ok(())
+pub async fn create_tables<C: Handle<SeaOrm>>(db: &C) -> Result<(), Error> {
+    idem_sql::create_tables(db, &Family::ALL).await
 }
 
 /// The DDL of `family`'s tables for `backend`, as a migration file (comment, then each
@@ -78,17 +28,24 @@ pub async fn create_tables<C: ConnectionTrait>(db: &C) -> Result<(), Error> {
 /// tables of the features it uses (`idem schema --backend … --only …` prints the same, and
 /// `idem-sql/schema/` holds every file). Atomic mode needs [`Family::Ledger`] alone.
 pub fn schema(backend: sea_orm::DbBackend, family: Family) -> String {
-    let dialect = match backend {
-        sea_orm::DbBackend::Postgres => idem_sql::Dialect::Postgres,
-        sea_orm::DbBackend::MySql => idem_sql::Dialect::MySql,
-        _ => idem_sql::Dialect::Sqlite,
-    };
-    idem_sql::schema(dialect, family)
+    idem_sql::schema(crate::driver::dialect(backend), family)
 }
 
 #[cfg(test)]
 mod tests {
     use sea_orm::{ConnectionTrait, Database};
+
+    use idem_sql::inspect::{missing_tables, record};
+    use idem_sql::names::ALL_TABLES;
+
+    #[tokio::test]
+    async fn a_fresh_database_lacks_every_table_until_create_tables() {
+        let db = Database::connect("sqlite::memory:").await.expect("db");
+        assert_eq!(missing_tables(&db).await.expect("list"), ALL_TABLES);
+        super::create_tables(&db).await.expect("tables");
+        assert_eq!(missing_tables(&db).await.expect("list"), Vec::<&str>::new());
+        assert_eq!(record(&db, &[7; 32]).await.expect("read"), None);
+    }
 
     #[tokio::test]
     async fn create_tables_makes_a_missing_family_and_leaves_the_others() {

@@ -1,19 +1,19 @@
 //! The atomic-mode claim, once for every store: which of the ledger's statements run, in
-//! which order, and what their rows decide. A store supplies the connection
-//! ([`ClaimConnection`]: its claim transaction, begun) and ends the transaction as the
+//! which order, and what their rows decide. The store supplies the connection (its claim
+//! transaction, begun, on any driver's [`Connection`]) and ends the transaction as the
 //! [`Claimed`] it gets back says.
 
 mod nested;
 mod store;
-
-use std::future::Future;
 
 use idem_core::{Claim, Fingerprint, RecordStatus, Recorded, Request};
 
 pub use nested::{ConnClaimed, ConnStore, Nested, NestedClaim};
 pub use store::ClaimedTx;
 
-use crate::{Bound, Column, Decode, NewRecord, Row, Sql, millis};
+use crate::{
+    Column, Connection, Decode, Driver, Failure, Fault, NewRecord, Row, Sql, fetch_first, millis,
+};
 
 /// A ledger row as a claim reads it back: the columns every claim statement returns, in
 /// their order (owner, fingerprint, state, response, expires_at_ms, now_ms).
@@ -111,36 +111,6 @@ impl NewRecord {
     }
 }
 
-/// A claim transaction, begun, as the claim runs statements in it.
-pub trait ClaimConnection: Send {
-    /// The driver's error.
-    type Error: Send;
-
-    /// Runs `statement` and reads the ledger row it returns, if any.
-    fn fetch_row(
-        &mut self,
-        statement: Bound<'static>,
-    ) -> impl Future<Output = Result<Option<ClaimRow>, Self::Error>> + Send;
-
-    /// Runs `statement`, which takes no values, unprepared (a `SAVEPOINT`, a session setting).
-    fn execute_unprepared(
-        &mut self,
-        sql: &str,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
-
-    /// Runs `statement` and returns the number of rows it changed.
-    fn execute(
-        &mut self,
-        statement: Bound<'static>,
-    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
-
-    /// Whether `error` is a lock wait that gave up (another transaction holds the key).
-    fn is_lock_timeout(error: &Self::Error) -> bool;
-
-    /// The error for a row a statement should have found and did not.
-    fn row_not_found(what: &'static str) -> Self::Error;
-}
-
 /// What a claim decided, and so how its store ends the transaction.
 #[derive(Debug)]
 pub enum Claimed {
@@ -168,26 +138,28 @@ pub struct ClaimStep {
     pub savepoint: bool,
 }
 
-/// Claims `step.row` in `conn`, a transaction that has just begun, with `d`'s statements.
-/// An error says what the claim was doing.
-pub async fn claim<C: ClaimConnection>(
+/// What a claim's step returns: its answer, or what it was doing when a statement failed.
+type Done<T, C> = Result<T, (&'static str, Fault<<C as Connection>::Error>)>;
+
+/// Claims `step.row` in `conn`, a transaction of driver `D` that has just begun, with `d`'s
+/// statements. An error says what the claim was doing.
+pub async fn claim<D: Driver, C: Connection<Error = D::Error>>(
     conn: &mut C,
     d: &'static Sql,
     step: &ClaimStep,
-) -> Result<Claimed, (&'static str, C::Error)> {
+) -> Done<Claimed, C> {
     if step.reject
         && let Some(sql) = d.ledger.before_nowait
     {
         conn.execute_unprepared(sql)
             .await
-            .map_err(|e| ("setting the lock timeout", e))?;
+            .map_err(|e| ("setting the lock timeout", Fault::Db(e)))?;
     }
     if d.ledger.claim_by_read {
         // SQLite: `BEGIN IMMEDIATE` already holds the only write lock, so nobody can claim
         // the key before this transaction ends. A plain read decides, and the record step
         // writes the whole row once (an upsert over an expired record).
-        let row = conn
-            .fetch_row(d.ledger.read_locked(&step.row.id))
+        let row = fetch_first(conn, d.ledger.read_locked(&step.row.id), ClaimRow::from_row)
             .await
             .map_err(|e| ("reading the key", e))?;
         if let Some(row) = row
@@ -202,17 +174,17 @@ pub async fn claim<C: ClaimConnection>(
     } else {
         d.ledger.claim(&step.row)
     };
-    let seen = conn.fetch_row(insert).await;
+    let seen = fetch_first(conn, insert, ClaimRow::from_row).await;
     if step.reject
         && let Some(sql) = d.ledger.after_nowait
     {
         conn.execute_unprepared(sql)
             .await
-            .map_err(|e| ("resetting the lock timeout", e))?;
+            .map_err(|e| ("resetting the lock timeout", Fault::Db(e)))?;
     }
     let seen = match seen {
         Ok(seen) => seen,
-        Err(e) if C::is_lock_timeout(&e) => return Ok(Claimed::InFlight),
+        Err(e) if e.failure(D::classify) == Failure::LockTimeout => return Ok(Claimed::InFlight),
         Err(e) => return Err(("claiming the key", e)),
     };
     match seen {
@@ -234,27 +206,22 @@ pub async fn claim<C: ClaimConnection>(
         _ => {}
     }
     // Another owner's row, seen without a lock: read it locked, as it is now.
-    let row = match conn.fetch_row(d.ledger.read_locked(&step.row.id)).await {
-        Ok(Some(row)) => row,
-        Ok(None) => {
-            return Err((
-                "reading the claimed key",
-                C::row_not_found("the claimed ledger row"),
-            ));
-        }
-        Err(e) => return Err(("reading the claimed key", e)),
-    };
+    let doing = "reading the claimed key";
+    let row = fetch_first(conn, d.ledger.read_locked(&step.row.id), ClaimRow::from_row)
+        .await
+        .map_err(|e| (doing, e))?
+        .ok_or((doing, Fault::Missing("the claimed ledger row")))?;
     settle(conn, d, row, step).await
 }
 
 /// Decides on the current, locked row of the key: ours, another owner's live record, or an
 /// expired record this claim takes over.
-async fn settle<C: ClaimConnection>(
+async fn settle<C: Connection>(
     conn: &mut C,
     d: &'static Sql,
     row: ClaimRow,
     step: &ClaimStep,
-) -> Result<Claimed, (&'static str, C::Error)> {
+) -> Done<Claimed, C> {
     if row.owner != step.row.owner {
         if row.is_live() {
             return Ok(Claimed::LiveLocked(row));
@@ -266,21 +233,21 @@ async fn settle<C: ClaimConnection>(
                 .take_over(&new.id, new.owner, &new.fingerprint, new.ttl_ms),
         )
         .await
-        .map_err(|e| ("taking over an expired key", e))?;
+        .map_err(|e| ("taking over an expired key", Fault::Db(e)))?;
     }
     savepoint(conn, d, step).await
 }
 
 /// The key is the claim's: a savepoint first if a final error may need one.
-async fn savepoint<C: ClaimConnection>(
+async fn savepoint<C: Connection>(
     conn: &mut C,
     d: &'static Sql,
     step: &ClaimStep,
-) -> Result<Claimed, (&'static str, C::Error)> {
+) -> Done<Claimed, C> {
     if step.savepoint {
         conn.execute_unprepared(&d.ledger.savepoint().sql)
             .await
-            .map_err(|e| ("taking the claim savepoint", e))?;
+            .map_err(|e| ("taking the claim savepoint", Fault::Db(e)))?;
     }
     Ok(Claimed::Execute)
 }

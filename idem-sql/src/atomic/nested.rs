@@ -10,7 +10,7 @@ use idem_core::{Claim, Error, RecordStatus, Request, Store};
 use super::store::{ClaimedTx, claim_aborted, claim_step, live_answer};
 use super::{ClaimStep, Claimed};
 use crate::store::{db_error, failed};
-use crate::{Bridge, Dialect, Driver, NewRecord, Sql, SqlStore, learn_flavour};
+use crate::{Dialect, Driver, NewRecord, Sql, SqlStore, learn_flavour};
 
 /// Another call's body, lent to a nested call: its claim takes the body for as long as it
 /// holds the key and gives it back when it records or releases (a call whose claim the
@@ -81,7 +81,7 @@ impl<'c, D: Driver> Nested<'c, D> {
         let step: ClaimStep = claim_step(req, false);
         let claimed = {
             let mut body = D::nested_body(&mut nested);
-            super::claim(&mut Bridge::<_, D>::new(D::on_body(&mut body)), sql, &step).await
+            super::claim::<D, _>(&mut D::on_body(&mut body), sql, &step).await
         };
         let row = match claimed {
             Ok(Claimed::Execute) => {

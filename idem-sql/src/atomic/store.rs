@@ -7,7 +7,7 @@ use idem_core::{Claim, Concurrency, Error, RecordStatus, Request, Store, detache
 use super::{ClaimRow, ClaimStep, Claimed};
 use crate::store::within;
 use crate::store::{db_error, failed};
-use crate::{Bridge, Dialect, Driver, Failure, NewRecord, Sql, SqlStore, fetch_first};
+use crate::{Dialect, Driver, Failure, NewRecord, Sql, SqlStore, fetch_first};
 
 /// A key claimed on the pool: the claim's transaction (the handler's body runs in it), the
 /// owner token its record is written under, and the statements of its server.
@@ -69,7 +69,7 @@ async fn claim_on_pool<D: Driver>(
     let (mut tx, sql) = store
         .begin_claim(wait, "beginning the claim transaction")
         .await?;
-    let claimed = super::claim(&mut Bridge::<_, D>::new(&mut tx), sql, &step)
+    let claimed = super::claim::<D, _>(&mut tx, sql, &step)
         .await
         .map_err(failed::<D>)?;
     let row = match claimed {

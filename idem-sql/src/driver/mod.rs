@@ -1,14 +1,14 @@
 //! The driver port: what idem's one store asks of a database driver. A driver crate (SeaORM,
 //! sqlx, tokio-postgres) implements [`Driver`] once, on a type of its own that holds its pool,
 //! with a [`Connection`] and a [`Transaction`]; every statement's text, every row's decoding
-//! and every decision stay in idem-sql. The plan, and how it replaces the per-feature ports
-//! (`ClaimConnection`, `LeaseConnection`) store by store through [`Bridge`], are in
+//! and every decision stay in idem-sql. It also implements [`Handle`] for the handles its
+//! users hold (a pool, a transaction), which the operator functions take. The plan is
 //! `docs/plans/driver-port.md`.
 
 mod begin;
-mod bridge;
 mod fault;
 mod flavour;
+mod handle;
 
 use std::future::Future;
 use std::time::Duration;
@@ -18,9 +18,10 @@ use futures_util::future::BoxFuture;
 pub use begin::{
     Begin, COMMIT, ROLLBACK, nested_savepoint, release_nested_savepoint, roll_back_nested_savepoint,
 };
-pub use bridge::Bridge;
 pub use fault::Fault;
 pub use flavour::learn_flavour;
+pub use handle::Handle;
+pub(crate) use handle::connect;
 
 use crate::{Bound, Decode, Dialect, Failure, MySqlServer, Row, read_each};
 

@@ -2,11 +2,10 @@
 //! statements a lease claim runs and what their rows decide ([`claim_lease`],
 //! [`LeaseStep::answer_at_once`], [`settled`]), the fence every write of a holder passes
 //! ([`fence`]), a step's record ([`record_step`]), a final phase's step ([`record_final_step`])
-//! and the completion ([`complete`]). A store supplies the connection ([`LeaseConnection`]: a
-//! transaction it began), begins and commits it, and turns a `false` ("the ticket no longer
-//! holds") into [`Error::LeaseLost`](idem_core::Error::LeaseLost).
+//! and the completion ([`complete`]). The store supplies the connection (any driver's
+//! [`Connection`]: a transaction it began), begins and commits it, and turns a `false` ("the
+//! ticket no longer holds") into [`Error::LeaseLost`](idem_core::Error::LeaseLost).
 
-use std::future::Future;
 use std::time::Duration;
 
 use idem_core::{Fingerprints, LeaseClaim, RecordStatus, Recorded, Request, Ticket};
@@ -19,21 +18,15 @@ mod store;
 
 pub use group_commit::{GroupCommit, LeaseWrite, LeaseWritten, write_grouped};
 pub use operator::{ExpiredLease, StuckLease, expired_leases, release_lease, stuck_leases};
-pub use phase::{WritesFuture, final_phase, unfenced};
+pub use phase::{WritesFuture, final_phase};
 pub use statements::{Lease, read_step};
 
-use crate::{Bound, ClaimConnection, ClaimRow, NewCall, NewRecord, Sql, millis};
+use crate::driver::{fetch_each, fetch_first};
+use crate::{Bound, ClaimRow, Connection, Fault, NewCall, NewRecord, Sql, millis};
 
-/// A transaction of a lease store, as lease mode runs its statements in it: a claim's
-/// connection that also reads the recorded steps.
-pub trait LeaseConnection: ClaimConnection {
-    /// Runs `statement`, which returns `name, result` rows ([`crate::Lease::select_steps`]),
-    /// and reads them.
-    fn fetch_steps(
-        &mut self,
-        statement: Bound<'static>,
-    ) -> impl Future<Output = Result<Vec<(String, Vec<u8>)>, Self::Error>> + Send;
-}
+/// What a step of lease mode returns: its answer, or what it was doing when a statement
+/// failed.
+type Done<T, C> = Result<T, (&'static str, Fault<<C as Connection>::Error>)>;
 
 /// One lease claim's values, owned: a claim runs to completion even when its caller stops
 /// waiting, so it cannot borrow the request.
@@ -145,26 +138,20 @@ pub fn settled(row: &ClaimRow, fingerprints: &Fingerprints) -> Option<LeaseClaim
 /// A new key or an ended record is a new execution (a resumable call's arguments stored with
 /// it); a lease that ended is taken over with the next token, after its recorded steps. An
 /// error says what the claim was doing.
-pub async fn claim_lease<C: LeaseConnection>(
+pub async fn claim_lease<C: Connection>(
     conn: &mut C,
     d: &'static Sql,
     step: &LeaseStep,
-) -> Result<LeaseClaim, (&'static str, C::Error)> {
+) -> Done<LeaseClaim, C> {
     let failed = |e| ("claiming a lease", e);
     let id = &step.row.id;
     conn.execute(d.ledger.claim(&step.row))
         .await
-        .map_err(failed)?;
-    let row = match conn.fetch_row(d.ledger.read_locked(id)).await {
-        Ok(Some(row)) => row,
-        Ok(None) => {
-            return Err((
-                "claiming a lease",
-                C::row_not_found("the claimed ledger row"),
-            ));
-        }
-        Err(e) => return Err(failed(e)),
-    };
+        .map_err(|e| failed(Fault::Db(e)))?;
+    let row = fetch_first(conn, d.ledger.read_locked(id), ClaimRow::from_row)
+        .await
+        .map_err(failed)?
+        .ok_or(failed(Fault::Missing("the claimed ledger row")))?;
     let owner = step.row.owner;
     if row.owner != owner {
         if let Some(answer) = settled(&row, &step.fingerprints) {
@@ -174,8 +161,7 @@ pub async fn claim_lease<C: LeaseConnection>(
             // The holder's lease ended: take over with the next token, resume after its steps.
             let token = row.owner.wrapping_add(1);
             take_over(conn, d, step, token).await?;
-            let steps = conn
-                .fetch_steps(d.lease.select_steps(id))
+            let steps = fetch_each(conn, d.lease.select_steps(id), read_step)
                 .await
                 .map_err(failed)?;
             return Ok(LeaseClaim::Execute {
@@ -187,14 +173,14 @@ pub async fn claim_lease<C: LeaseConnection>(
         take_over(conn, d, step, owner).await?;
         conn.execute(d.lease.delete_steps(id))
             .await
-            .map_err(failed)?;
+            .map_err(|e| failed(Fault::Db(e)))?;
     }
     // A new execution stores a resumable call's arguments in the claim's transaction: there
     // is never a claim a completer cannot rebuild.
     if let Some(call) = &step.call {
         conn.execute(d.completer.insert_call(call))
             .await
-            .map_err(failed)?;
+            .map_err(|e| failed(Fault::Db(e)))?;
     }
     Ok(LeaseClaim::Execute {
         ticket: step.ticket(owner, row.now_ms),
@@ -202,12 +188,12 @@ pub async fn claim_lease<C: LeaseConnection>(
     })
 }
 
-async fn take_over<C: LeaseConnection>(
+async fn take_over<C: Connection>(
     conn: &mut C,
     d: &'static Sql,
     step: &LeaseStep,
     token: i64,
-) -> Result<(), (&'static str, C::Error)> {
+) -> Done<(), C> {
     let row = &step.row;
     conn.execute(
         d.ledger
@@ -215,18 +201,13 @@ async fn take_over<C: LeaseConnection>(
     )
     .await
     .map(drop)
-    .map_err(|e| ("taking over a lease", e))
+    .map_err(|e| ("taking over a lease", Fault::Db(e)))
 }
 
 /// Locks the ledger row of `ticket` in `conn` and answers whether the ticket still holds it
 /// (the same token, the call still in progress). Every write of a holder passes it first.
-pub async fn fence<C: LeaseConnection>(
-    conn: &mut C,
-    d: &'static Sql,
-    ticket: &Ticket,
-) -> Result<bool, (&'static str, C::Error)> {
-    let row = conn
-        .fetch_row(d.ledger.read_locked(&ticket.id))
+pub async fn fence<C: Connection>(conn: &mut C, d: &'static Sql, ticket: &Ticket) -> Done<bool, C> {
+    let row = fetch_first(conn, d.ledger.read_locked(&ticket.id), ClaimRow::from_row)
         .await
         .map_err(|e| ("checking the lease", e))?;
     Ok(row
@@ -235,40 +216,40 @@ pub async fn fence<C: LeaseConnection>(
 
 /// Records step `name` with `payload` in `conn` if `ticket` still holds the lease; `false`
 /// (nothing written) if it does not.
-pub async fn record_step<C: LeaseConnection>(
+pub async fn record_step<C: Connection>(
     conn: &mut C,
     d: &'static Sql,
     ticket: &Ticket,
     name: &str,
     payload: &[u8],
-) -> Result<bool, (&'static str, C::Error)> {
+) -> Done<bool, C> {
     if !fence(conn, d, ticket).await? {
         return Ok(false);
     }
     conn.execute(d.lease.insert_step(&ticket.id, name, ticket.token, payload))
         .await
-        .map_err(|e| ("recording a step", e))?;
+        .map_err(|e| ("recording a step", Fault::Db(e)))?;
     Ok(true)
 }
 
 /// A final phase's step, after its writes, in the phase's transaction (which [`fence`]
 /// checked before them): records step `name`, and for a resumable call notes that a completer
 /// must complete it, never give it up (its effects are done).
-pub async fn record_final_step<C: LeaseConnection>(
+pub async fn record_final_step<C: Connection>(
     conn: &mut C,
     d: &'static Sql,
     ticket: &Ticket,
     name: &str,
     payload: &[u8],
     resumable: bool,
-) -> Result<(), (&'static str, C::Error)> {
+) -> Done<(), C> {
     conn.execute(d.lease.insert_step(&ticket.id, name, ticket.token, payload))
         .await
-        .map_err(|e| ("recording a step", e))?;
+        .map_err(|e| ("recording a step", Fault::Db(e)))?;
     if resumable {
         conn.execute(d.completer.note_final_phase(&ticket.id))
             .await
-            .map_err(|e| ("recording the final phase", e))?;
+            .map_err(|e| ("recording the final phase", Fault::Db(e)))?;
     }
     Ok(())
 }
@@ -295,7 +276,7 @@ pub fn completion<'d>(
 /// Records a lease-mode call's outcome in `conn` if `ticket` still holds the lease (kept for
 /// `ttl` from now), forgets its steps and, for a `resumable` call, its stored call; `false`
 /// (nothing written) if the ticket no longer holds. The store commits.
-pub async fn complete<C: LeaseConnection>(
+pub async fn complete<C: Connection>(
     conn: &mut C,
     d: &'static Sql,
     ticket: &Ticket,
@@ -303,12 +284,12 @@ pub async fn complete<C: LeaseConnection>(
     payload: Vec<u8>,
     ttl: Duration,
     resumable: bool,
-) -> Result<bool, (&'static str, C::Error)> {
+) -> Done<bool, C> {
     let failed = |e| ("recording the result", e);
     let updated = conn
         .execute(completion(d, ticket, status, payload, ttl))
         .await
-        .map_err(failed)?;
+        .map_err(|e| failed(Fault::Db(e)))?;
     if updated != 1 {
         return Ok(false);
     }
@@ -317,29 +298,34 @@ pub async fn complete<C: LeaseConnection>(
     if resumable {
         conn.execute(d.completer.delete_call(&ticket.id))
             .await
-            .map_err(failed)?;
+            .map_err(|e| failed(Fault::Db(e)))?;
     }
     Ok(true)
 }
 
 /// Deletes a finished call's steps: by primary key where a range delete would take gap locks
 /// (MySQL), after a plain read of their names.
-async fn forget_steps<C: LeaseConnection>(
+async fn forget_steps<C: Connection>(
     conn: &mut C,
     d: &'static Sql,
     id: &[u8],
-) -> Result<(), C::Error> {
+) -> Result<(), Fault<C::Error>> {
     if !d.lease.deletes_steps_by_key() {
-        return conn.execute(d.lease.delete_steps(id)).await.map(drop);
+        return conn
+            .execute(d.lease.delete_steps(id))
+            .await
+            .map(drop)
+            .map_err(Fault::Db);
     }
-    let names: Vec<String> = conn
-        .fetch_steps(d.lease.select_steps(id))
+    let names: Vec<String> = fetch_each(conn, d.lease.select_steps(id), read_step)
         .await?
         .into_iter()
         .map(|(name, _)| name)
         .collect();
     match d.lease.delete_steps_by_key(id, &names) {
-        Some(delete) if !names.is_empty() => conn.execute(delete).await.map(drop),
+        Some(delete) if !names.is_empty() => {
+            conn.execute(delete).await.map(drop).map_err(Fault::Db)
+        }
         _ => Ok(()),
     }
 }

@@ -1,4 +1,4 @@
-//! What an operator asks of lease mode, once for every store, on any driver's connection:
+//! What an operator asks of lease mode, once for every store, on any driver's [`Handle`]:
 //! leases that ended without their call finishing, live leases held for long (a hung holder),
 //! and the fenced release by hand.
 
@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use idem_core::Error;
 
-use crate::driver::fetch_each;
+use crate::driver::{connect, fetch_each};
+use crate::inspect::existing_tables;
 use crate::store::{db_error, failed};
-use crate::{CALLS_TABLE, Column, Connection, Decode, Driver, Row, Sql, SqlStore, millis};
+use crate::{CALLS_TABLE, Column, Connection, Decode, Driver, Handle, Row, Sql, millis};
 
 /// A lease that ended without its call finishing (the holder crashed, hung or was dropped): a
 /// retry takes it over, and so does a completer when the call is
@@ -166,42 +167,43 @@ async fn has_calls_table<D: Driver>(
     conn: &mut impl Connection<Error = D::Error>,
     sql: &'static Sql,
 ) -> Result<bool, Error> {
-    let tables = fetch_each(conn, sql.inspect.existing_tables(), Row::into_text)
+    let tables = existing_tables(conn, sql)
         .await
         .map_err(|fault| failed::<D>(("listing idem's tables", fault)))?;
     Ok(tables.iter().any(|name| name == CALLS_TABLE))
 }
 
 /// Lists up to `limit` leases that ended without their call finishing, oldest first (see
-/// [`ExpiredLease`]), on `conn`, a connection of driver `D` whose statements are `sql`'s: a
-/// retry takes each over, and a completer a resumable one.
-pub async fn expired_leases<D: Driver>(
-    conn: &mut impl Connection<Error = D::Error>,
-    sql: &'static Sql,
+/// [`ExpiredLease`]): a retry takes each over, and a completer a resumable one.
+pub async fn expired_leases<D: Driver, H: Handle<D>>(
+    db: &H,
     limit: u32,
 ) -> Result<Vec<ExpiredLease>, Error> {
-    let calls_table = has_calls_table::<D>(conn, sql).await?;
+    let doing = "listing expired leases";
+    let (mut conn, sql) = connect(db, doing).await?;
+    let calls_table = has_calls_table::<D>(&mut conn, sql).await?;
     let list = sql.lease.expired_leases(i64::from(limit), calls_table);
-    fetch_each(conn, list, ExpiredLease::from_row)
+    fetch_each(&mut conn, list, ExpiredLease::from_row)
         .await
-        .map_err(|fault| failed::<D>(("listing expired leases", fault)))
+        .map_err(|fault| failed::<D>((doing, fault)))
 }
 
 /// Lists up to `limit` live leases held for longer than `held_for`, longest held first (see
 /// [`StuckLease`]): their holders may hang, renewing for ever. [`release_lease`] ends one.
-pub async fn stuck_leases<D: Driver>(
-    conn: &mut impl Connection<Error = D::Error>,
-    sql: &'static Sql,
+pub async fn stuck_leases<D: Driver, H: Handle<D>>(
+    db: &H,
     held_for: Duration,
     limit: u32,
 ) -> Result<Vec<StuckLease>, Error> {
-    let calls_table = has_calls_table::<D>(conn, sql).await?;
+    let doing = "listing stuck leases";
+    let (mut conn, sql) = connect(db, doing).await?;
+    let calls_table = has_calls_table::<D>(&mut conn, sql).await?;
     let list = sql
         .lease
         .stuck_leases(millis(held_for), i64::from(limit), calls_table);
-    fetch_each(conn, list, StuckLease::from_row)
+    fetch_each(&mut conn, list, StuckLease::from_row)
         .await
-        .map_err(|fault| failed::<D>(("listing stuck leases", fault)))
+        .map_err(|fault| failed::<D>((doing, fault)))
 }
 
 /// Ends the lease of the call in progress under record `id` by hand, fenced (`idem release`):
@@ -212,40 +214,12 @@ pub async fn stuck_leases<D: Driver>(
 /// to release (`false`: no record, or one whose lease already ended: the next retry takes that
 /// one over anyway). For a holder that hangs: its renewals keep the lease alive for ever
 /// otherwise; [`stuck_leases`] lists such calls.
-pub async fn release_lease<D: Driver>(
-    conn: &mut impl Connection<Error = D::Error>,
-    sql: &'static Sql,
-    id: &[u8],
-) -> Result<bool, Error> {
+pub async fn release_lease<D: Driver, H: Handle<D>>(db: &H, id: &[u8]) -> Result<bool, Error> {
+    let doing = "releasing a lease";
+    let (mut conn, sql) = connect(db, doing).await?;
     let released = conn
         .execute(sql.lease.release_by_hand(id))
         .await
-        .map_err(|e| db_error::<D>("releasing a lease", e))?;
+        .map_err(|e| db_error::<D>(doing, e))?;
     Ok(released > 0)
-}
-
-/// The operator's lease calls on a store's pool, for a driver crate that names no functions
-/// of its own (tokio-postgres): each on a pooled connection, with the dialect's statements.
-impl<D: Driver> SqlStore<D> {
-    /// [`expired_leases`] on a pooled connection.
-    pub async fn expired_leases(&self, limit: u32) -> Result<Vec<ExpiredLease>, Error> {
-        let mut conn = self.pooled("listing expired leases").await?;
-        expired_leases::<D>(&mut conn, self.statements(), limit).await
-    }
-
-    /// [`stuck_leases`] on a pooled connection.
-    pub async fn stuck_leases(
-        &self,
-        held_for: Duration,
-        limit: u32,
-    ) -> Result<Vec<StuckLease>, Error> {
-        let mut conn = self.pooled("listing stuck leases").await?;
-        stuck_leases::<D>(&mut conn, self.statements(), held_for, limit).await
-    }
-
-    /// [`release_lease`] on a pooled connection.
-    pub async fn release_lease(&self, id: &[u8]) -> Result<bool, Error> {
-        let mut conn = self.pooled("releasing a lease").await?;
-        release_lease::<D>(&mut conn, self.statements(), id).await
-    }
 }

@@ -1,9 +1,8 @@
 //! A lease-mode call's final phase, once for every driver: the handler's database writes in
 //! one transaction that checks the lease ([`fence`]) and records them with a step, so they
 //! commit exactly once even across takeovers; kept open for the call's result when the phase
-//! is the handler's last work ([`OpenPhase`]). Each store's `final_step` and `finish` read the
-//! recorded step (the one part that knows the value's type) and lend the rest to
-//! [`final_phase`].
+//! is the handler's last work ([`OpenPhase`]). Each store's `final_step` and `finish` lend
+//! [`final_phase`] the phase's transaction as their users' body type.
 
 use std::future::Future;
 use std::marker::PhantomData;
@@ -13,14 +12,45 @@ use std::time::Duration;
 use idem_core::lease::{LeaseHandle, OpenPhase};
 use idem_core::testing::crash_points::{self, CrashPoint};
 use idem_core::{BoxFuture, Error, RecordStatus, Ticket, detached};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use super::store::record_completion;
 use super::{fence, record_final_step};
 use crate::store::{SqlStore, db_error, failed};
-use crate::{Bridge, Driver, Sql, Transaction};
+use crate::{Driver, Sql, Transaction};
 
 /// The future of a final phase's writes, borrowing the body it runs on.
 pub type WritesFuture<'t, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>;
+
+/// A store's final phase (`final_step`, `finish`; `what` names it in the error outside a
+/// lease-mode call): a step the call recorded already answers without running `writes`;
+/// otherwise they run in a transaction that also checks the lease and records the step
+/// `name`, kept open for the call's result with `keep_open`. With idem switched off
+/// ([`idem_core::testing`]) the call's lease is in memory: the writes alone, in a transaction.
+pub async fn final_phase<D, T, E, F>(
+    store: &SqlStore<D>,
+    name: &str,
+    what: &str,
+    keep_open: bool,
+    writes: F,
+) -> Result<T, E>
+where
+    D: Driver,
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+    F: for<'t> FnOnce(&'t mut D::Tx) -> WritesFuture<'t, T, E>,
+{
+    if idem_core::testing::is_disabled() {
+        return unfenced(store, writes).await;
+    }
+    let lease = LeaseHandle::current(what)?;
+    if let Some(value) = lease.recorded::<T>(name)? {
+        return Ok(value);
+    }
+    let encode = |value: &T| lease.encode(value);
+    fenced(store, &lease, name, writes, encode, keep_open).await
+}
 
 /// Runs `writes` in a transaction that also checks `lease` and records the step `name`
 /// (its value encoded by `encode`); with `keep_open`, the transaction waits for the call's
@@ -32,7 +62,7 @@ pub type WritesFuture<'t, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Se
 ///
 /// `writes` runs in the phase's transaction; a store lends the handler's writes its body from
 /// it ([`Driver::body`]: `&mut PgConnection`, `&DatabaseTransaction`).
-pub async fn final_phase<D, T, E, F>(
+async fn fenced<D, T, E, F>(
     store: &SqlStore<D>,
     lease: &LeaseHandle,
     name: &str,
@@ -60,7 +90,7 @@ where
         .begin_lease_write(doing)
         .await
         .map_err(|e| lease.store_failed(e))?;
-    match fence(&mut Bridge::<_, D>::new(&mut tx), d, &ticket).await {
+    match fence(&mut tx, d, &ticket).await {
         Ok(true) => {}
         Ok(false) => {
             let _ = tx.rollback().await;
@@ -85,8 +115,7 @@ where
     let payload = encode(&value)?;
     lease.recording_step();
     let resumable = lease.is_resumable();
-    let mut conn = Bridge::<_, D>::new(&mut tx);
-    record_final_step(&mut conn, d, &ticket, name, &payload, resumable)
+    record_final_step(&mut tx, d, &ticket, name, &payload, resumable)
         .await
         .map_err(|e| lease.store_failed(failed::<D>(e)))?;
     // A crash here drops the transaction, uncommitted, with the call.
@@ -112,7 +141,7 @@ where
 
 /// A final phase's writes with idem switched off ([`idem_core::testing`]): committed if they
 /// succeed, nothing recorded.
-pub async fn unfenced<D, T, E, F>(store: &SqlStore<D>, writes: F) -> Result<T, E>
+async fn unfenced<D, T, E, F>(store: &SqlStore<D>, writes: F) -> Result<T, E>
 where
     D: Driver,
     E: From<Error>,

@@ -15,9 +15,7 @@ use super::group_commit::{GroupCommit, write_grouped};
 use super::{LeaseStep, LeaseWrite, LeaseWritten, claim_lease, complete, completion, record_step};
 use crate::driver::fetch_first;
 use crate::store::{SqlStore, db_error, failed, within};
-use crate::{
-    Begin, Bound, Bridge, ClaimRow, Connection, Dialect, Driver, Fault, Sql, Transaction, millis,
-};
+use crate::{Begin, Bound, ClaimRow, Connection, Dialect, Driver, Fault, Sql, Transaction, millis};
 
 impl<D: Driver> SqlStore<D> {
     /// Applies `write`: on SQLite with the writes that arrive meanwhile, in one transaction;
@@ -107,9 +105,7 @@ impl<D: Driver> SqlStore<D> {
             }
         }
         let mut tx = within(wait, doing, self.begin_write(doing)).await?;
-        let answer = claim_lease(&mut Bridge::<_, D>::new(&mut tx), d, &step)
-            .await
-            .map_err(failed::<D>)?;
+        let answer = claim_lease(&mut tx, d, &step).await.map_err(failed::<D>)?;
         tx.commit().await.map_err(|e| db_error::<D>(doing, e))?;
         Ok(answer)
     }
@@ -150,8 +146,7 @@ pub(crate) async fn record_completion<D: Driver>(
     (status, payload, ttl): (RecordStatus, Vec<u8>, Duration),
     resumable: bool,
 ) -> Result<(), Error> {
-    let mut conn = Bridge::<_, D>::new(&mut tx);
-    let held = complete(&mut conn, d, &ticket, status, payload, ttl, resumable)
+    let held = complete(&mut tx, d, &ticket, status, payload, ttl, resumable)
         .await
         .map_err(failed::<D>)?;
     if !held {
@@ -230,15 +225,9 @@ impl<D: Driver> LeaseStore for SqlStore<D> {
             let doing = "recording a step";
             let d = store.server_statements(doing).await?;
             let mut tx = store.begin_lease_write(doing).await?;
-            let held = record_step(
-                &mut Bridge::<_, D>::new(&mut tx),
-                d,
-                &ticket,
-                &name,
-                &payload,
-            )
-            .await
-            .map_err(failed::<D>)?;
+            let held = record_step(&mut tx, d, &ticket, &name, &payload)
+                .await
+                .map_err(failed::<D>)?;
             if !held {
                 return Err(lost());
             }

@@ -1,12 +1,19 @@
-//! The purge of expired records, once for every store: which statement each step runs, where
-//! the next step starts, and when the purge has finished. A store supplies the connection
-//! (any driver's [`Connection`], each statement committing on its own) and wraps
-//! [`ExpiredPurge`] in its own type.
+//! The purge of expired records, once for every store and driver: which statement each step
+//! runs, where the next step starts, and when the purge has finished, on any driver's
+//! [`Handle`] (each statement committing on its own); and the database clock expiry is
+//! measured on.
 
 use std::time::Instant;
 
-use crate::driver::{fetch_each, fetch_first};
-use crate::{CALLS_TABLE, Connection, Fault, Purge, Row, STEPS_TABLE, Sql};
+use idem_core::Error;
+
+use crate::driver::{connect, fetch_first};
+use crate::inspect::existing_tables;
+use crate::store::failed;
+use crate::{CALLS_TABLE, Connection, Driver, Fault, Handle, Purge, Row, STEPS_TABLE, Sql};
+
+/// What a purge does, as its errors say.
+const PURGING: &str = "purging expired records";
 
 /// What a purge step returns: its answer, or what it was doing when the statement failed.
 type Done<T, C> = Result<T, (&'static str, Fault<<C as Connection>::Error>)>;
@@ -24,6 +31,18 @@ type Done<T, C> = Result<T, (&'static str, Fault<<C as Connection>::Error>)>;
 /// index, because on SQLite every commit waits for its pages to reach the disk and the index
 /// page was a fifth of a first execution's; there a step examines the next `batch` records in
 /// key order and deletes the expired ones among them, so one purge reads the ledger once.
+///
+/// `expired_leases` lists the calls not finished. [`purge_expired`] runs a purge to the end;
+/// step one yourself to pace it your own way:
+///
+/// ```text
+/// let mut purge = idem::sea_orm::ExpiredPurge::new(); // or idem::sqlx::ExpiredPurge
+/// while let Some(deleted) = purge.step(&db, 500).await? {
+///     tracing::debug!(deleted, "purged a batch of expired records");
+///     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+/// }
+/// assert!(purge.is_finished());
+/// ```
 #[derive(Debug, Default, Clone)]
 pub struct ExpiredPurge {
     /// SQLite: the last key a step examined (empty before the first step: below every key).
@@ -64,11 +83,24 @@ impl ExpiredPurge {
         self.finished
     }
 
-    /// Runs the purge to its end on `conn` ([`step`](Self::step) after step), pausing after
-    /// each statement for as long as it took, so it never holds more than half of the
-    /// database's write time: claims queue behind at most one batch. Returns the records
-    /// deleted.
-    pub async fn run<C: Connection>(
+    /// Runs one statement on `db` (`batch` rows at most, at least 1) and returns the records
+    /// it deleted, or `None` once the purge has finished (then nothing runs). With
+    /// [`with_orphans`](Self::with_orphans), the step that finishes also deletes steps and
+    /// stored calls left without their record.
+    pub async fn step<D: Driver, H: Handle<D>>(
+        &mut self,
+        db: &H,
+        batch: u32,
+    ) -> Result<Option<u64>, Error> {
+        let (mut conn, sql) = connect(db, PURGING).await?;
+        self.step_on(&mut conn, sql, batch)
+            .await
+            .map_err(failed::<D>)
+    }
+
+    /// Runs the purge to its end on `conn` ([`step_on`](Self::step_on) after step), pausing
+    /// after each statement for as long as it took. Returns the records deleted.
+    async fn run_on<C: Connection>(
         &mut self,
         conn: &mut C,
         sql: &'static Sql,
@@ -76,7 +108,7 @@ impl ExpiredPurge {
     ) -> Done<u64, C> {
         loop {
             let started = Instant::now();
-            self.step(conn, sql, batch).await?;
+            self.step_on(conn, sql, batch).await?;
             if self.finished {
                 return Ok(self.deleted);
             }
@@ -84,11 +116,9 @@ impl ExpiredPurge {
         }
     }
 
-    /// Runs one statement of `sql` on `conn` (`batch` rows at most, at least 1) and returns
-    /// the records it deleted, or `None` once the purge has finished (then nothing runs). With
-    /// [`with_orphans`](Self::with_orphans), the step that finishes also deletes steps and
-    /// stored calls left without their record. An error says what the step was doing.
-    pub async fn step<C: Connection>(
+    /// [`step`](Self::step) on `conn`, whose statements are `sql`'s. An error says what the
+    /// step was doing.
+    async fn step_on<C: Connection>(
         &mut self,
         conn: &mut C,
         sql: &'static Sql,
@@ -101,14 +131,14 @@ impl ExpiredPurge {
         let (steps, calls) = match self.tables {
             Some(tables) => tables,
             None => {
-                let existing = fetch_each(conn, sql.inspect.existing_tables(), Row::into_text)
+                let existing = existing_tables(conn, sql)
                     .await
                     .map_err(|e| ("listing idem's tables", e))?;
                 let has = |table: &str| existing.iter().any(|name| name == table);
                 *self.tables.insert((has(STEPS_TABLE), has(CALLS_TABLE)))
             }
         };
-        let purging = "purging expired records";
+        let purging = PURGING;
         let deleted = match sql.ledger.purge(calls) {
             Purge::ByIndex(purge) => {
                 let deleted = conn
@@ -160,4 +190,35 @@ impl ExpiredPurge {
         }
         Ok(Some(deleted))
     }
+}
+
+/// Deletes every record that ended and whose TTL passed, `batch` rows per statement (see
+/// [`ExpiredPurge`]), and returns how many it deleted. Calls not finished (a lease that ended
+/// unfinished, a resumable call awaiting its completer, a give-up whose hook is owed) are
+/// kept however old; `expired_leases` lists them.
+///
+/// Each statement is its own short transaction, and after each one the purge pauses for as
+/// long as the statement took, so it never holds more than half of the database's write time:
+/// claims queue behind at most one batch. Small batches keep that wait short (the benchmark's
+/// P7: about 150 rows per statement on PostgreSQL keep a statement near 2 ms). On a pool it
+/// holds one connection until it ends (SeaORM's: one per statement).
+pub async fn purge_expired<D: Driver, H: Handle<D>>(db: &H, batch: u32) -> Result<u64, Error> {
+    let (mut conn, sql) = connect(db, PURGING).await?;
+    ExpiredPurge::new()
+        .run_on(&mut conn, sql, batch)
+        .await
+        .map_err(failed::<D>)
+}
+
+/// The database's clock, in milliseconds since the Unix epoch (what expiry is measured on).
+pub async fn database_now_ms<D: Driver, H: Handle<D>>(db: &H) -> Result<i64, Error> {
+    let doing = "reading the database clock";
+    let (mut conn, sql) = connect(db, doing).await?;
+    fetch_first(&mut conn, sql.ledger.select_now(), Row::into_i64)
+        .await
+        .map_err(|fault| failed::<D>((doing, fault)))?
+        .ok_or_else(|| Error::Store {
+            message: "the database clock query returned no row".to_owned(),
+            source: None,
+        })
 }

@@ -2,7 +2,7 @@
 
 mod expiry;
 
-pub use expiry::ExpiredPurge;
+pub use expiry::{ExpiredPurge, database_now_ms, purge_expired};
 
 use crate::statement::render::{render, upsert};
 use crate::{Bound, ClaimRow, Column, Dialect, Param, Tables};

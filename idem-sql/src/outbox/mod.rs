@@ -16,8 +16,10 @@ mod relay;
 mod statements;
 mod store;
 
-pub use operator::{DeadMessage, dead_messages, paced_purge, retry_dead};
-pub use relay::{Relay, RelayCounters, RelayRound};
+pub use operator::{
+    DeadMessage, dead_messages, outbox_health, paced_purge, purge_published, retry_dead,
+};
+pub use relay::{Relay, RelayCounters, RelayRound, wake_on_each};
 pub use statements::{NewMessage, Outbox};
 pub use store::stage_message;
 

@@ -1,15 +1,17 @@
-//! What an operator asks of the outbox, once for every store: the dead messages (listed and put
-//! back in line) and the paced purge of published ones, on any driver's connection or on
-//! [`SqlStore`]'s pool.
+//! What an operator asks of the outbox, once for every store: its health, the dead messages
+//! (listed and put back in line) and the paced purge of published ones, on any driver's
+//! [`Handle`].
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 use idem_core::Error;
 
-use crate::driver::fetch_each;
+use idem_core::outbox::OutboxHealth;
+
+use crate::driver::{connect, fetch_each, fetch_first};
 use crate::store::{db_error, failed};
-use crate::{Column, Connection, Decode, Driver, Outbox, Row, SqlStore, millis};
+use crate::{Column, Connection, Decode, Driver, Handle, Row, millis, read_health};
 
 /// A message that exhausted its attempts (or that its sink refused).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,66 +102,64 @@ where
     }
 }
 
-/// Lists up to `limit` dead messages on `conn` (a connection of driver `D` whose statements are
-/// `outbox`'s), oldest first: each blocks its aggregate until [`retry_dead`] puts it back in
-/// line.
-pub async fn dead_messages<D: Driver>(
-    conn: &mut impl Connection<Error = D::Error>,
-    outbox: &'static Outbox,
+/// The outbox's figures for a health endpoint or a metrics scrape: pending messages, the age
+/// of the oldest one (database clock), dead messages. One statement.
+pub async fn outbox_health<D: Driver, H: Handle<D>>(db: &H) -> Result<OutboxHealth, Error> {
+    let doing = "reading the outbox's health";
+    let (mut conn, sql) = connect(db, doing).await?;
+    fetch_first(&mut conn, sql.outbox.outbox_health(), read_health)
+        .await
+        .map_err(|fault| failed::<D>((doing, fault)))?
+        .ok_or_else(|| Error::store(doing, "no row"))
+}
+
+/// Lists up to `limit` dead messages, oldest first: each blocks its aggregate until
+/// [`retry_dead`] puts it back in line.
+pub async fn dead_messages<D: Driver, H: Handle<D>>(
+    db: &H,
     limit: u32,
 ) -> Result<Vec<DeadMessage>, Error> {
-    let list = outbox.list_dead(i64::from(limit));
-    fetch_each(conn, list, DeadMessage::from_row)
+    let doing = "listing dead outbox messages";
+    let (mut conn, sql) = connect(db, doing).await?;
+    let list = sql.outbox.list_dead(i64::from(limit));
+    fetch_each(&mut conn, list, DeadMessage::from_row)
         .await
-        .map_err(|fault| failed::<D>(("listing dead outbox messages", fault)))
+        .map_err(|fault| failed::<D>((doing, fault)))
 }
 
 /// Puts the dead message `message_id` back in line with fresh attempts, and wakes this
 /// process's relays; `false` if no dead message has that id.
-pub async fn retry_dead<D: Driver>(
-    conn: &mut impl Connection<Error = D::Error>,
-    outbox: &'static Outbox,
-    message_id: &str,
-) -> Result<bool, Error> {
+pub async fn retry_dead<D: Driver, H: Handle<D>>(db: &H, message_id: &str) -> Result<bool, Error> {
+    let doing = "retrying a dead outbox message";
+    let (mut conn, sql) = connect(db, doing).await?;
     let retried = conn
-        .execute(outbox.retry_dead(message_id))
+        .execute(sql.outbox.retry_dead(message_id))
         .await
-        .map_err(|e| db_error::<D>("retrying a dead outbox message", e))?;
+        .map_err(|e| db_error::<D>(doing, e))?;
     if retried > 0 {
         idem_core::outbox::wake();
     }
     Ok(retried > 0)
 }
 
-impl<D: Driver> SqlStore<D> {
-    /// [`dead_messages`] on a pooled connection.
-    pub async fn dead_messages(&self, limit: u32) -> Result<Vec<DeadMessage>, Error> {
-        let mut conn = self.pooled("listing dead outbox messages").await?;
-        dead_messages::<D>(&mut conn, &self.statements().outbox, limit).await
-    }
-
-    /// [`retry_dead`] on a pooled connection.
-    pub async fn retry_dead(&self, message_id: &str) -> Result<bool, Error> {
-        let mut conn = self.pooled("retrying a dead outbox message").await?;
-        retry_dead::<D>(&mut conn, &self.statements().outbox, message_id).await
-    }
-
-    /// Deletes messages published more than `retention` ago, `batch` rows per statement (each
-    /// on a pooled connection of its own), pausing after each for as long as it took
-    /// ([`paced_purge`]). Returns how many it deleted.
-    pub async fn purge_published(&self, retention: Duration, batch: u32) -> Result<u64, Error> {
-        let doing = "purging published outbox messages";
-        let batch = batch.max(1);
-        paced_purge(batch, || async move {
-            let mut conn = self.pooled(doing).await?;
-            let purge = self
-                .statements()
-                .outbox
-                .purge_published(millis(retention), i64::from(batch));
-            conn.execute(purge)
-                .await
-                .map_err(|e| db_error::<D>(doing, e))
-        })
-        .await
-    }
+/// Deletes messages published more than `retention` ago, `batch` rows per statement (each on
+/// a connection of its own), pausing after each for as long as it took ([`paced_purge`], as
+/// the purge of expired records does). Returns how many it deleted.
+pub async fn purge_published<D: Driver, H: Handle<D>>(
+    db: &H,
+    retention: Duration,
+    batch: u32,
+) -> Result<u64, Error> {
+    let doing = "purging published outbox messages";
+    let batch = batch.max(1);
+    paced_purge(batch, || async move {
+        let (mut conn, sql) = connect(db, doing).await?;
+        let purge = sql
+            .outbox
+            .purge_published(millis(retention), i64::from(batch));
+        conn.execute(purge)
+            .await
+            .map_err(|e| db_error::<D>(doing, e))
+    })
+    .await
 }

@@ -295,7 +295,7 @@ impl<D: Driver, S: Sink> Relay<D, S> {
                 let published = self.counters.published.load(Ordering::Relaxed);
                 let per_s =
                     (published - published_at_report) as f64 / last_report.elapsed().as_secs_f64();
-                match self.store.outbox_health().await {
+                match crate::outbox_health(&self.store).await {
                     Ok(h) => tracing::info!(
                         pending = h.pending,
                         oldest_pending_ms = h.oldest_pending_ms.unwrap_or(0),
@@ -354,6 +354,20 @@ impl<D: Driver, S: Sink> Relay<D, S> {
         self.counters.sink_restarts.fetch_add(1, Ordering::Relaxed);
         idem_core::outbox::note_sink_restart();
     }
+}
+
+/// Wakes this process's relays on each of `notifications` (a driver's commit listener, as
+/// [`Driver::wake_on_commits`] returns it) until one fails.
+pub async fn wake_on_each<N, E>(
+    notifications: impl futures_util::Stream<Item = Result<N, E>>,
+) -> Result<(), E> {
+    use futures_util::StreamExt as _;
+    let mut notifications = pin!(notifications);
+    while let Some(notification) = notifications.next().await {
+        notification?;
+        idem_core::outbox::wake();
+    }
+    Ok(())
 }
 
 /// A task that wakes this process's relays on each commit another process announces

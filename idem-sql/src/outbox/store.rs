@@ -5,10 +5,8 @@
 use std::time::Duration;
 
 use idem_core::Error;
-use idem_core::outbox::OutboxHealth;
 
-use super::{ClaimedMessage, FailedAttempt, claim_messages, read_health, record_outcomes};
-use crate::driver::fetch_first;
+use super::{ClaimedMessage, FailedAttempt, claim_messages, record_outcomes};
 use crate::store::{SqlStore, db_error, failed};
 use crate::{Begin, Driver, Transaction};
 
@@ -59,21 +57,6 @@ impl<D: Driver> SqlStore<D> {
         )
         .await
         .map_err(failed::<D>)
-    }
-
-    /// The outbox's figures for a health endpoint or a metrics scrape: pending messages, the
-    /// age of the oldest one (database clock), dead messages. One statement.
-    pub async fn outbox_health(&self) -> Result<OutboxHealth, Error> {
-        let doing = "reading the outbox's health";
-        let mut conn = self.pooled(doing).await?;
-        fetch_first(
-            &mut conn,
-            self.statements().outbox.outbox_health(),
-            read_health,
-        )
-        .await
-        .map_err(|e| failed::<D>((doing, e)))?
-        .ok_or_else(|| Error::store(doing, "no row"))
     }
 }
 

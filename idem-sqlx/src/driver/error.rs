@@ -1,7 +1,7 @@
 //! sqlx's errors as idem's, without leaking SQL text.
 
 use idem_core::Error;
-use idem_sql::{Failure, Fault};
+use idem_sql::Failure;
 
 /// How a sqlx user creates a missing ledger, quoted in the error.
 pub(crate) const CREATE_TABLES: &str = "call `idem::sqlx::create_tables(&pool, &[Family::Ledger])` at startup, or add the \
@@ -35,9 +35,4 @@ pub(crate) fn classify(e: &sqlx::Error) -> Failure {
 /// Converts a database error met while `doing` something into an idem error.
 pub(crate) fn store_error(doing: &str, e: sqlx::Error) -> Error {
     classify(&e).error(doing, e, CREATE_TABLES)
-}
-
-/// An idem-sql step's failure, with what it was doing, as an idem error.
-pub(crate) fn failed((doing, fault): (&'static str, Fault<sqlx::Error>)) -> Error {
-    fault.into_error(doing, classify, CREATE_TABLES)
 }

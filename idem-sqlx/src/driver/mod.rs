@@ -1,6 +1,6 @@
-//! What differs between sqlx's drivers, as far as the store cares: how a claim begins, how a
-//! statement's values are bound and its columns read (at the types the statement declares;
-//! idem-sql decodes the rows), which server flavour a pool talks to. One impl per database,
+//! What differs between sqlx's drivers, as far as the store cares: how a statement's values
+//! are bound and its columns read (at the types the statement declares; idem-sql decodes the
+//! rows), which MySQL server a pool reaches. One impl per database,
 //! written once by a macro over the concrete types (sqlx's generic bounds for "any database
 //! whose connection executes queries" do not normalise).
 
@@ -11,7 +11,7 @@ pub(crate) mod port;
 use std::future::Future;
 use std::pin::Pin;
 
-use idem_sql::{Bound, Decode, Dialect, Flavour, MySqlServer, Row, read_each, read_first};
+use idem_sql::{Bound, Dialect, MySqlServer, Row};
 use sqlx::Pool;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 use {
@@ -34,11 +34,6 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     #[doc(hidden)]
     const DIALECT: Dialect;
 
-    /// The flavour of the server `pool` talks to (on the MySQL protocol, learnt once per
-    /// server from its version).
-    #[doc(hidden)]
-    fn flavour(pool: &Pool<Self>) -> impl Future<Output = Flavour> + Send;
-
     /// The MySQL server `pool` reaches, whose family this process learns once; `None` on
     /// the other databases.
     #[doc(hidden)]
@@ -54,34 +49,6 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
         named: bool,
     ) -> Step<'c, Vec<Row>>;
 
-    /// Runs `statement` and reads each row with `read` (idem-sql's reader of its rows).
-    #[doc(hidden)]
-    fn fetch_each<'c, T: Send + 'c>(
-        conn: &'c mut Self::Connection,
-        statement: Bound<'static>,
-        named: bool,
-        read: fn(Row) -> Result<T, Decode>,
-    ) -> Step<'c, Vec<T>> {
-        Box::pin(async move {
-            let rows = Self::fetch_rows(conn, statement, named).await?;
-            read_each(rows, read).map_err(undecodable)
-        })
-    }
-
-    /// Runs `statement` and reads its first row, if any, with `read`.
-    #[doc(hidden)]
-    fn fetch_first<'c, T: Send + 'c>(
-        conn: &'c mut Self::Connection,
-        statement: Bound<'static>,
-        named: bool,
-        read: fn(Row) -> Result<T, Decode>,
-    ) -> Step<'c, Option<T>> {
-        Box::pin(async move {
-            let rows = Self::fetch_rows(conn, statement, named).await?;
-            read_first(rows, read).map_err(undecodable)
-        })
-    }
-
     /// Runs `statement` and returns how many rows it changed.
     #[doc(hidden)]
     fn execute<'c>(
@@ -95,41 +62,16 @@ pub trait Backend: sqlx::Database + sealed::Sealed {
     fn execute_unprepared<'c>(conn: &'c mut Self::Connection, sql: &'c str) -> Step<'c, ()>;
 }
 
-/// A row whose columns were not what its statement declares, as sqlx's decoding error.
-fn undecodable(decode: Decode) -> sqlx::Error {
-    sqlx::Error::Decode(Box::new(decode))
-}
-
-/// The body of a `Backend` method that runs `statement` and decodes each row it returns with
-/// `decode` (inside the `backend!` impl, where `Self` is the database).
-#[allow(unused_macros)]
-macro_rules! each_row {
-    ($conn:ident, $statement:ident, $named:ident, |$row:ident| $decode:expr) => {
-        Box::pin(async move {
-            use sqlx::Row as _;
-            let rows = query::<Self>($statement, $named)
-                .fetch_all(&mut *$conn)
-                .await?;
-            rows.iter().map(|$row| $decode).collect()
-        })
-    };
-}
-
 // Unused when no database feature is on.
 #[allow(unused_macros)]
 macro_rules! backend {
-    ($db:ty, $dialect:expr, flavour = |$pool:ident| $flavour:expr, server = |$spool:ident| $server:expr) => {
+    ($db:ty, $dialect:expr, server = |$pool:ident| $server:expr) => {
         impl sealed::Sealed for $db {}
 
         impl Backend for $db {
             const DIALECT: Dialect = $dialect;
 
-            #[allow(clippy::manual_async_fn)]
-            fn flavour($pool: &Pool<Self>) -> impl Future<Output = Flavour> + Send {
-                async move { $flavour }
-            }
-
-            fn server($spool: &Pool<Self>) -> Option<MySqlServer> {
+            fn server($pool: &Pool<Self>) -> Option<MySqlServer> {
                 $server
             }
 
@@ -139,21 +81,31 @@ macro_rules! backend {
                 named: bool,
             ) -> Step<'c, Vec<Row>> {
                 let columns = statement.columns;
-                each_row!(conn, statement, named, |row| {
-                    columns
-                        .iter()
-                        .enumerate()
-                        .map(|(i, column)| -> Result<Value, sqlx::Error> {
-                            Ok(match column {
-                                Column::I16 => row.try_get::<Option<i16>, _>(i)?.into(),
-                                Column::I32 => row.try_get::<Option<i32>, _>(i)?.into(),
-                                Column::I64 => row.try_get::<Option<i64>, _>(i)?.into(),
-                                Column::Bytes => row.try_get::<Option<Vec<u8>>, _>(i)?.into(),
-                                Column::Text => row.try_get::<Option<String>, _>(i)?.into(),
-                            })
+                Box::pin(async move {
+                    use sqlx::Row as _;
+                    let rows = query::<Self>(statement, named)
+                        .fetch_all(&mut *conn)
+                        .await?;
+                    rows.iter()
+                        .map(|row| {
+                            columns
+                                .iter()
+                                .enumerate()
+                                .map(|(i, column)| -> Result<Value, sqlx::Error> {
+                                    Ok(match column {
+                                        Column::I16 => row.try_get::<Option<i16>, _>(i)?.into(),
+                                        Column::I32 => row.try_get::<Option<i32>, _>(i)?.into(),
+                                        Column::I64 => row.try_get::<Option<i64>, _>(i)?.into(),
+                                        Column::Bytes => {
+                                            row.try_get::<Option<Vec<u8>>, _>(i)?.into()
+                                        }
+                                        Column::Text => row.try_get::<Option<String>, _>(i)?.into(),
+                                    })
+                                })
+                                .collect::<Result<Vec<_>, _>>()
+                                .map(Row::new)
                         })
-                        .collect::<Result<Vec<_>, _>>()
-                        .map(Row::new)
+                        .collect()
                 })
             }
 
@@ -224,72 +176,22 @@ fn query<'q, DB: Binds>(
 }
 
 #[cfg(feature = "postgres")]
-backend!(
-    sqlx::Postgres,
-    Dialect::Postgres,
-    flavour = |pool| {
-        let _ = pool;
-        Flavour::Postgres
-    },
-    server = |pool| {
-        let _ = pool;
-        None
-    }
-);
+backend!(sqlx::Postgres, Dialect::Postgres, server = |_pool| None);
 
+// The server a pool connects to, whose MySQL family this process learns once.
 #[cfg(feature = "mysql")]
 backend!(
     sqlx::MySql,
     Dialect::MySql,
-    flavour = |pool| mysql::flavour(pool).await,
-    server = |pool| Some(mysql::server(pool))
-);
-
-#[cfg(feature = "sqlite")]
-backend!(
-    sqlx::Sqlite,
-    Dialect::Sqlite,
-    flavour = |pool| {
-        let _ = pool;
-        Flavour::Sqlite
-    },
     server = |pool| {
-        let _ = pool;
-        None
-    }
-);
-
-#[cfg(feature = "mysql")]
-mod mysql {
-    //! Which MySQL-protocol family a pool's server is, learnt once per server
-    //! ([`MySqlServer`]).
-
-    use idem_sql::{Flavour, MySqlServer};
-    use sqlx::{MySql, Pool};
-
-    /// The server `pool` connects to.
-    pub(super) fn server(pool: &Pool<MySql>) -> MySqlServer {
         let options = pool.connect_options();
-        MySqlServer::new(
+        Some(MySqlServer::new(
             options.get_host(),
             options.get_port(),
             options.get_database(),
-        )
+        ))
     }
+);
 
-    pub(super) async fn flavour(pool: &Pool<MySql>) -> Flavour {
-        let server = server(pool);
-        if let Some(flavour) = server.learnt() {
-            return flavour;
-        }
-        let version: Option<String> = sqlx::query_scalar(idem_sql::SELECT_VERSION)
-            .fetch_one(pool)
-            .await
-            .ok();
-        let wsrep_on: Option<i64> = sqlx::query_scalar(idem_sql::SELECT_WSREP_ON)
-            .fetch_one(pool)
-            .await
-            .ok();
-        server.learn(version.as_deref(), wsrep_on)
-    }
-}
+#[cfg(feature = "sqlite")]
+backend!(sqlx::Sqlite, Dialect::Sqlite, server = |_pool| None);

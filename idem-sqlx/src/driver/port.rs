@@ -1,12 +1,14 @@
 //! sqlx as idem-sql's [`Driver`]: a pool ([`Sqlx`]), a pooled connection ([`SqlxPooled`]), an
 //! owned transaction ([`SqlxTx`]) and a borrowed connection ([`SqlxConn`], a claim's
 //! transaction or a handler's body), each running idem-sql's bound statements through the
-//! [`Backend`] primitives. The store's features run on them through [`Bridge`] ([`on`]).
+//! [`Backend`] primitives; and a pool as the operator functions' [`Handle`].
 
 use std::time::Duration;
 
 use idem_core::BoxFuture;
-use idem_sql::{Begin, Bound, Connection, Dialect, Driver, Failure, ListenError, MySqlServer, Row};
+use idem_sql::{
+    Begin, Bound, Connection, Dialect, Driver, Failure, Handle, ListenError, MySqlServer, Row,
+};
 use sqlx::pool::PoolConnection;
 use sqlx::{Pool, Transaction};
 use sqlx_core::transaction::TransactionManager;
@@ -138,6 +140,24 @@ impl<DB: Backend> idem_sql::Transaction for SqlxTx<DB> {
 
     async fn rollback(self) -> Result<(), sqlx::Error> {
         self.tx.rollback().await
+    }
+}
+
+/// A pool as idem's operator functions take it ([`Handle`]): the purge, the inspection and
+/// the check hold one pooled connection while they run.
+impl<DB: Backend> Handle<Sqlx<DB>> for Pool<DB> {
+    type Conn<'h> = SqlxPooled<DB>;
+
+    fn dialect(&self) -> Dialect {
+        DB::DIALECT
+    }
+
+    async fn connection(&self) -> Result<SqlxPooled<DB>, sqlx::Error> {
+        Sqlx::new(self.clone()).acquire().await
+    }
+
+    fn driver(&self) -> Option<Sqlx<DB>> {
+        Some(Sqlx::new(self.clone()))
     }
 }
 
@@ -288,10 +308,7 @@ impl<DB: Backend> Driver for Sqlx<DB> {
                 use sqlx::postgres::PgListener;
                 let mut listener = PgListener::connect_with(&pool).await?;
                 listener.listen(idem_sql::names::WAKE_CHANNEL).await?;
-                loop {
-                    listener.recv().await?;
-                    idem_core::outbox::wake();
-                }
+                Ok(idem_sql::wake_on_each(listener.into_stream()).await?)
             }));
         }
         None

@@ -4,15 +4,10 @@
 //! every driver ([`idem_sql::SqlStore`]: the claim, the fence, the steps, the completion, the
 //! final phase); this file names the store and the final phase for sqlx's users.
 
-mod operator;
-
-pub use operator::{expired_leases, release_lease, stuck_leases};
-
 use std::future::Future;
 use std::pin::Pin;
 
 use idem_core::Error;
-use idem_core::lease::LeaseHandle;
 use idem_sql::{Driver, SqlStore};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -91,7 +86,16 @@ where
         &'t mut DB::Connection,
     ) -> Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>,
 {
-    final_phase(pool, name, writes, "idem::sqlx::final_step", false).await
+    let store = SqlStore::<Sqlx<DB>>::new(pool);
+    // The handler's writes get the transaction's connection, as sqlx's executors take it.
+    idem_sql::final_phase(
+        &store,
+        name,
+        "idem::sqlx::final_step",
+        false,
+        |tx: &mut SqlxTx<DB>| writes(Sqlx::body(tx)),
+    )
+    .await
 }
 
 /// [`final_step`] as the handler's last work: the phase's transaction stays open until the
@@ -112,48 +116,14 @@ where
         &'t mut DB::Connection,
     ) -> Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>,
 {
-    final_phase(pool, name, writes, "idem::sqlx::finish", true).await
-}
-
-/// A final phase; with `keep_open` its transaction waits for the call's result. The value's
-/// type is known here: a recorded step returns it; the rest is idem-sql's
-/// ([`idem_sql::final_phase`]).
-async fn final_phase<DB, T, E, F>(
-    pool: &Pool<DB>,
-    name: &str,
-    writes: F,
-    what: &str,
-    keep_open: bool,
-) -> Result<T, E>
-where
-    DB: Backend,
-    T: Serialize + DeserializeOwned,
-    E: From<Error>,
-    F: for<'t> FnOnce(
-        &'t mut DB::Connection,
-    ) -> Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>,
-{
-    let store = SqlStore::new(Sqlx::new(pool.clone()));
+    let store = SqlStore::<Sqlx<DB>>::new(pool);
     // The handler's writes get the transaction's connection, as sqlx's executors take it.
-    if idem_core::testing::is_disabled() {
-        // Switched off, the call's lease is in memory: the writes alone, in a transaction.
-        return idem_sql::unfenced::<Sqlx<DB>, T, E, _>(&store, |tx: &mut SqlxTx<DB>| {
-            writes(Sqlx::body(tx))
-        })
-        .await;
-    }
-    let lease = LeaseHandle::current(what)?;
-    if let Some(value) = lease.recorded::<T>(name)? {
-        return Ok(value);
-    }
-    let encode = |value: &T| lease.encode(value);
-    idem_sql::final_phase::<Sqlx<DB>, T, E, _>(
+    idem_sql::final_phase(
         &store,
-        &lease,
         name,
+        "idem::sqlx::finish",
+        true,
         |tx: &mut SqlxTx<DB>| writes(Sqlx::body(tx)),
-        encode,
-        keep_open,
     )
     .await
 }

@@ -1,4 +1,5 @@
-//! Inspection (read only): what an operator's tools show of one record.
+//! The inspection's statements (read only): a record, its steps and call, ids by range, a
+//! scope's recent records, and which of idem's tables exist.
 
 use crate::statement::render::render;
 use crate::{Bound, Column, Dialect};
