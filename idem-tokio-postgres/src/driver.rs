@@ -21,35 +21,20 @@ const CREATE_TABLES: &str = "call `idem::tokio_postgres::create_tables(&pool, &[
 /// A deadpool-postgres pool as idem's driver ([`idem_sql::Driver`]): what idem's one store
 /// runs on. Cloning it shares the pool. You rarely name it: `#[idempotent]` builds the store
 /// from your `&deadpool_postgres::Pool`.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct TokioPostgres {
     pool: Pool,
 }
 
-impl TokioPostgres {
-    /// The driver on `pool`.
-    pub fn new(pool: Pool) -> Self {
-        TokioPostgres { pool }
-    }
-}
-
 impl From<Pool> for TokioPostgres {
     fn from(pool: Pool) -> Self {
-        TokioPostgres::new(pool)
+        TokioPostgres { pool }
     }
 }
 
 impl From<&Pool> for TokioPostgres {
     fn from(pool: &Pool) -> Self {
-        TokioPostgres::new(pool.clone())
-    }
-}
-
-impl std::fmt::Debug for TokioPostgres {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TokioPostgres")
-            .field("status", &self.pool.status())
-            .finish()
+        TokioPostgres::from(pool.clone())
     }
 }
 

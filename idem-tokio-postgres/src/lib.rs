@@ -131,13 +131,13 @@ where
     T: Serialize + DeserializeOwned,
     E: From<Error>,
 {
-    final_phase(
-        pool,
-        name,
-        writes,
+    let (store, what) = (
+        TokioPostgresStore::new(pool),
         "idem::tokio_postgres::final_step",
-        false,
-    )
+    );
+    idem_sql::final_phase(&store, name, what, false, |tx: &mut TokioPostgresTx| {
+        writes(TokioPostgres::body(tx))
+    })
     .await
 }
 
@@ -150,23 +150,11 @@ where
     T: Serialize + DeserializeOwned,
     E: From<Error>,
 {
-    final_phase(pool, name, writes, "idem::tokio_postgres::finish", true).await
-}
-
-/// A final phase on the pool: idem-sql's, the writes given the phase's transaction.
-async fn final_phase<T, E>(
-    pool: &Pool,
-    name: &str,
-    writes: impl Writes<T, E>,
-    what: &str,
-    keep_open: bool,
-) -> Result<T, E>
-where
-    T: Serialize + DeserializeOwned,
-    E: From<Error>,
-{
-    let store = TokioPostgresStore::new(pool);
-    idem_sql::final_phase(&store, name, what, keep_open, |tx: &mut TokioPostgresTx| {
+    let (store, what) = (
+        TokioPostgresStore::new(pool),
+        "idem::tokio_postgres::finish",
+    );
+    idem_sql::final_phase(&store, name, what, true, |tx: &mut TokioPostgresTx| {
         writes(TokioPostgres::body(tx))
     })
     .await
