@@ -158,9 +158,9 @@ where
         return Err(context.lost().into());
     }
     let key = context.request.derived_key(name);
-    crash_points::reach(CrashPoint::BeforeStep, Some(name)).await;
+    reach_crash_point(CrashPoint::BeforeStep, Some(name)).await;
     let value = run(key).await?;
-    crash_points::reach(CrashPoint::StepNotRecorded, Some(name)).await;
+    reach_crash_point(CrashPoint::StepNotRecorded, Some(name)).await;
     let payload = encode_step(&context, &value)?;
     context.may_have_steps.store(true, Ordering::SeqCst);
     // A conflict runs the record again, never the step: its effect has happened.
@@ -179,7 +179,7 @@ where
         return Err(e.into());
     }
     note_step(&context, name, payload);
-    crash_points::reach(CrashPoint::AfterStep, Some(name)).await;
+    reach_crash_point(CrashPoint::AfterStep, Some(name)).await;
     Ok(value)
 }
 
@@ -212,10 +212,20 @@ fn note_step(context: &Context, name: &str, payload: Vec<u8>) {
         .insert(name.to_owned(), payload);
 }
 
+/// A crash point of lease mode (see `testing::crash_points::reach`): a call the crash test
+/// kills here parks for ever, and the final phase it keeps open is rolled back with it.
+#[doc(hidden)]
+pub async fn reach_crash_point(point: CrashPoint, step: Option<&str>) {
+    if crash_points::crashes_here(point, step) {
+        abandon_open_phase();
+        std::future::pending::<()>().await;
+    }
+}
+
 /// Rolls back the final phase the lease-mode call in this task keeps open, if any: a crash
 /// test kills the call, and its open transaction dies with it (else the phase's fuse would
 /// commit it after the "crash").
-pub(crate) fn abandon_open_phase() {
+fn abandon_open_phase() {
     let _ = LEASE.try_with(|context| {
         if let Ok(mut slot) = context.open_phase.try_lock() {
             drop(slot.take());
@@ -475,7 +485,7 @@ where
                 Arc::clone(&context),
                 crate::call::collecting_hooks(tracing::Instrument::instrument(
                     async {
-                        crash_points::reach(CrashPoint::AfterLeaseClaim, None).await;
+                        reach_crash_point(CrashPoint::AfterLeaseClaim, None).await;
                         body().await
                     },
                     span,
@@ -515,7 +525,7 @@ where
     // fuse if that is committing it alone right now).
     let open_phase = context.open_phase.lock().await.take();
     // After the phase is taken: a crash here drops it, uncommitted, with the call.
-    crash_points::reach(CrashPoint::BeforeLeaseRecord, None).await;
+    reach_crash_point(CrashPoint::BeforeLeaseRecord, None).await;
     let record = match request.record_of(output, finality) {
         Ok(record) if !context.phase_failed.load(Ordering::SeqCst) => record,
         Ok(_) => {

@@ -213,14 +213,20 @@ fn crashes_at(point: CrashPoint, step: Option<&str>) -> bool {
 }
 
 /// A crash point where the call may park: if the crash test running this call crashes
-/// here, the call never goes on (the harness drops it, as the process's death would). A
-/// final phase kept open for the answer is rolled back with it.
+/// here, the call never goes on (the harness drops it, as the process's death would). Lease
+/// mode's points go through `lease::reach_crash_point`, which also rolls back a final phase
+/// kept open.
 #[doc(hidden)]
 pub async fn reach(point: CrashPoint, step: Option<&str>) {
-    if crashes_at(point, step) {
-        crate::lease::abandon_open_phase();
+    if crashes_here(point, step) {
         std::future::pending::<()>().await;
     }
+}
+
+/// Whether the crash test running this call (if any) crashes it at `point`: counts the point.
+#[doc(hidden)]
+pub fn crashes_here(point: CrashPoint, step: Option<&str>) -> bool {
+    crashes_at(point, step)
 }
 
 /// A crash point inside a store's step that would finish on its own task if dropped: if the

@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use idem_core::lease::{LeaseHandle, OpenPhase};
-use idem_core::testing::crash_points::{self, CrashPoint};
+use idem_core::testing::crash_points::CrashPoint;
 use idem_core::{BoxFuture, Error, RecordStatus, Ticket, detached};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -79,7 +79,7 @@ where
     if lease.is_lost() {
         return Err(lease.lose().into());
     }
-    crash_points::reach(CrashPoint::BeforeFinalStep, Some(name)).await;
+    idem_core::lease::reach_crash_point(CrashPoint::BeforeFinalStep, Some(name)).await;
     let ticket = lease.ticket();
     let doing = "beginning the final phase";
     let d = store
@@ -119,7 +119,7 @@ where
         .await
         .map_err(|e| lease.store_failed(failed::<D>(e)))?;
     // A crash here drops the transaction, uncommitted, with the call.
-    crash_points::reach(CrashPoint::FinalStepBeforeCommit, Some(name)).await;
+    idem_core::lease::reach_crash_point(CrashPoint::FinalStepBeforeCommit, Some(name)).await;
     if keep_open {
         // The engine records the call's result in this transaction when the handler
         // returns, or commits it alone if the handler does more first.
@@ -135,7 +135,7 @@ where
             .map_err(|e| lease.store_failed(db_error::<D>("committing the final phase", e)))?;
     }
     lease.note_recorded(name, payload);
-    crash_points::reach(CrashPoint::AfterFinalStep, Some(name)).await;
+    idem_core::lease::reach_crash_point(CrashPoint::AfterFinalStep, Some(name)).await;
     Ok(value)
 }
 
