@@ -106,8 +106,19 @@ struct Crash {
 
 fn kill_at(runner: &Runner, here: &str) {
     if runner.kill_at == here {
+        // The moment of death, on the machine's clock (the database's too: every server here
+        // is local), for the parent: it sees the exit later, by as much as a loaded machine
+        // delays it, and a completer may finish the call in between.
+        println!("@@ DYING {}", epoch_ms());
+        let _ = std::io::Write::flush(&mut std::io::stdout());
         kill_self();
     }
+}
+
+/// The machine's clock, in epoch milliseconds.
+fn epoch_ms() -> i64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    now.map_or(0, |since| since.as_millis() as i64)
 }
 
 /// The gateway: a row per call, written on the pool (outside the handler's transactions, as
@@ -374,23 +385,28 @@ async fn call_child(
         .env("IDEM_R14_POINT", plan.point)
         .env("IDEM_R14_KEY", format!("{run}-k"))
         .env("IDEM_R14_RUN", &run);
-    if plan.point == "random" {
-        command.stdout(Stdio::piped());
-    }
+    command.stdout(Stdio::piped());
     let mut process = command.spawn().expect("spawn a call child");
-    if let Some(stdout) = process.stdout.take() {
-        // After the claim: the body has started.
-        let mut lines = BufReader::new(stdout).lines();
-        let body = tokio::time::timeout(Duration::from_secs(60), async {
+    // The child's lines: `@@ BODY` (after the claim: the body has started) for a random kill,
+    // `@@ DYING <ms>` from a child that kills itself at its point.
+    let (body_tx, body_rx) = tokio::sync::oneshot::channel::<()>();
+    let dying = process.stdout.take().map(|stdout| {
+        tokio::spawn(async move {
+            let (mut lines, mut body_tx, mut dying) =
+                (BufReader::new(stdout).lines(), Some(body_tx), None);
             while let Ok(Some(line)) = lines.next_line().await {
                 // libtest's `test completer_crashes::crash_child ... ` may start the line.
                 if line.ends_with("@@ BODY") {
-                    return true;
+                    body_tx.take().map(|tx| tx.send(()));
+                } else if let Some((_, ms)) = line.split_once("@@ DYING ") {
+                    dying = ms.trim().parse::<i64>().ok();
                 }
             }
-            false
-        });
-        if let Ok(true) = body.await {
+            dying
+        })
+    });
+    if plan.point == "random" {
+        if let Ok(Ok(())) = tokio::time::timeout(Duration::from_secs(60), body_rx).await {
             let body_started = Instant::now();
             let window_us = window.load(Ordering::Relaxed);
             let kill_after = Duration::from_micros(window_us * plan.kill_permille / 1000);
@@ -412,11 +428,17 @@ async fn call_child(
             ChildEnd::Hung
         }
     };
+    let seen_dead = died_at(&db).await;
+    let dying = match dying {
+        Some(reader) => reader.await.ok().flatten(),
+        None => None,
+    };
     CallChild {
         run,
         point: plan.point,
         end,
-        died_at_ms: died_at(&db).await,
+        // A child that killed itself said when; one the parent killed died when it was seen.
+        died_at_ms: dying.unwrap_or(seen_dead),
     }
 }
 

@@ -67,7 +67,8 @@ pub trait Store: Sync {
     }
 
     /// Opens a transaction that claims nothing, for a call run with idem switched off
-    /// ([`testing`](crate::testing)): the body runs in what [`Store::tx`] lends of it, then
+    /// ([`testing`](crate::testing)) or observed (`mode = observe`, whose body runs every
+    /// time): the body runs in what [`Store::tx`] lends of it, then
     /// [`commit`](Store::commit) or [`release`](Store::release) ends it. The default answers
     /// that this store cannot run bodies switched off.
     fn begin(&self) -> impl Future<Output = Result<Self::Claimed, Error>> + Send {

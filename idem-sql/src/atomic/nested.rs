@@ -149,7 +149,7 @@ impl<'c, D: Driver> Nested<'c, D> {
         recorded
     }
 
-    /// A savepoint that claims nothing, for a call run with idem switched off.
+    /// A savepoint that claims nothing, for a call run with idem switched off or observed.
     async fn begin_nested(&self) -> Result<NestedClaim<'c, D>, Error> {
         let mut nested = D::nest(self.take()?);
         if let Err(e) = D::savepoint(&mut nested).await {

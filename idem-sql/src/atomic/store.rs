@@ -204,11 +204,14 @@ impl<D: Driver> Store for SqlStore<D> {
     }
 
     async fn begin(&self) -> Result<ClaimedTx<D>, Error> {
-        self.outside_open_claim("a call run with idem switched off")?;
+        // Unclaimed: idem switched off, or an observed call that runs its body anyway.
+        self.outside_open_claim(
+            "a call whose body runs unclaimed (idem switched off, or `mode = observe`)",
+        )?;
         let (tx, sql) = self
             .begin_claim(None, "beginning the handler's transaction")
             .await?;
-        // A call with idem switched off claims nothing.
+        // It claims nothing.
         Ok(ClaimedTx { tx, owner: 0, sql })
     }
 
