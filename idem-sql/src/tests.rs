@@ -266,6 +266,11 @@ fn every_bound(sql: &Sql) -> Vec<(&'static str, Bound<'_>)> {
         ("read_row", l.read_row(&id)),
         ("take_over", l.take_over(&id, 8, &id, 1000)),
         ("record", l.record(&row, 1, b"r")),
+        (
+            "record_or_fail",
+            l.record_or_fail(&row, 1, b"r")
+                .unwrap_or_else(|| l.record(&row, 1, b"r")),
+        ),
         ("select_now", l.select_now()),
         ("savepoint", l.savepoint()),
         ("rollback_to_savepoint", l.rollback_to_savepoint()),

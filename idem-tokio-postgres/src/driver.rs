@@ -104,15 +104,33 @@ async fn batch(client: &tokio_postgres::Client, sql: &str) -> Result<(), PoolErr
     client.batch_execute(sql).await.map_err(PoolError::Backend)
 }
 
+/// Runs `statement` behind `begin` (a deferred `BEGIN`), both in one flight. `join` polls
+/// the `BEGIN` first, so tokio-postgres queues it first and the statement runs inside the
+/// transaction; a `BEGIN` that failed makes the statement's answer meaningless, so its
+/// error is the one returned.
+async fn after<T>(
+    client: &tokio_postgres::Client,
+    begin: Option<String>,
+    statement: impl Future<Output = Result<T, PoolError>>,
+) -> Result<T, PoolError> {
+    let Some(begin) = begin else {
+        return statement.await;
+    };
+    let (begun, answer) = futures_util::future::join(batch(client, &begin), statement).await;
+    begun.and(answer)
+}
+
 /// A connection the port runs statements on: a pooled client, a transaction, a body.
+/// `$flight` is its client and the deferred `BEGIN` to send first, if any.
 macro_rules! connection {
-    ($type:ty, |$this:ident| $client:expr) => {
+    ($type:ty, |$this:ident| $flight:expr) => {
         impl Connection for $type {
             type Error = PoolError;
 
             async fn execute(&mut self, statement: Bound<'static>) -> Result<u64, PoolError> {
                 let $this = self;
-                Ok(run($client, statement).await?.1)
+                let (client, begin) = $flight;
+                Ok(after(client, begin, run(client, statement)).await?.1)
             }
 
             async fn fetch_all(
@@ -120,12 +138,14 @@ macro_rules! connection {
                 statement: Bound<'static>,
             ) -> Result<Vec<Row>, PoolError> {
                 let $this = self;
-                Ok(run($client, statement).await?.0)
+                let (client, begin) = $flight;
+                Ok(after(client, begin, run(client, statement)).await?.0)
             }
 
             async fn execute_unprepared(&mut self, sql: &str) -> Result<(), PoolError> {
                 let $this = self;
-                batch($client, sql).await
+                let (client, begin) = $flight;
+                after(client, begin, batch(client, sql)).await
             }
         }
     };
@@ -137,23 +157,39 @@ pub struct TokioPostgresPooled {
     client: Object,
 }
 
-connection!(TokioPostgresPooled, |this| &this.client);
+connection!(TokioPostgresPooled, |this| (&this.client, None));
 
-/// An owned transaction on a pooled client. Dropped open (a claim whose call was cut off, a
-/// `BEGIN` still in flight), it queues its `ROLLBACK` before the client goes back to the pool,
-/// so the next user of the connection finds it outside any transaction.
+/// An owned transaction on a pooled client. Its `BEGIN` goes out with its first statement, in
+/// one flight (a claim costs one round trip, not two). Dropped open (a claim whose call was
+/// cut off, a `BEGIN` still in flight), it queues its `ROLLBACK` before the client goes back
+/// to the pool, so the next user of the connection finds it outside any transaction; dropped
+/// before its first statement, it sent nothing.
 #[derive(Debug)]
 pub struct TokioPostgresTx {
     client: Object,
+    /// The `BEGIN` not sent yet (empty once sent).
+    begin: &'static [&'static str],
     /// Whether a `BEGIN` was sent and no `COMMIT` or `ROLLBACK` has answered yet.
     open: bool,
 }
 
-connection!(TokioPostgresTx, |this| &this.client);
+connection!(TokioPostgresTx, |this| this.flight());
 
 impl TokioPostgresTx {
-    /// Sends `end` (`COMMIT` or `ROLLBACK`) and waits for its answer.
+    /// The client, and the `BEGIN` to send before the next statement if it has not gone out.
+    /// Open from here: cut off while the `BEGIN` is in flight, the drop queues its `ROLLBACK`.
+    fn flight(&mut self) -> (&tokio_postgres::Client, Option<String>) {
+        let begin = std::mem::take(&mut self.begin);
+        self.open |= !begin.is_empty();
+        (&self.client, (!begin.is_empty()).then(|| begin.join("; ")))
+    }
+
+    /// Sends `end` (`COMMIT` or `ROLLBACK`) and waits for its answer; nothing if no `BEGIN`
+    /// was sent.
     async fn end(mut self, end: &str) -> Result<(), PoolError> {
+        if !self.open {
+            return Ok(());
+        }
         let ended = batch(&self.client, end).await;
         // Answered, even with an error: the server ended the transaction (a failed COMMIT
         // rolls back) or the connection is gone, which the pool's recycling finds.
@@ -163,12 +199,30 @@ impl TokioPostgresTx {
 }
 
 impl idem_sql::Transaction for TokioPostgresTx {
+    const PIPELINES: bool = true;
+
+    async fn begun(&mut self) -> Result<(), PoolError> {
+        let (client, begin) = self.flight();
+        after(client, begin, async { Ok(()) }).await
+    }
+
     async fn commit(self) -> Result<(), PoolError> {
         self.end(idem_sql::COMMIT).await
     }
 
     async fn rollback(self) -> Result<(), PoolError> {
         self.end(idem_sql::ROLLBACK).await
+    }
+
+    async fn commit_after(mut self, last: Bound<'static>) -> Result<u64, PoolError> {
+        let (client, begin) = self.flight();
+        let last = after(client, begin, run(client, last));
+        // Queued behind `last`: it commits, or meets the transaction `last` aborted and rolls
+        // back. `last`'s error is the one that says what failed.
+        let (last, ended) = futures_util::future::join(last, batch(client, idem_sql::COMMIT)).await;
+        self.open = false;
+        let changed = last?.1;
+        ended.map(|()| changed)
     }
 }
 
@@ -203,7 +257,7 @@ impl idem_sql::Handle<TokioPostgres> for Pool {
 #[derive(Debug)]
 pub struct OnBody<'t>(pub(crate) &'t tokio_postgres::Client);
 
-connection!(OnBody<'_>, |this| this.0);
+connection!(OnBody<'_>, |this| (this.0, None));
 
 impl Driver for TokioPostgres {
     type Error = PoolError;
@@ -235,19 +289,20 @@ impl Driver for TokioPostgres {
     }
 
     async fn begin(&self, how: Begin) -> Result<TokioPostgresTx, PoolError> {
-        // Open before the `BEGIN` is sent: cut off while it is in flight, the transaction
-        // still queues its `ROLLBACK` on drop.
-        let tx = TokioPostgresTx {
+        Ok(TokioPostgresTx {
             client: self.pool.get().await?,
-            open: true,
-        };
-        for statement in Dialect::Postgres.begin(how) {
-            batch(&tx.client, statement).await?;
-        }
-        Ok(tx)
+            begin: Dialect::Postgres.begin(how),
+            open: false,
+        })
     }
 
     fn body(tx: &mut TokioPostgresTx) -> &ClientWrapper {
+        // idem runs a statement (the claim, the fence) or `begun` before it lends a body.
+        // Were the `BEGIN` still deferred, it is queued now, ahead of the body's statements.
+        debug_assert!(tx.begin.is_empty(), "a body lent before its BEGIN was sent");
+        if let (client, Some(begin)) = tx.flight() {
+            send_unawaited(client, &begin);
+        }
         &tx.client
     }
 

@@ -160,16 +160,34 @@ impl<D: Driver> Store for SqlStore<D> {
     ) -> Result<(), Error> {
         // Where the claim wrote nothing (SQLite), the record writes the whole row.
         let row = NewRecord::of(req, owner, req.ttl());
-        let record = sql.ledger.record(&row, status.code(), payload);
+        // A driver that pipelines, on PostgreSQL: the record fails rather than change no row,
+        // so the `COMMIT` goes out with it, in one flight, and rolls a lost claim back.
+        let pipelined = <D::Tx as crate::Transaction>::PIPELINES;
+        let with_commit =
+            pipelined.then(|| sql.ledger.record_or_fail(&row, status.code(), payload));
+        let (record, with_commit) = match with_commit.flatten() {
+            Some(record) => (record, true),
+            None => (sql.ledger.record(&row, status.code(), payload), false),
+        };
         // A final error keeps only the recorded error: back to the claim's savepoint first.
         let undo_body = status == RecordStatus::Failed;
         detached(async move {
             use crate::{Connection, Transaction};
+            use idem_core::testing::crash_points::{CrashPoint, fault};
             if undo_body {
                 let undo = sql.ledger.rollback_to_savepoint();
                 tx.execute_unprepared(&undo.sql)
                     .await
                     .map_err(|e| db_error::<D>("rolling back the handler's writes", e))?;
+            }
+            if with_commit {
+                // Before the flight that commits: a crash test's crash here leaves nothing.
+                fault(CrashPoint::BeforeCommit)?;
+                return tx
+                    .commit_after(record)
+                    .await
+                    .map(drop)
+                    .map_err(|e| db_error::<D>("recording the result", e));
             }
             let updated = tx
                 .execute(record)
@@ -180,9 +198,7 @@ impl<D: Driver> Store for SqlStore<D> {
             }
             // Inside a step that finishes on its own task once dropped: a crash test's crash
             // here fails it, the transaction dropped uncommitted.
-            idem_core::testing::crash_points::fault(
-                idem_core::testing::crash_points::CrashPoint::BeforeCommit,
-            )?;
+            fault(CrashPoint::BeforeCommit)?;
             tx.commit()
                 .await
                 .map_err(|e| db_error::<D>("committing the result", e))
@@ -208,9 +224,13 @@ impl<D: Driver> Store for SqlStore<D> {
         self.outside_open_claim(
             "a call whose body runs unclaimed (idem switched off, or `mode = observe`)",
         )?;
-        let (tx, sql) = self
+        let (mut tx, sql) = self
             .begin_claim(None, "beginning the handler's transaction")
             .await?;
+        // Lent to the body before any statement of idem's: a deferred `BEGIN` goes out now.
+        crate::Transaction::begun(&mut tx)
+            .await
+            .map_err(|e| db_error::<D>("beginning the handler's transaction", e))?;
         // It claims nothing.
         Ok(ClaimedTx { tx, owner: 0, sql })
     }

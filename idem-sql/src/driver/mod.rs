@@ -120,11 +120,24 @@ impl<C: Connection + ?Sized> Connection for &mut C {
 /// any transaction before anyone else uses it: sqlx and SeaORM queue the `ROLLBACK` for the
 /// connection's next use, a driver without that sends it from a task of its own.
 pub trait Transaction: Connection + Sized {
+    /// Sends a `BEGIN` the driver deferred to the transaction's first statement
+    /// (tokio-postgres sends both in one flight), before the transaction is lent to a body
+    /// that no statement of idem's preceded: the body's first statement must run inside it.
+    /// Nothing to do for a driver that begins at once.
+    fn begun(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        async { Ok(()) }
+    }
+
     /// Commits.
     fn commit(self) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Rolls back.
     fn rollback(self) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Whether [`Transaction::commit_after`] sends the statement and its `COMMIT` in one
+    /// flight. Only then does the store record with [`Ledger::record_or_fail`](crate::Ledger::record_or_fail),
+    /// a heavier statement to plan than the plain record, which waits for its answer.
+    const PIPELINES: bool = false;
 
     /// Runs `last`, then commits: one round trip where the driver pipelines. Only for a
     /// statement that fails rather than change no row (the ledger's record on PostgreSQL): a

@@ -148,6 +148,10 @@ where
     F: for<'t> FnOnce(&'t mut D::Tx) -> WritesFuture<'t, T, E>,
 {
     let mut tx = store.begin_lease_write("beginning the final phase").await?;
+    // Lent to the writes before any statement of idem's: a deferred `BEGIN` goes out now.
+    tx.begun()
+        .await
+        .map_err(|e| db_error::<D>("beginning the final phase", e))?;
     let value = writes(&mut tx).await?;
     tx.commit()
         .await

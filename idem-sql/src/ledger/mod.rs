@@ -45,6 +45,9 @@ pub struct Ledger {
     pub(crate) take_over: String,
     /// Binds state, response, id, owner (with `claim_by_read`: see there).
     pub(crate) record: String,
+    /// `record` failing rather than change no row (PostgreSQL), so that a `COMMIT` sent
+    /// behind it in the same flight rolls a lost claim back; binds as `record`.
+    pub(crate) record_or_fail: Option<String>,
     /// How expired records are found and deleted.
     pub(crate) purge: Purge,
     /// `purge` for a schema without the calls table.
@@ -166,6 +169,17 @@ impl Ledger {
                 // place (a HOT update).
                 _ => r("UPDATE {ledger} SET state = ?, response = ? WHERE id = ? AND owner = ?"),
             },
+            // The cast of the text fails at run time (the `CASE` reads an aggregate, so it is
+            // not folded at plan time), and its error says why.
+            record_or_fail: (backend == Postgres).then(|| {
+                r(
+                    "WITH recorded AS (UPDATE {ledger} SET state = ?, response = ? \
+                WHERE id = ? AND owner = ? RETURNING 1) \
+                SELECT CAST(CASE WHEN count(*) = 1 THEN '1' \
+                ELSE 'the claim was lost before its result was recorded' END AS INTEGER) \
+                FROM recorded",
+                )
+            }),
             purge: purge(backend, "{purgeable}"),
             purge_without_calls: purge(backend, "{purgeable_without_calls}"),
             select_now: r("SELECT {now} AS now_ms"),
@@ -360,6 +374,25 @@ impl Ledger {
             ]
         };
         Bound::new(&self.record, params)
+    }
+
+    /// [`Ledger::record`] failing, rather than changing no row, when `row.owner` no longer
+    /// holds the key: on PostgreSQL, where a failed statement aborts the transaction, so the
+    /// `COMMIT` may go out with it ([`Transaction::commit_after`](crate::Transaction::commit_after)).
+    /// `None` elsewhere.
+    pub fn record_or_fail(
+        &self,
+        row: &NewRecord,
+        state: i16,
+        response: &[u8],
+    ) -> Option<Bound<'_>> {
+        let params = [
+            state.into(),
+            response.into(),
+            row.id.as_slice().into(),
+            row.owner.into(),
+        ];
+        Some(Bound::new(self.record_or_fail.as_deref()?, params).reads(&[Column::I32]))
     }
 
     /// How expired records are found and deleted: `calls_table` says whether the schema has

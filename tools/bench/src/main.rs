@@ -16,6 +16,7 @@
 //! | figure | module |
 //! |---|---|
 //! | P1, P2, P4 single-client latency; F1, F2 the same against one round trip | [`latency`] |
+//! | F1 per driver: SeaORM, sqlx, tokio-postgres (PostgreSQL) | [`drivers`] |
 //! | P3 throughput, 16 clients | [`throughput`] |
 //! | P5 fingerprint, and against SHA-256 of its bytes | [`fingerprint`] |
 //! | P6 concurrent duplicates | [`storm`] |
@@ -35,6 +36,7 @@
 //! goals.
 
 mod counters;
+mod drivers;
 mod fingerprint;
 mod growth;
 mod harness;
@@ -105,9 +107,19 @@ async fn main() -> Res<()> {
     let (bench, target, facts) = setup::prepare(&args, started).await?;
     let b = &bench;
 
+    if args.drivers_only {
+        let drivers = drivers::measure(b, &target, &plan)
+            .await?
+            .ok_or("--drivers measures PostgreSQL's drivers: add --backend postgres")?;
+        for line in drivers.lines(&plan) {
+            println!("{line}");
+        }
+        return Ok(());
+    }
     let fingerprint = fingerprint::measure(&facts.sample, &plan)?;
     b.progress("fingerprint done");
     let latency = latency::measure(b, &plan).await?;
+    let drivers = drivers::measure(b, &target, &plan).await?;
     let throughput = throughput::measure(b, &plan).await?;
     let storm = storm::measure(b, &plan).await?;
     b.progress("storm done");
@@ -127,6 +139,7 @@ async fn main() -> Res<()> {
     let results = Results {
         fingerprint,
         latency,
+        drivers,
         throughput,
         storm,
         profile,

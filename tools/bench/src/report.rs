@@ -5,6 +5,7 @@ use std::time::Instant;
 use serde_json::{Map, Value, json};
 
 use crate::counters::{hashing_cpu_flags, loadavg, peak_rss_bytes, read_proc, utc_date};
+use crate::drivers::ByDriver;
 use crate::fingerprint::FingerprintCost;
 use crate::growth::{GOAL_LARGE, GOAL_SMALL, Growth};
 use crate::harness::{fmt_opt, median, percentile, r3, rounded};
@@ -25,6 +26,8 @@ pub(crate) struct Results {
     /// The whole fingerprint, its encoding (most blocks hashed on the way), SHA-256 of its bytes.
     pub(crate) fingerprint: FingerprintCost,
     pub(crate) latency: Latency,
+    /// F1 per driver (PostgreSQL only).
+    pub(crate) drivers: Option<ByDriver>,
     pub(crate) throughput: Throughput,
     pub(crate) storm: Storm,
     pub(crate) profile: Profile,
@@ -228,6 +231,10 @@ pub(crate) fn table(run: &Run<'_>, r: &Results) -> String {
     out.push(String::new());
     latency_lines(&mut out, run.plan, &r.latency);
     out.push(String::new());
+    if let Some(drivers) = &r.drivers {
+        out.extend(drivers.lines(run.plan));
+        out.push(String::new());
+    }
     throughput_lines(&mut out, run.plan, &r.throughput);
     out.push(String::new());
     storm_lines(&mut out, run.plan, &r.storm);
@@ -866,6 +873,7 @@ pub(crate) fn json(run: &Run<'_>, r: &Results) -> Value {
         "floor": floor_json(&r.latency),
         "p11": http_json(&r.http),
         "p12": growth_json(&r.growth),
+        "f1_by_driver": r.drivers.as_ref().map(ByDriver::json),
     });
     let mut report: Map<String, Value> = figures
         .iter()

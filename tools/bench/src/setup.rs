@@ -18,12 +18,14 @@ use crate::workload::{PayOrder, Receipt, Sql, now_ms, template};
 
 const USAGE: &str = "usage: cargo run --release -p idem-bench -- \
 [--backend sqlite|postgres|mysql] [--quick] [--json] [--url URL] [--p7-records N] [--p11]
-[--ledger-records N[,N...]] [--p5] [--p13] [--soak MINUTES [--clients N] [--window SECONDS]
+[--ledger-records N[,N...]] [--p5] [--p13] [--drivers] [--soak MINUTES [--clients N] [--window SECONDS]
 [--ttl SECONDS] [--no-vacuum]]
 
 --p5                  P5 alone (the fingerprint of the 1 KiB request against SHA-256 of its
                       bytes), no database: what a change to the fingerprint is measured with
-
+--drivers             F1 per driver alone (SeaORM, sqlx, tokio-postgres; --backend postgres):
+                      with --url through a slower network (scripts/delay-proxy), what the
+                      pipelined first call saves
 --p7-records N        measures P7 over N expired records, one cycle as the README purges and
                       one paced (full mode: three and one over 1,000,000; quick mode: no P7)
 --p11                 P11 (the HTTP layer against axum-idempotent) at full size in quick mode:
@@ -99,6 +101,8 @@ pub(crate) struct Args {
     pub(crate) p5_only: bool,
     /// `--p13`: only P13, the sqlx store against hand-written sqlx idempotency.
     pub(crate) p13_only: bool,
+    /// `--drivers`: only F1 per driver (PostgreSQL).
+    pub(crate) drivers_only: bool,
     /// `--soak MINUTES`: only the soak (R22), with its clients and window.
     pub(crate) soak: Option<crate::soak::Soak>,
 }
@@ -135,6 +139,7 @@ pub(crate) fn parse_args() -> Res<Args> {
         p11_full: false,
         p5_only: false,
         p13_only: false,
+        drivers_only: false,
         ledger_records: Vec::new(),
         soak: None,
     };
@@ -182,6 +187,7 @@ pub(crate) fn parse_args() -> Res<Args> {
             "--p11" => args.p11_full = true,
             "--p5" => args.p5_only = true,
             "--p13" => args.p13_only = true,
+            "--drivers" => args.drivers_only = true,
             "--quick" => args.quick = true,
             "--json" => args.json = true,
             "-h" | "--help" => {

@@ -228,29 +228,43 @@ pub(crate) async fn pay_body<C: ConnectionTrait>(
             .ok_or_else(|| DbErr::RecordNotFound("the new payment's id".into()))?
             .try_get_by_index(0)?
     };
-    let paid = paid + cmd.amount_cents;
-    let status = if paid >= total {
-        "paid"
-    } else {
-        "partially_paid"
-    };
+    let receipt = Receipt::of(cmd, payment_id, total, paid, version);
     db.execute_raw(sql.stmt(
         &sql.update_order,
         vec![
             cmd.amount_cents.into(),
-            status.into(),
+            receipt.status.as_str().into(),
             now.into(),
             cmd.order_id.into(),
         ],
     ))
     .await?;
-    Ok(Receipt {
-        payment_id,
-        order_id: cmd.order_id,
-        amount_cents: cmd.amount_cents,
-        currency: cmd.currency.clone(),
-        paid_cents: paid,
-        order_version: version + 1,
-        status: status.to_owned(),
-    })
+    Ok(receipt)
+}
+
+impl Receipt {
+    /// The receipt of `cmd`'s payment `payment_id` on an order of `total` with `paid` paid
+    /// before it, at `version`: what every driver's body answers.
+    pub(crate) fn of(cmd: &PayOrder, payment_id: i64, total: i64, paid: i64, version: i64) -> Self {
+        let paid = paid + cmd.amount_cents;
+        let status = if paid >= total {
+            "paid"
+        } else {
+            "partially_paid"
+        };
+        Receipt {
+            payment_id,
+            order_id: cmd.order_id,
+            amount_cents: cmd.amount_cents,
+            currency: cmd.currency.clone(),
+            paid_cents: paid,
+            order_version: version + 1,
+            status: status.to_owned(),
+        }
+    }
+
+    /// The order's new status.
+    pub(crate) fn status(&self) -> &str {
+        &self.status
+    }
 }
