@@ -380,7 +380,7 @@ impl<S: Sink> ser::SerializeMap for MapEncoder<'_, S> {
         let key = |&(key_start, key_end, _): &(usize, usize, usize)| {
             bytes.get(key_start..key_end).unwrap_or_default()
         };
-        entries.sort_unstable_by(|a, b| key(a).cmp(key(b)));
+        entries.sort_unstable_by(|a, b| super::upgrade::encoded_order(key(a), key(b)));
         for &(key_start, _, value_end) in entries.iter() {
             self.out
                 .put(bytes.get(key_start..value_end).unwrap_or_default());

@@ -233,7 +233,8 @@ impl Fingerprinter {
                 continue;
             }
             put_str(upgrade.out, name);
-            upgrade.value(start);
+            // Its end is known: written without a walk to find it (and whether it is plain).
+            upgrade.known(start, end, false);
             upgrade.out.checkpoint();
         }
         upgrade.give_back();

@@ -468,6 +468,42 @@ proptest! {
     }
 
     #[test]
+    fn encoded_keys_order_as_their_bytes(
+        prefix in proptest::collection::vec(any::<u8>(), 0..12),
+        a in proptest::collection::vec(any::<u8>(), 0..12),
+        b in proptest::collection::vec(any::<u8>(), 0..12),
+    ) {
+        let (a, b) = ([prefix.as_slice(), &a].concat(), [prefix.as_slice(), &b].concat());
+        prop_assert_eq!(super::upgrade::encoded_order(&a, &b), a.cmp(&b));
+    }
+
+    #[test]
+    fn an_argument_encodes_as_its_canonical_bytes(
+        items in proptest::collection::vec(
+            (
+                ".{0,12}",
+                proptest::option::of(any::<i64>()),
+                proptest::collection::btree_map(".{0,6}", proptest::collection::vec(any::<u16>(), 0..3), 0..4),
+            ),
+            0..6,
+        ),
+        n in any::<u8>(),
+    ) {
+        #[derive(serde::Serialize)]
+        struct Item { zeta: String, alpha: Option<i64>, mid: BTreeMap<String, Vec<u16>> }
+        #[derive(serde::Serialize)]
+        struct Outer { items: Vec<Item>, first: Option<Item>, n: u8 }
+        let item = |(zeta, alpha, mid): &(String, Option<i64>, BTreeMap<String, Vec<u16>>)| Item {
+            zeta: zeta.clone(), alpha: *alpha, mid: mid.clone(),
+        };
+        let outer = Outer { first: items.first().map(item), items: items.iter().map(item).collect(), n };
+        let mut f = Fingerprinter::new("s");
+        f.named("cmd", &outer).unwrap();
+        // The argument, written from its known end, as the value written alone.
+        prop_assert!(f.encoded().ends_with(&canonical_bytes(&outer).unwrap()));
+    }
+
+    #[test]
     fn key_parsing_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
         let parsed = crate::Key::from_bytes(&bytes);
         let valid = std::str::from_utf8(&bytes)
