@@ -136,6 +136,8 @@ struct Layer {
     /// The ledger through idem's sqlx store on the same pool (SeaORM's pool is a sqlx pool),
     /// not through the SeaORM store.
     sqlx: bool,
+    /// Enforcing (the default) or observe mode.
+    mode: idem::Mode,
 }
 
 /// `$make` with `$store` bound to `$layer`'s lease store: SeaORM's on its ledger connection,
@@ -176,11 +178,13 @@ impl Layer {
             remember_answers: None,
             tenants: false,
             sqlx: false,
+            mode: idem::Mode::Enforce,
         }
     }
 
     fn axum(&self) -> IdempotencyLayer {
         let mut layer = with_store!(self, |store| IdempotencyLayer::new(store, self.scope));
+        layer = layer.mode(self.mode);
         if let Some(bytes) = self.max_response_body {
             layer = layer.max_response_body(bytes);
         }
@@ -202,6 +206,7 @@ impl Layer {
 
     fn actix(&self) -> IdempotencyMiddleware {
         let mut layer = with_store!(self, |store| IdempotencyMiddleware::new(store, self.scope));
+        layer = layer.mode(self.mode);
         if let Some(bytes) = self.max_response_body {
             layer = layer.max_response_body(bytes);
         }
@@ -715,6 +720,65 @@ async fn a_storm_of_keys_and_duplicates_runs_each_key_once() {
                 assert!(retry.replayed, "{name}: key {i} marked replayed");
                 assert_eq!(retry.json, first.json, "{name}: key {i}: the recorded body");
             }
+        }
+    }
+}
+
+/// Observe mode on both front doors, every backend: every request reaches the route and gets
+/// the route's own answer where enforcing would have answered for it (a retry, the key with
+/// another body, a missing key), and the ledger is written as enforcing writes it, so the same
+/// route enforced afterwards replays the first observed answer: no migration.
+#[tokio::test]
+async fn observed_every_request_runs_the_route_and_enforcing_then_replays_the_first_answer() {
+    for front in FRONTS {
+        for b in backends().await {
+            let app = App::new(&b.db);
+            let scope = "layer.observed";
+            let observed = Layer {
+                mode: idem::Mode::Observe,
+                ..Layer::new(&b.db, scope)
+            };
+            let observed = serve(front, &app, vec![("/effects", Handler::Create, observed)]);
+            let enforced = serve(
+                front,
+                &app,
+                vec![("/effects", Handler::Create, Layer::new(&b.db, scope))],
+            );
+            let t = Case::with(front, b, observed, app, "layer-observe", 1);
+            let name = &t.name;
+            let first = t.post("/effects").await;
+            assert_eq!(first.status, 201, "{name}: {first:?}");
+            // Enforcing would replay the first answer: observed, the route runs and answers.
+            let retry = t.post("/effects").await;
+            assert_eq!(retry.status, 201, "{name}: {retry:?}");
+            assert!(!retry.replayed, "{name}: not marked replayed");
+            assert_ne!(
+                retry.text, first.text,
+                "{name}: the route's own answer, not a replay"
+            );
+            // Enforcing would answer 422 (another body) and 400 (no key).
+            let other = json!({"run": t.run, "amount": 2});
+            let reused = post_json(&t.router, "/effects", &t.key, &other).await;
+            assert_eq!(reused.status, 201, "{name}: {reused:?}");
+            let keyless = Call::post("/effects").json(&t.body).send(&t.router).await;
+            assert_eq!(keyless.status, 201, "{name}: {keyless:?}");
+            t.assert_ran(4, "observed, every request ran the route")
+                .await;
+            // Enforcing now, on the same ledger: the first observed answer replays.
+            let replay = post_json(&enforced, "/effects", &t.key, &t.body).await;
+            assert_eq!(replay.status, 201, "{name}: {replay:?}");
+            assert!(replay.replayed, "{name}: marked replayed");
+            assert_eq!(
+                replay.text, first.text,
+                "{name}: the first answer, replayed"
+            );
+            let refused = post_json(&enforced, "/effects", &t.key, &other).await;
+            assert_eq!(refused.status, 422, "{name}: {refused:?}");
+            t.assert_ran(
+                4,
+                "enforcing replayed and refused without running the route",
+            )
+            .await;
         }
     }
 }

@@ -429,6 +429,58 @@ async fn held_observed(
     storm_body(db, cmd, gate).await
 }
 
+/// The storm's body in lease mode: the execution's number is a recorded step, and its effect
+/// row is written in a final phase (fenced by the lease when the call holds one of the ledger,
+/// on its own when observe mode runs a body enforcing would not run).
+async fn lease_body(
+    db: &DatabaseConnection,
+    cmd: Pay,
+    gate: Option<&Gate>,
+) -> Result<u64, PayError> {
+    if let Some(gate) = gate {
+        gate.pass().await;
+    }
+    if cmd.amount < 0 {
+        return Err(PayError::Flaky);
+    }
+    let execution = idem::step("execution", async |_| Ok::<_, PayError>(next_execution())).await?;
+    idem::sea_orm::final_step(db, "effect", |tx| {
+        Box::pin(async move {
+            insert_effect(tx, &cmd.run, "pay", cmd.amount).await;
+            Ok::<_, PayError>(execution)
+        })
+    })
+    .await
+}
+
+#[idempotent(scope = "observe.lease.storm.enforced", key = cmd.key, lease = "30s", on_concurrent = wait("20s"))]
+async fn lease_storm_enforced(db: &DatabaseConnection, cmd: Pay) -> Result<u64, PayError> {
+    lease_body(db, cmd, None).await
+}
+
+#[idempotent(scope = "observe.lease.storm.observed", key = cmd.key, lease = "30s", on_concurrent = wait("20s"), mode = observe)]
+async fn lease_storm_observed(db: &DatabaseConnection, cmd: Pay) -> Result<u64, PayError> {
+    lease_body(db, cmd, None).await
+}
+
+#[idempotent(scope = "observe.lease.held.enforced", key = cmd.key, lease = "30s", skip(gate))]
+async fn lease_held_enforced(
+    db: &DatabaseConnection,
+    cmd: Pay,
+    gate: Option<&Gate>,
+) -> Result<u64, PayError> {
+    lease_body(db, cmd, gate).await
+}
+
+#[idempotent(scope = "observe.lease.held.observed", key = cmd.key, lease = "30s", skip(gate), mode = observe)]
+async fn lease_held_observed(
+    db: &DatabaseConnection,
+    cmd: Pay,
+    gate: Option<&Gate>,
+) -> Result<u64, PayError> {
+    lease_body(db, cmd, gate).await
+}
+
 /// The same four handlers on sqlx's store (SQLite): the body's connection is the claim's
 /// `&mut SqliteConnection`.
 mod on_sqlx {
@@ -492,6 +544,8 @@ mod on_sqlx {
 enum Through {
     SeaOrm(DatabaseConnection),
     Sqlx(sqlx::SqlitePool),
+    /// Lease mode on SeaORM's store.
+    Lease(DatabaseConnection),
 }
 
 impl Through {
@@ -502,6 +556,14 @@ impl Through {
             (Self::SeaOrm(_), true) => ("observe.storm.observed", "observe.held.observed"),
             (Self::Sqlx(_), false) => ("observe.sqlx.storm.enforced", "observe.sqlx.held.enforced"),
             (Self::Sqlx(_), true) => ("observe.sqlx.storm.observed", "observe.sqlx.held.observed"),
+            (Self::Lease(_), false) => (
+                "observe.lease.storm.enforced",
+                "observe.lease.held.enforced",
+            ),
+            (Self::Lease(_), true) => (
+                "observe.lease.storm.observed",
+                "observe.lease.held.observed",
+            ),
         }
     }
 
@@ -512,6 +574,8 @@ impl Through {
             (Self::SeaOrm(db), true) => storm_observed(&db, cmd).await,
             (Self::Sqlx(pool), false) => on_sqlx::storm_enforced(&pool, cmd).await,
             (Self::Sqlx(pool), true) => on_sqlx::storm_observed(&pool, cmd).await,
+            (Self::Lease(db), false) => lease_storm_enforced(&db, cmd).await,
+            (Self::Lease(db), true) => lease_storm_observed(&db, cmd).await,
         }
     }
 
@@ -523,6 +587,8 @@ impl Through {
             (Self::SeaOrm(db), true) => held_observed(&db, cmd, gate).await,
             (Self::Sqlx(pool), false) => on_sqlx::held_enforced(&pool, cmd, gate).await,
             (Self::Sqlx(pool), true) => on_sqlx::held_observed(&pool, cmd, gate).await,
+            (Self::Lease(db), false) => lease_held_enforced(&db, cmd, gate).await,
+            (Self::Lease(db), true) => lease_held_observed(&db, cmd, gate).await,
         }
     }
 }
@@ -575,8 +641,8 @@ fn logged_decisions(scopes: [&str; 2], since: usize) -> BTreeMap<&'static str, u
     changes(&counted, &BTreeMap::new())
 }
 
-/// The same storm against the same store (SeaORM's on every backend, sqlx's on SQLite),
-/// enforced and observed: eight concurrent duplicates,
+/// The same storm against the same store (SeaORM's on every backend, in atomic and lease mode;
+/// sqlx's on SQLite), enforced and observed: eight concurrent duplicates,
 /// the key reused with other arguments, a transient error, an invalid key, and a duplicate
 /// while the first call is held in its body (`reject`). Observe mode runs the body on every
 /// call and answers with its own answer, and reports, in its counter and its log lines,
@@ -590,7 +656,7 @@ async fn observe_mode_runs_every_body_and_reports_exactly_the_decisions_enforcin
     );
     installed.expect("the only global subscriber of this binary");
     for b in backends().await {
-        let mut stores = vec![Through::SeaOrm(b.db.clone())];
+        let mut stores = vec![Through::SeaOrm(b.db.clone()), Through::Lease(b.db.clone())];
         if b.name == "sqlite" {
             let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(4);
             stores.push(Through::Sqlx(
@@ -599,8 +665,9 @@ async fn observe_mode_runs_every_body_and_reports_exactly_the_decisions_enforcin
         }
         for through in stores {
             let name = match through {
-                Through::SeaOrm(_) => b.name,
-                Through::Sqlx(_) => "sqlite (sqlx)",
+                Through::SeaOrm(_) => b.name.to_owned(),
+                Through::Sqlx(_) => "sqlite (sqlx)".to_owned(),
+                Through::Lease(_) => format!("{} (lease mode)", b.name),
             };
             let mut decisions = Vec::new();
             let mut effects_of = Vec::new();

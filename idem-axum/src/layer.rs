@@ -289,8 +289,9 @@ where
         None
     };
     let mut call = config.recording.call(config.site, key, principal);
-    if key_is_valid {
-        // Read the body only for a request the layer will claim.
+    if key_is_valid || config.recording.observing() {
+        // Read the body only for a request the layer will claim, or that observe mode runs
+        // whatever its key.
         bytes = match read_up_to(body, config.recording.max_request_body).await {
             Ok(Read::Whole(bytes)) => bytes,
             Ok(Read::Over { .. }) => {

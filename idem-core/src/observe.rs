@@ -5,8 +5,9 @@
 //! switches to enforcing without a migration: observe mode writes the ledger exactly as
 //! enforcing does, so the first enforced retry of a key observed before replays its record.
 //!
-//! `#[idempotent(..., mode = observe)]` sets it ([`Call::mode`](crate::call::Call::mode));
-//! atomic mode only for now. What it does per decision is described at [`Mode::Observe`].
+//! `#[idempotent(..., mode = observe)]` sets it ([`Call::mode`](crate::call::Call::mode)), in
+//! atomic and lease mode; the HTTP and gRPC layers take it as a setting (`.mode(Mode::Observe)`).
+//! What it does per decision is described at [`Mode::Observe`].
 
 use crate::metrics::{self, Label};
 
@@ -33,6 +34,18 @@ pub enum Mode {
     ///   transaction is gone with the body's writes), the body runs again unclaimed, so an
     ///   error of idem's never becomes the caller's. A body whose arguments are not `Clone`
     ///   cannot run twice; that call answers idem's error, as enforcing would.
+    ///
+    /// In lease mode (`lease = "…"`, and the HTTP and gRPC layers) the same holds with the
+    /// lease for the claim's transaction:
+    ///
+    /// - a call that enforcing would execute claims the lease, runs its body with its steps
+    ///   fenced and records its answer, exactly as when enforcing; if idem then cannot record
+    ///   it, the body's own answer is returned (its writes committed in their own phases),
+    ///   unless a final phase kept open for the record rolled back with it (`finish`), which
+    ///   fails the call as enforcing does;
+    /// - any other call runs its body under a lease of a fresh in-memory store: its
+    ///   [`step`](crate::lease::step)s run and are kept in memory only, and a final phase
+    ///   (`final_step`, `finish`) runs its writes in a transaction of their own, unfenced.
     ///
     /// Concurrent duplicates wait for the first call as enforcing makes them wait (that is
     /// how idem learns what it would have answered them), and then run their own body.

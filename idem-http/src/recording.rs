@@ -12,6 +12,9 @@ use idem_core::{Error, Key, LeaseStore, RecentAnswers};
 
 /// How a duplicate of a running request is answered (re-exported for the settings methods).
 pub use idem_core::Concurrency;
+/// Whether the layer acts on its decisions or only reports them (re-exported for the settings
+/// methods).
+pub use idem_core::Mode;
 
 use crate::canonical;
 
@@ -32,6 +35,9 @@ pub struct Recording {
     pub max_response_body: usize,
     /// Answers this layer recorded, replayed from memory while they live.
     pub answers: Option<Arc<RecentAnswers>>,
+    /// Whether the layer acts on its decisions ([`Mode::Enforce`]) or runs every request and
+    /// only reports them ([`Mode::Observe`]).
+    pub mode: Mode,
 }
 
 impl Recording {
@@ -53,7 +59,14 @@ impl Recording {
             max_request_body: Self::DEFAULT_MAX_BODY,
             max_response_body: Self::DEFAULT_MAX_BODY,
             answers: Some(Arc::new(RecentAnswers::new(Self::DEFAULT_REMEMBERED))),
+            mode: Mode::Enforce,
         }
+    }
+
+    /// Whether the layer only reports its decisions ([`Mode::Observe`]): every request reaches
+    /// the handler, its body whole, whatever its key.
+    pub fn observing(&self) -> bool {
+        self.mode == Mode::Observe
     }
 
     /// Keeps up to `bytes` of recorded answers in memory; `0` turns it off.
@@ -78,6 +91,7 @@ impl Recording {
         principal: Option<String>,
     ) -> Call {
         let mut call = Call::new(site, key);
+        call.mode(self.mode);
         if let Some(principal) = principal {
             call.principal(Key::new(principal));
         }
@@ -97,7 +111,8 @@ impl Recording {
             .field(
                 "remember_answers",
                 &self.answers.as_ref().map_or(0, |a| a.budget()),
-            );
+            )
+            .field("mode", &self.mode);
     }
 }
 
@@ -178,6 +193,19 @@ macro_rules! recording_settings {
         /// of the budget is not kept. Retries reaching another process read the ledger.
         pub fn remember_answers(self, bytes: usize) -> Self {
             self.with_recording(|r| r.remember_answers(bytes))
+        }
+
+        /// Observe mode ("shadow mode") with `Mode::Observe`: every request reaches the
+        /// handler and gets the handler's own answer, whatever idem decides. idem decides each
+        /// request as when enforcing (the default, `Mode::Enforce`), records the answers
+        /// enforcing would record, and reports each decision: an INFO event with `scope`,
+        /// `key_hash` and `decision` (`executed`, `replayed`, `key_reused`, `in_flight`,
+        /// `released`, `invalid_key`, `error`) and the counter `idem_observed_total`.
+        /// Switching to enforcing needs no migration: a retry then replays what an observed
+        /// request recorded. A request body over `max_request_body` is still refused, as
+        /// enforcing refuses it: raise the limit to your largest request before observing.
+        pub fn mode(self, mode: $crate::recording::Mode) -> Self {
+            self.with_recording(|r| r.mode = mode)
         }
     };
 }

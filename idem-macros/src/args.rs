@@ -305,10 +305,6 @@ pub(crate) fn parse(attr: TokenStream, errors: &mut Vec<syn::Error>) -> Option<A
             errors.push(syn::Error::new(span, message));
         }
     }
-    if let (Some(span), Some(_)) = (args.observe, args.lease_ms) {
-        let message = "observe mode is not available in lease mode yet: remove `mode = observe`, or observe the call in atomic mode (without `lease`)";
-        errors.push(syn::Error::new(span, message));
-    }
     if at("lease").is_some() {
         if let Some(span) = args.bare_wait {
             let message = "in lease mode a duplicate cannot wait on the claim's lock (the claim has committed); \

@@ -520,3 +520,67 @@ async fn a_call_in_flight_finishes_without_its_client() {
         assert_eq!(refunds_of(&db, &payment).await, 1, "{name}: refunded once");
     }
 }
+
+/// The shop served on a free port with `Refund` recorded whole by a layer in `mode`.
+async fn spawn_in(db: &DatabaseConnection, mode: idem::Mode) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let layer =
+        idem::tonic::IdempotencyLayer::new(idem::sea_orm::SeaOrmLeaseStore::new(db.clone()))
+            .method::<RefundRequest>("/shop.Payments/Refund")
+            .mode(mode);
+    let server = tonic::transport::Server::builder()
+        .layer(layer)
+        .add_service(PaymentsServer::new(Shop::new(db.clone())))
+        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
+    tokio::spawn(server);
+    addr
+}
+
+/// Observe mode on the tonic layer: a retry and a call without a key run the method and get
+/// its own answer (enforcing would replay and refuse them), and the ledger is the one
+/// enforcing writes: the same method enforced afterwards replays the first observed answer.
+#[tokio::test]
+async fn observed_every_call_runs_the_method_and_enforcing_then_replays_the_first_answer() {
+    for (name, db) in backends().await {
+        let mut observed = client(spawn_in(&db, idem::Mode::Observe).await).await;
+        let payment = paid(&mut observed, 1000).await;
+        let refund = RefundRequest {
+            payment_id: payment.clone(),
+            amount_cents: 100,
+        };
+        let key = format!("r-{payment}");
+        let first = observed
+            .refund(keyed(refund.clone(), &key))
+            .await
+            .expect("refunded");
+        let retry = observed
+            .refund(keyed(refund.clone(), &key))
+            .await
+            .expect("refunded again");
+        assert!(!replayed(&retry), "{name}: the method's own answer");
+        assert_ne!(first.get_ref(), retry.get_ref(), "{name}: another refund");
+        let keyless = observed.refund(Request::new(refund.clone())).await;
+        assert!(keyless.is_ok(), "{name}: {keyless:?}");
+        assert_eq!(refunds_of(&db, &payment).await, 3, "{name}: every call ran");
+
+        let mut enforced = client(spawn_in(&db, idem::Mode::Enforce).await).await;
+        let replay = enforced
+            .refund(keyed(refund.clone(), &key))
+            .await
+            .expect("replayed");
+        assert!(replayed(&replay), "{name}");
+        assert_eq!(
+            first.get_ref(),
+            replay.get_ref(),
+            "{name}: the first answer"
+        );
+        assert_eq!(
+            refunds_of(&db, &payment).await,
+            3,
+            "{name}: enforcing ran nothing"
+        );
+    }
+}

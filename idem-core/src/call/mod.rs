@@ -157,8 +157,7 @@ impl Call {
 
     /// Sets whether idem acts on what it decides for this call ([`Mode::Enforce`], the
     /// default) or only reports it while the body runs every time ([`Mode::Observe`]:
-    /// `#[idempotent(..., mode = observe)]`). Atomic mode only, for now: a lease-mode call
-    /// ignores it.
+    /// `#[idempotent(..., mode = observe)]`), in atomic and lease mode.
     pub fn mode(&mut self, mode: Mode) {
         self.mode = mode;
     }

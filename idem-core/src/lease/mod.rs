@@ -8,6 +8,7 @@
 //! completion ([`Error::LeaseLost`]); its work is rejected and rolled back.
 
 pub mod answers;
+mod observe;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -18,12 +19,12 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::call::handler::{Finality, HandlerError, HandlerOutput, Replayable};
+use crate::call::handler::{Finality, HandlerError, HandlerOutput, Replayable, Verdict};
 use crate::call::outcome;
 use crate::call::{Call, Request};
 use crate::error::Error;
 use crate::ledger::{BoxFuture, LeaseClaim, RecordStatus, Ticket};
-use crate::metrics;
+use crate::metrics::{self, Label};
 use crate::retry::conflict::{Tries, retried};
 use crate::store::LeaseStore;
 use crate::testing::crash_points::{self, CrashPoint};
@@ -61,6 +62,7 @@ struct Context {
     request: Request,
     ticket: Ticket,
     store: Arc<dyn LeaseStore>,
+    holding: Holding,
     steps: Mutex<HashMap<String, Vec<u8>>>,
     /// Whether steps may be recorded under the call's key: handed over by an earlier holder,
     /// or one of this holder's was about to be recorded. The completion forgets them then.
@@ -300,6 +302,13 @@ impl LeaseHandle {
         e
     }
 
+    /// Whether the call's final phase is fenced by its lease: `false` for a body observe mode
+    /// runs under a lease in memory ([`Mode::Observe`](crate::Mode::Observe)), whose final
+    /// phase runs its writes in a transaction of their own.
+    pub fn fences_writes(&self) -> bool {
+        self.0.holding != Holding::InMemory
+    }
+
     /// Whether the lease is known to be lost.
     pub fn is_lost(&self) -> bool {
         self.0.lost.load(Ordering::SeqCst)
@@ -396,6 +405,7 @@ fn renew_in_background(context: Arc<Context>, lease: Duration) -> Renewal {
 /// runs the body outside any claim transaction with its steps fenced by the lease, renews the
 /// lease while the body runs, then records the result if the lease still holds. A transient
 /// error ends the lease at once, keeping the recorded steps, so a retry resumes after them.
+/// A call in observe mode ([`Call::mode`]) is decided the same way and answered by its body.
 pub fn run_lease<R, F>(
     store: Arc<dyn LeaseStore>,
     call: Call,
@@ -412,8 +422,11 @@ where
     // Counted once, when the answer is known (feature `metrics`; without it, `observe` hands
     // the call back as it is).
     let scope = call.site().scope();
-    let deadline = call.deadline_for(lease);
     metrics::observe(scope, async move {
+        if call.observing() {
+            return observe::observed(store, call, lease, finality, body).await;
+        }
+        let deadline = call.deadline_for(lease);
         let request = match call.prepare::<R>(false) {
             Ok(request) => request,
             Err(answer) => return answer,
@@ -421,34 +434,7 @@ where
         if let Some(recorded) = request.recent_answer() {
             return request.replay(&recorded, finality);
         }
-        // `wait("…")` polls for the holder's result until its bound; `reject` answers at once.
-        let wait_until = match request.concurrency() {
-            crate::Concurrency::Wait { bound } => Some(tokio::time::Instant::now() + bound),
-            _ => None,
-        };
-        let mut pause = Duration::from_millis(10);
-        let mut conflicts = Tries::new();
-        let claimed = loop {
-            let claimed = store.claim_lease(&request, lease).await;
-            match (claimed, wait_until) {
-                (Ok(LeaseClaim::InFlight { retry_after }), Some(wait_until))
-                    if tokio::time::Instant::now() < wait_until =>
-                {
-                    let wake =
-                        (tokio::time::Instant::now() + pause.min(retry_after)).min(wait_until);
-                    tokio::time::sleep_until(wake).await;
-                    pause = (pause * 2).min(Duration::from_millis(250));
-                }
-                // The claim's transaction was aborted: nothing of it was committed.
-                (Err(e), _) if e.is_conflict() => {
-                    if let Err(e) = conflicts.again(request.scope(), e).await {
-                        break Err(e);
-                    }
-                }
-                (claimed, _) => break claimed,
-            }
-        };
-        let (ticket, steps) = match claimed {
+        let (ticket, steps) = match claim(&*store, &request, lease).await {
             Ok(LeaseClaim::Execute { ticket, steps }) => (ticket, steps),
             Ok(LeaseClaim::Recorded(recorded)) => return request.replay(&recorded, finality),
             Ok(LeaseClaim::InFlight { retry_after }) => {
@@ -456,64 +442,158 @@ where
             }
             Err(e) => return request.fail(e),
         };
-        let span = request.span().clone();
-        let context = Arc::new(Context {
+        let held = Held {
+            store,
             request,
             ticket,
-            store: Arc::clone(&store),
-            may_have_steps: AtomicBool::new(!steps.is_empty()),
-            steps: Mutex::new(steps.into_iter().collect()),
-            lost: AtomicBool::new(false),
-            open_phase: tokio::sync::Mutex::new(None),
-            phase_failed: AtomicBool::new(false),
-            store_unreachable: AtomicBool::new(false),
-        });
-        crash_points::note_lease(&store, ticket);
-        // Declared first, so that while unwinding the renewal stops before the release.
-        let on_panic = ReleaseOnPanic {
-            store: Arc::clone(&store),
-            scope,
-            ticket,
-        };
-        let renewal = renew_in_background(Arc::clone(&context), lease);
-        let nested = outcome::Nested::enter();
-        // Hooks the body asks for (the outbox's wake after staging in a final phase) run once
-        // the call has ended, when its final phase has certainly committed.
-        let ran = tokio::time::timeout(
+            steps,
+            lease,
             deadline,
-            LEASE.scope(
-                Arc::clone(&context),
-                crate::call::collecting_hooks(tracing::Instrument::instrument(
-                    async {
-                        reach_crash_point(CrashPoint::AfterLeaseClaim, None).await;
-                        body().await
-                    },
-                    span,
-                )),
-            ),
-        )
-        .await;
-        drop(nested);
-        drop(renewal);
-        drop(on_panic);
-        let Ok((output, hooks)) = ran else {
-            return past_deadline(&*store, &context, deadline).await;
         };
-        let answer = settle::<R>(&*store, &context, ticket, output, finality).await;
-        hooks.iter().for_each(|hook| hook());
-        answer
+        execute(held, Holding::Enforced, finality, body).await.0
     })
 }
 
+/// Claims `request`'s key on `store` for `lease`: under `wait("…")` a key in flight is polled
+/// until the bound, under `reject` it answers at once; a claim the database aborted for a
+/// conflict (nothing of it committed) is tried again.
+async fn claim(
+    store: &dyn LeaseStore,
+    request: &Request,
+    lease: Duration,
+) -> Result<LeaseClaim, Error> {
+    let wait_until = match request.concurrency() {
+        crate::Concurrency::Wait { bound } => Some(tokio::time::Instant::now() + bound),
+        _ => None,
+    };
+    let mut pause = Duration::from_millis(10);
+    let mut conflicts = Tries::new();
+    loop {
+        let claimed = store.claim_lease(request, lease).await;
+        match (claimed, wait_until) {
+            (Ok(LeaseClaim::InFlight { retry_after }), Some(wait_until))
+                if tokio::time::Instant::now() < wait_until =>
+            {
+                let wake = (tokio::time::Instant::now() + pause.min(retry_after)).min(wait_until);
+                tokio::time::sleep_until(wake).await;
+                pause = (pause * 2).min(Duration::from_millis(250));
+            }
+            (Err(e), _) if e.is_conflict() => conflicts.again(request.scope(), e).await?,
+            (claimed, _) => return claimed,
+        }
+    }
+}
+
+/// A lease a call holds, and what running its body under it needs.
+struct Held {
+    store: Arc<dyn LeaseStore>,
+    request: Request,
+    ticket: Ticket,
+    /// The steps an earlier holder recorded.
+    steps: Vec<(String, Vec<u8>)>,
+    lease: Duration,
+    /// How long the body may run.
+    deadline: Duration,
+}
+
+/// How a call holds its lease, and so how its final phase and its answer go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Holding {
+    /// Enforcing: the lease fences the call's steps and final phase; an error of idem's is
+    /// the call's answer.
+    Enforced,
+    /// Observe mode, a call enforcing would execute: held as enforcing holds it, but when
+    /// idem cannot record an answer whose writes already committed, the body's answer stands.
+    Observed,
+    /// Observe mode, a call enforcing would answer without its body: the lease is of a fresh
+    /// in-memory store, so steps work and nothing is kept, and a final phase's writes run in
+    /// a transaction of their own, unfenced.
+    InMemory,
+}
+
+/// Runs the body under `held`'s lease (renewed while it runs, ended at once if it panics or
+/// runs past its deadline) and settles its output: the call's answer, and how a call enforcing
+/// would be counted.
+async fn execute<R, F>(
+    held: Held,
+    holding: Holding,
+    finality: Option<Finality<R::Error>>,
+    body: F,
+) -> (R, Label)
+where
+    R: HandlerOutput,
+    R::Ok: Replayable,
+    R::Error: HandlerError,
+    F: AsyncFnOnce() -> R,
+{
+    let Held {
+        store,
+        request,
+        ticket,
+        steps,
+        lease,
+        deadline,
+    } = held;
+    let scope = request.scope();
+    let span = request.span().clone();
+    let context = Arc::new(Context {
+        request,
+        ticket,
+        store: Arc::clone(&store),
+        holding,
+        may_have_steps: AtomicBool::new(!steps.is_empty()),
+        steps: Mutex::new(steps.into_iter().collect()),
+        lost: AtomicBool::new(false),
+        open_phase: tokio::sync::Mutex::new(None),
+        phase_failed: AtomicBool::new(false),
+        store_unreachable: AtomicBool::new(false),
+    });
+    crash_points::note_lease(&store, ticket);
+    // Declared first, so that while unwinding the renewal stops before the release.
+    let on_panic = ReleaseOnPanic {
+        store: Arc::clone(&store),
+        scope,
+        ticket,
+    };
+    let renewal = renew_in_background(Arc::clone(&context), lease);
+    let nested = outcome::Nested::enter();
+    // Hooks the body asks for (the outbox's wake after staging in a final phase) run once
+    // the call has ended, when its final phase has certainly committed.
+    let ran = tokio::time::timeout(
+        deadline,
+        LEASE.scope(
+            Arc::clone(&context),
+            crate::call::collecting_hooks(tracing::Instrument::instrument(
+                async {
+                    reach_crash_point(CrashPoint::AfterLeaseClaim, None).await;
+                    body().await
+                },
+                span,
+            )),
+        ),
+    )
+    .await;
+    drop(nested);
+    drop(renewal);
+    drop(on_panic);
+    let Ok((output, hooks)) = ran else {
+        return past_deadline(&*store, &context, deadline).await;
+    };
+    let settled = settle::<R>(&*store, &context, ticket, output, finality).await;
+    hooks.iter().for_each(|hook| hook());
+    settled
+}
+
 /// Ends a lease-mode call whose body returned `output`: records it (in a final phase kept
-/// open, or on its own) if the lease still holds, or releases the lease.
+/// open, or on its own) if the lease still holds, or releases the lease. The answer, and how
+/// enforcing counts it.
 async fn settle<R>(
     store: &dyn LeaseStore,
     context: &Context,
     ticket: Ticket,
     output: R,
     finality: Option<Finality<R::Error>>,
-) -> R
+) -> (R, Label)
 where
     R: HandlerOutput,
     R::Ok: Replayable,
@@ -526,24 +606,28 @@ where
     let open_phase = context.open_phase.lock().await.take();
     // After the phase is taken: a crash here drops it, uncommitted, with the call.
     reach_crash_point(CrashPoint::BeforeLeaseRecord, None).await;
-    let record = match request.record_of(output, finality) {
-        Ok(record) if !context.phase_failed.load(Ordering::SeqCst) => record,
-        Ok(_) => {
+    let record = match request.verdict(output, finality) {
+        Verdict::Record(record) if !context.phase_failed.load(Ordering::SeqCst) => record,
+        Verdict::Record(_) => {
             release_unrecorded(store, context, &ticket).await;
-            return request.fail(context.phase_lost());
+            return failed(request, context.phase_lost());
         }
-        Err(answer) => {
-            // Nothing to record: keep the final phase's writes, and release.
-            if let Some(open) = open_phase {
-                let _ = open.commit().await;
-            }
-            release_unrecorded(store, context, &ticket).await;
-            return answer;
+        Verdict::Release(error) => {
+            end_unrecorded(store, context, &ticket, open_phase).await;
+            metrics::settle(request.span(), Label::Released);
+            return (R::from_result(Err(error)), Label::Released);
+        }
+        Verdict::Unencodable(e) => {
+            end_unrecorded(store, context, &ticket, open_phase).await;
+            return failed(request, e);
         }
     };
     // Taken before the store starts the record's TTL, so a remembered copy expires first.
     let since = Instant::now();
-    let remembered = request.remembers_answers().then(|| record.payload.clone());
+    // An answer recorded only in memory is not this layer's to replay.
+    let remembered = (request.remembers_answers() && context.holding != Holding::InMemory)
+        .then(|| record.payload.clone());
+    let phase_was_open = open_phase.is_some();
     let completed = match open_phase {
         // A conflict rolled the phase's writes back with the result: the phase must run
         // again, which only a new attempt can do (below).
@@ -565,35 +649,70 @@ where
             .await
         }
     };
-    match completed {
+    let e = match completed {
         Ok(()) => {
             if let Some(payload) = remembered {
                 request.remember(record.status, payload, since);
             }
-            request.executed(record.answer)
+            return (request.executed(record.answer), Label::Executed);
         }
-        Err(e) if e.kind() == crate::ErrorKind::LeaseLost => request.fail(context.lost()),
+        Err(e) if e.kind() == crate::ErrorKind::LeaseLost => context.lost(),
         Err(e) if e.kind() == crate::ErrorKind::Unavailable => {
             // The store is unreachable: the release would most likely wait out the same
             // connection bound again before failing, so the caller is answered now and the
             // release is tried behind it.
             let store = Arc::clone(&context.store);
             tokio::spawn(async move { release_now(&*store, scope, &ticket).await });
-            request.fail(e)
+            e
         }
         Err(e) => {
             // Not recorded: end the lease at once, so the next retry (or a completer) takes
             // over from the recorded steps instead of waiting the lease out.
             release_now(store, scope, &ticket).await;
-            request.fail(crate::retry::conflict::named(scope, e, 1))
+            crate::retry::conflict::named(scope, e, 1)
         }
+    };
+    if context.holding == Holding::Observed && !phase_was_open {
+        // Observe mode never makes idem's error the caller's: the body's writes committed in
+        // their own phases, so its answer stands. (A phase kept open for the result rolled
+        // back with it: that call must fail, as enforcing's does.)
+        tracing::warn!(parent: request.span(), error = %e, "observe mode: idem could not record the answer; the body's own answer is returned");
+        return (R::from_result(record.answer), Label::of_error(&e));
     }
+    failed(request, e)
+}
+
+/// Ends a call that records nothing: its final phase's writes kept, its lease released.
+async fn end_unrecorded(
+    store: &dyn LeaseStore,
+    context: &Context,
+    ticket: &Ticket,
+    open_phase: Option<Box<dyn OpenPhase>>,
+) {
+    if let Some(open) = open_phase {
+        let _ = open.commit().await;
+    }
+    release_unrecorded(store, context, ticket).await;
+}
+
+/// Fails the call with idem's error `e`, and how it is counted.
+fn failed<R>(request: &Request, e: Error) -> (R, Label)
+where
+    R: HandlerOutput,
+    R::Error: HandlerError,
+{
+    let label = Label::of_error(&e);
+    (request.fail(e), label)
 }
 
 /// Ends a call whose body ran past its deadline (the body was dropped): a final phase kept
 /// open commits (its writes and step stand), and the lease ends now, so the next retry or a
 /// completer takes over from the recorded steps.
-async fn past_deadline<R>(store: &dyn LeaseStore, context: &Context, deadline: Duration) -> R
+async fn past_deadline<R>(
+    store: &dyn LeaseStore,
+    context: &Context,
+    deadline: Duration,
+) -> (R, Label)
 where
     R: HandlerOutput,
     R::Error: HandlerError,
@@ -603,11 +722,12 @@ where
         tracing::warn!(parent: request.span(), error = %e, "the final phase failed to commit");
     }
     release_now(store, request.scope(), &context.ticket).await;
-    request.fail(Error::DeadlineExceeded {
+    let e = Error::DeadlineExceeded {
         scope: request.scope().to_owned(),
         deadline,
         retry_after: crate::call::RETRY_AFTER,
-    })
+    };
+    failed(request, e)
 }
 
 /// Ends the lease of a call that recorded nothing: now, or behind the caller's answer when a

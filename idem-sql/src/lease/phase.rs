@@ -27,7 +27,9 @@ pub type WritesFuture<'t, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Se
 /// lease-mode call): a step the call recorded already answers without running `writes`;
 /// otherwise they run in a transaction that also checks the lease and records the step
 /// `name`, kept open for the call's result with `keep_open`. With idem switched off
-/// ([`idem_core::testing`]) the call's lease is in memory: the writes alone, in a transaction.
+/// ([`idem_core::testing`]), or for a body observe mode runs without a lease of the ledger
+/// ([`LeaseHandle::fences_writes`]), the call's lease is in memory: the writes alone, in a
+/// transaction.
 pub async fn final_phase<D, T, E, F>(
     store: &SqlStore<D>,
     name: &str,
@@ -45,6 +47,9 @@ where
         return unfenced(store, writes).await;
     }
     let lease = LeaseHandle::current(what)?;
+    if !lease.fences_writes() {
+        return unfenced(store, writes).await;
+    }
     if let Some(value) = lease.recorded::<T>(name)? {
         return Ok(value);
     }

@@ -122,10 +122,14 @@ where
 {
     let (parts, body) = request.into_parts();
     let key = match IdempotencyKey::of_headers(&parts.headers) {
-        Ok(Some(key)) => key.0,
-        Ok(None) => return status(&Error::MissingKey).into_http(),
-        Err(e) => return status(&e).into_http(),
+        Ok(Some(key)) => Ok(key.0),
+        Ok(None) => Err(Error::MissingKey),
+        Err(e) => Err(e),
     };
+    // Observe mode runs the method whatever its key: the call reports the refusal.
+    if let (Err(e), false) = (&key, config.recording.observing()) {
+        return status(e).into_http();
+    }
     let bytes = match Limited::new(body, config.recording.max_request_body)
         .collect()
         .await
@@ -153,8 +157,10 @@ where
         .principal
         .as_ref()
         .and_then(|principal| principal(&parts));
-    let mut call = config.recording.call(method.site, Ok(key), principal);
-    if let Err(refused) = (method.fingerprint)(&bytes, &mut call) {
+    let mut call = config.recording.call(method.site, key, principal);
+    if let Err(refused) = (method.fingerprint)(&bytes, &mut call)
+        && !config.recording.observing()
+    {
         return refused.into_http();
     }
     let task = spawn_and_wait(Box::pin(run_lease(
