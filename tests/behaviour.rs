@@ -671,6 +671,50 @@ async fn reject_fails_fast_while_the_first_call_runs() {
     }
 }
 
+/// Under `reject`, a duplicate through another pool on the same database (another store: no
+/// single flight between them) meets the first call's claim in the database, and the claim's
+/// lock timeout answers in flight (`claim_nowait`). SQLite, one writer, makes it wait
+/// instead: not run there.
+#[tokio::test]
+async fn reject_through_another_pool_is_in_flight_at_the_row_lock() {
+    let cases = cases().await;
+    for t in cases.iter().filter(|t| t.backend != "sqlite") {
+        let Some(other) = cases
+            .iter()
+            .find(|o| o.backend == t.backend && o.name != t.name)
+        else {
+            continue;
+        };
+        let run = unique("reject-pools");
+        let gate = Gate::default();
+        let (holder, cmd, held) = (t.clone(), Pay::new(&run, 1), gate.clone());
+        let first = tokio::spawn(async move { call!(holder, held_pay(cmd, held)) });
+        gate.entered().await;
+        let started = Instant::now();
+        let (dup, cmd) = (other.clone(), Pay::new(&run, 1));
+        let second = call!(dup, held_pay(cmd, Gate::default()));
+        let elapsed = started.elapsed();
+        assert_eq!(
+            second.unwrap_err().kind(),
+            Some(ErrorKind::InFlight),
+            "{t}, then {other}"
+        );
+        // At most the MySQL 8 family's one-second lock wait, and the round trips.
+        assert!(
+            elapsed < Duration::from_secs(5),
+            "{t}, then {other}: rejected in {elapsed:?}"
+        );
+        gate.release();
+        first.await.expect("join").expect("first");
+        assert_eq!(
+            body_runs(&run),
+            1,
+            "{t}, then {other}: the duplicate ran nothing"
+        );
+        t.assert_effects(&run, 1, "ran once").await;
+    }
+}
+
 #[tokio::test]
 async fn principals_and_scopes_never_share_records() {
     for t in cases().await {

@@ -195,7 +195,7 @@ mod tests {
     use idem_core::atomic::run;
     use idem_core::call::handler::{FinalProbe, ViaFinal};
     use idem_core::call::{Call, Site};
-    use idem_core::{Concurrency, FinalError, Key, MemoryStore, MemoryTx};
+    use idem_core::{Concurrency, FinalError, MemoryStore, MemoryTx};
     use std::time::Duration;
 
     use http::HeaderValue;
@@ -370,7 +370,7 @@ mod tests {
     where
         T: Serialize + serde::de::DeserializeOwned + Send + 'static,
     {
-        let call = Call::new(&SITE, Key::new(key));
+        let call = Call::new(&SITE, key);
         let finality = (&FinalProbe::<Refused>::new()).finality();
         // The memory store never conflicts: the body is made once.
         let mut result = Some(result);

@@ -69,11 +69,4 @@ pub mod __private {
     pub use crate::lease::run_lease;
     pub use crate::versioned::{VersionProbe, Versioned, ViaUnversioned, ViaVersioned};
     pub use core::time::Duration;
-
-    use crate::{Error, Key, KeySource};
-
-    /// Validates the key (or principal) expression's value.
-    pub fn key<K: KeySource + ?Sized>(source: &K) -> Result<Key, Error> {
-        source.to_key()
-    }
 }

@@ -90,10 +90,10 @@ impl Recording {
         key: Result<Key, Error>,
         principal: Option<String>,
     ) -> Call {
-        let mut call = Call::new(site, key);
+        let mut call = Call::with_key_result(site, key);
         call.mode(self.mode);
         if let Some(principal) = principal {
-            call.principal(Key::new(principal));
+            call.principal(&principal);
         }
         if let Some(answers) = &self.answers {
             call.remember_answers(answers);

@@ -304,7 +304,7 @@ fn impl_trait_span(output: &ReturnType) -> Option<Span> {
 /// async fn pay(db: &DatabaseConnection, cmd: Pay) -> Result<Receipt, PayError> {
 ///     static __IDEM_SITE: Site = Site::new("orders.pay", ttl, policy);
 ///     let __idem_conn = &(db);
-///     let mut __idem_call = Call::new(&__IDEM_SITE, key(&cmd.key));
+///     let mut __idem_call = Call::new(&__IDEM_SITE, &cmd.key);
 ///     Call::named_arg(&mut __idem_call, "cmd", &cmd);
 ///     let __idem_arg_cmd = Rerun::new(cmd, "cmd");
 ///     // claim; replay, or run the body in the claim's transaction; record + commit, or release
@@ -349,12 +349,21 @@ pub(crate) fn expand(
     };
     // Each call whose bounds rustc checks covers exactly the user's tokens it checks (the key
     // expression, a parameter's type, the return type), so the error lands there, once.
-    let key = |expr: &Expr| {
-        Range::of(expr).call_with_borrow(&quote!(#p::key), &quote!(), &borrow_operand(expr))
-    };
-    let key_call = key(&args.key);
-    let principal = args.principal.as_ref().map(key);
-    let principal = principal.map(|call| quote!(__idem_call.principal(#call);));
+    // The key and the principal go to the call as the user wrote them; the call takes each
+    // as a `KeySource`, so a type that is not one is an error at its expression.
+    let new_call = Range::of(&args.key).call_with_borrow(
+        &quote!(#p::Call::new),
+        &quote!(&__IDEM_SITE,),
+        &borrow_operand(&args.key),
+    );
+    let principal = args.principal.as_ref().map(|expr| {
+        let call = Range::of(expr).call_with_borrow(
+            &quote!(#p::Call::principal),
+            &quote!(&mut __idem_call,),
+            &borrow_operand(expr),
+        );
+        quote!(#call;)
+    });
     // A TTL read at run time replaces the site's; a mistyped one is an error at its tokens.
     let ttl = args.ttl_expr.as_ref().map(|expr| {
         let call = Range::of(expr).call(&quote!(#p::Call::ttl), &quote!(&mut __idem_call, #expr));
@@ -537,7 +546,7 @@ pub(crate) fn expand(
         );
         // A borrow in a `let` keeps a temporary connection (`conn = self.pool() as db`) alive.
         let #conn = &(#conn_expr);
-        let mut __idem_call = #p::Call::new(&__IDEM_SITE, #key_call);
+        let mut __idem_call = #new_call;
         #principal
         #ttl
         #deadline

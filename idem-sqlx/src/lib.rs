@@ -38,7 +38,7 @@ pub use check::{AnswerCheck, check_answers, check_final_errors};
 pub use completer::Completer;
 pub use driver::Backend;
 pub use driver::pooler::through_transaction_pooler;
-pub use driver::port::{Sqlx, SqlxNested, SqlxPooled, SqlxTx};
+pub use driver::port::{Sqlx, SqlxConn, SqlxNested, SqlxPooled, SqlxTx};
 pub use idem_sql::{
     ExpiredLease, ExpiredPurge, Family, StuckLease, create_tables, database_now_ms, expired_leases,
     inspect, purge_expired, release_lease, stuck_leases,

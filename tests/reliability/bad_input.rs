@@ -157,7 +157,7 @@ static TTL_ZERO: idem_core::call::Site = idem_core::call::Site::new(
 /// A handler built on the engine API with a TTL of zero (the attribute refuses `ttl = "0s"`
 /// at compile time).
 async fn ttl_zero(db: &DatabaseConnection, cmd: BadCmd) -> Result<Answer, idem::Error> {
-    let mut call = idem_core::call::Call::new(&TTL_ZERO, idem::Key::new(cmd.key.as_str()));
+    let mut call = idem_core::call::Call::new(&TTL_ZERO, &cmd.key);
     call.arg(&cmd);
     let store = idem::sea_orm::SeaOrmStore::new(db);
     let cmd = &cmd;

@@ -325,7 +325,7 @@ async fn short_wait(
     c: &Transfer,
     hold: Duration,
 ) -> Result<Answer, idem::Error> {
-    let mut call = idem_core::call::Call::new(&SHORT_WAIT, idem::Key::new(c.key.as_str()));
+    let mut call = idem_core::call::Call::new(&SHORT_WAIT, &c.key);
     call.arg(c);
     let store = idem::sea_orm::SeaOrmStore::new(db);
     let body = async |tx: &sea_orm::DatabaseTransaction| {

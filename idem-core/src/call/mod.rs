@@ -17,7 +17,7 @@ use crate::call::handler::{
     Finality, Fingerprintable, HandlerError, HandlerOutput, Record, Replayable, StoredArgument,
     Verdict, verdict,
 };
-use crate::call::key::Key;
+use crate::call::key::{Key, KeySource};
 use crate::call::outcome::Outcome;
 use crate::error::Error;
 use crate::fingerprint::{Fingerprint, FingerprintError, Fingerprinter, Fingerprints};
@@ -135,8 +135,15 @@ impl Versions {
 }
 
 impl Call {
-    /// Starts a call of the handler at `site` with `key`.
-    pub fn new(site: &'static Site, key: Result<Key, Error>) -> Self {
+    /// Starts a call of the handler at `site` with the key taken from `key` (the attribute's
+    /// key expression): an invalid or missing key fails the call when it runs.
+    pub fn new<K: KeySource + ?Sized>(site: &'static Site, key: &K) -> Self {
+        Self::with_key_result(site, key.to_key())
+    }
+
+    /// Starts a call of the handler at `site` whose key was read already, or failed to be (a
+    /// transport layer's header): an `Err` fails the call when it runs, counted as such.
+    pub fn with_key_result(site: &'static Site, key: Result<Key, Error>) -> Self {
         Self {
             site,
             key,
@@ -218,9 +225,10 @@ impl Call {
         }
     }
 
-    /// Sets the principal the key belongs to.
-    pub fn principal(&mut self, principal: Result<Key, Error>) {
-        self.principal = principal.map(Some);
+    /// Sets the principal the key belongs to, taken from `principal` as a key is: one that is
+    /// not a valid key fails the call when it runs.
+    pub fn principal<K: KeySource + ?Sized>(&mut self, principal: &K) {
+        self.principal = principal.to_key().map(Some);
     }
 
     /// Adds an unnamed argument to the fingerprint ([`Fingerprinter::arg`]).

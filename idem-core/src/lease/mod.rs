@@ -757,7 +757,7 @@ mod tests {
 
     use super::*;
     use crate::call::{Call, Site};
-    use crate::{Concurrency, ErrorKind, Key, MemoryStore};
+    use crate::{Concurrency, ErrorKind, MemoryStore};
 
     /// What a dead node's pool answers.
     fn unreachable() -> Error {
@@ -833,7 +833,7 @@ mod tests {
             released: Arc::clone(&released),
         };
         let started = Instant::now();
-        let call = Call::new(site, Key::new("k-1"));
+        let call = Call::new(site, "k-1");
         let answer = run_lease(Arc::new(store), call, Duration::from_secs(30), None, body).await;
         (answer, started, released)
     }

@@ -18,7 +18,7 @@ use crate::ledger::LeaseClaim;
 use crate::metrics::{self, Label};
 use crate::observe;
 use crate::store::LeaseStore;
-use crate::{Key, MemoryStore};
+use crate::MemoryStore;
 
 /// A lease-mode call in observe mode: decided, reported, and answered by its body.
 pub(super) async fn observed<R, F>(
@@ -147,5 +147,5 @@ where
 
 /// A request for a call whose own key was refused, so its body can run under a lease.
 fn placeholder(site: &'static Site) -> Result<Request, Error> {
-    Call::new(site, Key::new("observe-mode-invalid-key")).check(false)
+    Call::new(site, "observe-mode-invalid-key").check(false)
 }

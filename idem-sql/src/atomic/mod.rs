@@ -1,19 +1,18 @@
-//! The atomic-mode claim, once for every store: which of the ledger's statements run, in
-//! which order, and what their rows decide. The store supplies the connection (its claim
-//! transaction, begun, on any driver's [`Connection`]) and ends the transaction as the
-//! [`Claimed`] it gets back says.
+//! The atomic-mode claim: the row its statements return ([`ClaimRow`]) and what a live one
+//! answers. The claim itself runs in `store.rs`, beside the pool store that calls it, where
+//! a reader following a key finds it: which of the ledger's statements run, in which order,
+//! and what their rows decide. The nested store (`nested.rs`) runs the same claim in a
+//! body's transaction.
 
 mod nested;
 mod store;
 
-use idem_core::{Claim, Fingerprint, RecordStatus, Recorded, Request};
+use idem_core::{Claim, Fingerprint, RecordStatus, Recorded};
 
 pub use nested::{ConnClaimed, ConnStore, Nested, NestedClaim};
-pub use store::ClaimedTx;
+pub use store::{ClaimStep, Claimed, ClaimedTx, claim};
 
-use crate::{
-    Column, Connection, Decode, Driver, Failure, Fault, NewRecord, Row, Sql, fetch_first, millis,
-};
+use crate::{Column, Decode, Row};
 
 /// A ledger row as a claim reads it back: the columns every claim statement returns, in
 /// their order (owner, fingerprint, state, response, expires_at_ms, now_ms).
@@ -94,160 +93,4 @@ impl ClaimRow {
             })),
         }
     }
-}
-
-impl NewRecord {
-    /// The row a claim of `req` by `owner` writes, living `lives` from the database clock.
-    pub fn of(req: &Request, owner: i64, lives: std::time::Duration) -> Self {
-        NewRecord {
-            id: req.id().to_vec(),
-            scope: req.scope().to_owned(),
-            principal: req.principal().to_owned(),
-            key: req.key().to_owned(),
-            owner,
-            fingerprint: req.fingerprint().0.to_vec(),
-            ttl_ms: millis(lives),
-        }
-    }
-}
-
-/// What a claim decided, and so how its store ends the transaction.
-#[derive(Debug)]
-pub enum Claimed {
-    /// The key is this claim's: the body runs in the transaction.
-    Execute,
-    /// A live record answers (see [`ClaimRow::answer`]); the transaction wrote nothing and
-    /// can be dropped.
-    Live(ClaimRow),
-    /// A live record answers, and the transaction holds its row lock: under `reject` on the
-    /// MySQL protocol the store rolls back before answering, so the client's next call does
-    /// not meet this call's lock.
-    LiveLocked(ClaimRow),
-    /// Another transaction holds the key and the claim would not wait (`reject`).
-    InFlight,
-}
-
-/// One claim's values and decisions.
-#[derive(Clone, Debug)]
-pub struct ClaimStep {
-    /// The row the claim inserts ([`NewRecord::of`]; SQLite's atomic claim only reads its id).
-    pub row: NewRecord,
-    /// `on_concurrent = reject`: fail at once instead of waiting for the key's lock.
-    pub reject: bool,
-    /// Take a savepoint after the claim, so a final error can undo the body's writes.
-    pub savepoint: bool,
-}
-
-/// What a claim's step returns: its answer, or what it was doing when a statement failed.
-type Done<T, C> = Result<T, (&'static str, Fault<<C as Connection>::Error>)>;
-
-/// Claims `step.row` in `conn`, a transaction of driver `D` that has just begun, with `d`'s
-/// statements. An error says what the claim was doing.
-pub async fn claim<D: Driver, C: Connection<Error = D::Error>>(
-    conn: &mut C,
-    d: &'static Sql,
-    step: &ClaimStep,
-) -> Done<Claimed, C> {
-    if step.reject
-        && let Some(sql) = d.ledger.before_nowait
-    {
-        conn.execute_unprepared(sql)
-            .await
-            .map_err(|e| ("setting the lock timeout", Fault::Db(e)))?;
-    }
-    if d.ledger.claim_by_read {
-        // SQLite: `BEGIN IMMEDIATE` already holds the only write lock, so nobody can claim
-        // the key before this transaction ends. A plain read decides, and the record step
-        // writes the whole row once (an upsert over an expired record).
-        let row = fetch_first(conn, d.ledger.read_locked(&step.row.id), ClaimRow::from_row)
-            .await
-            .map_err(|e| ("reading the key", e))?;
-        if let Some(row) = row
-            && row.is_live()
-        {
-            return Ok(Claimed::Live(row));
-        }
-        return savepoint(conn, d, step).await;
-    }
-    let insert = if step.reject {
-        d.ledger.claim_nowait(&step.row)
-    } else {
-        d.ledger.claim(&step.row)
-    };
-    let seen = fetch_first(conn, insert, ClaimRow::from_row).await;
-    if step.reject
-        && let Some(sql) = d.ledger.after_nowait
-    {
-        conn.execute_unprepared(sql)
-            .await
-            .map_err(|e| ("resetting the lock timeout", Fault::Db(e)))?;
-    }
-    let seen = match seen {
-        Ok(seen) => seen,
-        Err(e) if e.failure(D::classify) == Failure::LockTimeout => return Ok(Claimed::InFlight),
-        Err(e) => return Err(("claiming the key", e)),
-    };
-    match seen {
-        // Our new row, or (MariaDB) the current row, locked: it decides.
-        Some(row) if row.owner == step.row.owner || d.ledger.claim_locks_row => {
-            return settle(conn, d, row, step).await;
-        }
-        // A committed final record never changes before it expires: it answers as the
-        // statement saw it, without a lock or a second read.
-        Some(row)
-            if row.is_live()
-                && matches!(
-                    row.status,
-                    Some(RecordStatus::Completed | RecordStatus::Failed | RecordStatus::GaveUp)
-                ) =>
-        {
-            return Ok(Claimed::Live(row));
-        }
-        _ => {}
-    }
-    // Another owner's row, seen without a lock: read it locked, as it is now.
-    let doing = "reading the claimed key";
-    let row = fetch_first(conn, d.ledger.read_locked(&step.row.id), ClaimRow::from_row)
-        .await
-        .map_err(|e| (doing, e))?
-        .ok_or((doing, Fault::Missing("the claimed ledger row")))?;
-    settle(conn, d, row, step).await
-}
-
-/// Decides on the current, locked row of the key: ours, another owner's live record, or an
-/// expired record this claim takes over.
-async fn settle<C: Connection>(
-    conn: &mut C,
-    d: &'static Sql,
-    row: ClaimRow,
-    step: &ClaimStep,
-) -> Done<Claimed, C> {
-    if row.owner != step.row.owner {
-        if row.is_live() {
-            return Ok(Claimed::LiveLocked(row));
-        }
-        // An expired record is a new execution: take it over in this transaction.
-        let new = &step.row;
-        conn.execute(
-            d.ledger
-                .take_over(&new.id, new.owner, &new.fingerprint, new.ttl_ms),
-        )
-        .await
-        .map_err(|e| ("taking over an expired key", Fault::Db(e)))?;
-    }
-    savepoint(conn, d, step).await
-}
-
-/// The key is the claim's: a savepoint first if a final error may need one.
-async fn savepoint<C: Connection>(
-    conn: &mut C,
-    d: &'static Sql,
-    step: &ClaimStep,
-) -> Done<Claimed, C> {
-    if step.savepoint {
-        conn.execute_unprepared(&d.ledger.savepoint().sql)
-            .await
-            .map_err(|e| ("taking the claim savepoint", Fault::Db(e)))?;
-    }
-    Ok(Claimed::Execute)
 }

@@ -7,8 +7,7 @@ use std::sync::Mutex;
 
 use idem_core::{Claim, Error, RecordStatus, Request, Store};
 
-use super::store::{ClaimedTx, claim_aborted, claim_step, live_answer};
-use super::{ClaimStep, Claimed};
+use super::store::{ClaimStep, Claimed, ClaimedTx, claim, claim_aborted, claim_step, live_answer};
 use crate::store::{db_error, failed};
 use crate::{Dialect, Driver, NewRecord, Sql, SqlStore, learn_flavour};
 
@@ -81,7 +80,7 @@ impl<'c, D: Driver> Nested<'c, D> {
         let step: ClaimStep = claim_step(req, false);
         let claimed = {
             let mut body = D::nested_body(&mut nested);
-            super::claim::<D, _>(&mut D::on_body(&mut body), sql, &step).await
+            claim::<D, _>(&mut D::on_body(&mut body), sql, &step).await
         };
         let row = match claimed {
             Ok(Claimed::Execute) => {

@@ -1,13 +1,21 @@
 //! idem-core's atomic-mode [`Store`] on a driver's pool, once for every driver: the claim
 //! begins a transaction of its own, the handler's body runs in it, the record commits it.
+//!
+//! The claim itself ([`claim`]) is here too, so a key is followed from [`Store::claim`] to
+//! the ledger's statement in one file: which statements run, in which order, and what their
+//! rows decide. The store supplies the connection (its claim transaction, begun, on any
+//! driver's [`Connection`]) and ends the transaction as the [`Claimed`] it gets back says; the
+//! nested store (`nested.rs`) runs the same claim in a body's transaction.
 
 use idem_core::ledger::ids::random_token;
 use idem_core::{Claim, Concurrency, Error, RecordStatus, Request, Store, detached};
 
-use super::{ClaimRow, ClaimStep, Claimed};
+use super::ClaimRow;
 use crate::store::within;
 use crate::store::{db_error, failed};
-use crate::{Dialect, Driver, Failure, NewRecord, Sql, SqlStore, fetch_first};
+use crate::{
+    Connection, Dialect, Driver, Failure, Fault, NewRecord, Sql, SqlStore, fetch_first, read_first,
+};
 
 /// A key claimed on the pool: the claim's transaction (the handler's body runs in it), the
 /// owner token its record is written under, and the statements of its server.
@@ -69,7 +77,7 @@ async fn claim_on_pool<D: Driver>(
     let (mut tx, sql) = store
         .begin_claim(wait, "beginning the claim transaction")
         .await?;
-    let claimed = super::claim::<D, _>(&mut tx, sql, &step)
+    let claimed = claim::<D, _>(&mut tx, sql, &step)
         .await
         .map_err(failed::<D>)?;
     let row = match claimed {
@@ -103,6 +111,33 @@ pub(super) fn live_answer<T>(row: ClaimRow) -> Result<Claim<T>, Error> {
     })
 }
 
+/// What a claim decided, and so how its store ends the transaction.
+#[derive(Debug)]
+pub enum Claimed {
+    /// The key is this claim's: the body runs in the transaction.
+    Execute,
+    /// A live record answers (see [`ClaimRow::answer`]); the transaction wrote nothing and
+    /// can be dropped.
+    Live(ClaimRow),
+    /// A live record answers, and the transaction holds its row lock: under `reject` on the
+    /// MySQL protocol the store rolls back before answering, so the client's next call does
+    /// not meet this call's lock.
+    LiveLocked(ClaimRow),
+    /// Another transaction holds the key and the claim would not wait (`reject`).
+    InFlight,
+}
+
+/// One claim's values and decisions.
+#[derive(Clone, Debug)]
+pub struct ClaimStep {
+    /// The row the claim inserts ([`NewRecord::of`]; SQLite's atomic claim only reads its id).
+    pub row: NewRecord,
+    /// `on_concurrent = reject`: fail at once instead of waiting for the key's lock.
+    pub reject: bool,
+    /// Take a savepoint after the claim, so a final error can undo the body's writes.
+    pub savepoint: bool,
+}
+
 /// The claim's values and decisions for `req`.
 pub(super) fn claim_step(req: &Request, savepoint: bool) -> ClaimStep {
     ClaimStep {
@@ -112,13 +147,131 @@ pub(super) fn claim_step(req: &Request, savepoint: bool) -> ClaimStep {
     }
 }
 
+/// What a claim's step returns: its answer, or what it was doing when a statement failed.
+type Done<T, C> = Result<T, (&'static str, Fault<<C as Connection>::Error>)>;
+
+/// Claims `step.row` in `conn`, a transaction of driver `D` that has just begun, with `d`'s
+/// statements. An error says what the claim was doing.
+pub async fn claim<D: Driver, C: Connection<Error = D::Error>>(
+    conn: &mut C,
+    d: &'static Sql,
+    step: &ClaimStep,
+) -> Done<Claimed, C> {
+    if step.reject
+        && let Some(sql) = d.ledger.before_nowait
+    {
+        conn.execute_unprepared(sql)
+            .await
+            .map_err(|e| ("setting the lock timeout", Fault::Db(e)))?;
+    }
+    if d.ledger.claim_by_read {
+        // SQLite: `BEGIN IMMEDIATE` already holds the only write lock, so nobody can claim
+        // the key before this transaction ends. A plain read decides, and the record step
+        // writes the whole row once (an upsert over an expired record).
+        let row = fetch_first(conn, d.ledger.read_locked(&step.row.id), ClaimRow::from_row)
+            .await
+            .map_err(|e| ("reading the key", e))?;
+        if let Some(row) = row
+            && row.is_live()
+        {
+            return Ok(Claimed::Live(row));
+        }
+        return savepoint(conn, d, step).await;
+    }
+    let insert = if step.reject {
+        d.ledger.claim_nowait(&step.row)
+    } else {
+        d.ledger.claim(&step.row)
+    };
+    // The insert's answer is read here, straight from the driver: at most the key's one row
+    // or, under `reject`, an error for a lock wait that gave up, which is the claim's answer
+    // (in flight), not a failure.
+    let seen = conn.fetch_all(insert).await;
+    if step.reject
+        && let Some(sql) = d.ledger.after_nowait
+    {
+        conn.execute_unprepared(sql)
+            .await
+            .map_err(|e| ("resetting the lock timeout", Fault::Db(e)))?;
+    }
+    let seen = match seen {
+        Ok(rows) => read_first(rows, ClaimRow::from_row)
+            .map_err(|e| ("claiming the key", Fault::Decode(e)))?,
+        Err(e) if D::classify(&e) == Failure::LockTimeout => return Ok(Claimed::InFlight),
+        Err(e) => return Err(("claiming the key", Fault::Db(e))),
+    };
+    match seen {
+        // Our new row, or (MariaDB) the current row, locked: it decides.
+        Some(row) if row.owner == step.row.owner || d.ledger.claim_locks_row => {
+            return settle(conn, d, row, step).await;
+        }
+        // A committed final record never changes before it expires: it answers as the
+        // statement saw it, without a lock or a second read.
+        Some(row)
+            if row.is_live()
+                && matches!(
+                    row.status,
+                    Some(RecordStatus::Completed | RecordStatus::Failed | RecordStatus::GaveUp)
+                ) =>
+        {
+            return Ok(Claimed::Live(row));
+        }
+        _ => {}
+    }
+    // Another owner's row, seen without a lock: read it locked, as it is now.
+    let doing = "reading the claimed key";
+    let row = fetch_first(conn, d.ledger.read_locked(&step.row.id), ClaimRow::from_row)
+        .await
+        .map_err(|e| (doing, e))?
+        .ok_or((doing, Fault::Missing("the claimed ledger row")))?;
+    settle(conn, d, row, step).await
+}
+
+/// Decides on the current, locked row of the key: ours, another owner's live record, or an
+/// expired record this claim takes over.
+async fn settle<C: Connection>(
+    conn: &mut C,
+    d: &'static Sql,
+    row: ClaimRow,
+    step: &ClaimStep,
+) -> Done<Claimed, C> {
+    if row.owner != step.row.owner {
+        if row.is_live() {
+            return Ok(Claimed::LiveLocked(row));
+        }
+        // An expired record is a new execution: take it over in this transaction.
+        let new = &step.row;
+        conn.execute(
+            d.ledger
+                .take_over(&new.id, new.owner, &new.fingerprint, new.ttl_ms),
+        )
+        .await
+        .map_err(|e| ("taking over an expired key", Fault::Db(e)))?;
+    }
+    savepoint(conn, d, step).await
+}
+
+/// The key is the claim's: a savepoint first if a final error may need one.
+async fn savepoint<C: Connection>(
+    conn: &mut C,
+    d: &'static Sql,
+    step: &ClaimStep,
+) -> Done<Claimed, C> {
+    if step.savepoint {
+        conn.execute_unprepared(&d.ledger.savepoint().sql)
+            .await
+            .map_err(|e| ("taking the claim savepoint", Fault::Db(e)))?;
+    }
+    Ok(Claimed::Execute)
+}
+
 /// Whether a MySQL claim's own uncommitted row is gone, so the body's error only reports
 /// a conflict that rolled the transaction back. MySQL and MariaDB roll a deadlock victim's
 /// (or a Galera brute-force abort's) whole transaction back, and other statement errors only
 /// the statement: the row is gone exactly when the transaction is. PostgreSQL aborts the
 /// transaction on any error and SQLite's writers never conflict: no question there.
 pub(super) async fn claim_aborted<D: Driver>(
-    conn: &mut impl crate::Connection<Error = D::Error>,
+    conn: &mut impl Connection<Error = D::Error>,
     sql: &'static Sql,
     owner: i64,
     req: &Request,
@@ -172,7 +325,7 @@ impl<D: Driver> Store for SqlStore<D> {
         // A final error keeps only the recorded error: back to the claim's savepoint first.
         let undo_body = status == RecordStatus::Failed;
         detached(async move {
-            use crate::{Connection, Transaction};
+            use crate::Transaction;
             use idem_core::testing::crash_points::{CrashPoint, fault};
             if undo_body {
                 let undo = sql.ledger.rollback_to_savepoint();

@@ -4,8 +4,10 @@ mod expiry;
 
 pub use expiry::{ExpiredPurge, database_now_ms, purge_expired};
 
+use idem_core::Request;
+
 use crate::statement::render::{render, upsert};
-use crate::{Bound, ClaimRow, Column, Dialect, Param, Tables};
+use crate::{Bound, ClaimRow, Column, Dialect, Param, Tables, millis};
 
 /// The ledger's statements for one server flavour.
 #[derive(Debug)]
@@ -306,6 +308,19 @@ pub struct NewRecord {
 }
 
 impl NewRecord {
+    /// The row a claim of `req` by `owner` writes, living `lives` from the database clock.
+    pub fn of(req: &Request, owner: i64, lives: std::time::Duration) -> Self {
+        NewRecord {
+            id: req.id().to_vec(),
+            scope: req.scope().to_owned(),
+            principal: req.principal().to_owned(),
+            key: req.key().to_owned(),
+            owner,
+            fingerprint: req.fingerprint().0.to_vec(),
+            ttl_ms: millis(lives),
+        }
+    }
+
     /// The row's values in `claim`'s order: id, scope, principal, key, owner, fingerprint,
     /// ttl_ms.
     fn params(&self) -> Vec<Param> {

@@ -1,8 +1,10 @@
-//! sqlx as idem-sql's [`Driver`]: a pool ([`Sqlx`]), a pooled connection ([`SqlxPooled`]), an
-//! owned transaction ([`SqlxTx`]) and a borrowed connection ([`SqlxConn`], a claim's
-//! transaction or a handler's body), each running idem-sql's bound statements through the
-//! [`Backend`] primitives; and a pool as the operator functions' [`Handle`].
+//! sqlx as idem-sql's [`Driver`]: a pool ([`Sqlx`]), and a connection ([`SqlxConn`]) held
+//! pooled ([`SqlxPooled`]), as an owned transaction ([`SqlxTx`]) or borrowed (a handler's
+//! body), running idem-sql's bound statements through the [`Backend`] primitives; and a pool
+//! as the operator functions' [`Handle`].
 
+use std::marker::PhantomData;
+use std::ops::DerefMut;
 use std::time::Duration;
 
 use idem_core::BoxFuture;
@@ -55,45 +57,36 @@ impl<DB: Backend> std::fmt::Debug for Sqlx<DB> {
     }
 }
 
-/// A borrowed sqlx connection (a transaction's, a body's, a pooled one's) as the port runs
-/// statements on it.
-pub(crate) struct SqlxConn<'c, DB: Backend> {
-    conn: &'c mut DB::Connection,
+/// A sqlx connection as the port runs idem's statements on it, held as `C`: borrowed (a
+/// body's connection, [`Driver::on_body`]), pooled ([`SqlxPooled`]) or an owned transaction
+/// ([`SqlxTx`]). Each of them derefs to the driver's `DB::Connection`, so one [`Connection`]
+/// serves all three.
+pub struct SqlxConn<DB: Backend, C> {
+    conn: C,
     /// Whether statements are named ([`crate::through_transaction_pooler`]).
     named: bool,
-}
-
-impl<'c, DB: Backend> SqlxConn<'c, DB> {
-    /// `conn`, its statements named or not.
-    pub(crate) fn new(conn: &'c mut DB::Connection, named: bool) -> Self {
-        SqlxConn { conn, named }
-    }
-}
-
-impl<DB: Backend> Connection for SqlxConn<'_, DB> {
-    type Error = sqlx::Error;
-
-    async fn execute(&mut self, statement: Bound<'static>) -> Result<u64, sqlx::Error> {
-        DB::execute(self.conn, statement, self.named).await
-    }
-
-    async fn fetch_all(&mut self, statement: Bound<'static>) -> Result<Vec<Row>, sqlx::Error> {
-        DB::fetch_rows(self.conn, statement, self.named).await
-    }
-
-    async fn execute_unprepared(&mut self, sql: &str) -> Result<(), sqlx::Error> {
-        DB::execute_unprepared(self.conn, sql).await
-    }
+    database: PhantomData<fn() -> DB>,
 }
 
 /// A pooled sqlx connection outside any transaction.
-#[derive(Debug)]
-pub struct SqlxPooled<DB: Backend> {
-    conn: PoolConnection<DB>,
-    named: bool,
+pub type SqlxPooled<DB> = SqlxConn<DB, PoolConnection<DB>>;
+
+/// An owned sqlx transaction. Dropped open, sqlx queues its `ROLLBACK` for the connection's
+/// next use, before the pool hands it to anyone else.
+pub type SqlxTx<DB> = SqlxConn<DB, Transaction<'static, DB>>;
+
+impl<DB: Backend, C> SqlxConn<DB, C> {
+    /// `conn`, its statements named or not.
+    fn new(conn: C, named: bool) -> Self {
+        SqlxConn {
+            conn,
+            named,
+            database: PhantomData,
+        }
+    }
 }
 
-impl<DB: Backend> Connection for SqlxPooled<DB> {
+impl<DB: Backend, C: DerefMut<Target = DB::Connection> + Send> Connection for SqlxConn<DB, C> {
     type Error = sqlx::Error;
 
     async fn execute(&mut self, statement: Bound<'static>) -> Result<u64, sqlx::Error> {
@@ -109,37 +102,22 @@ impl<DB: Backend> Connection for SqlxPooled<DB> {
     }
 }
 
-/// An owned sqlx transaction. Dropped open, sqlx queues its `ROLLBACK` for the connection's
-/// next use, before the pool hands it to anyone else.
-#[derive(Debug)]
-pub struct SqlxTx<DB: Backend> {
-    tx: Transaction<'static, DB>,
-    named: bool,
-}
-
-impl<DB: Backend> Connection for SqlxTx<DB> {
-    type Error = sqlx::Error;
-
-    async fn execute(&mut self, statement: Bound<'static>) -> Result<u64, sqlx::Error> {
-        DB::execute(&mut self.tx, statement, self.named).await
-    }
-
-    async fn fetch_all(&mut self, statement: Bound<'static>) -> Result<Vec<Row>, sqlx::Error> {
-        DB::fetch_rows(&mut self.tx, statement, self.named).await
-    }
-
-    async fn execute_unprepared(&mut self, sql: &str) -> Result<(), sqlx::Error> {
-        DB::execute_unprepared(&mut self.tx, sql).await
+impl<DB: Backend, C> std::fmt::Debug for SqlxConn<DB, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlxConn")
+            .field("database", &DB::NAME)
+            .field("named", &self.named)
+            .finish_non_exhaustive()
     }
 }
 
 impl<DB: Backend> idem_sql::Transaction for SqlxTx<DB> {
     async fn commit(self) -> Result<(), sqlx::Error> {
-        self.tx.commit().await
+        self.conn.commit().await
     }
 
     async fn rollback(self) -> Result<(), sqlx::Error> {
-        self.tx.rollback().await
+        self.conn.rollback().await
     }
 }
 
@@ -211,21 +189,17 @@ impl<DB: Backend> Driver for Sqlx<DB> {
     }
 
     async fn acquire(&self) -> Result<SqlxPooled<DB>, sqlx::Error> {
-        Ok(SqlxPooled {
-            conn: self.pool.acquire().await?,
-            named: pooler::named(&self.pool),
-        })
+        let conn = self.pool.acquire().await?;
+        Ok(SqlxConn::new(conn, pooler::named(&self.pool)))
     }
 
     async fn begin(&self, how: Begin) -> Result<SqlxTx<DB>, sqlx::Error> {
-        Ok(SqlxTx {
-            tx: begin(&self.pool, how).await?,
-            named: pooler::named(&self.pool),
-        })
+        let tx = begin(&self.pool, how).await?;
+        Ok(SqlxConn::new(tx, pooler::named(&self.pool)))
     }
 
     fn body(tx: &mut SqlxTx<DB>) -> &mut DB::Connection {
-        &mut tx.tx
+        &mut tx.conn
     }
 
     fn reborrow<'t, 'c: 't>(body: &'t mut &'c mut DB::Connection) -> &'t mut DB::Connection {
@@ -240,7 +214,7 @@ impl<DB: Backend> Driver for Sqlx<DB> {
         // pooler's too) takes, in the same round trip. On MySQL an unnamed statement costs a
         // prepare, an execute and a close, and the close (which has no answer) stalls the
         // next statement for a delayed ACK, about 40 ms: named there (no pooler in between).
-        SqlxConn::<DB>::new(body, DB::DIALECT != Dialect::Postgres)
+        SqlxConn::<DB, _>::new(&mut **body, DB::DIALECT != Dialect::Postgres)
     }
 
     fn body_dialect(_: &&mut DB::Connection) -> Dialect {
