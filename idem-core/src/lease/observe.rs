@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Held, Holding, claim, execute};
+use crate::MemoryStore;
 use crate::call::handler::{Finality, HandlerError, HandlerOutput, Replayable};
 use crate::call::outcome::{self, Outcome};
 use crate::call::{Call, Request, Site};
@@ -18,7 +19,6 @@ use crate::ledger::LeaseClaim;
 use crate::metrics::{self, Label};
 use crate::observe;
 use crate::store::LeaseStore;
-use crate::MemoryStore;
 
 /// A lease-mode call in observe mode: decided, reported, and answered by its body.
 pub(super) async fn observed<R, F>(

@@ -372,6 +372,9 @@ pub(crate) struct HttpFigures {
     /// The peer's setup, or why it was not measured.
     pub(crate) peer: Result<String, String>,
     pub(crate) guarantees: Guarantees,
+    /// p50 of a durable commit in each round: a one-row `INSERT` auto-committed on the
+    /// bench's pool, the floor of each commit a first request through idem's layer makes.
+    pub(crate) commit_p50_us: Vec<f64>,
 }
 
 impl HttpFigures {
@@ -413,6 +416,7 @@ async fn sequential(
 ) -> Res<()> {
     let (mut first, mut replay) = (Vec::with_capacity(keys), Vec::with_capacity(keys));
     let mut not_marked = 0;
+
     for _ in 0..keys {
         let key = b.new_key();
         let start = Instant::now();
@@ -613,8 +617,9 @@ pub(crate) async fn measure(b: &Arc<Bench>, plan: &Plan) -> Res<HttpFigures> {
         peer.clean_up().await;
     }
     server.task.abort();
-    let routes = measured?;
+    let (routes, commit_p50_us) = measured?;
     Ok(HttpFigures {
+        commit_p50_us,
         keys_per_round: plan.http_keys,
         rounds: plan.http_rounds,
         clients: plan.clients,
@@ -648,7 +653,10 @@ fn sqlx_layer(db: &DatabaseConnection) -> IdempotencyLayer {
 }
 
 /// Warm-up, then the alternating rounds.
-async fn rounds(b: &Arc<Bench>, plan: &Plan, server: &Server) -> Res<[Option<RouteFigures>; 4]> {
+/// The routes' figures, and the durable commit's p50 of each round.
+type Rounds = ([Option<RouteFigures>; 4], Vec<f64>);
+
+async fn rounds(b: &Arc<Bench>, plan: &Plan, server: &Server) -> Res<Rounds> {
     let routes = server.routes();
     let mut sequential_clients = Vec::new();
     for &route in &routes {
@@ -662,6 +670,7 @@ async fn rounds(b: &Arc<Bench>, plan: &Plan, server: &Server) -> Res<[Option<Rou
         out[route as usize] = Some(RouteFigures::default());
     }
     let order: Vec<usize> = (0..routes.len()).collect();
+    let mut commits = Vec::with_capacity(plan.http_rounds);
     for round in 0..plan.http_rounds {
         for i in alternate(&order, round) {
             let route = routes[i];
@@ -672,7 +681,20 @@ async fn rounds(b: &Arc<Bench>, plan: &Plan, server: &Server) -> Res<[Option<Rou
             figures.requests_per_s.push(rps);
             out[route as usize] = Some(figures);
         }
+        commits.push(commit_p50(b).await?);
         b.progress(&format!("p11: round {}/{}", round + 1, plan.http_rounds));
     }
-    Ok(out)
+    Ok((out, commits))
+}
+
+/// One-row `INSERT`s auto-committed on the bench's pool, one at a time: their p50 in µs.
+async fn commit_p50(b: &Bench) -> Res<f64> {
+    const PROBES: usize = 200;
+    let mut took = Vec::with_capacity(PROBES);
+    for _ in 0..PROBES {
+        let start = Instant::now();
+        crate::lease::insert_row(&b.db, "p11-commit-probe").await?;
+        took.push(us(start.elapsed()));
+    }
+    Ok(percentile(&took, 0.5))
 }

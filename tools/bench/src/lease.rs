@@ -43,7 +43,10 @@ async fn external_call(key: String, amount_cents: i64) -> Result<String, idem::E
     Ok(format!("{}:{amount_cents}", &key[..key.len().min(12)]))
 }
 
-async fn insert_row<C: ConnectionTrait>(db: &C, reference: &str) -> Result<(), idem::Error> {
+pub(crate) async fn insert_row<C: ConnectionTrait>(
+    db: &C,
+    reference: &str,
+) -> Result<(), idem::Error> {
     let backend = db.get_database_backend();
     db.execute_raw(Statement::from_sql_and_values(
         backend,

@@ -116,6 +116,18 @@ async fn main() -> Res<()> {
         }
         return Ok(());
     }
+    if args.lease_only {
+        let lease = lease::measure(b, &plan).await?;
+        setup::finish(b, &target).await?;
+        print!("{}", report::lease_table(&lease));
+        return Ok(());
+    }
+    if args.http_only {
+        let http = http_layer::measure(b, &plan).await?;
+        setup::finish(b, &target).await?;
+        print!("{}", report::http_table(&http));
+        return Ok(());
+    }
     let fingerprint = fingerprint::measure(&facts.sample, &plan)?;
     b.progress("fingerprint done");
     let latency = latency::measure(b, &plan).await?;

@@ -103,6 +103,10 @@ pub(crate) struct Args {
     pub(crate) p13_only: bool,
     /// `--drivers`: only F1 per driver (PostgreSQL).
     pub(crate) drivers_only: bool,
+    /// `--http`: only P11, the HTTP layer against the peer crate.
+    pub(crate) http_only: bool,
+    /// `--lease`: only P10, lease mode against atomic mode.
+    pub(crate) lease_only: bool,
     /// `--soak MINUTES`: only the soak (R22), with its clients and window.
     pub(crate) soak: Option<crate::soak::Soak>,
 }
@@ -140,6 +144,8 @@ pub(crate) fn parse_args() -> Res<Args> {
         p5_only: false,
         p13_only: false,
         drivers_only: false,
+        http_only: false,
+        lease_only: false,
         ledger_records: Vec::new(),
         soak: None,
     };
@@ -188,6 +194,8 @@ pub(crate) fn parse_args() -> Res<Args> {
             "--p5" => args.p5_only = true,
             "--p13" => args.p13_only = true,
             "--drivers" => args.drivers_only = true,
+            "--http" => args.http_only = true,
+            "--lease" => args.lease_only = true,
             "--quick" => args.quick = true,
             "--json" => args.json = true,
             "-h" | "--help" => {
