@@ -46,6 +46,8 @@ struct Pause {
     gate: Option<Gate>,
     /// Fail (transiently) there: the gateway timed out on the way back, say.
     fail_after_charge: bool,
+    /// Record a second step there (`confirm`), before the final step.
+    confirm_after_charge: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -107,6 +109,11 @@ macro_rules! handlers {
                 }
                 if pause.fail_after_charge {
                     return Err(TestError::Flaky);
+                }
+                if pause.confirm_after_charge {
+                    let _: String =
+                        idem::step("confirm", async |_| Ok::<_, TestError>("confirmed".to_owned()))
+                            .await?;
                 }
                 record_payment(db, &cmd, charge).await
             }
@@ -175,6 +182,29 @@ macro_rules! handlers {
                 // see it yet).
                 let ($db, $counted) = (db, &cmd.run);
                 Ok($count)
+            }
+
+            /// `finish`, then more work that holds at the pause's gate (the test drops the
+            /// call there): the phase commits alone after its fuse, with its step.
+            #[idempotent(scope = "lease.finish-then-hold", key = cmd.key, lease = "2s", skip(pause))]
+            pub(crate) async fn finish_then_hold(
+                db: &$conn,
+                pause: &Pause,
+                cmd: Pay,
+            ) -> Result<String, TestError> {
+                let run = cmd.run.clone();
+                let paid = $finish(db, "record-payment", move |$tx| {
+                    Box::pin(async move {
+                        let ($run, $amount) = (&run, 1_i64);
+                        $insert;
+                        Ok::<_, TestError>(format!("paid {run}"))
+                    })
+                })
+                .await?;
+                if let Some(gate) = &pause.gate {
+                    gate.pass().await;
+                }
+                Ok(paid)
             }
 
             /// The same with `finish` as its last work: the result is recorded in the
@@ -576,6 +606,84 @@ async fn a_stale_holder_is_fenced_off_and_the_takeover_resumes_after_its_steps()
             .await;
         let replay = t.pay().await.expect("replay");
         assert_eq!(replay, taken_over, "{name}: the takeover's answer stands");
+    }
+}
+
+/// A holder whose lease was taken over cannot record a step while the new holder runs: its
+/// step is refused with `LeaseLost` and leaves no row (the fence and the insert are one
+/// statement on PostgreSQL, a transaction elsewhere).
+#[tokio::test]
+async fn a_stale_holders_step_is_refused_and_records_nothing() {
+    for t in cases("lease-stale-step").await {
+        let name = t.name;
+        let paused = |confirm_after_charge: bool| {
+            let gate = Gate::default();
+            let pause = Pause {
+                gate: Some(gate.clone()),
+                confirm_after_charge,
+                ..Pause::default()
+            };
+            let t = t.clone();
+            let call = tokio::spawn(async move { call!(t, pay(&t.gateway, &pause, cmd(&t.run))) });
+            (call, gate)
+        };
+        let (stale, stale_gate) = paused(true);
+        stale_gate.entered().await; // charged, its step recorded, now paused
+        expire_lease(&t.db, &t.key()).await;
+        let (holder, holder_gate) = paused(false);
+        holder_gate.entered().await; // took the lease over, replayed the charge, paused
+        stale_gate.release();
+        let stale = stale.await.expect("task");
+        assert_eq!(
+            stale.as_ref().map_err(TestError::kind).unwrap_err(),
+            Some(ErrorKind::LeaseLost),
+            "{name}: the stale step is refused, got {stale:?}"
+        );
+        let confirms = "SELECT COUNT(*) FROM idem_steps WHERE name = 'confirm' AND record_id IN (SELECT id FROM idem_ledger WHERE idem_key = ?)";
+        let confirms = scalar(&t.db, confirms, &t.key()).await;
+        assert_eq!(confirms, 0, "{name}: no step of the stale holder's");
+        holder_gate.release();
+        let taken_over = holder
+            .await
+            .expect("task")
+            .expect("the new holder completes");
+        let replay = t.pay().await.expect("replay");
+        assert_eq!(replay, taken_over, "{name}: the new holder's answer stands");
+        t.assert_paid_once("charged once").await;
+    }
+}
+
+/// `finish` followed by more work: its phase commits alone after the fuse, with its step, so a
+/// call that dies afterwards is taken over without running the phase's writes again.
+#[tokio::test]
+async fn a_phase_committed_alone_keeps_its_step_for_the_takeover() {
+    for t in cases("lease-finish-alone").await {
+        let name = t.name;
+        let gate = Gate::default();
+        let pause = Pause {
+            gate: Some(gate.clone()),
+            ..Pause::default()
+        };
+        let held = {
+            let t = t.clone();
+            tokio::spawn(async move { call!(t, finish_then_hold(&pause, cmd(&t.run))) })
+        };
+        gate.entered().await;
+        // The fuse commits the phase alone: its payment row becomes visible.
+        let mut waited = 0;
+        while effects(&t.db, &t.run).await == 0 {
+            waited += 1;
+            assert!(waited < 500, "{name}: the phase commits alone");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        held.abort(); // the call dies holding its lease
+        let _ = held.await;
+        expire_lease(&t.db, &t.key()).await;
+        let taken_over = call!(t, finish_then_hold(&Pause::default(), cmd(&t.run)));
+        let taken_over = taken_over.expect("the takeover completes");
+        assert_eq!(taken_over, format!("paid {}", t.run), "{name}");
+        let payments = effects(&t.db, &t.run).await;
+        assert_eq!(payments, 1, "{name}: the phase's writes ran once");
     }
 }
 

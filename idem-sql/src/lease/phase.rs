@@ -120,17 +120,21 @@ where
     let payload = encode(&value)?;
     lease.recording_step();
     let resumable = lease.is_resumable();
-    record_final_step(&mut tx, d, &ticket, name, &payload, resumable)
-        .await
-        .map_err(|e| lease.store_failed(failed::<D>(e)))?;
+    if !keep_open {
+        record_final_step(&mut tx, d, &ticket, name, &payload, resumable)
+            .await
+            .map_err(|e| lease.store_failed(failed::<D>(e)))?;
+    }
     // A crash here drops the transaction, uncommitted, with the call.
     idem_core::lease::reach_crash_point(CrashPoint::FinalStepBeforeCommit, Some(name)).await;
     if keep_open {
         // The engine records the call's result in this transaction when the handler
-        // returns, or commits it alone if the handler does more first.
+        // returns, or commits it alone if the handler does more first. The step is written
+        // only then: the result's record deletes the call's steps in the same transaction.
         lease.keep_open(Box::new(OpenFinalPhase::<D> {
             tx,
             d,
+            step: (ticket, name.to_owned(), payload.clone()),
             resumable,
             driver: PhantomData,
         }));
@@ -169,6 +173,8 @@ where
 struct OpenFinalPhase<D: Driver> {
     tx: D::Tx,
     d: &'static Sql,
+    /// The phase's step (its ticket, name and value), written if the phase commits alone.
+    step: (Ticket, String, Vec<u8>),
     resumable: bool,
     driver: PhantomData<fn() -> D>,
 }
@@ -192,9 +198,18 @@ impl<D: Driver> OpenPhase for OpenFinalPhase<D> {
     }
 
     fn commit(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
+        let Self {
+            mut tx,
+            d,
+            step: (ticket, name, payload),
+            resumable,
+            ..
+        } = *self;
         Box::pin(detached(async move {
-            self.tx
-                .commit()
+            record_final_step(&mut tx, d, &ticket, &name, &payload, resumable)
+                .await
+                .map_err(failed::<D>)?;
+            tx.commit()
                 .await
                 .map_err(|e| db_error::<D>("committing the final phase", e))
         }))

@@ -43,6 +43,12 @@ pub struct Lease {
     pub(crate) select_steps: String,
     /// Binds record_id, name, token, result.
     pub(crate) insert_step: String,
+    /// PostgreSQL: binds name, result, id, token. The step inserted only if the token still
+    /// holds the in-progress record, whose row its locking read holds until the statement
+    /// commits: the fence and the insert in one auto-committed statement. Elsewhere `None`
+    /// (MySQL's `INSERT … SELECT` locks differently, SQLite's writes are grouped): the fence
+    /// and the insert in a transaction.
+    pub(crate) insert_step_fenced: Option<String>,
     /// Binds record_id.
     pub(crate) delete_steps: String,
     /// MySQL: binds record_id, then `{ids}` is the list of step names: deletes by primary key,
@@ -90,6 +96,15 @@ impl Lease {
                 "record_id, name",
                 &["token", "result"],
             )),
+            insert_step_fenced: (backend == Dialect::Postgres).then(|| {
+                r(
+                    "INSERT INTO {steps} (record_id, name, token, result, created_at_ms) \
+                SELECT id, ?, owner, ?, {now} FROM {ledger} \
+                WHERE id = ? AND owner = ? AND state = {in_progress} FOR UPDATE \
+                ON CONFLICT (record_id, name) DO UPDATE SET token = excluded.token, \
+                result = excluded.result",
+                )
+            }),
             delete_steps: r("DELETE FROM {steps} WHERE record_id = ?"),
             delete_steps_by_key: (backend == Dialect::MySql)
                 .then(|| r("DELETE FROM {steps} WHERE record_id = ? AND name IN ({ids})")),
@@ -133,6 +148,23 @@ impl Lease {
             &self.insert_step,
             [id.into(), name.into(), token.into(), result.into()],
         )
+    }
+
+    /// Records step `name` of record `id` with its `result` in one statement, if `token` still
+    /// holds the in-progress record (it changes one row then, none otherwise); `None` where the
+    /// fence and the insert go in a transaction ([`Lease::insert_step`]).
+    pub fn insert_step_fenced(
+        &self,
+        id: &[u8],
+        name: &str,
+        token: i64,
+        result: &[u8],
+    ) -> Option<Bound<'_>> {
+        let sql = self.insert_step_fenced.as_ref()?;
+        Some(Bound::new(
+            sql,
+            [name.into(), result.into(), id.into(), token.into()],
+        ))
     }
 
     /// Deletes the steps of record `id`.

@@ -224,6 +224,14 @@ impl<D: Driver> LeaseStore for SqlStore<D> {
         Box::pin(detached(async move {
             let doing = "recording a step";
             let d = store.server_statements(doing).await?;
+            if let Some(step) =
+                d.lease
+                    .insert_step_fenced(&ticket.id, &name, ticket.token, &payload)
+            {
+                // One round trip where the transaction takes four (PostgreSQL).
+                let held = store.fenced_update(step, doing).await?;
+                return if held { Ok(()) } else { Err(lost()) };
+            }
             let mut tx = store.begin_lease_write(doing).await?;
             let held = record_step(&mut tx, d, &ticket, &name, &payload)
                 .await
