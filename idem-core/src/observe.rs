@@ -60,6 +60,21 @@ pub enum Mode {
     Observe,
 }
 
+/// The decision of a call in observe mode for which enforcing would answer idem's error `e`;
+/// an error of idem's own (not a refusal such as `InFlight`) is logged in `span` as enforcing
+/// logs it, since the body runs without idem instead.
+pub(crate) fn decision_on_error(span: &tracing::Span, e: &crate::Error) -> Label {
+    let decision = Label::of_error(e);
+    if decision == Label::Error {
+        tracing::warn!(
+            parent: span,
+            error = %e,
+            "observe mode: idem failed; the body runs without a claim"
+        );
+    }
+    decision
+}
+
 /// Reports what enforcing would have done with a call in observe mode: one INFO event
 /// (in the call's `span` when it has one: an invalid key has none) and one count.
 pub(crate) fn report(scope: &'static str, key_hash: &str, span: &tracing::Span, decision: Label) {

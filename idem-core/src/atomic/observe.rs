@@ -229,13 +229,5 @@ where
 /// The decision of a call for which enforcing would answer idem's error `e`: logged as
 /// enforcing logs it, and the body is to run unclaimed.
 fn unclaimed_after<R>(request: &Request, e: &Error) -> Decided<R> {
-    let decision = Label::of_error(e);
-    if decision == Label::Error {
-        tracing::warn!(
-            parent: request.span(),
-            error = %e,
-            "observe mode: idem failed; the body runs without a claim"
-        );
-    }
-    Decided::Unclaimed(decision)
+    Decided::Unclaimed(observe::decision_on_error(request.span(), e))
 }

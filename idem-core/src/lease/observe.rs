@@ -78,17 +78,7 @@ where
             }
             Ok(LeaseClaim::Recorded(recorded)) => request.replay_decision::<R>(&recorded, finality),
             Ok(LeaseClaim::InFlight { .. }) => Label::InFlight,
-            Err(e) => {
-                let decision = Label::of_error(&e);
-                if decision == Label::Error {
-                    tracing::warn!(
-                        parent: request.span(),
-                        error = %e,
-                        "observe mode: idem failed; the body runs without a lease of the ledger"
-                    );
-                }
-                decision
-            }
+            Err(e) => observe::decision_on_error(request.span(), &e),
         },
     };
     observe::report(
