@@ -121,43 +121,115 @@ async fn after<T>(
 }
 
 /// A connection the port runs statements on: a pooled client, a transaction, a body.
-/// `$flight` is its client and the deferred `BEGIN` to send first, if any.
+/// `$flight` is its client and the deferred `BEGIN` to send first, if any; each answer goes
+/// through the connection's `noted` (a pooled client notes a connection that ended).
 macro_rules! connection {
     ($type:ty, |$this:ident| $flight:expr) => {
         impl Connection for $type {
             type Error = PoolError;
 
             async fn execute(&mut self, statement: Bound<'static>) -> Result<u64, PoolError> {
-                let $this = self;
-                let (client, begin) = $flight;
-                Ok(after(client, begin, run(client, statement)).await?.1)
+                let answer = {
+                    let $this = &mut *self;
+                    let (client, begin) = $flight;
+                    after(client, begin, run(client, statement)).await
+                };
+                Ok(self.noted(answer)?.1)
             }
 
             async fn fetch_all(
                 &mut self,
                 statement: Bound<'static>,
             ) -> Result<Vec<Row>, PoolError> {
-                let $this = self;
-                let (client, begin) = $flight;
-                Ok(after(client, begin, run(client, statement)).await?.0)
+                let answer = {
+                    let $this = &mut *self;
+                    let (client, begin) = $flight;
+                    after(client, begin, run(client, statement)).await
+                };
+                Ok(self.noted(answer)?.0)
             }
 
             async fn execute_unprepared(&mut self, sql: &str) -> Result<(), PoolError> {
-                let $this = self;
-                let (client, begin) = $flight;
-                after(client, begin, batch(client, sql)).await
+                let answer = {
+                    let $this = &mut *self;
+                    let (client, begin) = $flight;
+                    after(client, begin, batch(client, sql)).await
+                };
+                self.noted(answer)
             }
         }
     };
 }
 
+/// A client taken from the pool that leaves it, instead of going back, once a statement of
+/// idem's found its connection ended (the server shut it down, the socket closed):
+/// deadpool's recycling sees a connection closed only after the connection's task has read
+/// its end, so a client given back sooner would fail the next caller's first statement.
+#[derive(Debug)]
+struct PoolClient {
+    /// `None` only while it is dropped.
+    object: Option<Object>,
+    ended: bool,
+}
+
+impl PoolClient {
+    fn new(object: Object) -> Self {
+        PoolClient {
+            object: Some(object),
+            ended: false,
+        }
+    }
+
+    fn get(&self) -> &ClientWrapper {
+        match &self.object {
+            Some(object) => object,
+            None => unreachable!("a pooled client is used only before its drop"),
+        }
+    }
+
+    /// Notes whether `answer` says the connection ended, and hands it back.
+    fn noted<T>(&mut self, answer: Result<T, PoolError>) -> Result<T, PoolError> {
+        if let Err(PoolError::Backend(e)) = &answer {
+            self.ended |= ends_connection(e);
+        }
+        answer
+    }
+}
+
+impl Drop for PoolClient {
+    fn drop(&mut self) {
+        if self.ended
+            && let Some(object) = self.object.take()
+        {
+            // Out of the pool, and closed: its place is free for a new connection.
+            drop(Object::take(object));
+        }
+    }
+}
+
+/// Whether `e` says the connection is gone: closed, broken, or ended by the server (a
+/// `FATAL`: an administrator's or a shutdown's termination, say).
+fn ends_connection(e: &tokio_postgres::Error) -> bool {
+    let io = std::error::Error::source(e).is_some_and(|source| source.is::<std::io::Error>());
+    let fatal = e
+        .as_db_error()
+        .is_some_and(|db| matches!(db.severity(), "FATAL" | "PANIC"));
+    e.is_closed() || io || fatal
+}
+
 /// A pooled client outside any transaction: each statement commits alone.
 #[derive(Debug)]
 pub struct TokioPostgresPooled {
-    client: Object,
+    client: PoolClient,
 }
 
-connection!(TokioPostgresPooled, |this| (&this.client, None));
+impl TokioPostgresPooled {
+    fn noted<T>(&mut self, answer: Result<T, PoolError>) -> Result<T, PoolError> {
+        self.client.noted(answer)
+    }
+}
+
+connection!(TokioPostgresPooled, |this| (this.client.get(), None));
 
 /// An owned transaction on a pooled client. Its `BEGIN` goes out with its first statement, in
 /// one flight (a claim costs one round trip, not two). Dropped open (a claim whose call was
@@ -166,7 +238,7 @@ connection!(TokioPostgresPooled, |this| (&this.client, None));
 /// before its first statement, it sent nothing.
 #[derive(Debug)]
 pub struct TokioPostgresTx {
-    client: Object,
+    client: PoolClient,
     /// The `BEGIN` not sent yet (empty once sent).
     begin: &'static [&'static str],
     /// Whether a `BEGIN` was sent and no `COMMIT` or `ROLLBACK` has answered yet.
@@ -181,7 +253,14 @@ impl TokioPostgresTx {
     fn flight(&mut self) -> (&tokio_postgres::Client, Option<String>) {
         let begin = std::mem::take(&mut self.begin);
         self.open |= !begin.is_empty();
-        (&self.client, (!begin.is_empty()).then(|| begin.join("; ")))
+        (
+            self.client.get(),
+            (!begin.is_empty()).then(|| begin.join("; ")),
+        )
+    }
+
+    fn noted<T>(&mut self, answer: Result<T, PoolError>) -> Result<T, PoolError> {
+        self.client.noted(answer)
     }
 
     /// Sends `end` (`COMMIT` or `ROLLBACK`) and waits for its answer; nothing if no `BEGIN`
@@ -190,11 +269,11 @@ impl TokioPostgresTx {
         if !self.open {
             return Ok(());
         }
-        let ended = batch(&self.client, end).await;
+        let ended = batch(self.client.get(), end).await;
         // Answered, even with an error: the server ended the transaction (a failed COMMIT
         // rolls back) or the connection is gone, which the pool's recycling finds.
         self.open = false;
-        ended
+        self.noted(ended)
     }
 }
 
@@ -203,7 +282,8 @@ impl idem_sql::Transaction for TokioPostgresTx {
 
     async fn begun(&mut self) -> Result<(), PoolError> {
         let (client, begin) = self.flight();
-        after(client, begin, async { Ok(()) }).await
+        let begun = after(client, begin, async { Ok(()) }).await;
+        self.noted(begun)
     }
 
     async fn commit(self) -> Result<(), PoolError> {
@@ -221,15 +301,15 @@ impl idem_sql::Transaction for TokioPostgresTx {
         // back. `last`'s error is the one that says what failed.
         let (last, ended) = futures_util::future::join(last, batch(client, idem_sql::COMMIT)).await;
         self.open = false;
-        let changed = last?.1;
-        ended.map(|()| changed)
+        let changed = self.noted(last)?.1;
+        self.noted(ended).map(|()| changed)
     }
 }
 
 impl Drop for TokioPostgresTx {
     fn drop(&mut self) {
         if self.open {
-            send_unawaited(&self.client, idem_sql::ROLLBACK);
+            send_unawaited(self.client.get(), idem_sql::ROLLBACK);
         }
     }
 }
@@ -256,6 +336,13 @@ impl idem_sql::Handle<TokioPostgres> for Pool {
 /// transaction of the user's own (staging).
 #[derive(Debug)]
 pub struct OnBody<'t>(pub(crate) &'t tokio_postgres::Client);
+
+impl OnBody<'_> {
+    /// The body's client is its transaction's: that one notes a connection that ended.
+    fn noted<T>(&mut self, answer: Result<T, PoolError>) -> Result<T, PoolError> {
+        answer
+    }
+}
 
 connection!(OnBody<'_>, |this| (this.0, None));
 
@@ -284,13 +371,13 @@ impl Driver for TokioPostgres {
 
     async fn acquire(&self) -> Result<TokioPostgresPooled, PoolError> {
         Ok(TokioPostgresPooled {
-            client: self.pool.get().await?,
+            client: PoolClient::new(self.pool.get().await?),
         })
     }
 
     async fn begin(&self, how: Begin) -> Result<TokioPostgresTx, PoolError> {
         Ok(TokioPostgresTx {
-            client: self.pool.get().await?,
+            client: PoolClient::new(self.pool.get().await?),
             begin: Dialect::Postgres.begin(how),
             open: false,
         })
@@ -303,7 +390,7 @@ impl Driver for TokioPostgres {
         if let (client, Some(begin)) = tx.flight() {
             send_unawaited(client, &begin);
         }
-        &tx.client
+        tx.client.get()
     }
 
     fn reborrow<'t, 'c: 't>(body: &'t mut &'c ClientWrapper) -> &'t ClientWrapper {
@@ -382,8 +469,7 @@ fn classify(e: &tokio_postgres::Error) -> Failure {
             })
             .unwrap_or(Failure::Other);
     }
-    let io = std::error::Error::source(e).is_some_and(|source| source.is::<std::io::Error>());
-    if e.is_closed() || io {
+    if ends_connection(e) {
         Failure::Unavailable
     } else {
         Failure::Other
