@@ -222,6 +222,31 @@ macro_rules! handlers {
                 .await
             }
 
+            /// Charges (a recovery point), maybe holds at the pause's gate, then `finish`
+            /// writes the payment row and the result is recorded in its transaction.
+            #[idempotent(scope = "lease.charge-finish", key = cmd.key, lease = "2s", skip(gateway, pause))]
+            pub(crate) async fn charge_and_finish(
+                db: &$conn,
+                gateway: &Gateway,
+                pause: &Pause,
+                cmd: Pay,
+            ) -> Result<String, TestError> {
+                let charge: String =
+                    idem::step("charge", |key| gateway.charge(key, cmd.amount)).await?;
+                if let Some(gate) = &pause.gate {
+                    gate.pass().await;
+                }
+                let run = cmd.run.clone();
+                $finish(db, "record-payment", move |$tx| {
+                    Box::pin(async move {
+                        let ($run, $amount) = (&run, cmd.amount);
+                        $insert;
+                        Ok::<_, TestError>(charge)
+                    })
+                })
+                .await
+            }
+
             /// No final phase: the call's completion alone records it, in a transaction that
             /// forgets the steps when `with_step` recorded one, else as the fenced update
             /// alone. Holds at `gate` if given; answers how many runs came before it.
@@ -861,6 +886,109 @@ async fn a_stale_holder_cannot_complete_with_or_without_steps() {
             );
             assert_eq!(replay.ok(), Some(1), "{name}: the takeover's answer stands");
         }
+    }
+}
+
+/// A holder that lost its lease cannot complete while the new holder runs, and its refused
+/// completion deletes none of the steps the new holder resumed after (on PostgreSQL the
+/// completion and the deletes of the call's steps are one statement, the deletes fed by the
+/// fenced update); the new holder's completion then forgets them.
+#[tokio::test]
+async fn a_stale_holders_completion_leaves_the_new_holders_steps() {
+    for t in cases("lease-stale-keeps-steps").await {
+        let name = t.name;
+        let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let holder = |gate: &Gate| {
+            let (c, runs, gate) = (t.clone(), Arc::clone(&runs), gate.clone());
+            tokio::spawn(async move {
+                call!(
+                    c,
+                    pay_without_final_phase(&runs, Some(&gate), true, cmd(&c.run))
+                )
+            })
+        };
+        let (stale_gate, new_gate) = (Gate::default(), Gate::default());
+        let stale = holder(&stale_gate);
+        stale_gate.entered().await; // its step recorded
+        expire_lease(&t.db, &t.key()).await; // paused past its lease
+        let taken_over = holder(&new_gate);
+        new_gate.entered().await; // took over after the step, holds
+        stale_gate.release();
+        let stale = stale.await.expect("task");
+        assert_eq!(
+            stale.err().and_then(|e| e.kind()),
+            Some(ErrorKind::LeaseLost),
+            "{name}: the stale holder's completion is refused"
+        );
+        assert_eq!(
+            steps_of(&t.db, &t.key()).await,
+            1,
+            "{name}: the new holder's step survives the refused completion"
+        );
+        new_gate.release();
+        let taken_over = taken_over.await.expect("task");
+        assert_eq!(taken_over.ok(), Some(1), "{name}: the new holder completes");
+        assert_eq!(
+            steps_of(&t.db, &t.key()).await,
+            0,
+            "{name}: the completion forgets the call's steps"
+        );
+    }
+}
+
+/// The recorded steps of the record of `key`.
+async fn steps_of(db: &DatabaseConnection, key: &str) -> i64 {
+    scalar(
+        db,
+        "SELECT COUNT(*) FROM idem_steps s JOIN idem_ledger l ON l.id = s.record_id \
+        WHERE l.idem_key = ?",
+        key,
+    )
+    .await
+}
+
+/// A holder paused past its lease before `finish` (whose phase is fenced where it ends, by
+/// the result's record): its payment row rolls back with its refused record and it gets
+/// `LeaseLost`; the takeover, which replayed the charge, paid once.
+#[tokio::test]
+async fn a_stale_holders_finish_rolls_back_its_writes() {
+    for t in cases("lease-stale-finish").await {
+        let name = t.name;
+        let gate = Gate::default();
+        let stale = {
+            let (c, pause) = (
+                t.clone(),
+                Pause {
+                    gate: Some(gate.clone()),
+                    ..Pause::default()
+                },
+            );
+            tokio::spawn(
+                async move { call!(c, charge_and_finish(&c.gateway, &pause, cmd(&c.run))) },
+            )
+        };
+        gate.entered().await; // charged, step recorded
+        expire_lease(&t.db, &t.key()).await; // paused past its lease
+        let taken_over = call!(
+            t,
+            charge_and_finish(&t.gateway, &Pause::default(), cmd(&t.run))
+        )
+        .expect("the retry takes over and finishes");
+        gate.release();
+        let stale = stale.await.expect("task");
+        assert_eq!(
+            stale.as_ref().map_err(TestError::kind).unwrap_err(),
+            Some(ErrorKind::LeaseLost),
+            "{name}: the stale finish is refused, got {stale:?}"
+        );
+        t.assert_paid_once("the stale finish's row rolled back")
+            .await;
+        let replay = call!(
+            t,
+            charge_and_finish(&t.gateway, &Pause::default(), cmd(&t.run))
+        )
+        .expect("replay");
+        assert_eq!(replay, taken_over, "{name}: the takeover's answer stands");
     }
 }
 

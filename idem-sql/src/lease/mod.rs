@@ -254,23 +254,24 @@ pub async fn record_final_step<C: Connection>(
     Ok(())
 }
 
-/// The fenced completion of the call `ticket` holds: its outcome, kept for `ttl` from now.
-/// Alone (outside a transaction) when the call has no steps and stores no call; otherwise
-/// through [`complete`].
+/// The fenced completion of the call `ticket` holds as one statement, where it is one: its
+/// outcome, kept for `ttl` from now; the update alone when the call has no steps to forget
+/// (`forget_steps` false) and stores no call, else the update that forgets them with it
+/// ([`Lease::complete_and_forget`], PostgreSQL). `None` where forgetting them takes a
+/// transaction: [`complete`].
 pub fn completion<'d>(
     d: &'d Sql,
     ticket: &Ticket,
-    status: RecordStatus,
-    payload: Vec<u8>,
-    ttl: Duration,
-) -> Bound<'d> {
-    d.lease.complete(
-        &ticket.id,
-        ticket.token,
-        status.code(),
-        payload,
-        millis(ttl),
-    )
+    (status, payload, ttl): (RecordStatus, Vec<u8>, Duration),
+    forget_steps: bool,
+    resumable: bool,
+) -> Option<Bound<'d>> {
+    let (id, token, state, ttl_ms) = (&ticket.id, ticket.token, status.code(), millis(ttl));
+    if !forget_steps && !resumable {
+        return Some(d.lease.complete(id, token, state, payload, ttl_ms));
+    }
+    d.lease
+        .complete_and_forget(id, token, state, payload, ttl_ms, resumable)
 }
 
 /// Records a lease-mode call's outcome in `conn` if `ticket` still holds the lease (kept for
@@ -280,14 +281,28 @@ pub async fn complete<C: Connection>(
     conn: &mut C,
     d: &'static Sql,
     ticket: &Ticket,
-    status: RecordStatus,
-    payload: Vec<u8>,
-    ttl: Duration,
+    outcome: (RecordStatus, Vec<u8>, Duration),
     resumable: bool,
 ) -> Done<bool, C> {
     let failed = |e| ("recording the result", e);
+    if d.lease.completes_in_one_statement() {
+        let statement = completion(d, ticket, outcome, true, resumable)
+            .ok_or(failed(Fault::Missing("the one-statement completion")))?;
+        let completed = conn
+            .execute(statement)
+            .await
+            .map_err(|e| failed(Fault::Db(e)))?;
+        return Ok(completed == 1);
+    }
+    let (status, payload, ttl) = outcome;
     let updated = conn
-        .execute(completion(d, ticket, status, payload, ttl))
+        .execute(d.lease.complete(
+            &ticket.id,
+            ticket.token,
+            status.code(),
+            payload,
+            millis(ttl),
+        ))
         .await
         .map_err(|e| failed(Fault::Db(e)))?;
     if updated != 1 {

@@ -15,7 +15,7 @@ use idem_core::{BoxFuture, Error, RecordStatus, Ticket, detached};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::store::record_completion;
+use super::store::{lost, record_completion};
 use super::{fence, record_final_step};
 use crate::store::{SqlStore, db_error, failed};
 use crate::{Driver, Sql, Transaction};
@@ -95,7 +95,19 @@ where
         .begin_lease_write(doing)
         .await
         .map_err(|e| lease.store_failed(e))?;
-    match fence(&mut tx, d, &ticket).await {
+    // A phase kept open (`finish`) is fenced where it ends, under the ledger row's lock to its
+    // commit: by the result's record (a fenced update) or, committed alone, by `fence` then;
+    // its writes wait for no round trip of idem's. Any other phase is fenced first.
+    let fenced_first = if keep_open {
+        // Lent to the writes before any statement of idem's: a deferred `BEGIN` goes out now.
+        tx.begun()
+            .await
+            .map(|()| true)
+            .map_err(|e| db_error::<D>(doing, e))
+    } else {
+        fence(&mut tx, d, &ticket).await.map_err(failed::<D>)
+    };
+    match fenced_first {
         Ok(true) => {}
         Ok(false) => {
             let _ = tx.rollback().await;
@@ -103,7 +115,7 @@ where
         }
         Err(e) => {
             let _ = tx.rollback().await;
-            return Err(lease.store_failed(failed::<D>(e)).into());
+            return Err(lease.store_failed(e).into());
         }
     }
     let value = match writes(&mut tx).await {
@@ -206,6 +218,12 @@ impl<D: Driver> OpenPhase for OpenFinalPhase<D> {
             ..
         } = *self;
         Box::pin(detached(async move {
+            // The phase's writes ran unfenced: the lease is checked now, the ledger row
+            // locked to the commit.
+            if !fence(&mut tx, d, &ticket).await.map_err(failed::<D>)? {
+                let _ = tx.rollback().await;
+                return Err(lost());
+            }
             record_final_step(&mut tx, d, &ticket, &name, &payload, resumable)
                 .await
                 .map_err(failed::<D>)?;

@@ -60,6 +60,13 @@ pub struct Lease {
     pub(crate) renew_lease: String,
     /// Binds state, response, ttl_ms, id, token.
     pub(crate) complete_lease: String,
+    /// PostgreSQL: binds state, response, ttl_ms, id, token. `complete_lease` that also
+    /// deletes the steps of the record it completes, and with the calls table (`[0]`) its
+    /// stored call: one statement where a transaction takes three, its deletes fed only by
+    /// the row the fenced update returns (a holder that lost its lease deletes nothing).
+    /// Elsewhere `None` (MySQL deletes steps by key after a read; SQLite's writes are
+    /// grouped).
+    pub(crate) complete_and_forget: Option<[String; 2]>,
     /// Binds id, token.
     pub(crate) release_lease: String,
     /// Binds id. An operator ends a live lease by hand, fenced: the next token (as a
@@ -114,6 +121,18 @@ impl Lease {
                 "UPDATE {ledger} SET state = ?, response = ?, expires_at_ms = {now} + ? \
             WHERE id = ? AND owner = ? AND state = {in_progress}",
             ),
+            complete_and_forget: (backend == Dialect::Postgres).then(|| {
+                let steps = "WITH done AS (UPDATE {ledger} \
+                SET state = ?, response = ?, expires_at_ms = {now} + ? \
+                WHERE id = ? AND owner = ? AND state = {in_progress} RETURNING id), \
+                steps AS (DELETE FROM {steps} WHERE record_id IN (SELECT id FROM done))";
+                let call = ", call AS (DELETE FROM {calls} \
+                WHERE record_id IN (SELECT id FROM done))";
+                [
+                    r(&format!("{steps}{call} SELECT id FROM done")),
+                    r(&format!("{steps} SELECT id FROM done")),
+                ]
+            }),
             release_lease: r("UPDATE {ledger} SET expires_at_ms = {now} \
             WHERE id = ? AND owner = ? AND state = {in_progress}"),
             release_by_hand: r(
@@ -218,6 +237,38 @@ impl Lease {
                 token.into(),
             ],
         )
+    }
+
+    /// Whether [`Lease::complete_and_forget`] records an outcome and forgets the call's
+    /// steps and stored call in one statement (PostgreSQL).
+    pub fn completes_in_one_statement(&self) -> bool {
+        self.complete_and_forget.is_some()
+    }
+
+    /// [`Lease::complete`] that also deletes the record's steps and, for a `resumable` call,
+    /// its stored call, in one statement, if `token` still holds the lease: it answers one
+    /// row then, none otherwise (and deletes nothing). `None` where that takes a transaction
+    /// ([`Lease::completes_in_one_statement`]).
+    pub fn complete_and_forget(
+        &self,
+        id: &[u8],
+        token: i64,
+        state: i16,
+        response: Vec<u8>,
+        ttl_ms: i64,
+        resumable: bool,
+    ) -> Option<Bound<'_>> {
+        let sql = &self.complete_and_forget.as_ref()?[usize::from(!resumable)];
+        Some(Bound::new(
+            sql,
+            [
+                state.into(),
+                response.into(),
+                ttl_ms.into(),
+                id.into(),
+                token.into(),
+            ],
+        ))
     }
 
     /// Ends the lease on record `id` now, if `token` still holds it.

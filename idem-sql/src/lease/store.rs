@@ -143,10 +143,10 @@ pub(crate) async fn record_completion<D: Driver>(
     mut tx: D::Tx,
     d: &'static Sql,
     ticket: Ticket,
-    (status, payload, ttl): (RecordStatus, Vec<u8>, Duration),
+    outcome: (RecordStatus, Vec<u8>, Duration),
     resumable: bool,
 ) -> Result<(), Error> {
-    let held = complete(&mut tx, d, &ticket, status, payload, ttl, resumable)
+    let held = complete(&mut tx, d, &ticket, outcome, resumable)
         .await
         .map_err(failed::<D>)?;
     if !held {
@@ -256,9 +256,12 @@ impl<D: Driver> LeaseStore for SqlStore<D> {
         Box::pin(detached(async move {
             let doing = "recording the result";
             let d = store.server_statements(doing).await?;
-            if !forget_steps && !resumable {
-                // Nothing else to delete: the fenced update alone, outside a transaction.
-                let update = completion(d, &ticket, status, payload, ttl);
+            let outcome = (status, payload, ttl);
+            if d.lease.completes_in_one_statement() || (!forget_steps && !resumable) {
+                // One fenced statement outside a transaction: the update alone, or (PostgreSQL)
+                // with the deletes of what the call leaves behind.
+                let update = completion(d, &ticket, outcome, forget_steps, resumable)
+                    .ok_or_else(|| failed::<D>((doing, Fault::Missing("the completion"))))?;
                 return if store.fenced_update(update, doing).await? {
                     Ok(())
                 } else {
@@ -266,7 +269,7 @@ impl<D: Driver> LeaseStore for SqlStore<D> {
                 };
             }
             let tx = store.begin_lease_write(doing).await?;
-            record_completion::<D>(tx, d, ticket, (status, payload, ttl), resumable).await
+            record_completion::<D>(tx, d, ticket, outcome, resumable).await
         }))
     }
 
