@@ -636,7 +636,7 @@ async fn a_stale_holder_is_fenced_off_and_the_takeover_resumes_after_its_steps()
 
 /// A holder whose lease was taken over cannot record a step while the new holder runs: its
 /// step is refused with `LeaseLost` and leaves no row (the fence and the insert are one
-/// statement on PostgreSQL, a transaction elsewhere).
+/// statement on PostgreSQL and SQLite, a transaction on MySQL).
 #[tokio::test]
 async fn a_stale_holders_step_is_refused_and_records_nothing() {
     for t in cases("lease-stale-step").await {

@@ -43,11 +43,12 @@ pub struct Lease {
     pub(crate) select_steps: String,
     /// Binds record_id, name, token, result.
     pub(crate) insert_step: String,
-    /// PostgreSQL: binds name, result, id, token. The step inserted only if the token still
-    /// holds the in-progress record, whose row its locking read holds until the statement
-    /// commits: the fence and the insert in one auto-committed statement. Elsewhere `None`
-    /// (MySQL's `INSERT … SELECT` locks differently, SQLite's writes are grouped): the fence
-    /// and the insert in a transaction.
+    /// PostgreSQL and SQLite: binds name, result, id, token. The step inserted only if the
+    /// token still holds the in-progress record, whose row PostgreSQL's locking read holds
+    /// until the statement commits (SQLite's one writer holds the database): the fence and
+    /// the insert in one auto-committed statement (on SQLite, committed with the group of
+    /// concurrent lease writes). MySQL `None`: its `INSERT … SELECT` reads the ledger row
+    /// without a lock under `READ COMMITTED`; the fence and the insert go in a transaction.
     pub(crate) insert_step_fenced: Option<String>,
     /// Binds record_id.
     pub(crate) delete_steps: String,
@@ -103,14 +104,21 @@ impl Lease {
                 "record_id, name",
                 &["token", "result"],
             )),
-            insert_step_fenced: (backend == Dialect::Postgres).then(|| {
-                r(
-                    "INSERT INTO {steps} (record_id, name, token, result, created_at_ms) \
-                SELECT id, ?, owner, ?, {now} FROM {ledger} \
-                WHERE id = ? AND owner = ? AND state = {in_progress} FOR UPDATE \
+            insert_step_fenced: (backend != Dialect::MySql).then(|| {
+                // SQLite's one writer makes the statement's read and insert atomic; its parser
+                // needs the `WHERE` before `ON CONFLICT`, which the fence gives.
+                let lock = if backend == Dialect::Postgres {
+                    " FOR UPDATE"
+                } else {
+                    ""
+                };
+                r(&format!(
+                    "INSERT INTO {{steps}} (record_id, name, token, result, created_at_ms) \
+                SELECT id, ?, owner, ?, {{now}} FROM {{ledger}} \
+                WHERE id = ? AND owner = ? AND state = {{in_progress}}{lock} \
                 ON CONFLICT (record_id, name) DO UPDATE SET token = excluded.token, \
-                result = excluded.result",
-                )
+                result = excluded.result"
+                ))
             }),
             delete_steps: r("DELETE FROM {steps} WHERE record_id = ?"),
             delete_steps_by_key: (backend == Dialect::MySql)

@@ -228,7 +228,7 @@ impl<D: Driver> LeaseStore for SqlStore<D> {
                 d.lease
                     .insert_step_fenced(&ticket.id, &name, ticket.token, &payload)
             {
-                // One round trip where the transaction takes four (PostgreSQL).
+                // One statement where the transaction takes four (PostgreSQL, SQLite).
                 let held = store.fenced_update(step, doing).await?;
                 return if held { Ok(()) } else { Err(lost()) };
             }
