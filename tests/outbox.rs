@@ -737,6 +737,38 @@ async fn a_permanent_refusal_is_dead_at_once_and_purge_keeps_recent_messages() {
     }
 }
 
+/// `outbox_health`'s dead count (and `dead_messages`) read dead messages through an index on
+/// SQLite: its planner cannot use the aggregate index's `state <> published` for `state =
+/// dead`, and it scanned every message the retention keeps (16 ms at 200,000 messages).
+#[tokio::test]
+async fn the_dead_count_reads_an_index_not_the_whole_outbox_on_sqlite() {
+    for case in cases().await {
+        if case.db.get_database_backend() != sea_orm::DbBackend::Sqlite {
+            continue;
+        }
+        // The health statement's dead count, as `idem_sql::Outbox::outbox_health` renders it.
+        let plan = case
+            .db
+            .query_all_raw(sea_orm::Statement::from_string(
+                sea_orm::DbBackend::Sqlite,
+                "EXPLAIN QUERY PLAN SELECT COUNT(*) FROM idem_outbox WHERE state = 2",
+            ))
+            .await
+            .expect("the plan");
+        let steps: Vec<String> = plan
+            .iter()
+            .map(|row| row.try_get_by_index::<String>(3).expect("a plan step"))
+            .collect();
+        assert!(
+            steps
+                .iter()
+                .any(|step| step.contains("INDEX idem_outbox_dead")),
+            "{}: the dead count scans the outbox: {steps:?}",
+            case.name
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_committed_call_wakes_the_relay_before_its_poll_interval() {
     for case in cases().await {

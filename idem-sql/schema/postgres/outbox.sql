@@ -8,6 +8,8 @@ CREATE INDEX IF NOT EXISTS idem_outbox_aggregate ON idem_outbox (aggregate_key, 
 
 CREATE INDEX IF NOT EXISTS idem_outbox_published ON idem_outbox (published_at_ms) WHERE state = 1;
 
+CREATE INDEX IF NOT EXISTS idem_outbox_dead ON idem_outbox (id) WHERE state = 2;
+
 CREATE TABLE IF NOT EXISTS idem_outbox_heads (aggregate_key VARCHAR(255) NOT NULL PRIMARY KEY, last_seq BIGINT NOT NULL);
 
 CREATE TABLE IF NOT EXISTS idem_dead_letters (consumer VARCHAR(255) NOT NULL, message_id VARCHAR(255) NOT NULL, subject VARCHAR(255) NOT NULL, payload BYTEA NOT NULL, error TEXT NOT NULL, deliveries BIGINT NOT NULL, created_at_ms BIGINT NOT NULL, PRIMARY KEY (consumer, message_id));

@@ -8,6 +8,8 @@ CREATE INDEX IF NOT EXISTS idem_outbox_aggregate ON idem_outbox (aggregate_key, 
 
 CREATE INDEX IF NOT EXISTS idem_outbox_published ON idem_outbox (published_at_ms) WHERE state = 1;
 
+CREATE INDEX IF NOT EXISTS idem_outbox_dead ON idem_outbox (id) WHERE state = 2;
+
 CREATE TABLE IF NOT EXISTS idem_outbox_heads (aggregate_key TEXT NOT NULL PRIMARY KEY, last_seq INTEGER NOT NULL) WITHOUT ROWID;
 
 CREATE TABLE IF NOT EXISTS idem_dead_letters (consumer TEXT NOT NULL, message_id TEXT NOT NULL, subject TEXT NOT NULL, payload BLOB NOT NULL, error TEXT NOT NULL, deliveries INTEGER NOT NULL, created_at_ms INTEGER NOT NULL, PRIMARY KEY (consumer, message_id)) WITHOUT ROWID;

@@ -172,6 +172,7 @@ pub(crate) fn render(backend: Dialect, template: &str) -> String {
         .replace("{outbox_pending}", "{outbox}_pending")
         .replace("{outbox_aggregate}", "{outbox}_aggregate")
         .replace("{outbox_published}", "{outbox}_published")
+        .replace("{outbox_dead}", "{outbox}_dead")
         .replace("{claim_savepoint}", CLAIM_SAVEPOINT)
         .replace("{wake_channel}", WAKE_CHANNEL)
         .replace("{ledger}", LEDGER_TABLE)
