@@ -94,6 +94,21 @@ macro_rules! handlers {
         mod $module {
             use super::*;
 
+            /// Charges `amount` at the gateway (a recovery point), then holds at the pause's
+            /// gate if it has one.
+            async fn charge_then_pause(
+                gateway: &Gateway,
+                pause: &Pause,
+                amount: i64,
+            ) -> Result<String, TestError> {
+                let charge: String =
+                    idem::step("charge", |key| gateway.charge(key, amount)).await?;
+                if let Some(gate) = &pause.gate {
+                    gate.pass().await;
+                }
+                Ok(charge)
+            }
+
             /// The handler body: charge at the gateway (a recovery point), maybe pause or
             /// fail, then the final phase writes the payment row with the step record.
             async fn charge_and_record(
@@ -102,11 +117,7 @@ macro_rules! handlers {
                 pause: &Pause,
                 cmd: Pay,
             ) -> Result<String, TestError> {
-                let charge: String =
-                    idem::step("charge", |key| gateway.charge(key, cmd.amount)).await?;
-                if let Some(gate) = &pause.gate {
-                    gate.pass().await;
-                }
+                let charge = charge_then_pause(gateway, pause, cmd.amount).await?;
                 if pause.fail_after_charge {
                     return Err(TestError::Flaky);
                 }
@@ -231,11 +242,7 @@ macro_rules! handlers {
                 pause: &Pause,
                 cmd: Pay,
             ) -> Result<String, TestError> {
-                let charge: String =
-                    idem::step("charge", |key| gateway.charge(key, cmd.amount)).await?;
-                if let Some(gate) = &pause.gate {
-                    gate.pass().await;
-                }
+                let charge = charge_then_pause(gateway, pause, cmd.amount).await?;
                 let run = cmd.run.clone();
                 $finish(db, "record-payment", move |$tx| {
                     Box::pin(async move {

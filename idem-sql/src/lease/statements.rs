@@ -156,6 +156,23 @@ impl Lease {
     }
 }
 
+/// The values a completion binds, in their order: state, response, ttl_ms, id, token.
+fn completion_params(
+    id: &[u8],
+    token: i64,
+    state: i16,
+    response: Vec<u8>,
+    ttl_ms: i64,
+) -> [Param; 5] {
+    [
+        state.into(),
+        response.into(),
+        ttl_ms.into(),
+        id.into(),
+        token.into(),
+    ]
+}
+
 /// A recorded step as [`Lease::select_steps`] returns it: its name and result.
 pub fn read_step(row: Row) -> Result<(String, Vec<u8>), Decode> {
     let mut c = row.read();
@@ -237,13 +254,7 @@ impl Lease {
     ) -> Bound<'_> {
         Bound::new(
             &self.complete_lease,
-            [
-                state.into(),
-                response.into(),
-                ttl_ms.into(),
-                id.into(),
-                token.into(),
-            ],
+            completion_params(id, token, state, response, ttl_ms),
         )
     }
 
@@ -269,13 +280,7 @@ impl Lease {
         let sql = &self.complete_and_forget.as_ref()?[usize::from(!resumable)];
         Some(Bound::new(
             sql,
-            [
-                state.into(),
-                response.into(),
-                ttl_ms.into(),
-                id.into(),
-                token.into(),
-            ],
+            completion_params(id, token, state, response, ttl_ms),
         ))
     }
 
