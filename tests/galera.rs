@@ -130,7 +130,12 @@ async fn record_payment<C: ConnectionTrait>(
         vec![execution.into(), run.into(), key.into()],
     )
     .await?;
-    assert_eq!(paid, 1, "{why}");
+    if paid != 1 {
+        panic!(
+            "{why} (this execution: {execution}): {}",
+            why_not_pending(db, run, key).await
+        );
+    }
     exec(
         db,
         "INSERT INTO galera_effects (run_id, k, what, execution) VALUES (?, ?, 'payment', ?)",
@@ -138,6 +143,51 @@ async fn record_payment<C: ConnectionTrait>(
     )
     .await?;
     Ok(())
+}
+
+/// What `db` sees of key `key` when its order was not pending: the order, its effects, the
+/// ledger row and its steps (the final phase's `execution` names the holder's token).
+async fn why_not_pending<C: ConnectionTrait>(db: &C, run: &str, key: &str) -> String {
+    let mut seen = Vec::new();
+    for (what, sql) in [
+        (
+            "order",
+            "SELECT CONCAT(state, ' ', COALESCE(execution, '-')) FROM galera_orders \
+             WHERE run_id = ? AND k = ?",
+        ),
+        (
+            "effects",
+            "SELECT CONCAT(id, ' ', what, ' ', execution) FROM galera_effects \
+             WHERE run_id = ? AND k = ? ORDER BY id",
+        ),
+        (
+            "ledger",
+            "SELECT CONCAT('owner ', owner, ' state ', state, ' expires in ', \
+             expires_at_ms - ROUND(UNIX_TIMESTAMP(NOW(3)) * 1000), ' ms') FROM idem_ledger \
+             WHERE ? <> '' AND idem_key = ?",
+        ),
+        (
+            "steps",
+            "SELECT CONCAT(s.name, ' token ', s.token) FROM idem_steps s \
+             JOIN idem_ledger l ON l.id = s.record_id WHERE ? <> '' AND l.idem_key = ?",
+        ),
+    ] {
+        let statement = Statement::from_sql_and_values(
+            db.get_database_backend(),
+            sql,
+            [run.into(), key.into()],
+        );
+        let rows = match db.query_all_raw(statement).await {
+            Ok(rows) => rows
+                .iter()
+                .map(|row| row.try_get_by_index::<String>(0).unwrap_or_default())
+                .collect::<Vec<_>>()
+                .join("; "),
+            Err(e) => format!("unread: {e}"),
+        };
+        seen.push(format!("{what}: [{rows}]"));
+    }
+    seen.join(", ")
 }
 
 /// Atomic mode: the order goes Pending -> Paid and a payment row is written, in the claim's
@@ -215,9 +265,14 @@ async fn pay_lease(
     run: String,
 ) -> Result<Paid, TestError> {
     let charged = idem::step("charge", |charge_key| gateway.charge(&key, charge_key)).await?;
+    // The holder's token in the order's row, for a failure to name who paid it.
+    let token = idem::lease::LeaseHandle::current("pay_lease")?
+        .ticket()
+        .token;
     idem::sea_orm::finish(db, "record-payment", move |tx| {
         Box::pin(async move {
-            record_payment(tx, &run, &key, &charged, "the final phase runs once").await?;
+            let execution = format!("{charged} token {token}");
+            record_payment(tx, &run, &key, &execution, "the final phase runs once").await?;
             Ok(Paid {
                 key,
                 execution: charged,
@@ -793,4 +848,149 @@ async fn sequential_calls_on_one_node_answer_once_each() {
         percentile(&mut replay, 0.99),
     );
     assert_exactly_once(Mode::Atomic, &nodes[1], &run, &keys, &[], false).await;
+}
+
+/// Where a paced lease-mode call is held, and what it writes when let go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FencedWrite {
+    /// A step ([`idem::step`]): its record is fenced by the lease.
+    Step,
+    /// A final phase committed alone (the handler works on after it): its writes, fenced.
+    PhaseCommittedAlone,
+}
+
+/// The test's hold on a paced call: the call waits for `go` before its fenced write, says
+/// `written` once it has committed, and returns at `end`.
+#[derive(Default)]
+struct Pace {
+    go: tokio::sync::Notify,
+    written: tokio::sync::Notify,
+    end: tokio::sync::Notify,
+}
+
+/// A lease-mode call paced by the test ([`Pace`]): one fenced write, `what`, of an effect row.
+#[idempotent(scope = "galera.fence", key = key, lease = "30s", skip(what, pace))]
+async fn paced(
+    db: &DatabaseConnection,
+    key: String,
+    run: String,
+    what: FencedWrite,
+    pace: &Pace,
+) -> Result<(), TestError> {
+    pace.go.notified().await;
+    match what {
+        FencedWrite::Step => {
+            idem::step("charge", |_| async { Ok::<_, TestError>(1) }).await?;
+        }
+        FencedWrite::PhaseCommittedAlone => {
+            let (run, key) = (run.clone(), key.clone());
+            idem::sea_orm::finish(db, "pay", move |tx| {
+                Box::pin(async move {
+                    exec(
+                        tx,
+                        "INSERT INTO galera_effects (run_id, k, what, execution) \
+                         VALUES (?, ?, 'payment', 'paced')",
+                        vec![run.into(), key.into()],
+                    )
+                    .await?;
+                    Ok::<_, TestError>(())
+                })
+            })
+            .await?;
+            // Past the open phase's fuse (50 ms): the phase commits alone.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    pace.written.notify_one();
+    pace.end.notified().await;
+    Ok(())
+}
+
+/// A Galera node certifies a transaction by the rows it writes, never by the locks it read
+/// under: a lease's fenced write on one node must conflict with a takeover on another node
+/// that read the ledger row before that write committed, or both commit and the new holder
+/// runs again what the old one just wrote (seen in the node-kill storm: a final phase run
+/// twice). The takeover here is the claim's own sequence by hand (a locked read of the
+/// ledger row, then its update), on node 2, around a fenced write on node 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fenced_write_conflicts_with_a_takeover_that_read_before_it_on_another_node() {
+    use sea_orm::TransactionTrait;
+    let Some(nodes) = nodes().await else {
+        eprintln!("{URLS} is not set: no cluster to test");
+        return;
+    };
+    let nodes = Arc::new(nodes);
+    for what in [FencedWrite::Step, FencedWrite::PhaseCommittedAlone] {
+        let run = unique("galera-fence");
+        let key = format!("{run}-k");
+        let pace = Arc::new(Pace::default());
+        let call = tokio::spawn({
+            let (nodes, pace, key, run) = (
+                Arc::clone(&nodes),
+                Arc::clone(&pace),
+                key.clone(),
+                run.clone(),
+            );
+            async move { paced(&nodes[0], key, run, what, &pace).await }
+        });
+        // The takeover's read, on node 2 once the call's lease is there (the causal wait
+        // makes node 2 see every commit before it; the row is awaited unlocked, since a locked
+        // read of a missing row holds a gap the claim's insert would abort).
+        let read = "SET STATEMENT wsrep_sync_wait = 7 FOR SELECT owner FROM idem_ledger \
+                    WHERE scope = 'galera.fence' AND idem_key = ?";
+        let started = Instant::now();
+        while count(
+            &nodes[1],
+            &read.replace("SELECT owner", "SELECT COUNT(*)"),
+            vec![key.clone().into()],
+        )
+        .await
+            == 0
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{what:?}: the call never claimed its lease"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let takeover = nodes[1].begin().await.expect("begin the takeover");
+        let statement = Statement::from_sql_and_values(
+            takeover.get_database_backend(),
+            format!("{read} FOR UPDATE"),
+            [key.clone().into()],
+        );
+        let owner = takeover
+            .query_one_raw(statement)
+            .await
+            .expect("the takeover's read")
+            .expect("the call's lease")
+            .try_get_by_index::<i64>(0)
+            .expect("an owner");
+        // The fenced write commits on node 1 while the takeover holds what it read.
+        pace.go.notify_one();
+        tokio::time::timeout(Duration::from_secs(10), pace.written.notified())
+            .await
+            .unwrap_or_else(|_| panic!("{what:?}: the fenced write did not commit"));
+        let took_over = async {
+            exec(
+                &takeover,
+                "UPDATE idem_ledger SET owner = ? WHERE scope = 'galera.fence' AND idem_key = ? AND owner = ?",
+                vec![(owner + 1).into(), key.clone().into(), owner.into()],
+            )
+            .await?;
+            takeover.commit().await
+        }
+        .await;
+        pace.end.notify_one();
+        let answered = call.await.expect("the paced call");
+        assert!(
+            took_over.is_err(),
+            "{what:?}: a takeover that read the ledger row before a fenced write on another \
+             node committed beside it (the call answered {answered:?})"
+        );
+        assert!(
+            answered.is_ok(),
+            "{what:?}: the holder kept its lease: {answered:?}"
+        );
+    }
 }

@@ -48,6 +48,8 @@ struct Pause {
     fail_after_charge: bool,
     /// Record a second step there (`confirm`), before the final step.
     confirm_after_charge: bool,
+    /// How many times the final phase's writes ran (`charge_and_finish`).
+    phase_runs: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -244,8 +246,10 @@ macro_rules! handlers {
             ) -> Result<String, TestError> {
                 let charge = charge_then_pause(gateway, pause, cmd.amount).await?;
                 let run = cmd.run.clone();
+                let phase_runs = Arc::clone(&pause.phase_runs);
                 $finish(db, "record-payment", move |$tx| {
                     Box::pin(async move {
+                        phase_runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         let ($run, $amount) = (&run, cmd.amount);
                         $insert;
                         Ok::<_, TestError>(charge)
@@ -954,22 +958,20 @@ async fn steps_of(db: &DatabaseConnection, key: &str) -> i64 {
     .await
 }
 
-/// A holder paused past its lease before `finish` (whose phase is fenced where it ends, by
-/// the result's record): its payment row rolls back with its refused record and it gets
-/// `LeaseLost`; the takeover, which replayed the charge, paid once.
+/// A holder paused past its lease before `finish`: its phase is refused before its writes
+/// run (they would meet the takeover's payment) and it gets `LeaseLost`; the takeover, which
+/// replayed the charge, paid once.
 #[tokio::test]
 async fn a_stale_holders_finish_rolls_back_its_writes() {
     for t in cases("lease-stale-finish").await {
         let name = t.name;
         let gate = Gate::default();
+        let stale_pause = Pause {
+            gate: Some(gate.clone()),
+            ..Pause::default()
+        };
         let stale = {
-            let (c, pause) = (
-                t.clone(),
-                Pause {
-                    gate: Some(gate.clone()),
-                    ..Pause::default()
-                },
-            );
+            let (c, pause) = (t.clone(), stale_pause.clone());
             tokio::spawn(
                 async move { call!(c, charge_and_finish(&c.gateway, &pause, cmd(&c.run))) },
             )
@@ -987,6 +989,13 @@ async fn a_stale_holders_finish_rolls_back_its_writes() {
             stale.as_ref().map_err(TestError::kind).unwrap_err(),
             Some(ErrorKind::LeaseLost),
             "{name}: the stale finish is refused, got {stale:?}"
+        );
+        assert_eq!(
+            stale_pause
+                .phase_runs
+                .load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "{name}: the stale holder's writes never ran"
         );
         t.assert_paid_once("the stale finish's row rolled back")
             .await;

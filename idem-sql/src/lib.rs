@@ -148,8 +148,9 @@ impl Sql {
     }
 
     /// The statements every server of `dialect` runs alike: all but the claim's (the ledger's
-    /// `claim`, its `nowait` form, the locked and committed reads, `claim_at_once`), which
-    /// differ between the MySQL families and need the server's [`Flavour`]. For the statements
+    /// `claim`, its `nowait` form, the locked and committed reads, `claim_at_once`) and the
+    /// lease's fence ([`Lease::fence_by_write`]), which differ between the MySQL families and
+    /// need the server's [`Flavour`]. For the statements
     /// a caller runs without knowing the server's version: an operator's reads and writes, a
     /// handler's staging, the DDL (`tests.rs` checks that the families agree on them).
     pub fn common(dialect: Dialect) -> &'static Sql {
@@ -176,7 +177,11 @@ impl Sql {
             } else {
                 ledger
             },
-            lease: Lease::new(dialect),
+            lease: if flavour == Flavour::Galera {
+                Lease::new(dialect).galera()
+            } else {
+                Lease::new(dialect)
+            },
             completer: Completer::new(dialect),
             inspect: Inspect::new(dialect),
             outbox: Outbox::new(dialect),

@@ -569,7 +569,8 @@ fn the_schema_files_are_the_rendered_ddl() {
 }
 
 /// What [`Sql::common`] promises: the MySQL families (MariaDB, a Galera node, the MySQL 8
-/// family) render every statement alike except the claim's, so a caller that does not know the
+/// family) render every statement alike except the claim's and the lease's fence (optional
+/// statements, outside [`every_statement`]), so a caller that does not know the
 /// server's family may run any other.
 #[test]
 fn the_mysql_families_differ_only_in_the_claim() {

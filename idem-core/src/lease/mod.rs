@@ -88,7 +88,7 @@ impl Context {
             && let Err(e) = open.commit().await
         {
             self.phase_failed.store(true, Ordering::SeqCst);
-            // A phase kept open is fenced when it commits: it can find the lease taken over.
+            // A store may fence the phase where it commits: it can find the lease taken over.
             if e.kind() == crate::ErrorKind::LeaseLost {
                 self.lost.store(true, Ordering::SeqCst);
             }

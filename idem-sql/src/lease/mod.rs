@@ -205,8 +205,16 @@ async fn take_over<C: Connection>(
 }
 
 /// Locks the ledger row of `ticket` in `conn` and answers whether the ticket still holds it
-/// (the same token, the call still in progress). Every write of a holder passes it first.
+/// (the same token, the call still in progress). Every write of a holder passes it first. On
+/// Galera it writes the row ([`Lease::fence_by_write`](crate::Lease::fence_by_write)).
 pub async fn fence<C: Connection>(conn: &mut C, d: &'static Sql, ticket: &Ticket) -> Done<bool, C> {
+    if let Some(write) = d.lease.fence_by_write(&ticket.id, ticket.token) {
+        let written = conn
+            .execute(write)
+            .await
+            .map_err(|e| ("checking the lease", Fault::Db(e)))?;
+        return Ok(written == 1);
+    }
     let row = fetch_first(conn, d.ledger.read_locked(&ticket.id), ClaimRow::from_row)
         .await
         .map_err(|e| ("checking the lease", e))?;

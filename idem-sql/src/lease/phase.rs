@@ -15,7 +15,7 @@ use idem_core::{BoxFuture, Error, RecordStatus, Ticket, detached};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::store::{lost, record_completion};
+use super::store::record_completion;
 use super::{fence, record_final_step};
 use crate::store::{SqlStore, db_error, failed};
 use crate::{Driver, Sql, Transaction};
@@ -95,19 +95,12 @@ where
         .begin_lease_write(doing)
         .await
         .map_err(|e| lease.store_failed(e))?;
-    // A phase kept open (`finish`) is fenced where it ends, under the ledger row's lock to its
-    // commit: by the result's record (a fenced update) or, committed alone, by `fence` then;
-    // its writes wait for no round trip of idem's. Any other phase is fenced first.
-    let fenced_first = if keep_open {
-        // Lent to the writes before any statement of idem's: a deferred `BEGIN` goes out now.
-        tx.begun()
-            .await
-            .map(|()| true)
-            .map_err(|e| db_error::<D>(doing, e))
-    } else {
-        fence(&mut tx, d, &ticket).await.map_err(failed::<D>)
-    };
-    match fenced_first {
+    // Fenced before the writes, the ledger row locked to the commit: a holder's writes run
+    // only while it holds the lease, so they never see (nor wait on) a newer holder's. (Fenced
+    // where it ends instead, a stale holder's writes ran against the state the takeover had
+    // moved on, and its body answered from it: a state check failed where the truth was
+    // "paid", in the Galera node-kill storm.)
+    match fence(&mut tx, d, &ticket).await {
         Ok(true) => {}
         Ok(false) => {
             let _ = tx.rollback().await;
@@ -115,7 +108,7 @@ where
         }
         Err(e) => {
             let _ = tx.rollback().await;
-            return Err(lease.store_failed(e).into());
+            return Err(lease.store_failed(failed::<D>(e)).into());
         }
     }
     let value = match writes(&mut tx).await {
@@ -218,12 +211,6 @@ impl<D: Driver> OpenPhase for OpenFinalPhase<D> {
             ..
         } = *self;
         Box::pin(detached(async move {
-            // The phase's writes ran unfenced: the lease is checked now, the ledger row
-            // locked to the commit.
-            if !fence(&mut tx, d, &ticket).await.map_err(failed::<D>)? {
-                let _ = tx.rollback().await;
-                return Err(lost());
-            }
             record_final_step(&mut tx, d, &ticket, &name, &payload, resumable)
                 .await
                 .map_err(failed::<D>)?;

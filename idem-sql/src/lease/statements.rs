@@ -57,6 +57,9 @@ pub struct Lease {
     /// call's step insert, on Galera another node's, and abort one of them). Elsewhere `None`:
     /// `delete_steps` takes no gap locks.
     pub(crate) delete_steps_by_key: Option<String>,
+    /// Galera: binds id, token. The fence as a write of the ledger row, where a locking read
+    /// is no fence (see `Lease::galera`). Elsewhere `None`: the ledger's locked read fences.
+    pub(crate) fence_by_write: Option<String>,
     /// Binds lease_ms, id, token.
     pub(crate) renew_lease: String,
     /// Binds state, response, ttl_ms, id, token.
@@ -121,6 +124,7 @@ impl Lease {
                 ))
             }),
             delete_steps: r("DELETE FROM {steps} WHERE record_id = ?"),
+            fence_by_write: None,
             delete_steps_by_key: (backend == Dialect::MySql)
                 .then(|| r("DELETE FROM {steps} WHERE record_id = ? AND name IN ({ids})")),
             renew_lease: r("UPDATE {ledger} SET expires_at_ms = {now} + ? \
@@ -153,6 +157,23 @@ impl Lease {
                 "DELETE FROM {steps} WHERE record_id NOT IN (SELECT id FROM {ledger})",
             ),
         }
+    }
+
+    /// Lease mode's statements for a node of a Galera cluster. A node certifies a transaction
+    /// by the rows it writes, never by the locks it read under (those are the node's own): a
+    /// holder's write fenced by a locked read commits beside a takeover on another node that
+    /// read the ledger row before it, and the new holder runs again what the old one wrote
+    /// (seen in `tests/galera.rs`: a final phase run twice). The fence writes the ledger row
+    /// instead, so either one fails certification: the lease one millisecond longer (the row
+    /// must change to be in the write set), after the causal wait the claim's reads have.
+    pub(crate) fn galera(mut self) -> Self {
+        self.fence_by_write = Some(render(
+            Dialect::MySql,
+            "SET STATEMENT wsrep_sync_wait = 7 FOR UPDATE {ledger} \
+            SET expires_at_ms = expires_at_ms + 1 \
+            WHERE id = ? AND owner = ? AND state = {in_progress}",
+        ));
+        self
     }
 }
 
@@ -232,6 +253,15 @@ impl Lease {
             with_ids(self.dialect, sql, names.len()),
             params,
         ))
+    }
+
+    /// Where a locked read is no fence (a Galera node certifies a transaction by the rows it
+    /// writes): the fence as a write of record `id`, which changes one row if `token` still
+    /// holds the in-progress record, none otherwise. `None` elsewhere: the ledger's
+    /// [`read_locked`](crate::Ledger::read_locked) fences.
+    pub fn fence_by_write(&self, id: &[u8], token: i64) -> Option<Bound<'_>> {
+        let sql = self.fence_by_write.as_ref()?;
+        Some(Bound::new(sql, [id.into(), token.into()]))
     }
 
     /// Renews the lease on record `id` for `lease_ms` from now, if `token` still holds it.
