@@ -148,35 +148,37 @@ async fn record_payment<C: ConnectionTrait>(
 /// What `db` sees of key `key` when its order was not pending: the order, its effects, the
 /// ledger row and its steps (the final phase's `execution` names the holder's token).
 async fn why_not_pending<C: ConnectionTrait>(db: &C, run: &str, key: &str) -> String {
+    let of_run_and_key = || vec![Value::from(run), Value::from(key)];
+    let of_key = || vec![Value::from(key)];
     let mut seen = Vec::new();
-    for (what, sql) in [
+    for (what, sql, values) in [
         (
             "order",
             "SELECT CONCAT(state, ' ', COALESCE(execution, '-')) FROM galera_orders \
              WHERE run_id = ? AND k = ?",
+            of_run_and_key(),
         ),
         (
             "effects",
             "SELECT CONCAT(id, ' ', what, ' ', execution) FROM galera_effects \
              WHERE run_id = ? AND k = ? ORDER BY id",
+            of_run_and_key(),
         ),
         (
             "ledger",
             "SELECT CONCAT('owner ', owner, ' state ', state, ' expires in ', \
              expires_at_ms - ROUND(UNIX_TIMESTAMP(NOW(3)) * 1000), ' ms') FROM idem_ledger \
-             WHERE ? <> '' AND idem_key = ?",
+             WHERE idem_key = ?",
+            of_key(),
         ),
         (
             "steps",
             "SELECT CONCAT(s.name, ' token ', s.token) FROM idem_steps s \
-             JOIN idem_ledger l ON l.id = s.record_id WHERE ? <> '' AND l.idem_key = ?",
+             JOIN idem_ledger l ON l.id = s.record_id WHERE l.idem_key = ?",
+            of_key(),
         ),
     ] {
-        let statement = Statement::from_sql_and_values(
-            db.get_database_backend(),
-            sql,
-            [run.into(), key.into()],
-        );
+        let statement = Statement::from_sql_and_values(db.get_database_backend(), sql, values);
         let rows = match db.query_all_raw(statement).await {
             Ok(rows) => rows
                 .iter()

@@ -88,10 +88,6 @@ impl Context {
             && let Err(e) = open.commit().await
         {
             self.phase_failed.store(true, Ordering::SeqCst);
-            // A store may fence the phase where it commits: it can find the lease taken over.
-            if e.kind() == crate::ErrorKind::LeaseLost {
-                self.lost.store(true, Ordering::SeqCst);
-            }
             if e.kind() == crate::ErrorKind::Unavailable {
                 self.store_unreachable.store(true, Ordering::SeqCst);
             }
@@ -614,11 +610,7 @@ where
         Verdict::Record(record) if !context.phase_failed.load(Ordering::SeqCst) => record,
         Verdict::Record(_) => {
             release_unrecorded(store, context, &ticket).await;
-            let error = match context.lost.load(Ordering::SeqCst) {
-                true => context.lost(),
-                false => context.phase_lost(),
-            };
-            return failed(request, error);
+            return failed(request, context.phase_lost());
         }
         Verdict::Release(error) => {
             end_unrecorded(store, context, &ticket, open_phase).await;

@@ -167,11 +167,14 @@ impl Lease {
     /// instead, so either one fails certification: the lease one millisecond longer (the row
     /// must change to be in the write set), after the causal wait the claim's reads have.
     pub(crate) fn galera(mut self) -> Self {
+        let wait = crate::statement::flavour::GALERA_SYNC_WAIT;
         self.fence_by_write = Some(render(
             Dialect::MySql,
-            "SET STATEMENT wsrep_sync_wait = 7 FOR UPDATE {ledger} \
-            SET expires_at_ms = expires_at_ms + 1 \
-            WHERE id = ? AND owner = ? AND state = {in_progress}",
+            &format!(
+                "SET STATEMENT {wait} FOR UPDATE {{ledger}} \
+                SET expires_at_ms = expires_at_ms + 1 \
+                WHERE id = ? AND owner = ? AND state = {{in_progress}}"
+            ),
         ));
         self
     }

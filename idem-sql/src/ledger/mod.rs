@@ -199,7 +199,7 @@ impl Ledger {
     /// cluster committed before them (`wsrep_sync_wait` 7: reads, updates and inserts), so a
     /// duplicate sent to another node finds the first call's record or lease.
     pub(crate) fn galera(mut self) -> Self {
-        const WAIT: &str = "wsrep_sync_wait = 7";
+        const WAIT: &str = crate::statement::flavour::GALERA_SYNC_WAIT;
         self.claim = format!("SET STATEMENT {WAIT} FOR {}", self.claim);
         self.claim_nowait = self.claim_nowait.replacen(
             "SET STATEMENT innodb_lock_wait_timeout = 0 FOR",

@@ -56,7 +56,14 @@ pub const FORCE_MYSQL8_ENV: &str = "IDEM_MYSQL_WITHOUT_RETURNING";
 
 /// Set to `0` to claim on a Galera node without waiting for it to catch up: for deployments
 /// that send every request of a key to the same node (and to measure what the wait costs).
+/// The node then runs MariaDB's statements, the lease's fence a locked read too: enough where
+/// a key's takeover runs on the node that holds its locks.
 pub const GALERA_SYNC_WAIT_ENV: &str = "IDEM_GALERA_SYNC_WAIT";
+
+/// On a Galera node, what a statement that decides a claim or fences a lease first waits for:
+/// the node to have applied every write the cluster committed before it (reads, updates and
+/// inserts), as `SET STATEMENT {GALERA_SYNC_WAIT} FOR …`.
+pub(crate) const GALERA_SYNC_WAIT: &str = "wsrep_sync_wait = 7";
 
 /// The flavour of a MySQL-protocol server, from the answers to [`SELECT_VERSION`] and
 /// [`SELECT_WSREP_ON`] (`None` where the query failed) and the two environment switches.
