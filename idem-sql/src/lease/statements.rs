@@ -133,13 +133,16 @@ impl Lease {
                 "UPDATE {ledger} SET state = ?, response = ?, expires_at_ms = {now} + ? \
             WHERE id = ? AND owner = ? AND state = {in_progress}",
             ),
+            // `= (SELECT id FROM done)`, not `IN`: `done` returns at most one row, and with
+            // an equality PostgreSQL probes the key's index where `IN` joined `done` with a
+            // read of the whole table (EXPLAIN in docs/RELIABILITY.md, R22).
             complete_and_forget: (backend == Dialect::Postgres).then(|| {
                 let steps = "WITH done AS (UPDATE {ledger} \
                 SET state = ?, response = ?, expires_at_ms = {now} + ? \
                 WHERE id = ? AND owner = ? AND state = {in_progress} RETURNING id), \
-                steps AS (DELETE FROM {steps} WHERE record_id IN (SELECT id FROM done))";
+                steps AS (DELETE FROM {steps} WHERE record_id = (SELECT id FROM done))";
                 let call = ", call AS (DELETE FROM {calls} \
-                WHERE record_id IN (SELECT id FROM done))";
+                WHERE record_id = (SELECT id FROM done))";
                 [
                     r(&format!("{steps}{call} SELECT id FROM done")),
                     r(&format!("{steps} SELECT id FROM done")),
