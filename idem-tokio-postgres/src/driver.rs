@@ -4,6 +4,7 @@
 //! idem-sql's, sent unnamed with its values' types (`query_typed`): one round trip, and
 //! nothing a transaction pooler's server connection would have to keep.
 
+use std::fmt;
 use std::future::Future;
 use std::pin::pin;
 use std::task::{Context, Waker};
@@ -38,21 +39,60 @@ impl From<&Pool> for TokioPostgres {
     }
 }
 
+/// What the tokio-postgres driver met: a statement's error, or the pool's. Shown as the error
+/// itself says (deadpool's `PoolError` would have put "Error occurred while creating a new
+/// object" before every statement's error, a failed `INSERT` included).
+#[derive(Debug)]
+pub enum TokioPostgresError {
+    /// A statement failed, or the connection it ran on ended.
+    Statement(tokio_postgres::Error),
+    /// The pool gave no client: none in time, the pool closed, or a new connection failed.
+    Pool(PoolError),
+}
+
+impl fmt::Display for TokioPostgresError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TokioPostgresError::Statement(e) => e.fmt(f),
+            TokioPostgresError::Pool(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for TokioPostgresError {
+    // Transparent: each shows its own cause, so the cause's cause is next in the chain.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            TokioPostgresError::Statement(e) => e.source(),
+            TokioPostgresError::Pool(e) => e.source(),
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for TokioPostgresError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        TokioPostgresError::Statement(e)
+    }
+}
+
+impl From<PoolError> for TokioPostgresError {
+    fn from(e: PoolError) -> Self {
+        TokioPostgresError::Pool(e)
+    }
+}
+
 /// Runs `statement` on `client`, unnamed, its values sent with their types; returns its rows,
 /// read at the types it declares, and the rows it changed.
 async fn run(
     client: &tokio_postgres::Client,
     statement: Bound<'static>,
-) -> Result<(Vec<Row>, u64), PoolError> {
+) -> Result<(Vec<Row>, u64), TokioPostgresError> {
     let params = statement.params.iter().map(typed);
-    let rows = client
-        .query_typed_raw(&statement.sql, params)
-        .await
-        .map_err(PoolError::Backend)?;
+    let rows = client.query_typed_raw(&statement.sql, params).await?;
     let mut rows = pin!(rows);
     let mut read = Vec::new();
-    while let Some(row) = rows.try_next().await.map_err(PoolError::Backend)? {
-        read.push(read_row(&row, statement.columns).map_err(PoolError::Backend)?);
+    while let Some(row) = rows.try_next().await? {
+        read.push(read_row(&row, statement.columns)?);
     }
     let changed = rows.rows_affected().unwrap_or(0);
     Ok((read, changed))
@@ -100,8 +140,8 @@ fn send_unawaited(client: &tokio_postgres::Client, sql: &str) {
 }
 
 /// Runs `sql` (simple protocol) on `client`.
-async fn batch(client: &tokio_postgres::Client, sql: &str) -> Result<(), PoolError> {
-    client.batch_execute(sql).await.map_err(PoolError::Backend)
+async fn batch(client: &tokio_postgres::Client, sql: &str) -> Result<(), TokioPostgresError> {
+    Ok(client.batch_execute(sql).await?)
 }
 
 /// Runs `statement` behind `begin` (a deferred `BEGIN`), both in one flight. `join` polls
@@ -111,8 +151,8 @@ async fn batch(client: &tokio_postgres::Client, sql: &str) -> Result<(), PoolErr
 async fn after<T>(
     client: &tokio_postgres::Client,
     begin: Option<String>,
-    statement: impl Future<Output = Result<T, PoolError>>,
-) -> Result<T, PoolError> {
+    statement: impl Future<Output = Result<T, TokioPostgresError>>,
+) -> Result<T, TokioPostgresError> {
     let Some(begin) = begin else {
         return statement.await;
     };
@@ -126,9 +166,12 @@ async fn after<T>(
 macro_rules! connection {
     ($type:ty, |$this:ident| $flight:expr) => {
         impl Connection for $type {
-            type Error = PoolError;
+            type Error = TokioPostgresError;
 
-            async fn execute(&mut self, statement: Bound<'static>) -> Result<u64, PoolError> {
+            async fn execute(
+                &mut self,
+                statement: Bound<'static>,
+            ) -> Result<u64, TokioPostgresError> {
                 let answer = {
                     let $this = &mut *self;
                     let (client, begin) = $flight;
@@ -140,7 +183,7 @@ macro_rules! connection {
             async fn fetch_all(
                 &mut self,
                 statement: Bound<'static>,
-            ) -> Result<Vec<Row>, PoolError> {
+            ) -> Result<Vec<Row>, TokioPostgresError> {
                 let answer = {
                     let $this = &mut *self;
                     let (client, begin) = $flight;
@@ -149,7 +192,7 @@ macro_rules! connection {
                 Ok(self.noted(answer)?.0)
             }
 
-            async fn execute_unprepared(&mut self, sql: &str) -> Result<(), PoolError> {
+            async fn execute_unprepared(&mut self, sql: &str) -> Result<(), TokioPostgresError> {
                 let answer = {
                     let $this = &mut *self;
                     let (client, begin) = $flight;
@@ -188,8 +231,8 @@ impl PoolClient {
     }
 
     /// Notes whether `answer` says the connection ended, and hands it back.
-    fn noted<T>(&mut self, answer: Result<T, PoolError>) -> Result<T, PoolError> {
-        if let Err(PoolError::Backend(e)) = &answer {
+    fn noted<T>(&mut self, answer: Result<T, TokioPostgresError>) -> Result<T, TokioPostgresError> {
+        if let Err(TokioPostgresError::Statement(e)) = &answer {
             self.ended |= ends_connection(e);
         }
         answer
@@ -224,7 +267,7 @@ pub struct TokioPostgresPooled {
 }
 
 impl TokioPostgresPooled {
-    fn noted<T>(&mut self, answer: Result<T, PoolError>) -> Result<T, PoolError> {
+    fn noted<T>(&mut self, answer: Result<T, TokioPostgresError>) -> Result<T, TokioPostgresError> {
         self.client.noted(answer)
     }
 }
@@ -259,13 +302,13 @@ impl TokioPostgresTx {
         )
     }
 
-    fn noted<T>(&mut self, answer: Result<T, PoolError>) -> Result<T, PoolError> {
+    fn noted<T>(&mut self, answer: Result<T, TokioPostgresError>) -> Result<T, TokioPostgresError> {
         self.client.noted(answer)
     }
 
     /// Sends `end` (`COMMIT` or `ROLLBACK`) and waits for its answer; nothing if no `BEGIN`
     /// was sent.
-    async fn end(mut self, end: &str) -> Result<(), PoolError> {
+    async fn end(mut self, end: &str) -> Result<(), TokioPostgresError> {
         if !self.open {
             return Ok(());
         }
@@ -280,21 +323,21 @@ impl TokioPostgresTx {
 impl idem_sql::Transaction for TokioPostgresTx {
     const PIPELINES: bool = true;
 
-    async fn begun(&mut self) -> Result<(), PoolError> {
+    async fn begun(&mut self) -> Result<(), TokioPostgresError> {
         let (client, begin) = self.flight();
         let begun = after(client, begin, async { Ok(()) }).await;
         self.noted(begun)
     }
 
-    async fn commit(self) -> Result<(), PoolError> {
+    async fn commit(self) -> Result<(), TokioPostgresError> {
         self.end(idem_sql::COMMIT).await
     }
 
-    async fn rollback(self) -> Result<(), PoolError> {
+    async fn rollback(self) -> Result<(), TokioPostgresError> {
         self.end(idem_sql::ROLLBACK).await
     }
 
-    async fn commit_after(mut self, last: Bound<'static>) -> Result<u64, PoolError> {
+    async fn commit_after(mut self, last: Bound<'static>) -> Result<u64, TokioPostgresError> {
         let (client, begin) = self.flight();
         let last = after(client, begin, run(client, last));
         // Queued behind `last`: it commits, or meets the transaction `last` aborted and rolls
@@ -323,7 +366,7 @@ impl idem_sql::Handle<TokioPostgres> for Pool {
         Dialect::Postgres
     }
 
-    async fn connection(&self) -> Result<TokioPostgresPooled, PoolError> {
+    async fn connection(&self) -> Result<TokioPostgresPooled, TokioPostgresError> {
         TokioPostgres::from(self).acquire().await
     }
 
@@ -339,7 +382,7 @@ pub struct OnBody<'t>(pub(crate) &'t tokio_postgres::Client);
 
 impl OnBody<'_> {
     /// The body's client is its transaction's: that one notes a connection that ended.
-    fn noted<T>(&mut self, answer: Result<T, PoolError>) -> Result<T, PoolError> {
+    fn noted<T>(&mut self, answer: Result<T, TokioPostgresError>) -> Result<T, TokioPostgresError> {
         answer
     }
 }
@@ -347,7 +390,7 @@ impl OnBody<'_> {
 connection!(OnBody<'_>, |this| (this.0, None));
 
 impl Driver for TokioPostgres {
-    type Error = PoolError;
+    type Error = TokioPostgresError;
     type Pooled = TokioPostgresPooled;
     type Tx = TokioPostgresTx;
     type Body<'t> = &'t ClientWrapper;
@@ -369,13 +412,13 @@ impl Driver for TokioPostgres {
         self.pool.timeouts().wait
     }
 
-    async fn acquire(&self) -> Result<TokioPostgresPooled, PoolError> {
+    async fn acquire(&self) -> Result<TokioPostgresPooled, TokioPostgresError> {
         Ok(TokioPostgresPooled {
             client: PoolClient::new(self.pool.get().await?),
         })
     }
 
-    async fn begin(&self, how: Begin) -> Result<TokioPostgresTx, PoolError> {
+    async fn begin(&self, how: Begin) -> Result<TokioPostgresTx, TokioPostgresError> {
         Ok(TokioPostgresTx {
             client: PoolClient::new(self.pool.get().await?),
             begin: Dialect::Postgres.begin(how),
@@ -399,7 +442,7 @@ impl Driver for TokioPostgres {
 
     fn on_body<'t, 'c: 't>(
         body: &'t mut &'c ClientWrapper,
-    ) -> impl Connection<Error = PoolError> + 't {
+    ) -> impl Connection<Error = TokioPostgresError> + 't {
         OnBody(body)
     }
 
@@ -419,7 +462,7 @@ impl Driver for TokioPostgres {
 
     async fn savepoint<'n, 'c: 'n>(
         nested: &'n mut TokioPostgresNested<'c>,
-    ) -> Result<(), PoolError> {
+    ) -> Result<(), TokioPostgresError> {
         // Counted before it is sent: cut off in flight, the drop rolls back to it after it.
         nested.open += 1;
         batch(nested.client, &idem_sql::nested_savepoint(nested.open)).await
@@ -428,7 +471,7 @@ impl Driver for TokioPostgres {
     async fn end_savepoint<'n, 'c: 'n>(
         nested: &'n mut TokioPostgresNested<'c>,
         keep: bool,
-    ) -> Result<(), PoolError> {
+    ) -> Result<(), TokioPostgresError> {
         let end = if keep {
             idem_sql::release_nested_savepoint(nested.open)
         } else {
@@ -451,9 +494,11 @@ impl Driver for TokioPostgres {
         nested.client
     }
 
-    fn classify(error: &PoolError) -> Failure {
+    fn classify(error: &TokioPostgresError) -> Failure {
         match error {
-            PoolError::Backend(e) => classify(e),
+            TokioPostgresError::Statement(e) | TokioPostgresError::Pool(PoolError::Backend(e)) => {
+                classify(e)
+            }
             // No connection in time, the pool closed, or a new connection failed its hook.
             _ => Failure::Unavailable,
         }

@@ -37,7 +37,8 @@ pub use check::{AnswerCheck, check_answers, check_final_errors};
 pub use deadpool_postgres;
 pub use deadpool_postgres::tokio_postgres;
 pub use driver::{
-    OnBody, TokioPostgres, TokioPostgresNested, TokioPostgresPooled, TokioPostgresTx,
+    OnBody, TokioPostgres, TokioPostgresError, TokioPostgresNested, TokioPostgresPooled,
+    TokioPostgresTx,
 };
 pub use idem_sql::{
     DeadMessage, ExpiredLease, ExpiredPurge, Family, RelayCounters, RelayRound, StuckLease,

@@ -313,10 +313,10 @@ async fn the_record_goes_out_with_its_commit_and_a_lost_claim_rolls_back() {
             .expect("clean");
         if lost {
             let error = match recorded.expect_err("a lost claim fails the record") {
-                deadpool_postgres::PoolError::Backend(e) => {
+                idem_tokio_postgres::TokioPostgresError::Statement(e) => {
                     e.as_db_error().map(|e| e.message().to_owned())
                 }
-                _ => None,
+                idem_tokio_postgres::TokioPostgresError::Pool(_) => None,
             };
             assert!(
                 error
