@@ -134,8 +134,9 @@ impl Lease {
             WHERE id = ? AND owner = ? AND state = {in_progress}",
             ),
             // `= (SELECT id FROM done)`, not `IN`: `done` returns at most one row, and with
-            // an equality PostgreSQL probes the key's index where `IN` joined `done` with a
-            // read of the whole table (EXPLAIN in docs/RELIABILITY.md, R22).
+            // an equality PostgreSQL can probe the key's index where `IN` joined `done` with a
+            // read of the whole table; it still scans a table whose key the churn between
+            // vacuums has bloated (docs/RELIABILITY.md, R22).
             complete_and_forget: (backend == Dialect::Postgres).then(|| {
                 let steps = "WITH done AS (UPDATE {ledger} \
                 SET state = ?, response = ?, expires_at_ms = {now} + ? \
