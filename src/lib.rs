@@ -117,7 +117,8 @@ pub mod conflict {
 /// Building blocks for custom stores and wrappers: the store contracts, the call's request,
 /// and the conversions `#[idempotent]` uses to reach a store from its connection.
 pub mod store {
-    pub use idem_core::ledger::ids::{random_token, record_id};
+    pub use idem_core::ledger::ids::random_token;
+    pub use idem_core::record_id;
     pub use idem_core::{
         BoxFuture, Claim, Concurrency, LeaseClaim, LeaseStore, RecordStatus, Recorded, Request,
         Store, Ticket,
@@ -366,8 +367,8 @@ pub use idem_core::lease::step;
 /// downstream keys, and the store contract. The SeaORM final phase is
 /// [`sea_orm::final_step`] (or [`sea_orm::finish`] as the last work).
 pub mod lease {
+    pub use idem_core::derived_key;
     pub use idem_core::lease::{LeaseHandle, step};
-    pub use idem_core::ledger::ids::derived_key;
     pub use idem_core::{BoxFuture, LeaseClaim, LeaseStore, Ticket};
 }
 

@@ -84,7 +84,7 @@ async fn resolve(
         },
         (None, Some(scope), Some(key)) => {
             let principal = &args.principal;
-            let id = idem_core::ledger::ids::record_id(scope, principal, key);
+            let id = idem_core::record_id(scope, principal, key);
             let looked_for = format!(
                 "scope `{scope}`, key `{key}`{}",
                 if principal.is_empty() {
@@ -97,7 +97,7 @@ async fn resolve(
                 // A key pasted with its header's quotes: the record is under the key inside
                 // them, unless a handler took the quotes as part of its key.
                 Some(bare) if idem_sea_orm::inspect::record(db, &id).await?.is_none() => (
-                    idem_core::ledger::ids::record_id(scope, principal, &bare).to_vec(),
+                    idem_core::record_id(scope, principal, &bare).to_vec(),
                     looked_for,
                 ),
                 _ => (id.to_vec(), looked_for),

@@ -27,10 +27,10 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
+use crate::call::key::derived_key;
 use crate::call::outcome::with_outcome;
 use crate::error::Error;
 use crate::ledger::BoxFuture;
-use crate::ledger::ids::derived_key;
 use crate::retry::{Backoff, Jitter};
 
 /// The most bytes a resumable call's stored arguments may take (a JSON array).

@@ -31,7 +31,7 @@ mod store;
 pub mod testing;
 pub mod versioned;
 
-pub use call::key::{Key, KeySource};
+pub use call::key::{Key, KeySource, derived_key, record_id};
 pub use call::key_rules::{KeyProblem, MAX_KEY_LEN};
 pub use call::outcome::{CallReport, Outcome, with_outcome, with_report};
 pub use error::{BoxError, Error, ErrorKind, Result};

@@ -1,4 +1,7 @@
-//! Validated idempotency keys and the trait that turns argument values into keys.
+//! Validated idempotency keys, the trait that turns argument values into keys, and what a key
+//! derives: its record's ledger id and the keys its lease-mode steps send downstream.
+
+use sha2::{Digest, Sha256};
 
 use super::key_rules::{KeyProblem, refusal};
 use crate::error::Error;
@@ -165,6 +168,35 @@ macro_rules! integer_keys {
 }
 integer_keys!(u8 u16 u32 u64 u128 usize i8 i16 i32 i64 i128 isize);
 
+/// SHA-256 over length-prefixed parts: no two different lists of parts share a digest
+/// (`("ab", "c")` and `("a", "bc")` differ).
+fn digest(parts: &[&str]) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    for part in parts {
+        hasher.update((part.len() as u64).to_be_bytes());
+        hasher.update(part.as_bytes());
+    }
+    hasher.finalize().into()
+}
+
+/// The ledger id of `(scope, principal, key)`: SHA-256 over the length-prefixed parts, so no
+/// two different triples share an id.
+pub fn record_id(scope: &str, principal: &str, key: &str) -> [u8; 32] {
+    digest(&[scope, principal, key])
+}
+
+/// The key a lease-mode step sends downstream (`Idempotency-Key`): SHA-256 over scope,
+/// principal, key and step name (length-prefixed), as `idem-` and 64 hex digits. Stable across
+/// attempts and takeovers, distinct per step, 69 bytes.
+pub fn derived_key(scope: &str, principal: &str, key: &str, step: &str) -> String {
+    let mut out = String::with_capacity(69);
+    out.push_str("idem-");
+    for b in digest(&[scope, principal, key, step]) {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,5 +231,30 @@ mod tests {
         let key: Option<String> = None;
         assert_eq!(key.to_key().unwrap_err().kind(), ErrorKind::MissingKey);
         assert_eq!(Some(7_u64).to_key().unwrap().as_str(), "7");
+    }
+
+    #[test]
+    fn derived_keys_are_stable_distinct_per_step_and_short() {
+        let a = derived_key("shop.pay", "", "k-1", "charge");
+        assert_eq!(a, derived_key("shop.pay", "", "k-1", "charge"));
+        assert_ne!(a, derived_key("shop.pay", "", "k-1", "refund"));
+        assert_ne!(a, derived_key("shop.pay", "p", "k-1", "charge"));
+        // Shifted boundaries give other keys (length-prefixed parts).
+        assert_ne!(
+            derived_key("ab", "", "c", "d"),
+            derived_key("a", "", "bc", "d")
+        );
+        let long = derived_key(&"s".repeat(255), &"p".repeat(255), &"k".repeat(255), "x");
+        assert_eq!(long.len(), 69);
+        assert!(
+            crate::Key::new(long).is_ok(),
+            "usable as an idempotency key"
+        );
+    }
+
+    #[test]
+    fn record_ids_of_shifted_parts_differ() {
+        assert_ne!(record_id("ab", "", "c"), record_id("a", "", "bc"));
+        assert_ne!(record_id("s", "p", "k"), record_id("s", "", "pk"));
     }
 }

@@ -17,12 +17,12 @@ use crate::call::handler::{
     Finality, Fingerprintable, HandlerError, HandlerOutput, Record, Replayable, StoredArgument,
     Verdict, verdict,
 };
-use crate::call::key::{Key, KeySource};
+use crate::call::key::{Key, KeySource, derived_key, record_id};
 use crate::call::outcome::Outcome;
 use crate::error::Error;
 use crate::fingerprint::{Fingerprint, FingerprintError, Fingerprinter, Fingerprints};
 use crate::lease::answers::RecentAnswers;
-use crate::ledger::ids::{KeyHash, derived_key, record_id};
+use crate::ledger::ids::KeyHash;
 use crate::ledger::{Concurrency, RecordStatus, Recorded};
 use crate::metrics::{self, Label};
 use crate::observe::Mode;

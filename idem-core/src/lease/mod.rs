@@ -135,7 +135,7 @@ fn current(what: &str) -> Result<Arc<Context>, Error> {
 /// its value durably before returning it. On a takeover, a recorded step is not run again:
 /// its recorded value is returned.
 ///
-/// `run` gets the step's derived key ([`derived_key`](crate::ledger::ids::derived_key)): send it downstream as the
+/// `run` gets the step's derived key ([`derived_key`](crate::derived_key)): send it downstream as the
 /// `Idempotency-Key`, so a step that ran but was not recorded (a crash in between) is
 /// deduplicated by the receiver when the next holder runs it again.
 ///
