@@ -838,57 +838,6 @@ async fn the_in_memory_store_holds_leases_too() {
     assert_eq!(gateway.calls(), 1);
 }
 
-/// A lease-mode call on a SeaORM connection (one step).
-#[idempotent(scope = "lease.sync", key = key, lease = "5s", skip(gateway))]
-async fn charge_on(
-    db: &DatabaseConnection,
-    gateway: &Gateway,
-    key: String,
-) -> Result<String, TestError> {
-    idem::step("send", |k| gateway.charge(k, 1)).await
-}
-
-/// The `synchronous` level of `db`'s connection.
-async fn sync_level(db: &DatabaseConnection) -> i64 {
-    db.query_one_raw(Statement::from_string(
-        db.get_database_backend(),
-        "PRAGMA synchronous",
-    ))
-    .await
-    .expect("PRAGMA synchronous")
-    .expect("a row")
-    .try_get_by_index::<i64>(0)
-    .expect("an integer")
-}
-
-/// A lone lease claim on SQLite in WAL mode commits at `synchronous = NORMAL` (idem-sql's
-/// `UnsyncedClaim`: why it may) and puts the connection's own level back, so the
-/// application's later writes on that connection are as durable as it set them. One
-/// connection: the level read after the call is the one the claim ran on.
-#[tokio::test]
-async fn a_lone_sqlite_claim_puts_the_connections_sync_level_back() {
-    for (level, code) in [("FULL", 2), ("EXTRA", 3), ("NORMAL", 1), ("OFF", 0)] {
-        let db = common::sqlite().await;
-        db.execute_unprepared("PRAGMA journal_mode = WAL")
-            .await
-            .expect("WAL");
-        db.execute_unprepared(&format!("PRAGMA synchronous = {level}"))
-            .await
-            .expect(level);
-        let gateway = Gateway::default();
-        let key = format!("sync-{level}");
-        charge_on(&db, &gateway, key.clone()).await.expect("first");
-        assert_eq!(
-            sync_level(&db).await,
-            code,
-            "{level}: put back after the claim"
-        );
-        charge_on(&db, &gateway, key).await.expect("replay");
-        assert_eq!(sync_level(&db).await, code, "{level}: after the replay");
-        assert_eq!(gateway.calls(), 1, "{level}: one charge");
-    }
-}
-
 #[tokio::test]
 async fn ten_concurrent_calls_with_a_bounded_wait_run_the_body_once() {
     for t in cases("lease-ten").await {

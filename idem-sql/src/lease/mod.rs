@@ -19,7 +19,6 @@ mod store;
 pub use group_commit::{GroupCommit, LeaseWrite, LeaseWritten, write_grouped};
 pub use operator::{ExpiredLease, StuckLease, expired_leases, release_lease, stuck_leases};
 pub use phase::{WritesFuture, final_phase};
-pub(crate) use statements::UnsyncedClaim;
 pub use statements::{Lease, read_step};
 
 use crate::driver::{fetch_each, fetch_first};

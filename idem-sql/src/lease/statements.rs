@@ -207,50 +207,6 @@ pub fn read_step(row: Row) -> Result<(String, Vec<u8>), Decode> {
     Ok((c.text()?, c.bytes()?))
 }
 
-/// A lone lease claim on SQLite commits without waiting for the disk, in WAL mode at
-/// `synchronous = FULL` or `EXTRA` (SQLite's default is FULL): the level is read, lowered to
-/// `NORMAL` for the claim's commit, and put back.
-///
-/// Why it may: a claim only says "someone holds this key" while its holder runs; it records
-/// no effect. At `NORMAL` a WAL-mode commit survives any process's crash and is lost only with
-/// the machine, and WAL mode works only when every process using the database runs on that one
-/// machine: a lost claim's holder is gone with it, and a retry after the restart runs the body
-/// again, as it would have after the lost lease ended. The holder's first commit at the
-/// connection's own level (a step, the record) flushes the one WAL file, the claim's frames
-/// with its own. In rollback-journal modes `NORMAL` can corrupt the file on a power loss, so
-/// the level is left alone there, as it is for a claim committed with a group of writes
-/// (`write_grouped`: the group may hold a step or a record). PostgreSQL and MySQL are servers
-/// whose crash a holder survives: their claims stay durable.
-pub(crate) struct UnsyncedClaim;
-
-impl UnsyncedClaim {
-    /// The connection's level and journal mode, outside a transaction: returns synchronous,
-    /// journal_mode ([`UnsyncedClaim::restore`]).
-    pub(crate) fn read() -> Bound<'static> {
-        Bound::unbound(
-            "SELECT s.synchronous, j.journal_mode \
-            FROM pragma_synchronous AS s, pragma_journal_mode AS j",
-        )
-        .reads(&[Column::I64, Column::Text])
-    }
-
-    /// The level a claim commits at once the connection's was read as needing it.
-    pub(crate) const LOWER: &str = "PRAGMA synchronous = NORMAL";
-
-    /// What [`UnsyncedClaim::read`] returned decides: the statement that puts the level back
-    /// after the claim (`None`: commit the claim as the connection is set).
-    pub(crate) fn restore(row: Row) -> Result<Option<&'static str>, Decode> {
-        let mut c = row.read();
-        let (level, journal) = (c.i64()?, c.text()?);
-        Ok(match level {
-            _ if !journal.eq_ignore_ascii_case("wal") => None,
-            2 => Some("PRAGMA synchronous = FULL"),
-            3 => Some("PRAGMA synchronous = EXTRA"),
-            _ => None, // OFF or NORMAL already: the claim waits for no disk anyway
-        })
-    }
-}
-
 impl Lease {
     /// The recorded steps of record `id`: returns name, result ([`read_step`]).
     pub fn select_steps(&self, id: &[u8]) -> Bound<'_> {

@@ -12,10 +12,7 @@ use idem_core::{
 };
 
 use super::group_commit::{GroupCommit, write_grouped};
-use super::{
-    LeaseStep, LeaseWrite, LeaseWritten, UnsyncedClaim, claim_lease, complete, completion,
-    record_step,
-};
+use super::{LeaseStep, LeaseWrite, LeaseWritten, claim_lease, complete, completion, record_step};
 use crate::driver::fetch_first;
 use crate::store::{SqlStore, db_error, failed, within};
 use crate::{Begin, Bound, ClaimRow, Connection, Dialect, Driver, Fault, Sql, Transaction, millis};
@@ -56,39 +53,12 @@ async fn apply<C: Connection>(
     }
 }
 
-/// Applies a lone claim on SQLite on `conn`, outside a transaction, without waiting for the
-/// disk where the connection's journal allows it ([`UnsyncedClaim`]: why it may), and puts the
-/// connection's level back whatever the claim answered.
-async fn apply_unsynced<C: Connection>(
-    conn: &mut C,
-    claim: LeaseWrite,
-) -> Result<LeaseWritten, Fault<C::Error>> {
-    let restore = fetch_first(conn, UnsyncedClaim::read(), UnsyncedClaim::restore).await?;
-    let Some(restore) = restore.flatten() else {
-        return apply(conn, claim).await;
-    };
-    conn.execute_unprepared(UnsyncedClaim::LOWER)
-        .await
-        .map_err(Fault::Db)?;
-    let written = apply(conn, claim).await;
-    // A connection left at `NORMAL` would commit the application's own writes so: its
-    // error is the answer even when the claim's was not (a claim already committed then
-    // waits out its lease, as one whose answer was lost).
-    let restored = conn.execute_unprepared(restore).await.map_err(Fault::Db);
-    let written = written?;
-    restored?;
-    Ok(written)
-}
-
 impl<D: Driver> GroupCommit for SqlStore<D> {
     type Error = Fault<D::Error>;
     type Tx = D::Tx;
 
     async fn apply(&self, write: LeaseWrite) -> Result<LeaseWritten, Fault<D::Error>> {
         let mut conn = self.driver().acquire().await.map_err(Fault::Db)?;
-        if self.driver().dialect() == Dialect::Sqlite && matches!(write, LeaseWrite::Claim { .. }) {
-            return apply_unsynced(&mut conn, write).await;
-        }
         apply(&mut conn, write).await
     }
 
