@@ -86,6 +86,8 @@ fn every_statement(sql: &Sql) -> Vec<String> {
     .chain(statements)
     .chain(purge)
     .chain(sql.outbox.bump_head.iter())
+    .chain(sql.lease.insert_step_fenced.iter())
+    .chain(sql.lease.fence_by_write.iter())
     .chain(purge_without_calls)
     .chain([&sql.lease.expired_leases[1], &sql.lease.stuck_leases[1]])
     .filter(|statement| !statement.is_empty())
@@ -569,19 +571,23 @@ fn the_schema_files_are_the_rendered_ddl() {
 }
 
 /// What [`Sql::common`] promises: the MySQL families (MariaDB, a Galera node, the MySQL 8
-/// family) render every statement alike except the claim's and the lease's fence (optional
-/// statements, outside [`every_statement`]), so a caller that does not know the
-/// server's family may run any other.
+/// family) render every statement alike except the claim's and the lease's fence (Galera's
+/// is a write: `fence_by_write`, and no `insert_step_fenced`), so a caller that does not know
+/// the server's family may run any other.
 #[test]
 fn the_mysql_families_differ_only_in_the_claim() {
     let outside_the_claim = |flavour| {
         let sql = Sql::new(flavour);
-        let claim = [
+        let claim: Vec<&String> = [
             &sql.ledger.claim,
             &sql.ledger.claim_nowait,
             &sql.ledger.read_locked,
             &sql.ledger.read_row,
-        ];
+        ]
+        .into_iter()
+        .chain(&sql.lease.insert_step_fenced)
+        .chain(&sql.lease.fence_by_write)
+        .collect();
         every_statement(&sql)
             .into_iter()
             .filter(|statement| !claim.contains(&statement))

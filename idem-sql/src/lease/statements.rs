@@ -43,12 +43,13 @@ pub struct Lease {
     pub(crate) select_steps: String,
     /// Binds record_id, name, token, result.
     pub(crate) insert_step: String,
-    /// PostgreSQL and SQLite: binds name, result, id, token. The step inserted only if the
-    /// token still holds the in-progress record, whose row PostgreSQL's locking read holds
-    /// until the statement commits (SQLite's one writer holds the database): the fence and
-    /// the insert in one auto-committed statement (on SQLite, committed with the group of
-    /// concurrent lease writes). MySQL `None`: its `INSERT … SELECT` reads the ledger row
-    /// without a lock under `READ COMMITTED`; the fence and the insert go in a transaction.
+    /// Binds name, result, id, token. The step inserted only if the token still holds the
+    /// in-progress record, whose row the locking read (`FOR UPDATE`: without it MySQL's
+    /// `INSERT … SELECT` reads without a lock under `READ COMMITTED`) holds until the
+    /// statement commits (SQLite's one writer holds the database): the fence and the insert
+    /// in one auto-committed statement (on SQLite, committed with the group of concurrent
+    /// lease writes). Galera `None` (see `Lease::galera`): the fence is a write, and the
+    /// fence and the insert go in a transaction.
     pub(crate) insert_step_fenced: Option<String>,
     /// Binds record_id.
     pub(crate) delete_steps: String,
@@ -107,22 +108,25 @@ impl Lease {
                 "record_id, name",
                 &["token", "result"],
             )),
-            insert_step_fenced: (backend != Dialect::MySql).then(|| {
+            insert_step_fenced: {
                 // SQLite's one writer makes the statement's read and insert atomic; its parser
                 // needs the `WHERE` before `ON CONFLICT`, which the fence gives.
-                let lock = if backend == Dialect::Postgres {
-                    " FOR UPDATE"
-                } else {
+                let lock = if backend == Dialect::Sqlite {
                     ""
+                } else {
+                    " FOR UPDATE"
                 };
-                r(&format!(
-                    "INSERT INTO {{steps}} (record_id, name, token, result, created_at_ms) \
-                SELECT id, ?, owner, ?, {{now}} FROM {{ledger}} \
-                WHERE id = ? AND owner = ? AND state = {{in_progress}}{lock} \
-                ON CONFLICT (record_id, name) DO UPDATE SET token = excluded.token, \
-                result = excluded.result"
-                ))
-            }),
+                Some(r(&upsert(
+                    backend,
+                    &format!(
+                        "INSERT INTO {{steps}} (record_id, name, token, result, created_at_ms) \
+                        SELECT id, ?, owner, ?, {{now}} FROM {{ledger}} \
+                        WHERE id = ? AND owner = ? AND state = {{in_progress}}{lock}"
+                    ),
+                    "record_id, name",
+                    &["token", "result"],
+                )))
+            },
             delete_steps: r("DELETE FROM {steps} WHERE record_id = ?"),
             fence_by_write: None,
             delete_steps_by_key: (backend == Dialect::MySql)
@@ -172,6 +176,7 @@ impl Lease {
     /// must change to be in the write set), after the causal wait the claim's reads have.
     pub(crate) fn galera(mut self) -> Self {
         let wait = crate::statement::flavour::GALERA_SYNC_WAIT;
+        self.insert_step_fenced = None;
         self.fence_by_write = Some(render(
             Dialect::MySql,
             &format!(

@@ -122,7 +122,10 @@ impl<D: Driver> SqlStore<D> {
             write.await.map_err(|e| failed::<D>((doing, e)))
         })
         .await?;
-        Ok(matches!(written, LeaseWritten::Changed(1)))
+        // Updates by primary key change one row or none; MySQL counts a step's upsert that
+        // replaced a row as two (and, with `CLIENT_FOUND_ROWS`, one that left it unchanged as
+        // one).
+        Ok(matches!(written, LeaseWritten::Changed(n) if n > 0))
     }
 
     /// A write transaction for lease mode, its wait for a connection bounded.
@@ -228,7 +231,7 @@ impl<D: Driver> LeaseStore for SqlStore<D> {
                 d.lease
                     .insert_step_fenced(&ticket.id, &name, ticket.token, &payload)
             {
-                // One statement where the transaction takes four (PostgreSQL, SQLite).
+                // One statement where the transaction takes four (all but Galera).
                 let held = store.fenced_update(step, doing).await?;
                 return if held { Ok(()) } else { Err(lost()) };
             }
