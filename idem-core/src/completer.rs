@@ -27,14 +27,14 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
+use crate::call::GiveUpRecord;
 use crate::call::key::derived_key;
 use crate::call::outcome::with_outcome;
 use crate::error::Error;
 use crate::ledger::BoxFuture;
 use crate::retry::{Backoff, Jitter};
 
-/// The most bytes a resumable call's stored arguments may take (a JSON array).
-pub const MAX_STORED_ARGS: usize = 64 * 1024;
+pub use crate::call::MAX_STORED_ARGS;
 
 /// How many attempts a completer makes at a call before giving it up, by default.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
@@ -237,26 +237,6 @@ impl GaveUp {
             key: self.key.clone(),
             source: source.into(),
         }
-    }
-}
-
-/// What a give-up records in the ledger: `{"attempts": n, "reason": "..."}`.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct GiveUpRecord {
-    attempts: u32,
-    reason: String,
-}
-
-/// The answer a recorded give-up replays as.
-pub(crate) fn gave_up_error(scope: &str, payload: &[u8]) -> Error {
-    let record: GiveUpRecord = serde_json::from_slice(payload).unwrap_or(GiveUpRecord {
-        attempts: 0,
-        reason: "no reason was recorded".to_owned(),
-    });
-    Error::GaveUp {
-        scope: scope.to_owned(),
-        attempts: record.attempts,
-        reason: record.reason,
     }
 }
 

@@ -2,14 +2,17 @@
 
 use std::time::Duration;
 
-use crate::call::key_rules::KeyProblem;
-use crate::state::precondition::InvalidEntityTag;
+use crate::key_rules::KeyProblem;
+use crate::precondition::InvalidEntityTag;
 
 /// A boxed error from a lower layer (database driver, serde).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// `Result` with idem's [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The `Retry-After` of a conflict that reached the caller.
+pub const CONFLICT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Everything that can go wrong in an idempotent call, apart from the handler's own errors.
 ///
@@ -399,7 +402,7 @@ impl Error {
             scope: String::new(),
             message: doing.into(),
             attempts: 1,
-            retry_after: crate::retry::CONFLICT_RETRY_AFTER,
+            retry_after: CONFLICT_RETRY_AFTER,
         }
     }
 

@@ -20,11 +20,13 @@ pub mod completer;
 mod error;
 mod fingerprint;
 pub mod inbox;
+mod key_rules;
 pub mod lease;
 pub mod ledger;
 pub mod metrics;
 mod observe;
 pub mod outbox;
+mod precondition;
 pub mod retry;
 mod state;
 mod store;
@@ -32,24 +34,24 @@ pub mod testing;
 pub mod versioned;
 
 pub use call::key::{Key, KeySource, derived_key, record_id};
-pub use call::key_rules::{KeyProblem, MAX_KEY_LEN};
 pub use call::outcome::{CallReport, Outcome, with_outcome, with_report};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use fingerprint::{
     FINGERPRINT_V1, FINGERPRINT_VERSION, Fingerprint, FingerprintError, Fingerprinter,
     Fingerprints, canonical_bytes, canonical_bytes_v1,
 };
+pub use key_rules::{KeyProblem, MAX_KEY_LEN};
 pub use ledger::{BoxFuture, Claim, Concurrency, LeaseClaim, RecordStatus, Recorded, Ticket};
 pub use observe::Mode;
-pub use state::precondition::{EntityTag, IfMatch, InvalidEntityTag};
+pub use precondition::{EntityTag, IfMatch, InvalidEntityTag};
 pub use state::{StateMachine, Transition, TransitionOutcome, declared};
 pub use store::memory::{MemoryStore, MemoryTx};
 pub use store::{LeaseStore, Store, detached};
 
 pub use call::Request;
+pub use call::answers::RecentAnswers;
 pub use call::handler::FinalError;
 pub use completer::{Completer, GaveUp, ResumeStore, Resumed};
-pub use lease::answers::RecentAnswers;
 pub use versioned::{AnswerError, AnswerVersion, Versioned};
 
 /// What `#[idempotent]` and `#[derive(StateMachine)]` expand to, re-exported by the facade as

@@ -192,7 +192,7 @@ impl<T> Rerun<T> {
                 self.name
             ),
             attempts: 1,
-            retry_after: crate::retry::CONFLICT_RETRY_AFTER,
+            retry_after: crate::error::CONFLICT_RETRY_AFTER,
         })
     }
 }

@@ -3,8 +3,8 @@
 
 use sha2::{Digest, Sha256};
 
-use super::key_rules::{KeyProblem, refusal};
 use crate::error::Error;
+use crate::key_rules::{KeyProblem, refusal};
 
 /// A validated idempotency key: 1..=255 bytes of UTF-8 without control characters.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

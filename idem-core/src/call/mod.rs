@@ -3,16 +3,17 @@
 //! its key, principal and fingerprint have passed their checks. The request is the call's one
 //! shape from then on: claims, records, leases and steps read it by reference.
 
+pub(crate) mod answers;
 #[doc(hidden)]
 pub mod handler;
 pub(crate) mod key;
-pub(crate) mod key_rules;
 pub(crate) mod outcome;
 
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use crate::call::answers::RecentAnswers;
 use crate::call::handler::{
     Finality, Fingerprintable, HandlerError, HandlerOutput, Record, Replayable, StoredArgument,
     Verdict, verdict,
@@ -21,7 +22,6 @@ use crate::call::key::{Key, KeySource, derived_key, record_id};
 use crate::call::outcome::Outcome;
 use crate::error::Error;
 use crate::fingerprint::{Fingerprint, FingerprintError, Fingerprinter, Fingerprints};
-use crate::lease::answers::RecentAnswers;
 use crate::ledger::ids::KeyHash;
 use crate::ledger::{Concurrency, RecordStatus, Recorded};
 use crate::metrics::{self, Label};
@@ -326,6 +326,29 @@ impl Call {
     }
 }
 
+/// What a give-up records in the ledger: `{"attempts": n, "reason": "..."}`.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(crate) struct GiveUpRecord {
+    pub(crate) attempts: u32,
+    pub(crate) reason: String,
+}
+
+/// The answer a recorded give-up replays as.
+pub(crate) fn gave_up_error(scope: &str, payload: &[u8]) -> Error {
+    let record: GiveUpRecord = serde_json::from_slice(payload).unwrap_or(GiveUpRecord {
+        attempts: 0,
+        reason: "no reason was recorded".to_owned(),
+    });
+    Error::GaveUp {
+        scope: scope.to_owned(),
+        attempts: record.attempts,
+        reason: record.reason,
+    }
+}
+
+/// The most bytes a resumable call's stored arguments may take (a JSON array).
+pub const MAX_STORED_ARGS: usize = 64 * 1024;
+
 /// Closes a resumable call's argument array and checks its size.
 fn stored_args(scope: &str, stored: Result<Vec<u8>, String>) -> Result<Vec<u8>, Error> {
     let mut bytes = stored.map_err(|message| Error::Fingerprint {
@@ -333,7 +356,7 @@ fn stored_args(scope: &str, stored: Result<Vec<u8>, String>) -> Result<Vec<u8>, 
         message: format!("the arguments cannot be stored for resuming: {message}"),
     })?;
     bytes.push(b']');
-    let limit = crate::completer::MAX_STORED_ARGS;
+    let limit = MAX_STORED_ARGS;
     if bytes.len() > limit {
         return Err(Error::ArgumentsTooLarge {
             scope: scope.to_owned(),
@@ -604,7 +627,7 @@ impl Request {
                 message: "a final error was recorded, but the handler's error type no longer implements `idem::FinalError`".to_owned(),
             })),
             // A give-up is answered as an error of idem's, the same on every retry.
-            RecordStatus::GaveUp => Ok(Err(crate::completer::gave_up_error(
+            RecordStatus::GaveUp => Ok(Err(gave_up_error(
                 scope,
                 &recorded.payload,
             )

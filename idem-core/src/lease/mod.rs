@@ -7,7 +7,6 @@
 //! token still holds. A holder that ran past its lease finds out at its next step or at
 //! completion ([`Error::LeaseLost`]); its work is rejected and rolled back.
 
-pub mod answers;
 mod observe;
 
 use std::collections::HashMap;
@@ -548,7 +547,13 @@ where
         phase_failed: AtomicBool::new(false),
         store_unreachable: AtomicBool::new(false),
     });
-    crash_points::note_lease(&store, ticket);
+    crash_points::note_lease(|| {
+        let store = Arc::clone(&store);
+        Arc::new(move || {
+            let store = Arc::clone(&store);
+            Box::pin(async move { store.release_lease(&ticket).await })
+        })
+    });
     // Declared first, so that while unwinding the renewal stops before the release.
     let on_panic = ReleaseOnPanic {
         store: Arc::clone(&store),

@@ -7,8 +7,7 @@ pub mod conflict;
 
 use std::time::Duration;
 
-/// The `Retry-After` of a conflict that reached the caller.
-pub const CONFLICT_RETRY_AFTER: Duration = Duration::from_secs(1);
+pub use crate::error::CONFLICT_RETRY_AFTER;
 
 /// Exponential backoff: `initial · 2^(attempt − 1)`, at most `max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

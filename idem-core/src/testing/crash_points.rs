@@ -16,8 +16,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::error::Error;
-use crate::ledger::Ticket;
-use crate::store::LeaseStore;
+use crate::ledger::BoxFuture;
+
+/// Ends the lease of a call that crashed holding it: the harness runs it, as the lease's
+/// end would (lease mode builds it around its store, which this file does not name, so that
+/// the stores' own crash points build on it).
+pub(crate) type EndLease = Arc<dyn Fn() -> BoxFuture<'static, Result<(), Error>> + Send + Sync>;
 
 /// A point of a call where idem lets a crash test kill it. Atomic mode has three; lease mode
 /// has three around each recorded step ([`step`](crate::lease::step)) and each final step
@@ -127,7 +131,7 @@ pub(crate) struct Plan {
     reached: Mutex<Vec<Reached>>,
     crashed: AtomicBool,
     /// The lease the call claimed last: a crash leaves it held, and the harness ends it.
-    lease: Mutex<Option<(Arc<dyn LeaseStore>, Ticket)>>,
+    lease: Mutex<Option<EndLease>>,
 }
 
 impl fmt::Debug for Plan {
@@ -175,7 +179,7 @@ impl Plan {
     }
 
     /// The lease the call held when it crashed, if it ran in lease mode.
-    pub(crate) fn lease(&self) -> Option<(Arc<dyn LeaseStore>, Ticket)> {
+    pub(crate) fn lease(&self) -> Option<EndLease> {
         self.lease
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -248,13 +252,12 @@ pub fn fault(point: CrashPoint) -> Result<(), Error> {
 
 /// Notes the lease a call claimed, for the crash test running it (if any): a crash leaves
 /// the lease held, and the harness ends it, as the lease's end would.
-pub(crate) fn note_lease(store: &Arc<dyn LeaseStore>, ticket: Ticket) {
+pub(crate) fn note_lease(end: impl FnOnce() -> EndLease) {
     if RUNNING.load(Ordering::Relaxed) == 0 {
         return;
     }
     let _ = PLAN.try_with(|plan| {
-        *plan.lease.lock().unwrap_or_else(PoisonError::into_inner) =
-            Some((Arc::clone(store), ticket));
+        *plan.lease.lock().unwrap_or_else(PoisonError::into_inner) = Some(end());
     });
 }
 

@@ -304,8 +304,8 @@ where
         }
         // The process is dead: its lease ends (now, rather than after its length).
         let held = plan.lease();
-        if let Some((store, ticket)) = &held
-            && let Err(e) = store.release_lease(ticket).await
+        if let Some(end_lease) = &held
+            && let Err(e) = end_lease().await
             && e.kind() != crate::ErrorKind::LeaseLost
         {
             row.failures

@@ -6,8 +6,6 @@
 //! `idem::transition!(OrderStatus: Pending -> Paid)`, which fails to compile when the enum
 //! does not declare it; apply it to a row with a guarded update (`idem::sea_orm::Stateful`).
 
-pub(crate) mod precondition;
-
 use crate::error::Error;
 
 /// A state enum with declared transitions. Derive it: `#[derive(idem::StateMachine)]` with
