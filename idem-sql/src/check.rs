@@ -8,7 +8,7 @@ use idem_core::versioned::{AnswerError, AnswerVersion, Versioned};
 use idem_core::{Error, RecordStatus};
 
 use crate::driver::connect;
-use crate::store::failed;
+use crate::driver::failed;
 use crate::{Decode, Driver, Handle, Row, fetch_each};
 
 /// Records read per statement: the check pages through the scope by id.

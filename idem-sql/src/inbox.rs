@@ -104,7 +104,7 @@ impl<D: crate::Driver> idem_core::outbox::DeadLetters for DeadLetterTable<D> {
             crate::Connection::execute(&mut conn, record)
                 .await
                 .map(drop)
-                .map_err(|e| crate::store::db_error::<D>(doing, e))
+                .map_err(|e| crate::driver::db_error::<D>(doing, e))
         })
         .await
     }

@@ -54,11 +54,11 @@ pub use statement::names;
 use std::sync::LazyLock;
 
 pub use atomic::{
-    ClaimRow, ClaimStep, Claimed, ClaimedTx, ConnClaimed, ConnStore, Nested, NestedClaim, claim,
+    ClaimStep, Claimed, ClaimedTx, ConnClaimed, ConnStore, Nested, NestedClaim, claim,
 };
 pub use completer::{
-    Completer, NewCall, STORED_CALL, begin_attempt, due_calls, forget, give_up, note_failure,
-    read_count, read_stored_call, steps, unregistered,
+    Completer, STORED_CALL, begin_attempt, due_calls, forget, give_up, note_failure, read_count,
+    read_stored_call, steps, unregistered,
 };
 pub use driver::{
     Begin, COMMIT, Connection, Driver, Fault, Handle, ListenError, ROLLBACK, Transaction,
@@ -74,8 +74,8 @@ pub use lease::{
     record_final_step, record_step, release_lease, settled, stuck_leases, write_grouped,
 };
 pub use ledger::{
-    ExpiredPurge, Ledger, NewRecord, Purge, PurgeByIndex, PurgeSweep, database_now_ms,
-    purge_expired,
+    ClaimRow, ExpiredPurge, Ledger, NewCall, NewRecord, Purge, PurgeByIndex, PurgeSweep,
+    database_now_ms, purge_expired,
 };
 pub use names::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,

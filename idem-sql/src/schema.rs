@@ -6,11 +6,11 @@
 use idem_core::Error;
 
 use crate::driver::connect;
+use crate::driver::{db_error, failed};
 use crate::inspect::existing_tables;
 use crate::statement::names::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
 };
-use crate::store::{db_error, failed};
 use crate::{Connection, Dialect, Driver, Handle, Sql, Tables};
 
 /// A family of idem's tables, created together. Atomic mode needs the ledger alone; lease

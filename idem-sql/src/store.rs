@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use idem_core::Error;
 
-use crate::{Begin, Dialect, Driver, Fault, Flavour, Handle, MySqlServer, Sql, learn_flavour};
+use crate::driver::db_error;
+use crate::{Begin, Dialect, Driver, Flavour, Handle, MySqlServer, Sql, learn_flavour};
 
 /// idem's store on driver `D`: SeaORM's, sqlx's or tokio-postgres's pool. Cloning it shares
 /// the pool.
@@ -116,16 +117,6 @@ pub(crate) async fn within<T>(
             retry_after: Duration::from_secs(1),
         })
     })
-}
-
-/// The driver's error met while `doing` something, as idem's.
-pub(crate) fn db_error<D: Driver>(doing: &str, error: D::Error) -> Error {
-    failed::<D>((doing, Fault::Db(error)))
-}
-
-/// A step's failure, with what it was doing, as idem's error.
-pub(crate) fn failed<D: Driver>((doing, fault): (&str, Fault<D::Error>)) -> Error {
-    fault.into_error(doing, D::classify, D::CREATE_TABLES)
 }
 
 /// Implements idem-core's `LeaseStore` and `ResumeStore` for a store crate's lease store by

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use idem_core::{Claim, Error, RecordStatus, Request, Store};
 
 use super::store::{ClaimStep, Claimed, ClaimedTx, claim, claim_aborted, claim_step, live_answer};
-use crate::store::{db_error, failed};
+use crate::driver::{db_error, failed};
 use crate::{Dialect, Driver, NewRecord, Sql, SqlStore, learn_flavour};
 
 /// Another call's body, lent to a nested call: its claim takes the body for as long as it

@@ -10,9 +10,9 @@
 use idem_core::ledger::ids::random_token;
 use idem_core::{Claim, Concurrency, Error, RecordStatus, Request, Store, detached};
 
-use super::ClaimRow;
+use crate::ClaimRow;
+use crate::driver::{db_error, failed};
 use crate::store::within;
-use crate::store::{db_error, failed};
 use crate::{
     Connection, Dialect, Driver, Failure, Fault, NewRecord, Sql, SqlStore, fetch_first, read_first,
 };

@@ -12,7 +12,7 @@ use idem_core::completer::{Due, Steps, StoredCall};
 mod statements;
 mod store;
 
-pub use statements::{Completer, NewCall};
+pub use statements::Completer;
 
 use crate::driver::{fetch_each, fetch_first};
 use crate::{Column, Connection, Decode, Fault, Row, Sql, millis, read_step};

@@ -4,7 +4,7 @@
 //! index.
 
 use crate::statement::render::{render, upsert};
-use crate::{Bound, Column, Dialect, Param, Tables, with_ids};
+use crate::{Bound, Column, Dialect, NewCall, Param, Tables, with_ids};
 
 /// The completer's statements for one server flavour.
 #[derive(Debug)]
@@ -115,19 +115,6 @@ impl Completer {
             ),
         }
     }
-}
-
-/// A resumable call's row, written with its claim.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NewCall {
-    /// The record id.
-    pub id: Vec<u8>,
-    /// The handler's scope.
-    pub scope: String,
-    /// The call's stored arguments.
-    pub args: Vec<u8>,
-    /// The record's TTL, for a give-up's record.
-    pub ttl_ms: i64,
 }
 
 impl Completer {

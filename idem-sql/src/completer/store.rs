@@ -9,7 +9,8 @@ use std::time::Duration;
 use idem_core::completer::{Due, ResumeStore, Steps, StoredCall};
 use idem_core::{BoxFuture, Error, detached};
 
-use crate::store::{SqlStore, db_error, failed};
+use crate::driver::{db_error, failed};
+use crate::store::SqlStore;
 use crate::{Driver, Transaction};
 
 impl<D: Driver> ResumeStore for SqlStore<D> {

@@ -2,7 +2,7 @@
 //! driver runs, written once. A nested call's savepoints are the driver's own nested
 //! transactions ([`Driver::savepoint`](crate::Driver::savepoint)).
 
-use crate::{Dialect, Outbox};
+use crate::Dialect;
 
 /// How a transaction begins. A driver maps it to its own API (SeaORM's transaction options)
 /// or runs the text [`Dialect::begin`] gives, so `BEGIN IMMEDIATE` and the isolation levels
@@ -68,8 +68,11 @@ pub fn roll_back_nested_savepoint(depth: usize) -> String {
     format!("ROLLBACK TO SAVEPOINT idem_nested_{depth}; RELEASE SAVEPOINT idem_nested_{depth}")
 }
 
+/// MySQL: makes the next transaction READ COMMITTED (run before `BEGIN`).
+pub(crate) const SET_NEXT_READ_COMMITTED: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED";
+
 /// MySQL sets the next transaction's level before it begins.
-const MYSQL_READ_COMMITTED: [&str; 2] = [Outbox::CLAIM_ISOLATION, "START TRANSACTION"];
+const MYSQL_READ_COMMITTED: [&str; 2] = [SET_NEXT_READ_COMMITTED, "START TRANSACTION"];
 
 #[cfg(test)]
 mod tests {

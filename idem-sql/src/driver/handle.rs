@@ -8,7 +8,7 @@ use std::future::Future;
 use idem_core::Error;
 
 use super::{Connection, Driver};
-use crate::store::db_error;
+use crate::driver::db_error;
 use crate::{Dialect, Sql};
 
 /// A handle of driver `D`'s: a pool, or a transaction the caller holds. The driver is a

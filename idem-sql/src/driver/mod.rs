@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
+pub(crate) use begin::SET_NEXT_READ_COMMITTED;
 pub use begin::{
     Begin, COMMIT, ROLLBACK, nested_savepoint, release_nested_savepoint, roll_back_nested_savepoint,
 };
@@ -251,4 +252,14 @@ pub trait Driver: Clone + Send + Sync + 'static {
     fn wake_on_commits(&self) -> Option<BoxFuture<'static, Result<(), ListenError>>> {
         None
     }
+}
+
+/// The driver's error met while `doing` something, as idem's.
+pub(crate) fn db_error<D: Driver>(doing: &str, error: D::Error) -> idem_core::Error {
+    failed::<D>((doing, Fault::Db(error)))
+}
+
+/// A step's failure, with what it was doing, as idem's error.
+pub(crate) fn failed<D: Driver>((doing, fault): (&str, Fault<D::Error>)) -> idem_core::Error {
+    fault.into_error(doing, D::classify, D::CREATE_TABLES)
 }

@@ -16,8 +16,8 @@ pub use prefix::IdPrefix;
 pub use view::{CallView, LedgerRow, RecordView, StepView};
 
 use crate::driver::connect;
+use crate::driver::{db_error, failed};
 use crate::names::ALL_TABLES;
-use crate::store::{db_error, failed};
 use crate::{
     Begin, CALLS_TABLE, Connection, Driver, Fault, Handle, Row, STEPS_TABLE, Sql, Transaction,
     fetch_each, fetch_first,

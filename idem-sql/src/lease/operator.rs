@@ -7,8 +7,8 @@ use std::time::Duration;
 use idem_core::Error;
 
 use crate::driver::{connect, fetch_each};
+use crate::driver::{db_error, failed};
 use crate::inspect::existing_tables;
-use crate::store::{db_error, failed};
 use crate::{CALLS_TABLE, Column, Connection, Decode, Driver, Handle, Row, Sql, millis};
 
 /// A lease that ended without its call finishing (the holder crashed, hung or was dropped): a

@@ -17,7 +17,8 @@ use serde::de::DeserializeOwned;
 
 use super::store::record_completion;
 use super::{fence, record_final_step};
-use crate::store::{SqlStore, db_error, failed};
+use crate::driver::{db_error, failed};
+use crate::store::SqlStore;
 use crate::{Driver, Sql, Transaction};
 
 /// The future of a final phase's writes, borrowing the body it runs on.

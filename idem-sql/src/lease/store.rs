@@ -14,7 +14,8 @@ use idem_core::{
 use super::group_commit::{GroupCommit, write_grouped};
 use super::{LeaseStep, LeaseWrite, LeaseWritten, claim_lease, complete, completion, record_step};
 use crate::driver::fetch_first;
-use crate::store::{SqlStore, db_error, failed, within};
+use crate::driver::{db_error, failed};
+use crate::store::{SqlStore, within};
 use crate::{Begin, Bound, ClaimRow, Connection, Dialect, Driver, Fault, Sql, Transaction, millis};
 
 impl<D: Driver> SqlStore<D> {

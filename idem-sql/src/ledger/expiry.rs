@@ -7,9 +7,9 @@ use std::time::Instant;
 
 use idem_core::Error;
 
+use crate::driver::failed;
 use crate::driver::{connect, fetch_first};
 use crate::inspect::existing_tables;
-use crate::store::failed;
 use crate::{CALLS_TABLE, Connection, Driver, Fault, Handle, Purge, Row, STEPS_TABLE, Sql};
 
 /// What a purge does, as its errors say.

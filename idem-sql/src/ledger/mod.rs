@@ -1,13 +1,15 @@
 //! The ledger: one row per key, claimed, taken over, recorded, purged.
 
 mod expiry;
+mod row;
 
 pub use expiry::{ExpiredPurge, database_now_ms, purge_expired};
+pub use row::ClaimRow;
 
 use idem_core::Request;
 
 use crate::statement::render::{render, upsert};
-use crate::{Bound, ClaimRow, Column, Dialect, Param, Tables, millis};
+use crate::{Bound, Column, Dialect, Param, Tables, millis};
 
 /// The ledger's statements for one server flavour.
 #[derive(Debug)]
@@ -285,6 +287,20 @@ impl PurgeSweep {
     pub fn delete_rest(&self, after: &[u8]) -> Bound<'_> {
         Bound::new(&self.delete_rest, [after.into()])
     }
+}
+
+/// A resumable call's row in the calls table, written with its claim (bound by
+/// [`Completer::insert_call`](crate::Completer::insert_call)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewCall {
+    /// The record id.
+    pub id: Vec<u8>,
+    /// The handler's scope.
+    pub scope: String,
+    /// The call's stored arguments.
+    pub args: Vec<u8>,
+    /// The record's TTL, for a give-up's record.
+    pub ttl_ms: i64,
 }
 
 /// A claim's new ledger row: what [`Ledger::claim`] inserts, and what [`Ledger::record`]

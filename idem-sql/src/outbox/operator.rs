@@ -10,7 +10,7 @@ use idem_core::Error;
 use idem_core::outbox::OutboxHealth;
 
 use crate::driver::{connect, fetch_each, fetch_first};
-use crate::store::{db_error, failed};
+use crate::driver::{db_error, failed};
 use crate::{Column, Connection, Decode, Driver, Handle, Row, millis, read_health};
 
 /// A message that exhausted its attempts (or that its sink refused).

@@ -7,7 +7,8 @@ use std::time::Duration;
 use idem_core::Error;
 
 use super::{ClaimedMessage, FailedAttempt, claim_messages, record_outcomes};
-use crate::store::{SqlStore, db_error, failed};
+use crate::driver::{db_error, failed};
+use crate::store::SqlStore;
 use crate::{Begin, Driver, Transaction};
 
 impl<D: Driver> SqlStore<D> {
