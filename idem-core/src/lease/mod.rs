@@ -25,6 +25,7 @@ use crate::error::Error;
 use crate::ledger::{BoxFuture, LeaseClaim, RecordStatus, Ticket};
 use crate::metrics::{self, Label};
 use crate::retry::conflict::{Tries, retried};
+use crate::retry::{Backoff, Jitter};
 use crate::store::LeaseStore;
 use crate::testing::crash_points::{self, CrashPoint};
 
@@ -453,6 +454,13 @@ where
     })
 }
 
+/// How a duplicate under `wait("…")` polls a key in flight: 10 ms doubling to 250 ms, each
+/// pause at most the holder's `Retry-After`, the last one at the bound.
+const POLL_IN_FLIGHT: Backoff = Backoff {
+    initial: Duration::from_millis(10),
+    max: Duration::from_millis(250),
+};
+
 /// Claims `request`'s key on `store` for `lease`: under `wait("…")` a key in flight is polled
 /// until the bound, under `reject` it answers at once; a claim the database aborted for a
 /// conflict (nothing of it committed) is tried again.
@@ -465,7 +473,7 @@ async fn claim(
         crate::Concurrency::Wait { bound } => Some(tokio::time::Instant::now() + bound),
         _ => None,
     };
-    let mut pause = Duration::from_millis(10);
+    let mut polls = 0;
     let mut conflicts = Tries::new();
     loop {
         let claimed = store.claim_lease(request, lease).await;
@@ -473,9 +481,10 @@ async fn claim(
             (Ok(LeaseClaim::InFlight { retry_after }), Some(wait_until))
                 if tokio::time::Instant::now() < wait_until =>
             {
+                polls += 1;
+                let pause = POLL_IN_FLIGHT.jittered(polls, Jitter::None);
                 let wake = (tokio::time::Instant::now() + pause.min(retry_after)).min(wait_until);
                 tokio::time::sleep_until(wake).await;
-                pause = (pause * 2).min(Duration::from_millis(250));
             }
             (Err(e), _) if e.is_conflict() => conflicts.again(request.scope(), e).await?,
             (claimed, _) => return claimed,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use idem_core::outbox::{RelayOptions, Sink, SinkError, random_token};
+use idem_core::outbox::{Backoff, RelayOptions, Sink, SinkError, random_token};
 use idem_core::{Error, detached};
 
 use super::FailedAttempt;
@@ -370,10 +370,17 @@ pub async fn wake_on_each<N, E>(
     Ok(())
 }
 
+/// The pause before the commit listener listens again: 0.1 s doubling per failure in a row to
+/// 6.4 s, half of it random (listeners of many processes cut off together spread out).
+const RELISTEN: Backoff = Backoff {
+    initial: Duration::from_millis(100),
+    max: Duration::from_millis(6_400),
+};
+
 /// A task that wakes this process's relays on each commit another process announces
 /// ([`Driver::wake_on_commits`]: PostgreSQL's `NOTIFY`), restarting the listener after a
-/// failure with a growing pause (0.1 s doubling to 6.4 s); `None` where the driver cannot
-/// listen (the relay polls). The relay aborts it when it stops.
+/// failure with a growing pause ([`RELISTEN`]); `None` where the driver cannot listen (the
+/// relay polls). The relay aborts it when it stops.
 fn listen_for_commits<D: Driver>(driver: &D) -> Option<tokio::task::JoinHandle<()>> {
     let first = driver.wake_on_commits()?;
     let driver = driver.clone();
@@ -390,7 +397,7 @@ fn listen_for_commits<D: Driver>(driver: &D) -> Option<tokio::task::JoinHandle<(
                     }
                 }
             }
-            tokio::time::sleep(Duration::from_millis(100u64 << failures.min(6))).await;
+            tokio::time::sleep(RELISTEN.delay(failures.saturating_add(1))).await;
         }
     }))
 }
