@@ -68,8 +68,10 @@ pub fn roll_back_nested_savepoint(depth: usize) -> String {
     format!("ROLLBACK TO SAVEPOINT idem_nested_{depth}; RELEASE SAVEPOINT idem_nested_{depth}")
 }
 
-/// MySQL: makes the next transaction READ COMMITTED (run before `BEGIN`).
-pub(crate) const SET_NEXT_READ_COMMITTED: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED";
+/// MySQL: makes the next transaction READ COMMITTED (run before `BEGIN`), so the outbox's
+/// three-step claim's plain read of eligible ids sees messages committed since a snapshot
+/// would have been taken.
+const SET_NEXT_READ_COMMITTED: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED";
 
 /// MySQL sets the next transaction's level before it begins.
 const MYSQL_READ_COMMITTED: [&str; 2] = [SET_NEXT_READ_COMMITTED, "START TRANSACTION"];

@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
-pub(crate) use begin::SET_NEXT_READ_COMMITTED;
 pub use begin::{
     Begin, COMMIT, ROLLBACK, nested_savepoint, release_nested_savepoint, roll_back_nested_savepoint,
 };

@@ -234,11 +234,6 @@ pub struct NewMessage {
 }
 
 impl Outbox {
-    /// MySQL: run before `BEGIN`, makes the three-step claim's transaction READ COMMITTED, so
-    /// its plain read of eligible ids sees messages committed since the snapshot would have
-    /// been taken (a store whose driver sets the level itself does not need it).
-    pub const CLAIM_ISOLATION: &'static str = crate::driver::SET_NEXT_READ_COMMITTED;
-
     /// The outbox's statements for `dialect`: the same for every server flavour of it, so a
     /// caller that knows its database but not its server's version (a handler staging on a
     /// connection) has them.
