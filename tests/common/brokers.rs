@@ -297,6 +297,14 @@ impl Broker {
 impl Drop for Broker {
     fn drop(&mut self) {
         self.kill();
+        if std::thread::panicking() && self.kind == BrokerKind::RabbitMq {
+            // A failed fault test keeps the node's log (the store goes): what the broker did
+            // with the queue is the first question about a stall (docs/RELIABILITY.md).
+            let kept = std::env::temp_dir().join(format!("idem-broker-log-{}", self.name));
+            if std::fs::rename(self.store.join("log"), &kept).is_ok() {
+                eprintln!("the RabbitMQ node's log is kept in {}", kept.display());
+            }
+        }
         let _ = std::fs::remove_dir_all(&self.store);
     }
 }
