@@ -159,9 +159,9 @@ macro_rules! lend_store {
                 req: &'a ::idem_core::Request,
                 status: ::idem_core::RecordStatus,
                 payload: &'a [u8],
-                forget_steps: bool,
+                steps: &'a [String],
             ) -> ::idem_core::BoxFuture<'a, Result<(), ::idem_core::Error>> {
-                ::idem_core::LeaseStore::complete(self.generic(), ticket, req, status, payload, forget_steps)
+                ::idem_core::LeaseStore::complete(self.generic(), ticket, req, status, payload, steps)
             }
 
             fn release_lease<'a>(

@@ -9,7 +9,7 @@
 
 mod observe;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -44,13 +44,14 @@ const CRASH_TEST_FUSE: Duration = Duration::from_secs(10);
 /// it: one write transaction per call fewer. Dropping it rolls the phase back.
 pub trait OpenPhase: Send {
     /// Records the call's outcome in the phase's transaction (fenced by `ticket`, as
-    /// [`LeaseStore::complete`]: kept for `ttl`, steps forgotten) and commits.
+    /// [`LeaseStore::complete`]: kept for `ttl`, the `steps` forgotten) and commits.
     fn complete(
         self: Box<Self>,
         ticket: Ticket,
         status: RecordStatus,
         payload: Vec<u8>,
         ttl: Duration,
+        steps: Vec<String>,
     ) -> BoxFuture<'static, Result<(), Error>>;
 
     /// Commits the phase alone: the call records nothing now, or did not return in time.
@@ -64,9 +65,10 @@ struct Context {
     store: Arc<dyn LeaseStore>,
     holding: Holding,
     steps: Mutex<HashMap<String, Vec<u8>>>,
-    /// Whether steps may be recorded under the call's key: handed over by an earlier holder,
-    /// or one of this holder's was about to be recorded. The completion forgets them then.
-    may_have_steps: AtomicBool,
+    /// The steps that may be recorded under the call's key: handed over by an earlier holder,
+    /// or recorded (or about to be) by this one. The completion forgets them, by name where
+    /// the store deletes by key (the lease fences out every other writer of them).
+    written_steps: Mutex<BTreeSet<String>>,
     lost: AtomicBool,
     /// A final phase waiting for the call's result; locked while it commits.
     open_phase: tokio::sync::Mutex<Option<Box<dyn OpenPhase>>>,
@@ -111,6 +113,25 @@ impl Context {
 }
 
 impl Context {
+    /// Notes step `name` as about to be written, before its write (which may commit even when
+    /// it fails to say so).
+    fn writing_step(&self, name: &str) {
+        self.written_steps
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(name.to_owned());
+    }
+
+    /// The steps the completion forgets ([`LeaseStore::complete`]).
+    fn written_steps(&self) -> Vec<String> {
+        let names = self.written_steps.lock();
+        names
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .cloned()
+            .collect()
+    }
+
     fn lost(&self) -> Error {
         Error::LeaseLost {
             scope: self.request.scope().to_owned(),
@@ -164,7 +185,7 @@ where
     let value = run(key).await?;
     reach_crash_point(CrashPoint::StepNotRecorded, Some(name)).await;
     let payload = encode_step(&context, &value)?;
-    context.may_have_steps.store(true, Ordering::SeqCst);
+    context.writing_step(name);
     // A conflict runs the record again, never the step: its effect has happened.
     let recorded = retried(context.request.scope(), || {
         context.store.record_step(&context.ticket, name, &payload)
@@ -275,10 +296,10 @@ impl LeaseHandle {
         encode_step(&self.0, value)
     }
 
-    /// Notes that the store is about to record a step itself, so that the completion
+    /// Notes that the store is about to record step `name` itself, so that the completion
     /// forgets it (call it before the step's write, whether or not that commits).
-    pub fn recording_step(&self) {
-        self.0.may_have_steps.store(true, Ordering::SeqCst);
+    pub fn recording_step(&self, name: &str) {
+        self.0.writing_step(name);
     }
 
     /// Notes a step the store recorded itself (after its transaction committed).
@@ -549,7 +570,7 @@ where
         ticket,
         store: Arc::clone(&store),
         holding,
-        may_have_steps: AtomicBool::new(!steps.is_empty()),
+        written_steps: Mutex::new(steps.iter().map(|(name, _)| name.clone()).collect()),
         steps: Mutex::new(steps.into_iter().collect()),
         lost: AtomicBool::new(false),
         open_phase: tokio::sync::Mutex::new(None),
@@ -646,19 +667,14 @@ where
         // A conflict rolled the phase's writes back with the result: the phase must run
         // again, which only a new attempt can do (below).
         Some(open) => {
-            open.complete(ticket, record.status, record.payload, request.ttl())
+            let steps = context.written_steps();
+            open.complete(ticket, record.status, record.payload, request.ttl(), steps)
                 .await
         }
         None => {
-            let forget_steps = context.may_have_steps.load(Ordering::SeqCst);
+            let steps = context.written_steps();
             retried(scope, || {
-                store.complete(
-                    &ticket,
-                    request,
-                    record.status,
-                    &record.payload,
-                    forget_steps,
-                )
+                store.complete(&ticket, request, record.status, &record.payload, &steps)
             })
             .await
         }
@@ -819,10 +835,9 @@ mod tests {
             req: &'a Request,
             status: RecordStatus,
             payload: &'a [u8],
-            forget_steps: bool,
+            steps: &'a [String],
         ) -> BoxFuture<'a, Result<(), Error>> {
-            self.inner
-                .complete(ticket, req, status, payload, forget_steps)
+            self.inner.complete(ticket, req, status, payload, steps)
         }
 
         fn release_lease<'a>(&'a self, _ticket: &'a Ticket) -> BoxFuture<'a, Result<(), Error>> {
@@ -919,6 +934,7 @@ mod tests {
             _status: RecordStatus,
             _payload: Vec<u8>,
             _ttl: Duration,
+            _steps: Vec<String>,
         ) -> BoxFuture<'static, Result<(), Error>> {
             self.commit()
         }

@@ -280,9 +280,9 @@ impl LeaseStore for MemoryStore {
         req: &'a Request,
         status: RecordStatus,
         payload: &'a [u8],
-        _forget_steps: bool,
+        _steps: &'a [String],
     ) -> BoxFuture<'a, Result<(), Error>> {
-        // The steps go with the lease, whatever `forget_steps` says.
+        // The steps go with the lease, whichever they are.
         Box::pin(async move {
             self.holding(ticket, |_| ())?;
             self.leases().remove(&ticket.id);

@@ -123,16 +123,17 @@ pub trait LeaseStore: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<(), Error>>;
 
     /// Records the call's outcome (kept for the request's TTL from now), if `ticket` still
-    /// holds the lease, and forgets its steps. `forget_steps` is `false` when no step was
-    /// ever recorded, or about to be, under the call's key (none was handed over at the
-    /// claim and the holder recorded none): the store may then skip looking for them.
+    /// holds the lease, and forgets its steps. `steps` names every step that may be recorded
+    /// under the call's key (handed over at the claim, or recorded or about to be by this
+    /// holder; the lease fenced out every other writer): a store may delete them by key
+    /// instead of looking for them, and skip that when there are none.
     fn complete<'a>(
         &'a self,
         ticket: &'a Ticket,
         req: &'a Request,
         status: RecordStatus,
         payload: &'a [u8],
-        forget_steps: bool,
+        steps: &'a [String],
     ) -> BoxFuture<'a, Result<(), Error>>;
 
     /// Ends the lease now, keeping the steps: a retry takes over at once and resumes.

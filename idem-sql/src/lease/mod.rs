@@ -283,18 +283,20 @@ pub fn completion<'d>(
 }
 
 /// Records a lease-mode call's outcome in `conn` if `ticket` still holds the lease (kept for
-/// `ttl` from now), forgets its steps and, for a `resumable` call, its stored call; `false`
-/// (nothing written) if the ticket no longer holds. The store commits.
+/// `ttl` from now), forgets its `steps` (every step that may be recorded under its key,
+/// [`LeaseStore::complete`](idem_core::LeaseStore::complete)) and, for a `resumable` call, its
+/// stored call; `false` (nothing written) if the ticket no longer holds. The store commits.
 pub async fn complete<C: Connection>(
     conn: &mut C,
     d: &'static Sql,
     ticket: &Ticket,
     outcome: (RecordStatus, Vec<u8>, Duration),
+    steps: &[String],
     resumable: bool,
 ) -> Done<bool, C> {
     let failed = |e| ("recording the result", e);
     if d.lease.completes_in_one_statement() {
-        let statement = completion(d, ticket, outcome, true, resumable)
+        let statement = completion(d, ticket, outcome, !steps.is_empty(), resumable)
             .ok_or(failed(Fault::Missing("the one-statement completion")))?;
         let completed = conn
             .execute(statement)
@@ -316,7 +318,9 @@ pub async fn complete<C: Connection>(
     if updated != 1 {
         return Ok(false);
     }
-    forget_steps(conn, d, &ticket.id).await.map_err(failed)?;
+    forget_steps(conn, d, &ticket.id, steps)
+        .await
+        .map_err(|e| failed(Fault::Db(e)))?;
     // Only a resumable call has a stored call: the others save the round trip.
     if resumable {
         conn.execute(d.completer.delete_call(&ticket.id))
@@ -326,29 +330,21 @@ pub async fn complete<C: Connection>(
     Ok(true)
 }
 
-/// Deletes a finished call's steps: by primary key where a range delete would take gap locks
-/// (MySQL), after a plain read of their names.
+/// Deletes a finished call's `steps`: by primary key where a range delete would take gap
+/// locks (MySQL). The holder names them (the lease fenced out every other writer), so no read
+/// looks for them first; none, no statement.
 async fn forget_steps<C: Connection>(
     conn: &mut C,
     d: &'static Sql,
     id: &[u8],
-) -> Result<(), Fault<C::Error>> {
-    if !d.lease.deletes_steps_by_key() {
-        return conn
-            .execute(d.lease.delete_steps(id))
-            .await
-            .map(drop)
-            .map_err(Fault::Db);
+    steps: &[String],
+) -> Result<(), C::Error> {
+    if steps.is_empty() {
+        return Ok(());
     }
-    let names: Vec<String> = fetch_each(conn, d.lease.select_steps(id), read_step)
-        .await?
-        .into_iter()
-        .map(|(name, _)| name)
-        .collect();
-    match d.lease.delete_steps_by_key(id, &names) {
-        Some(delete) if !names.is_empty() => {
-            conn.execute(delete).await.map(drop).map_err(Fault::Db)
-        }
-        _ => Ok(()),
-    }
+    let delete = d
+        .lease
+        .delete_steps_by_key(id, steps)
+        .unwrap_or_else(|| d.lease.delete_steps(id));
+    conn.execute(delete).await.map(drop)
 }

@@ -124,7 +124,7 @@ where
         }
     };
     let payload = encode(&value)?;
-    lease.recording_step();
+    lease.recording_step(name);
     let resumable = lease.is_resumable();
     if !keep_open {
         record_final_step(&mut tx, d, &ticket, name, &payload, resumable)
@@ -192,15 +192,13 @@ impl<D: Driver> OpenPhase for OpenFinalPhase<D> {
         status: RecordStatus,
         payload: Vec<u8>,
         ttl: Duration,
+        steps: Vec<String>,
     ) -> BoxFuture<'static, Result<(), Error>> {
         let this = *self;
-        Box::pin(detached(record_completion::<D>(
-            this.tx,
-            this.d,
-            ticket,
-            (status, payload, ttl),
-            this.resumable,
-        )))
+        Box::pin(detached(async move {
+            let outcome = (status, payload, ttl);
+            record_completion::<D>(this.tx, this.d, ticket, outcome, &steps, this.resumable).await
+        }))
     }
 
     fn commit(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {

@@ -249,12 +249,6 @@ impl Lease {
         Bound::new(&self.delete_steps, [id.into()])
     }
 
-    /// Whether finished calls' steps are deleted by primary key ([`Lease::delete_steps_by_key`]),
-    /// after a plain read of their names: where a range delete would take gap locks (MySQL).
-    pub fn deletes_steps_by_key(&self) -> bool {
-        self.delete_steps_by_key.is_some()
-    }
-
     /// Where a range delete would take gap locks (MySQL): deletes the steps `names` of record
     /// `id` by primary key. `None` elsewhere: [`Lease::delete_steps`] takes no gap lock.
     pub fn delete_steps_by_key(&self, id: &[u8], names: &[String]) -> Option<Bound<'static>> {

@@ -141,16 +141,17 @@ impl<D: Driver> SqlStore<D> {
 }
 
 /// Records a lease-mode call's outcome in `tx` if `ticket` still holds the lease
-/// ([`complete`]: kept for `ttl` from now, its steps and, for a `resumable` call, its stored
+/// ([`complete`]: kept for `ttl` from now, its `steps` and, for a `resumable` call, its stored
 /// call forgotten), and commits.
 pub(crate) async fn record_completion<D: Driver>(
     mut tx: D::Tx,
     d: &'static Sql,
     ticket: Ticket,
     outcome: (RecordStatus, Vec<u8>, Duration),
+    steps: &[String],
     resumable: bool,
 ) -> Result<(), Error> {
-    let held = complete(&mut tx, d, &ticket, outcome, resumable)
+    let held = complete(&mut tx, d, &ticket, outcome, steps, resumable)
         .await
         .map_err(failed::<D>)?;
     if !held {
@@ -253,14 +254,16 @@ impl<D: Driver> LeaseStore for SqlStore<D> {
         req: &'a Request,
         status: RecordStatus,
         payload: &'a [u8],
-        forget_steps: bool,
+        steps: &'a [String],
     ) -> BoxFuture<'a, Result<(), Error>> {
         let (store, ticket, payload, ttl) = (self.clone(), *ticket, payload.to_vec(), req.ttl());
         let resumable = req.stored_args().is_some();
+        let steps = steps.to_vec();
         Box::pin(detached(async move {
             let doing = "recording the result";
             let d = store.server_statements(doing).await?;
             let outcome = (status, payload, ttl);
+            let forget_steps = !steps.is_empty();
             if d.lease.completes_in_one_statement() || (!forget_steps && !resumable) {
                 // One fenced statement outside a transaction: the update alone, or (PostgreSQL)
                 // with the deletes of what the call leaves behind.
@@ -273,7 +276,7 @@ impl<D: Driver> LeaseStore for SqlStore<D> {
                 };
             }
             let tx = store.begin_lease_write(doing).await?;
-            record_completion::<D>(tx, d, ticket, outcome, resumable).await
+            record_completion::<D>(tx, d, ticket, outcome, &steps, resumable).await
         }))
     }
 
