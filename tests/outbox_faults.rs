@@ -37,16 +37,18 @@ use idem::outbox::{Backoff, FnSink, Message, OutboxMessage, Sink, SinkError};
 use idem::sea_orm::{DeadLetterTable, Outbox, Relay, dead_messages, outbox_health};
 use sea_orm::{ConnectionTrait, DatabaseConnection, Statement, TransactionTrait};
 
-/// Logs idem's events to the test's output when `RUST_LOG` asks for them (e.g.
+/// Logs idem's events to the test's output (shown when the test fails): by default its
+/// warnings and the inbox runner's reconnections (why a consumer is not consuming is the
+/// first question about a stall), or what `RUST_LOG` asks for (e.g.
 /// `RUST_LOG=idem_sql=trace,idem_core=trace,idem_rabbitmq=trace`: the relay's and the inbox
 /// runner's every await).
 fn log_if_asked() {
-    if std::env::var_os("RUST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
-    }
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,idem_core::inbox=debug"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
 }
 
 fn quick() -> bool {
@@ -193,7 +195,14 @@ async fn run_consumer<H, Fut>(
 
 /// Waits until the run has `n` effect rows, or panics after `limit` saying which side
 /// stalled: messages left unpublished in the outbox are the relay's, the rest the consumer's.
-async fn await_effects(db: &DatabaseConnection, run: &str, n: usize, limit: Duration, what: &str) {
+async fn await_effects(
+    db: &DatabaseConnection,
+    run: &str,
+    n: usize,
+    limit: Duration,
+    what: &str,
+    broker: &Broker,
+) {
     let started = Instant::now();
     loop {
         let have = effects(db, run).await.len();
@@ -204,7 +213,9 @@ async fn await_effects(db: &DatabaseConnection, run: &str, n: usize, limit: Dura
             let health = outbox_health(db).await;
             panic!(
                 "{what}: {have} of {n} effects after {limit:?}; the outbox then: {health:?} \
-                 (pending messages: the relay stalled; none: the consumer did)"
+                 (pending messages: the relay stalled; none: the consumer did); the broker's \
+                 queue then: {}",
+                broker.describe_queue()
             );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -506,7 +517,7 @@ async fn relays_killed_on(kind: BrokerKind, Isolated { name, db, url }: Isolated
         let _ = child.wait();
     }
     let n = ids.len();
-    await_effects(&db, &run, n, Duration::from_secs(30), name).await;
+    await_effects(&db, &run, n, Duration::from_secs(30), name, &broker).await;
     tokio::time::sleep(Duration::from_millis(500)).await; // late redeliveries, if any
     stop.store(true, Ordering::Relaxed);
     consumer.await.expect("consumer task");
@@ -569,7 +580,7 @@ async fn a_consumer_killed_between_commit_and_ack_has_no_duplicate_effects() {
                 };
                 let mut child = spawn_child("consumer", &url, &broker, point, at);
                 if point == "none" {
-                    await_effects(&db, &run, n, Duration::from_secs(60), name).await;
+                    await_effects(&db, &run, n, Duration::from_secs(60), name, &broker).await;
                     // Let it acknowledge the last redeliveries, then stop it.
                     tokio::time::sleep(Duration::from_millis(2500)).await;
                     let _ = child.kill();
@@ -758,7 +769,7 @@ async fn the_broker_and_the_database_go_away_for_five_seconds_and_nothing_is_los
             staging.store(false, Ordering::Relaxed);
             stager.await.expect("stager");
             let ids = staged.lock().expect("lock").clone();
-            await_effects(&db, &run, ids.len(), Duration::from_secs(90), name).await;
+            await_effects(&db, &run, ids.len(), Duration::from_secs(90), name, &broker).await;
             let caught_up = faults_over.elapsed();
             tokio::time::sleep(Duration::from_millis(500)).await;
             let seen = effects(&db, &run).await;

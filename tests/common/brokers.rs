@@ -288,6 +288,54 @@ impl Broker {
         }
     }
 
+    /// What a RabbitMQ node says of the fault queue, for a stall's report: its ready and
+    /// unacknowledged messages and its consumers (`rabbitmqctl list_queues`, `list_consumers`), and its Raft
+    /// member's state (`rabbitmq-queues quorum_status`). Empty for NATS.
+    pub fn describe_queue(&self) -> String {
+        if self.kind != BrokerKind::RabbitMq {
+            return String::new();
+        }
+        let node = format!("{}@localhost", self.name);
+        let ask = |tool: &str, args: &[&str]| {
+            // Bounded: a node that hangs must not hang the report.
+            let output = Command::new("timeout")
+                .arg("30")
+                .arg(tool)
+                .args(["-n", node.as_str(), "-q"])
+                .args(args)
+                .output();
+            match output {
+                Ok(output) => format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&output.stdout),
+                    String::from_utf8_lossy(&output.stderr)
+                ),
+                Err(e) => format!("{tool}: {e}"),
+            }
+        };
+        format!(
+            "{}\n{}\n{}",
+            ask(
+                "rabbitmqctl",
+                &[
+                    "list_queues",
+                    "name",
+                    "messages_ready",
+                    "messages_unacknowledged",
+                    "consumers",
+                ]
+            ),
+            ask(
+                "rabbitmqctl",
+                &["list_consumers", "queue_name", "channel_pid", "active"]
+            ),
+            ask(
+                "rabbitmq-queues",
+                &["quorum_status", FAULTS, "--formatter", "json"]
+            )
+        )
+    }
+
     /// The relay's sink on this broker.
     pub async fn sink(&self) -> BrokerSink {
         broker_sink(self.kind, &self.url()).await
