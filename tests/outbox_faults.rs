@@ -42,7 +42,7 @@ use sea_orm::{ConnectionTrait, DatabaseConnection, Statement, TransactionTrait};
 /// first question about a stall), or what `RUST_LOG` asks for (e.g.
 /// `RUST_LOG=idem_sql=trace,idem_core=trace,idem_rabbitmq=trace`: the relay's and the inbox
 /// runner's every await).
-fn log_if_asked() {
+fn log_to_test_output() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,idem_core::inbox=debug"));
     let _ = tracing_subscriber::fmt()
@@ -697,7 +697,7 @@ fn target_of(url: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_broker_and_the_database_go_away_for_five_seconds_and_nothing_is_lost() {
-    log_if_asked();
+    log_to_test_output();
     for kind in brokers() {
         for Isolated { name, db, url } in isolated().await {
             let mut broker = Broker::start(kind);
@@ -997,7 +997,7 @@ async fn relay_restarts_a_hung_sink_on(kind: BrokerKind) {
 /// confirmed for 200 s (`rabbitmq-queues quorum_status`: a follower at term 0).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_whose_broker_died_under_its_handler_consumes_again_after_the_restart() {
-    log_if_asked();
+    log_to_test_output();
     if !broker_only_tests_run(BrokerKind::RabbitMq) {
         return;
     }
@@ -1086,7 +1086,7 @@ async fn a_consumer_whose_broker_died_under_its_handler_consumes_again_after_the
 /// async-nats' 30 s requests). Either way the next message is consumed within 60 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_on_a_half_open_connection_reconnects_within_its_heartbeats() {
-    log_if_asked();
+    log_to_test_output();
     for kind in brokers() {
         if broker_only_tests_run(kind) {
             consumer_reconnects_from_a_half_open_connection_on(kind).await;

@@ -289,11 +289,11 @@ impl Broker {
     }
 
     /// What a RabbitMQ node says of the fault queue, for a stall's report: its ready and
-    /// unacknowledged messages and its consumers (`rabbitmqctl list_queues`, `list_consumers`), and its Raft
-    /// member's state (`rabbitmq-queues quorum_status`). Empty for NATS.
+    /// unacknowledged messages and its consumers (`rabbitmqctl list_queues`, `list_consumers`),
+    /// and its Raft member's state (`rabbitmq-queues quorum_status`).
     pub fn describe_queue(&self) -> String {
         if self.kind != BrokerKind::RabbitMq {
-            return String::new();
+            return "(not asked: only a RabbitMQ node is)".to_owned();
         }
         let node = format!("{}@localhost", self.name);
         let ask = |tool: &str, args: &[&str]| {

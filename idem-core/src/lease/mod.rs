@@ -124,12 +124,11 @@ impl Context {
 
     /// The steps the completion forgets ([`LeaseStore::complete`]).
     fn written_steps(&self) -> Vec<String> {
-        let names = self.written_steps.lock();
-        names
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .cloned()
-            .collect()
+        let names = self
+            .written_steps
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        names.iter().cloned().collect()
     }
 
     fn lost(&self) -> Error {
