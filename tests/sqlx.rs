@@ -141,12 +141,20 @@ macro_rules! suite {
                 idem::sqlx::create_tables(&pool, &[idem::sqlx::Family::Ledger])
                     .await
                     .expect("create the ledger");
-                // No DDL for a table that exists: on Galera it aborts other tests' writes.
-                let probe = sqlx::query("SELECT 1 FROM idem_sqlx_effects WHERE 1 = 0");
-                if probe.execute(&pool).await.is_err() {
-                    sqlx::query($effects_ddl).execute(&pool).await.expect("effects table");
-                }
+                create_table(&pool, "idem_sqlx_effects", $effects_ddl).await;
                 Some(pool)
+            }
+
+            /// Creates `table` with `ddl` unless it exists: no DDL for a table that exists (on
+            /// Galera it aborts other tests' writes), and tests creating it at once are
+            /// tolerated ([`common::until_created`]).
+            async fn create_table(pool: &$pool, table: &str, ddl: &'static str) {
+                common::until_created(table, || async {
+                    let probe = format!("SELECT 1 FROM {table} WHERE 1 = 0");
+                    sqlx::query(sqlx::AssertSqlSafe(probe)).execute(pool).await.is_ok()
+                        || sqlx::query(ddl).execute(pool).await.is_ok()
+                })
+                .await;
             }
 
             /// Committed effect rows of `run`.
@@ -206,6 +214,35 @@ macro_rules! suite {
                 assert_eq!(again, first, "replayed");
                 assert_eq!(runs.load(Ordering::SeqCst), 1);
                 assert_eq!(effects(&pool, &c.run).await, 1);
+                if let Some(drop_it) = drop_it {
+                    sqlx::raw_sql(sqlx::AssertSqlSafe(drop_it)).execute(&pool).await.expect("drop");
+                }
+            }
+
+            /// Replicas of a service starting at once on a new database each create idem's
+            /// tables: every one starts. PostgreSQL's concurrent `CREATE TABLE IF NOT EXISTS`
+            /// fails the losers on its catalogue (a unique violation on `pg_type`).
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn services_starting_at_once_on_a_new_database_all_create_the_tables() {
+                let Some((pool, drop_it)) = fresh().await else { return };
+                let starts = (0..8).map(|_| {
+                    let pool = pool.clone();
+                    tokio::spawn(async move {
+                        idem::sqlx::create_tables(&pool, &idem::sqlx::Family::ALL)
+                            .await
+                            .map_err(|e| format!("{e}: {:?}", std::error::Error::source(&e)))
+                    })
+                });
+                let started: Vec<Result<(), String>> =
+                    futures_util::future::join_all(starts).await.into_iter().map(|r| r.expect("task")).collect();
+                let failed: Vec<&String> = started.iter().filter_map(|r| r.as_ref().err()).collect();
+                assert!(failed.is_empty(), "{} of 8 starts failed: {failed:?}", failed.len());
+                create_table(&pool, "idem_sqlx_effects", $effects_ddl).await;
+                let runs = AtomicUsize::new(0);
+                let c = cmd(5);
+                assert_eq!(charge((&pool).into(), c.clone(), false, &runs).await, Ok(5));
+                assert_eq!(charge((&pool).into(), c.clone(), false, &runs).await, Ok(5), "replayed");
+                assert_eq!(runs.load(Ordering::SeqCst), 1);
                 if let Some(drop_it) = drop_it {
                     sqlx::raw_sql(sqlx::AssertSqlSafe(drop_it)).execute(&pool).await.expect("drop");
                 }
@@ -355,11 +392,8 @@ macro_rules! suite {
 
             /// A new pending order at version 0.
             async fn new_order(pool: &$pool) -> String {
-                let probe = sqlx::query("SELECT 1 FROM idem_sqlx_orders WHERE 1 = 0");
-                if probe.execute(pool).await.is_err() {
-                    let ddl = "CREATE TABLE IF NOT EXISTS idem_sqlx_orders (id VARCHAR(64) PRIMARY KEY, status INTEGER NOT NULL, version BIGINT NOT NULL)";
-                    sqlx::query(ddl).execute(pool).await.expect("orders table");
-                }
+                let ddl = "CREATE TABLE IF NOT EXISTS idem_sqlx_orders (id VARCHAR(64) PRIMARY KEY, status INTEGER NOT NULL, version BIGINT NOT NULL)";
+                create_table(pool, "idem_sqlx_orders", ddl).await;
                 let id = unique("ord");
                 let insert = concat!("INSERT INTO idem_sqlx_orders (id, status, version) VALUES (", $p1, ", ", $p2, ", 0)");
                 sqlx::query(insert).bind(&id).bind(Status::Pending).execute(pool).await.expect("insert order");

@@ -3,7 +3,10 @@
 //! family of tables and dialect (the files under `idem-sql/schema/`, or `idem schema
 //! --backend …`), so a service creates only the tables of the features it uses.
 
+use std::time::Duration;
+
 use idem_core::Error;
+use idem_core::retry::Backoff;
 
 use crate::driver::connect;
 use crate::driver::{db_error, failed};
@@ -11,7 +14,7 @@ use crate::inspect::existing_tables;
 use crate::statement::names::{
     CALLS_TABLE, DEAD_LETTERS_TABLE, LEDGER_TABLE, OUTBOX_HEADS_TABLE, OUTBOX_TABLE, STEPS_TABLE,
 };
-use crate::{Connection, Dialect, Driver, Handle, Sql, Tables};
+use crate::{Connection, Dialect, Driver, Failure, Handle, Sql, Tables};
 
 /// A family of idem's tables, created together. Atomic mode needs the ledger alone; lease
 /// mode the ledger and the steps; resumable calls (and their completer) the calls table too;
@@ -110,6 +113,20 @@ pub fn schema(dialect: Dialect, family: Family) -> String {
     out
 }
 
+/// How many times a family's DDL runs on a pool before its error is the answer. Replicas of a
+/// service that start at once on a new PostgreSQL database create the same tables at once,
+/// and every concurrent `CREATE … IF NOT EXISTS` but one fails on the catalogue (a unique
+/// violation on `pg_type`, or "already exists"). Run again, the statements find the tables
+/// the other replica made.
+const CREATE_ATTEMPTS: u32 = 6;
+
+/// The pause before a family's DDL runs again: 20 ms doubling, half of it random, so creators
+/// that failed together spread out. Five pauses come to at most 620 ms.
+const CREATE_AGAIN: Backoff = Backoff {
+    initial: Duration::from_millis(20),
+    max: Duration::from_millis(320),
+};
+
 /// Creates the tables of `families` (atomic mode needs [`Family::Ledger`] alone) where they
 /// do not exist. On PostgreSQL and MySQL it reads the catalogue first and runs DDL only for a
 /// family with a missing table: on a cluster (Galera) even `CREATE TABLE IF NOT EXISTS` is
@@ -117,12 +134,21 @@ pub fn schema(dialect: Dialect, family: Family) -> String {
 /// starting a service must not issue it against a live ledger. SQLite runs its (idempotent)
 /// DDL every time: it is embedded, so no other node aborts, and the DDL drops the expiry index
 /// that ledgers of earlier versions have.
+///
+/// On a pool, services starting at once may all call it: a family whose DDL fails runs again,
+/// up to 6 times over at most 620 ms, unless the server is unreachable. In a transaction of
+/// the caller's, the first error is the answer (PostgreSQL has aborted the transaction).
 pub async fn create_tables<D: Driver, H: Handle<D>>(
     db: &H,
     families: &[Family],
 ) -> Result<(), Error> {
     let doing = "creating idem's tables";
     let (mut conn, sql) = connect(db, doing).await?;
+    let attempts = if db.driver().is_some() {
+        CREATE_ATTEMPTS
+    } else {
+        1
+    };
     let existing = match sql.dialect {
         Dialect::Sqlite => None,
         _ => Some(
@@ -136,11 +162,26 @@ pub async fn create_tables<D: Driver, H: Handle<D>>(
         if existing.is_some() && family.tables().iter().all(present) {
             continue;
         }
-        for statement in &sql.tables(family).create {
-            conn.execute_unprepared(statement)
-                .await
-                .map_err(|e| db_error::<D>(doing, e))?;
+        let mut attempt = 1;
+        while let Err(e) = create_family(&mut conn, sql, family).await {
+            if attempt >= attempts || D::classify(&e) == Failure::Unavailable {
+                return Err(db_error::<D>(doing, e));
+            }
+            tokio::time::sleep(CREATE_AGAIN.delay(attempt)).await;
+            attempt += 1;
         }
+    }
+    Ok(())
+}
+
+/// Runs `family`'s DDL on `conn`, every statement `IF NOT EXISTS`.
+async fn create_family<C: Connection>(
+    conn: &mut C,
+    sql: &'static Sql,
+    family: Family,
+) -> Result<(), C::Error> {
+    for statement in &sql.tables(family).create {
+        conn.execute_unprepared(statement).await?;
     }
     Ok(())
 }

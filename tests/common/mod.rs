@@ -197,12 +197,11 @@ pub async fn prepare(db: &DatabaseConnection) {
 }
 
 /// Creates the ledger and runs `ddl` (`CREATE TABLE IF NOT EXISTS` statements) for the
-/// tables that do not exist yet, retrying with a growing pause: concurrent `CREATE ... IF NOT
-/// EXISTS` can race on PostgreSQL's catalog when tests prepare the same database at once. A
-/// table that exists gets no DDL at all: on a Galera cluster even `CREATE TABLE IF NOT EXISTS`
-/// of an existing table is replicated and aborts every transaction writing to it.
+/// tables that do not exist yet ([`until_created`]). A table that exists gets no DDL at all: on
+/// a Galera cluster even `CREATE TABLE IF NOT EXISTS` of an existing table is replicated and
+/// aborts every transaction writing to it.
 pub async fn prepare_with(db: &DatabaseConnection, ddl: &[&str]) {
-    for attempt in 0..10_u64 {
+    until_created("the test tables", || async {
         let mut ok = idem::sea_orm::create_tables(db).await.is_ok();
         for sql in ddl {
             let table = sql
@@ -216,12 +215,27 @@ pub async fn prepare_with(db: &DatabaseConnection, ddl: &[&str]) {
             }
             ok &= db.execute_unprepared(sql).await.is_ok();
         }
-        if ok {
+        ok
+    })
+    .await;
+}
+
+/// Runs `create` (which says whether its tables now exist) until it succeeds, with a growing
+/// pause: tests that start at once create the same tables at once, and concurrent `CREATE
+/// TABLE IF NOT EXISTS` statements race on PostgreSQL's catalog (one fails with a unique
+/// violation on `pg_type`). The next try finds the table the other test made.
+pub async fn until_created<F, Fut>(what: &str, mut create: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for attempt in 0..10_u64 {
+        if create().await {
             return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50 * (attempt + 1))).await;
     }
-    panic!("cannot create the test tables");
+    panic!("cannot create {what}");
 }
 
 /// Writes one effect row (what a handler's business write looks like).
