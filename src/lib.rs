@@ -509,10 +509,10 @@ pub mod tokio_postgres {
     pub use idem_tokio_postgres::{
         AnswerCheck, ClaimedTx, Completer, DeadLetterTable, DeadMessage, ExpiredLease,
         ExpiredPurge, Family, NestedStore, Outbox, Relay, RelayCounters, RelayRound, StuckLease,
-        TokioPostgres, TokioPostgresStore, Writes, check, check_answers, check_final_errors,
-        create_tables, database_now_ms, dead_messages, deadpool_postgres, expired_leases,
-        final_step, finish, inspect, outbox_health, purge_expired, purge_published, release_lease,
-        retry_dead, stuck_leases,
+        TokioPostgres, TokioPostgresStore, check, check_answers, check_final_errors, create_tables,
+        database_now_ms, dead_messages, deadpool_postgres, expired_leases, final_step, finish,
+        inspect, outbox_health, purge_expired, purge_published, release_lease, retry_dead,
+        stuck_leases,
     };
 }
 

@@ -3,8 +3,7 @@
 //! and deleted when the call is recorded (or, once given up, when its hook ran). What the
 //! completer's statements are and what their rows decide is idem-sql's
 //! ([`idem_sql::due_calls`] and its neighbours), and so is the store that runs them, written
-//! once for every driver ([`idem_sql::SqlStore`]); the lease store lends it
-//! (`idem_sql::lend_store!`).
+//! once for every driver ([`idem_sql::SqlStore`]), which the lease store names.
 
 use crate::lease::SeaOrmLeaseStore;
 

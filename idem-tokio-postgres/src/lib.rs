@@ -24,14 +24,11 @@
 mod driver;
 
 use std::future::Future;
-use std::pin::Pin;
 
 use deadpool_postgres::{ClientWrapper, Pool};
 use idem_core::Error;
 use idem_core::outbox::Message;
-use idem_sql::{Driver, SqlStore};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use idem_sql::SqlStore;
 
 pub use check::{AnswerCheck, check_answers, check_final_errors};
 pub use deadpool_postgres;
@@ -105,58 +102,4 @@ impl<C: tokio_postgres::GenericClient + Sync> Outbox for C {
     }
 }
 
-/// What a final phase's `writes` is: given the phase's transaction, the writes' future.
-pub trait Writes<T, E>:
-    for<'t> FnOnce(&'t ClientWrapper) -> Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>
-{
-}
-
-impl<T, E, F> Writes<T, E> for F where
-    F: for<'t> FnOnce(&'t ClientWrapper) -> Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>
-{
-}
-
-/// The final phase of a lease-mode handler: runs `writes` in one transaction that also checks
-/// the lease and records the step `name`, so its database effects commit exactly once even
-/// across takeovers; a takeover that finds the step recorded returns its value. A holder that
-/// lost its lease gets [`Error::LeaseLost`] and its writes roll back.
-///
-/// ```text
-/// let receipt = idem::tokio_postgres::final_step(db, "record-payment", |tx| Box::pin(async move {
-///     tx.execute("INSERT INTO payments (order_id) VALUES ($1)", &[&id]).await?;
-///     Ok(receipt)
-/// })).await?;
-/// ```
-pub async fn final_step<T, E>(pool: &Pool, name: &str, writes: impl Writes<T, E>) -> Result<T, E>
-where
-    T: Serialize + DeserializeOwned,
-    E: From<Error>,
-{
-    let (store, what) = (
-        TokioPostgresStore::new(pool),
-        "idem::tokio_postgres::final_step",
-    );
-    idem_sql::final_phase(&store, name, what, false, |tx: &mut TokioPostgresTx| {
-        writes(TokioPostgres::body(tx))
-    })
-    .await
-}
-
-/// [`final_step`] as the handler's last work: its transaction stays open until the handler
-/// returns and records the call's result too (three write transactions per call, not four).
-/// Read its writes back inside `writes`; database work after it waits at most 50 ms, after
-/// which the phase commits alone.
-pub async fn finish<T, E>(pool: &Pool, name: &str, writes: impl Writes<T, E>) -> Result<T, E>
-where
-    T: Serialize + DeserializeOwned,
-    E: From<Error>,
-{
-    let (store, what) = (
-        TokioPostgresStore::new(pool),
-        "idem::tokio_postgres::finish",
-    );
-    idem_sql::final_phase(&store, name, what, true, |tx: &mut TokioPostgresTx| {
-        writes(TokioPostgres::body(tx))
-    })
-    .await
-}
+idem_sql::final_phases!([] Pool, TokioPostgres, |'t| &'t ClientWrapper, "idem::tokio_postgres");

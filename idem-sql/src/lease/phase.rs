@@ -1,8 +1,9 @@
 //! A lease-mode call's final phase, once for every driver: the handler's database writes in
 //! one transaction that checks the lease ([`fence`]) and records them with a step, so they
 //! commit exactly once even across takeovers; kept open for the call's result when the phase
-//! is the handler's last work ([`OpenPhase`]). Each store's `final_step` and `finish` lend
-//! [`final_phase`] the phase's transaction as their users' body type.
+//! is the handler's last work ([`OpenPhase`]). Each store's `final_step` and `finish`
+//! ([`final_phases!`](crate::final_phases)) lend [`final_phase`] the phase's transaction as
+//! their users' body type.
 
 use std::future::Future;
 use std::marker::PhantomData;
@@ -218,4 +219,73 @@ impl<D: Driver> OpenPhase for OpenFinalPhase<D> {
                 .map_err(|e| db_error::<D>("committing the final phase", e))
         }))
     }
+}
+
+/// Writes a store's `final_step` and `finish` on its pool, with the body type its users'
+/// writes take: `final_phases!([DB: Backend] Pool<DB>, Sqlx<DB>, |'t| &'t mut DB::Connection,
+/// "idem::sqlx")`. The docs and the calls into [`final_phase`] are written once, here; the
+/// signatures stay each store's own, so a closure's argument is inferred as its body type.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! final_phases {
+    ([$($generics:tt)*] $pool:ty, $driver:ty, |$t:lifetime| $body:ty, $path:literal) => {
+        $crate::final_phases!(@phase final_step, false, [$($generics)*] $pool, $driver, |$t| $body, $path,
+            /// The final phase of a lease-mode handler: runs `writes` in one transaction that
+            /// also checks the lease and records the step `name`, so its database effects (a
+            /// payment row, a guarded transition, an outbox message) commit exactly once even
+            /// across takeovers. `writes` gets the phase's transaction as the store's body type
+            /// (what the handler's `db` is in atomic mode). A takeover that finds the step
+            /// recorded returns its value without running `writes` again. A holder that lost
+            /// its lease gets `Error::LeaseLost` and its writes roll back.
+            ///
+            /// When the phase is the handler's last work, [`finish`] saves a write transaction.
+            ///
+            /// ```text
+            /// let receipt = final_step(db, "record-payment", |tx| Box::pin(async move {
+            ///     // tx: &mut PgConnection (sqlx), &DatabaseTransaction (SeaORM), &ClientWrapper
+            ///     Ok(receipt)
+            /// })).await?;
+            /// ```
+            ///
+            /// # Errors
+            /// `writes`' own error; `Error::LeaseLost`; `Error::Store` outside a lease-mode
+            /// call or when the database fails.
+        );
+        $crate::final_phases!(@phase finish, true, [$($generics)*] $pool, $driver, |$t| $body, $path,
+            /// [`final_step`] as the handler's last work: the phase's transaction stays open
+            /// until the handler returns, and the call's result is recorded in it, so a call
+            /// takes three write transactions (claim, steps, this) instead of four. Return its
+            /// value (or something made from it, with no database work in between).
+            ///
+            /// Its writes become visible to other connections when the handler returns,
+            /// together with the recorded result: read them back inside `writes`, not after.
+            /// Database work after it waits at most 50 ms, after which the phase commits alone
+            /// (and the result is recorded in a transaction of its own, as after
+            /// [`final_step`]).
+            ///
+            /// # Errors
+            /// As [`final_step`].
+        );
+    };
+    (@phase $name:ident, $keep_open:literal, [$($generics:tt)*] $pool:ty, $driver:ty,
+        |$t:lifetime| $body:ty, $path:literal, $(#[$doc:meta])*) => {
+        $(#[$doc])*
+        pub async fn $name<T, E, F, $($generics)*>(
+            pool: &$pool,
+            name: &str,
+            writes: F,
+        ) -> Result<T, E>
+        where
+            T: ::serde::Serialize + ::serde::de::DeserializeOwned,
+            E: ::core::convert::From<::idem_core::Error>,
+            F: for<$t> FnOnce($body) -> $crate::WritesFuture<$t, T, E>,
+        {
+            let store = $crate::SqlStore::<$driver>::new(pool);
+            let what = concat!($path, "::", stringify!($name));
+            $crate::final_phase(&store, name, what, $keep_open, |tx| {
+                writes(<$driver as $crate::Driver>::body(tx))
+            })
+            .await
+        }
+    };
 }
