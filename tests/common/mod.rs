@@ -196,13 +196,18 @@ pub async fn prepare(db: &DatabaseConnection) {
     prepare_with(db, &[effects]).await;
 }
 
-/// Creates the ledger and runs `ddl` (`CREATE TABLE IF NOT EXISTS` statements) for the
-/// tables that do not exist yet ([`until_created`]). A table that exists gets no DDL at all: on
-/// a Galera cluster even `CREATE TABLE IF NOT EXISTS` of an existing table is replicated and
-/// aborts every transaction writing to it.
+/// Creates the ledger, as a service starting does (`create_tables` itself copes with tests
+/// creating it at once, so no retry here hides its failure), then runs `ddl` (`CREATE TABLE
+/// IF NOT EXISTS` statements) for the test's own tables that do not exist yet
+/// ([`until_created`]). A table that exists gets no DDL at all: on a Galera cluster even
+/// `CREATE TABLE IF NOT EXISTS` of an existing table is replicated and aborts every
+/// transaction writing to it.
 pub async fn prepare_with(db: &DatabaseConnection, ddl: &[&str]) {
+    idem::sea_orm::create_tables(db)
+        .await
+        .expect("create idem's tables");
     until_created("the test tables", || async {
-        let mut ok = idem::sea_orm::create_tables(db).await.is_ok();
+        let mut ok = true;
         for sql in ddl {
             let table = sql
                 .strip_prefix("CREATE TABLE IF NOT EXISTS ")
