@@ -23,4 +23,4 @@ use crate::driver::port::Sqlx;
 /// fenced transaction (`writes` gets `&mut PgConnection`, as sqlx's executors take it).
 pub type SqlxLeaseStore<DB> = idem_sql::SqlStore<Sqlx<DB>>;
 
-idem_sql::final_phases!([DB: Backend] Pool<DB>, Sqlx<DB>, |'t| &'t mut DB::Connection, "idem::sqlx");
+idem_sql::final_phases!([DB: Backend,] Pool<DB>, Sqlx<DB>, |'t| &'t mut DB::Connection, "idem::sqlx");
