@@ -1070,6 +1070,81 @@ async fn finish_records_the_result_with_the_final_phase_and_work_after_it_does_n
     }
 }
 
+/// Makes PostgreSQL abort the commit of the next `n` transactions that wrote a payment row of
+/// a run named `forced-conflict-…` with a serialization failure (SQLSTATE 40001), as a Galera
+/// node aborts a commit that failed certification: a deferred constraint trigger, counted by
+/// a sequence (which an aborted transaction does not roll back).
+async fn abort_the_next_commits(db: &DatabaseConnection, n: i64) {
+    let statements = [
+        "CREATE SEQUENCE IF NOT EXISTS idem_test_forced_conflicts",
+        "CREATE TABLE IF NOT EXISTS idem_test_forced_conflicts_left (n BIGINT NOT NULL)",
+        "CREATE OR REPLACE FUNCTION idem_test_force_conflict() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             -- Nested, so that only this test's rows count (SQL does not order an AND).
+             IF NEW.run_id LIKE 'forced-conflict-%' THEN
+                 IF nextval('idem_test_forced_conflicts') <= (SELECT max(n) FROM idem_test_forced_conflicts_left) THEN
+                     RAISE EXCEPTION 'forced certification failure' USING ERRCODE = '40001';
+                 END IF;
+             END IF;
+             RETURN NULL;
+         END $$",
+        "DO $$ BEGIN
+             IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'idem_test_force_conflict') THEN
+                 CREATE CONSTRAINT TRIGGER idem_test_force_conflict AFTER INSERT ON idem_test_effects
+                 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION idem_test_force_conflict();
+             END IF;
+         END $$",
+    ];
+    for sql in statements {
+        common::until_created("the forced conflict's trigger", || async {
+            db.execute_unprepared(sql).await.is_ok()
+        })
+        .await;
+    }
+    db.execute_unprepared("DELETE FROM idem_test_forced_conflicts_left")
+        .await
+        .expect("reset the count");
+    db.execute_unprepared(&format!(
+        "INSERT INTO idem_test_forced_conflicts_left VALUES ({n})"
+    ))
+    .await
+    .expect("set the count");
+    db.execute_unprepared("SELECT setval('idem_test_forced_conflicts', 1, false)")
+        .await
+        .expect("restart the count");
+}
+
+/// The database aborts the commit of a final phase kept open by `finish` for a conflict, which
+/// rolls the phase's writes back with the result (RELIABILITY.md finding 8, seen on Galera):
+/// the engine runs the body again under the lease it still holds, twice here. The charge step
+/// it recorded replays (one gateway call), the phase runs again (three runs, one payment row),
+/// and the caller gets the answer, not a 503. PostgreSQL only (a deferred trigger aborts the
+/// commit there).
+#[tokio::test]
+async fn a_conflict_at_the_commit_of_finish_runs_the_body_again_and_pays_once() {
+    for t in cases("forced-conflict").await {
+        if t.db.get_database_backend() != sea_orm::DbBackend::Postgres {
+            continue;
+        }
+        abort_the_next_commits(&t.db, 2).await;
+        let pause = Pause::default();
+        let (paid, report) = idem::conflict::with_report(async {
+            call!(t, charge_and_finish(&t.gateway, &pause, cmd(&t.run)))
+        })
+        .await;
+        let phase_runs = pause.phase_runs.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(paid.is_ok(), "{}: {paid:?}", t.name);
+        assert_eq!(phase_runs, 3, "{}: the phase ran on each try", t.name);
+        assert_eq!(report.conflict_retries, 2, "{}", t.name);
+        t.assert_paid_once("after two aborted commits").await;
+        let (again, outcome) =
+            with_outcome(async { call!(t, charge_and_finish(&t.gateway, &pause, cmd(&t.run))) })
+                .await;
+        assert_eq!(outcome, Some(Outcome::Replayed), "{}", t.name);
+        assert_eq!(again.ok(), paid.ok(), "{}", t.name);
+    }
+}
+
 #[tokio::test]
 async fn an_abandoned_lease_is_listed_and_kept_with_its_steps_by_the_purge() {
     // A database of its own: the purge looks at every expired record in it.

@@ -17,7 +17,7 @@ use http::request::Parts;
 use http::{HeaderName, Request};
 
 use idem_core::call::Site;
-use idem_core::lease::run_lease;
+use idem_core::lease::{once, run_lease};
 use idem_core::{Error, LeaseStore};
 
 use crate::http::{IdempotencyKey, Problem};
@@ -330,7 +330,9 @@ where
         call,
         config.recording.lease,
         None,
-        async move || run_route(&config, inner, parts, bytes).await,
+        // The request's first try consumes it: a conflict of a final phase kept open is
+        // answered (503, `Retry-After`), and the client's retry runs it again.
+        once(async move || run_route(&config, inner, parts, bytes).await),
     )));
     match task.await {
         Ok(Ok(recorded)) => into_response(recorded),

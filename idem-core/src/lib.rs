@@ -68,7 +68,7 @@ pub mod __private {
     };
     pub use crate::call::{Call, Site};
     pub use crate::declared;
-    pub use crate::lease::run_lease;
+    pub use crate::lease::{once, run_lease};
     pub use crate::versioned::{VersionProbe, Versioned, ViaUnversioned, ViaVersioned};
     pub use core::time::Duration;
 }

@@ -127,6 +127,7 @@ fn plan(args: &Args, sig: &Signature, errors: &mut Vec<syn::Error>) -> Option<Pl
     // A connection parameter is rebound to the transaction, not fingerprinted.
     let conn_param = (!matches!(args.conn, Some(Conn::Expr { .. }))).then_some(&conn_binding);
     let resumable = args.resumable && args.lease_ms.is_some();
+    let single_try = runs_once(args, sig);
     let (mut fingerprinted, mut rerun) = (Vec::new(), Vec::new());
     for (pat, ty) in params {
         let first = fingerprinted.len();
@@ -134,7 +135,7 @@ fn plan(args: &Args, sig: &Signature, errors: &mut Vec<syn::Error>) -> Option<Pl
             if Some(&name) == conn_param {
                 continue;
             }
-            if args.lease_ms.is_none() {
+            if !single_try {
                 rerun.push((name.clone(), mutable));
             }
             if !args.skip.contains(&name) {
@@ -162,6 +163,18 @@ fn plan(args: &Args, sig: &Signature, errors: &mut Vec<syn::Error>) -> Option<Pl
         rerun,
         output: (**output).clone(),
     })
+}
+
+/// Whether the body runs at most once per call: a lease-mode method that takes `self` by value
+/// (`self`, `self: Arc<Self>`) cannot hand it to a second try, so a conflict of its final
+/// phase is answered (atomic mode refuses such a method: its tries share `self`).
+fn runs_once(args: &Args, sig: &Signature) -> bool {
+    let by_value = sig.receiver().is_some_and(|receiver| match &receiver.kind {
+        syn::ReceiverKind::Reference(..) => false,
+        syn::ReceiverKind::Typed(_, ty) => !matches!(**ty, Type::Reference(_)),
+        _ => true,
+    });
+    args.lease_ms.is_some() && by_value
 }
 
 /// Whether `sig` returns `Pin<Box<...>>`: an `async fn` that `#[async_trait]` has already
@@ -445,9 +458,10 @@ pub(crate) fn expand(
         &quote!((&&#p::FinalProbe::<#error_type>::new()).finality()),
         at,
     );
-    // Atomic mode: a try the database aborts for a conflict is run again, so the body is
-    // handed its arguments afresh each time (a clone, or the value itself for the one try
-    // a non-`Clone` argument allows).
+    // A try the database aborts for a conflict is run again (atomic mode's claim transaction,
+    // lease mode's final phase kept open for the result), so the body is handed its arguments
+    // afresh each time (a clone, or the value itself for the one try a non-`Clone` argument
+    // allows).
     let holder =
         |name: &Ident| format_ident!("__idem_arg_{}", name.unraw(), span = Span::call_site());
     let holders = rerun.iter().map(|(name, _)| {
@@ -466,13 +480,11 @@ pub(crate) fn expand(
         }
     });
     // The parameters themselves are only moved into their holders now.
-    if args.lease_ms.is_none() {
-        for input in &mut item.sig.inputs {
-            if let FnArg::Typed(typed) = input
-                && bindings(&typed.pat).iter().any(|(_, mutable)| *mutable)
-            {
-                typed.attrs.push(syn::parse_quote!(#[allow(unused_mut)]));
-            }
+    for input in &mut item.sig.inputs {
+        if let FnArg::Typed(typed) = input
+            && bindings(&typed.pat).iter().any(|(_, mutable)| *mutable)
+        {
+            typed.attrs.push(syn::parse_quote!(#[allow(unused_mut)]));
         }
     }
     // The `let` gives the body its expected type, so a type mismatch is reported inside it.
@@ -488,8 +500,9 @@ pub(crate) fn expand(
     };
     // The mode decides the engine entry, its leading arguments and the body's closure; the
     // rest of the expansion is shared. (The connection's bound and its projection sit on one
-    // span, so that rustc reports them once.)
-    let (entry, leading, closure) = match args.lease_ms {
+    // span, so that rustc reports them once.) A factory makes the body for each try, with its
+    // own arguments.
+    let (entry, leading, body) = match args.lease_ms {
         // Lease mode: the body runs outside any claim transaction, on the connection itself
         // (under the name `conn = expr as name` gives it); its steps and final phase reach the
         // lease through `idem::step` and `idem::sea_orm::final_step`.
@@ -497,26 +510,33 @@ pub(crate) fn expand(
             let lease_store = respan(&quote!(#p::lease_store(#conn)), conn.span());
             let lease = quote!(#p::Duration::from_millis(#lease_ms));
             let leading = quote!(#lease_store, __idem_call, #lease,);
-            (quote!(run_lease::<#output, _>), leading, closure(quote!()))
+            (
+                quote!(run_lease::<#output, _, _>),
+                leading,
+                closure(quote!()),
+            )
         }
         // Atomic mode: the body sees the claim's transaction under the connection's name, so
-        // its writes commit (or roll back) together with the recorded result. A factory makes
-        // the body for each try, with its own arguments.
+        // its writes commit (or roll back) together with the recorded result.
         None => {
             let store_call = respan(&quote!(#p::store(#conn)), conn.span());
             let body_for = respan(&quote!(#p::body_for), conn.span());
             let closure = closure(quote!(#[allow(unused_variables)] #conn_binding));
-            let factory = quote! {
-                move || {
-                    #(#takes)*
-                    ::core::result::Result::Ok(#body_for(#conn, #closure))
-                }
-            };
             (
                 quote!(run::<_, #output, _, _>),
                 quote!(#store_call, __idem_call,),
-                factory,
+                quote!(#body_for(#conn, #closure)),
             )
+        }
+    };
+    let factory = if runs_once(args, &item.sig) {
+        quote!(#p::once(#body))
+    } else {
+        quote! {
+            move || {
+                #(#takes)*
+                ::core::result::Result::Ok(#body)
+            }
         }
     };
     let rebind = match (&args.conn, args.lease_ms) {
@@ -527,7 +547,7 @@ pub(crate) fn expand(
     let run_args = quote! {
         #leading
         #finality,
-        #closure,
+        #factory,
     };
     let mut run_args = Group::new(Delimiter::Parenthesis, run_args);
     run_args.set_span(Span::call_site().located_at(at));

@@ -13,7 +13,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use futures_util::future::LocalBoxFuture;
 use idem_core::Error;
-use idem_core::lease::run_lease;
+use idem_core::lease::{once, run_lease};
 use idem_http::frameworks::actix::to_actix;
 use idem_http::recording::fingerprint_request;
 use idem_http::{Problem, RecordedBody, RecordedResponse, key_of_fields};
@@ -167,10 +167,10 @@ where
     // actix-web's handlers are not `Send`: the call runs on the worker's own executor, where
     // a client that hangs up cannot drop it.
     let task = actix_web::rt::spawn(async move {
-        run_lease(store, call, lease, None, async move || {
-            run_handler(&config, inner, request).await
-        })
-        .await
+        // The request's first try consumes it: a conflict of a final phase kept open is
+        // answered (503, `Retry-After`), and the client's retry runs it again.
+        let body = async move || run_handler(&config, inner, request).await;
+        run_lease(store, call, lease, None, once(body)).await
     });
     match task.await {
         Ok(Ok(recorded)) => match recorded.live {

@@ -146,8 +146,9 @@ impl<E> ViaPlain<E> for FinalProbe<E> {
     }
 }
 
-/// An argument of an atomic-mode handler, kept so that every try of its body gets one: a try
-/// the database aborts for a conflict is run again ([`conflict`](crate::retry::conflict)). The
+/// An argument of a handler, kept so that every try of its body gets one: a try the database
+/// aborts for a conflict (atomic mode's claim transaction, lease mode's final phase kept open
+/// for the result) is run again ([`conflict`](crate::retry::conflict)). The
 /// generated code takes it out with `(&&RerunProbe(&arg)).next_try(scope)?` for each try that
 /// executes (a replay takes nothing): a `Clone` argument (references are) is cloned; any other
 /// is moved into the first try, and a second try is refused with a conflict that names it.

@@ -24,7 +24,7 @@ use crate::call::{Call, Request};
 use crate::error::Error;
 use crate::ledger::{BoxFuture, LeaseClaim, RecordStatus, Ticket};
 use crate::metrics::{self, Label};
-use crate::retry::conflict::{Tries, retried};
+use crate::retry::conflict::{self, Tries, retried};
 use crate::retry::{Backoff, Jitter};
 use crate::store::LeaseStore;
 use crate::testing::crash_points::{self, CrashPoint};
@@ -71,13 +71,20 @@ struct Context {
     written_steps: Mutex<BTreeSet<String>>,
     lost: AtomicBool,
     /// A final phase waiting for the call's result; locked while it commits.
-    open_phase: tokio::sync::Mutex<Option<Box<dyn OpenPhase>>>,
+    open_phase: tokio::sync::Mutex<Option<KeptOpen>>,
     /// A final phase that was committed alone and failed: its writes and step are gone, so
     /// the call must not record a result.
     phase_failed: AtomicBool,
     /// A step could not reach the store within the connection bound: ending the lease would
     /// most likely wait the bound out again, so it is done behind the caller's answer.
     store_unreachable: AtomicBool,
+}
+
+/// A final phase kept open for the call's result, and the step it records: noted as recorded
+/// already, though it commits only with the phase.
+struct KeptOpen {
+    step: String,
+    phase: Box<dyn OpenPhase>,
 }
 
 impl Context {
@@ -87,7 +94,7 @@ impl Context {
     async fn commit_open_phase(&self) -> Result<(), Error> {
         let mut slot = self.open_phase.lock().await;
         if let Some(open) = slot.take()
-            && let Err(e) = open.commit().await
+            && let Err(e) = open.phase.commit().await
         {
             self.phase_failed.store(true, Ordering::SeqCst);
             if e.kind() == crate::ErrorKind::Unavailable {
@@ -120,6 +127,15 @@ impl Context {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(name.to_owned());
+    }
+
+    /// Forgets step `name`, noted as recorded by a final phase kept open that then rolled
+    /// back: the next try runs it again.
+    fn forget_step(&self, name: &str) {
+        self.steps
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(name);
     }
 
     /// The steps the completion forgets ([`LeaseStore::complete`]).
@@ -342,8 +358,10 @@ impl LeaseHandle {
 
     /// Keeps a final phase's transaction open for the call's result, which the engine then
     /// records in it ([`OpenPhase::complete`]) instead of in a transaction of its own. If the
-    /// handler has not returned soon after, the phase is committed alone.
-    pub fn keep_open(&self, phase: Box<dyn OpenPhase>) {
+    /// handler has not returned soon after, the phase is committed alone. `step` names the
+    /// step the phase records: if the completion is aborted for a conflict (which rolls the
+    /// phase back), the engine runs the body again, and the phase with it.
+    pub fn keep_open(&self, step: &str, phase: Box<dyn OpenPhase>) {
         let context = Arc::clone(&self.0);
         let Ok(mut slot) = context.open_phase.try_lock() else {
             // Being committed by its fuse: commit this one alone too (never reached in
@@ -351,7 +369,8 @@ impl LeaseHandle {
             tokio::spawn(phase.commit());
             return;
         };
-        *slot = Some(phase);
+        let step = step.to_owned();
+        *slot = Some(KeptOpen { step, phase });
         drop(slot);
         // Under a crash test the fuse waits for the handler as long as the test would: a
         // machine slow enough to miss 50 ms would otherwise change the call's crash points
@@ -426,25 +445,31 @@ fn renew_in_background(context: Arc<Context>, lease: Duration) -> Renewal {
 /// lease while the body runs, then records the result if the lease still holds. A transient
 /// error ends the lease at once, keeping the recorded steps, so a retry resumes after them.
 /// A call in observe mode ([`Call::mode`]) is decided the same way and answered by its body.
-pub fn run_lease<R, F>(
+///
+/// `bodies` makes the body for each try: a final phase kept open for the result
+/// ([`LeaseHandle::keep_open`]) whose commit the database aborts for a conflict rolls back
+/// with it, and the body runs again under the lease the call still holds (its recorded steps
+/// replay). A factory that cannot make a second body ([`once`]) answers that conflict instead.
+pub fn run_lease<R, F, B>(
     store: Arc<dyn LeaseStore>,
     call: Call,
     lease: Duration,
     finality: Option<Finality<R::Error>>,
-    body: F,
+    bodies: F,
 ) -> impl Future<Output = R>
 where
     R: HandlerOutput,
     R::Ok: Replayable,
     R::Error: HandlerError,
-    F: AsyncFnOnce() -> R,
+    F: FnMut() -> Result<B, Error>,
+    B: AsyncFnOnce() -> R,
 {
     // Counted once, when the answer is known (feature `metrics`; without it, `observe` hands
     // the call back as it is).
     let scope = call.site().scope();
     metrics::observe(scope, async move {
         if call.observing() {
-            return observe::observed(store, call, lease, finality, body).await;
+            return observe::observed(store, call, lease, finality, bodies).await;
         }
         let deadline = call.deadline_for(lease);
         let request = match call.prepare::<R>(false) {
@@ -470,8 +495,22 @@ where
             lease,
             deadline,
         };
-        execute(held, Holding::Enforced, finality, body).await.0
+        execute(held, Holding::Enforced, finality, bodies).await.0
     })
+}
+
+/// The factory of a body that runs once (an HTTP request's, which its first try consumes),
+/// for [`run_lease`]: a second try is refused with a conflict, answered to the caller.
+pub fn once<B>(body: B) -> impl FnMut() -> Result<B, Error> {
+    let mut body = Some(body);
+    move || {
+        body.take().ok_or_else(|| Error::Conflict {
+            scope: String::new(),
+            message: "the call's final phase was aborted for a conflict, and its body cannot run again in this process".to_owned(),
+            attempts: 1,
+            retry_after: crate::error::CONFLICT_RETRY_AFTER,
+        })
+    }
 }
 
 /// How a duplicate under `wait("…")` polls a key in flight: 10 ms doubling to 250 ms, each
@@ -541,18 +580,20 @@ enum Holding {
 
 /// Runs the body under `held`'s lease (renewed while it runs, ended at once if it panics or
 /// runs past its deadline) and settles its output: the call's answer, and how a call enforcing
-/// would be counted.
-async fn execute<R, F>(
+/// would be counted. A try whose final phase kept open was aborted for a conflict is run
+/// again with a new body from `bodies`, as a conflict of atomic mode's is.
+async fn execute<R, F, B>(
     held: Held,
     holding: Holding,
     finality: Option<Finality<R::Error>>,
-    body: F,
+    mut bodies: F,
 ) -> (R, Label)
 where
     R: HandlerOutput,
     R::Ok: Replayable,
     R::Error: HandlerError,
-    F: AsyncFnOnce() -> R,
+    F: FnMut() -> Result<B, Error>,
+    B: AsyncFnOnce() -> R,
 {
     let Held {
         store,
@@ -583,51 +624,85 @@ where
             Box::pin(async move { store.release_lease(&ticket).await })
         })
     });
-    // Declared first, so that while unwinding the renewal stops before the release.
-    let on_panic = ReleaseOnPanic {
-        store: Arc::clone(&store),
-        scope,
-        ticket,
-    };
-    let renewal = renew_in_background(Arc::clone(&context), lease);
-    let nested = outcome::Nested::enter();
-    // Hooks the body asks for (the outbox's wake after staging in a final phase) run once
-    // the call has ended, when its final phase has certainly committed.
-    let ran = tokio::time::timeout(
-        deadline,
-        LEASE.scope(
-            Arc::clone(&context),
-            crate::call::collecting_hooks(tracing::Instrument::instrument(
-                async {
-                    reach_crash_point(CrashPoint::AfterLeaseClaim, None).await;
-                    body().await
-                },
-                span,
-            )),
-        ),
-    )
-    .await;
-    drop(nested);
-    drop(renewal);
-    drop(on_panic);
-    let Ok((output, hooks)) = ran else {
-        return past_deadline(&*store, &context, deadline).await;
-    };
-    let settled = settle::<R>(&*store, &context, ticket, output, finality).await;
-    hooks.iter().for_each(|hook| hook());
-    settled
+    // The deadline bounds the call, not each try.
+    let deadline_at = tokio::time::Instant::now() + deadline;
+    let mut conflicts = Tries::new();
+    loop {
+        let body = match bodies() {
+            Ok(body) => body,
+            Err(e) => {
+                release_now(&*store, scope, &ticket).await;
+                return failed(
+                    &context.request,
+                    conflict::named(scope, e, conflicts.tried()),
+                );
+            }
+        };
+        // Declared first, so that while unwinding the renewal stops before the release.
+        let on_panic = ReleaseOnPanic {
+            store: Arc::clone(&store),
+            scope,
+            ticket,
+        };
+        let renewal = renew_in_background(Arc::clone(&context), lease);
+        let nested = outcome::Nested::enter();
+        // Hooks the body asks for (the outbox's wake after staging in a final phase) run once
+        // the call has ended, when its final phase has certainly committed.
+        let ran = tokio::time::timeout_at(
+            deadline_at,
+            LEASE.scope(
+                Arc::clone(&context),
+                crate::call::collecting_hooks(tracing::Instrument::instrument(
+                    async {
+                        reach_crash_point(CrashPoint::AfterLeaseClaim, None).await;
+                        body().await
+                    },
+                    span.clone(),
+                )),
+            ),
+        )
+        .await;
+        drop(nested);
+        drop(renewal);
+        drop(on_panic);
+        let Ok((output, hooks)) = ran else {
+            return past_deadline(&*store, &context, deadline).await;
+        };
+        match settle::<R>(&*store, &context, ticket, output, finality).await {
+            Settled::Answered(answer, label) => {
+                hooks.iter().for_each(|hook| hook());
+                return (answer, label);
+            }
+            // The phase's writes (and any outbox rows a hook would wake for) rolled back.
+            Settled::PhaseAborted(e) => {
+                if let Err(e) = conflicts.again(scope, e).await {
+                    release_now(&*store, scope, &ticket).await;
+                    return failed(&context.request, e);
+                }
+            }
+        }
+    }
 }
 
-/// Ends a lease-mode call whose body returned `output`: records it (in a final phase kept
-/// open, or on its own) if the lease still holds, or releases the lease. The answer, and how
-/// enforcing counts it.
+/// How a try of a lease-mode call ended.
+enum Settled<R> {
+    /// With the call's answer, and how enforcing counts it.
+    Answered(R, Label),
+    /// The database aborted the commit of the final phase kept open for the result, for a
+    /// conflict: the phase's writes rolled back with the result, and the lease is still held.
+    PhaseAborted(Error),
+}
+
+/// Ends a try of a lease-mode call whose body returned `output`: records it (in a final phase
+/// kept open, or on its own) if the lease still holds, or releases the lease. The answer, and
+/// how enforcing counts it; or a final phase kept open that a conflict aborted, to run again.
 async fn settle<R>(
     store: &dyn LeaseStore,
     context: &Context,
     ticket: Ticket,
     output: R,
     finality: Option<Finality<R::Error>>,
-) -> (R, Label)
+) -> Settled<R>
 where
     R: HandlerOutput,
     R::Ok: Replayable,
@@ -644,16 +719,16 @@ where
         Verdict::Record(record) if !context.phase_failed.load(Ordering::SeqCst) => record,
         Verdict::Record(_) => {
             release_unrecorded(store, context, &ticket).await;
-            return failed(request, context.phase_lost());
+            return failed(request, context.phase_lost()).into();
         }
         Verdict::Release(error) => {
             end_unrecorded(store, context, &ticket, open_phase).await;
             metrics::settle(request.span(), Label::Released);
-            return (R::from_result(Err(error)), Label::Released);
+            return Settled::Answered(R::from_result(Err(error)), Label::Released);
         }
         Verdict::Unencodable(e) => {
             end_unrecorded(store, context, &ticket, open_phase).await;
-            return failed(request, e);
+            return failed(request, e).into();
         }
     };
     // Taken before the store starts the record's TTL, so a remembered copy expires first.
@@ -663,12 +738,20 @@ where
         .then(|| record.payload.clone());
     let phase_was_open = open_phase.is_some();
     let completed = match open_phase {
-        // A conflict rolled the phase's writes back with the result: the phase must run
-        // again, which only a new attempt can do (below).
-        Some(open) => {
+        Some(KeptOpen { step, phase }) => {
             let steps = context.written_steps();
-            open.complete(ticket, record.status, record.payload, request.ttl(), steps)
-                .await
+            let completed = phase
+                .complete(ticket, record.status, record.payload, request.ttl(), steps)
+                .await;
+            match completed {
+                // The phase's writes rolled back with the result: only running the body again
+                // runs them again.
+                Err(e) if e.is_conflict() => {
+                    context.forget_step(&step);
+                    return Settled::PhaseAborted(e);
+                }
+                completed => completed,
+            }
         }
         None => {
             let steps = context.written_steps();
@@ -683,7 +766,7 @@ where
             if let Some(payload) = remembered {
                 request.remember(record.status, payload, since);
             }
-            return (request.executed(record.answer), Label::Executed);
+            return Settled::Answered(request.executed(record.answer), Label::Executed);
         }
         Err(e) if e.kind() == crate::ErrorKind::LeaseLost => context.lost(),
         Err(e) if e.kind() == crate::ErrorKind::Unavailable => {
@@ -698,7 +781,7 @@ where
             // Not recorded: end the lease at once, so the next retry (or a completer) takes
             // over from the recorded steps instead of waiting the lease out.
             release_now(store, scope, &ticket).await;
-            crate::retry::conflict::named(scope, e, 1)
+            conflict::named(scope, e, 1)
         }
     };
     if context.holding == Holding::Observed && !phase_was_open {
@@ -706,9 +789,15 @@ where
         // their own phases, so its answer stands. (A phase kept open for the result rolled
         // back with it: that call must fail, as enforcing's does.)
         tracing::warn!(parent: request.span(), error = %e, "observe mode: idem could not record the answer; the body's own answer is returned");
-        return (R::from_result(record.answer), Label::of_error(&e));
+        return Settled::Answered(R::from_result(record.answer), Label::of_error(&e));
     }
-    failed(request, e)
+    failed(request, e).into()
+}
+
+impl<R> From<(R, Label)> for Settled<R> {
+    fn from((answer, label): (R, Label)) -> Self {
+        Self::Answered(answer, label)
+    }
 }
 
 /// Ends a call that records nothing: its final phase's writes kept, its lease released.
@@ -716,10 +805,10 @@ async fn end_unrecorded(
     store: &dyn LeaseStore,
     context: &Context,
     ticket: &Ticket,
-    open_phase: Option<Box<dyn OpenPhase>>,
+    open_phase: Option<KeptOpen>,
 ) {
     if let Some(open) = open_phase {
-        let _ = open.commit().await;
+        let _ = open.phase.commit().await;
     }
     release_unrecorded(store, context, ticket).await;
 }
@@ -782,6 +871,7 @@ async fn release_now(store: &dyn LeaseStore, scope: &str, ticket: &Ticket) {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::AtomicU32;
     use std::time::Instant;
 
     use super::*;
@@ -862,7 +952,14 @@ mod tests {
         };
         let started = Instant::now();
         let call = Call::new(site, "k-1");
-        let answer = run_lease(Arc::new(store), call, Duration::from_secs(30), None, body).await;
+        let answer = run_lease(
+            Arc::new(store),
+            call,
+            Duration::from_secs(30),
+            None,
+            once(body),
+        )
+        .await;
         (answer, started, released)
     }
 
@@ -923,10 +1020,14 @@ mod tests {
         answered_before_the_release(answer, started, &released).await;
     }
 
-    /// A final phase kept open whose commit finds the store unreachable.
-    struct PhaseOnADeadNode;
+    /// A final phase kept open whose completion and commit fail with `error` the next
+    /// `failures` times, then succeed.
+    struct FailingPhase {
+        failures: Arc<AtomicU32>,
+        error: fn() -> Error,
+    }
 
-    impl OpenPhase for PhaseOnADeadNode {
+    impl OpenPhase for FailingPhase {
         fn complete(
             self: Box<Self>,
             _ticket: Ticket,
@@ -939,7 +1040,12 @@ mod tests {
         }
 
         fn commit(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
-            Box::pin(async { Err(unreachable()) })
+            let failed = self
+                .failures
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            let error = self.error;
+            Box::pin(async move { if failed { Err(error()) } else { Ok(()) } })
         }
     }
 
@@ -952,11 +1058,132 @@ mod tests {
             Concurrency::Reject,
         );
         let (answer, started, released) = on_a_dead_node(&SITE, async || {
-            LeaseHandle::current("a final phase")?.keep_open(Box::new(PhaseOnADeadNode));
+            LeaseHandle::current("a final phase")?.keep_open(
+                "phase",
+                Box::new(FailingPhase {
+                    failures: Arc::new(AtomicU32::new(u32::MAX)),
+                    error: unreachable,
+                }),
+            );
             step("after", |_key| async { Ok::<u8, Error>(1) }).await
         })
         .await;
         answered_before_the_release(answer, started, &released).await;
+    }
+
+    /// What the database answers a commit that conflicted (a Galera certification failure):
+    /// the phase's writes rolled back with the result.
+    fn certification_failed() -> Error {
+        Error::Conflict {
+            scope: String::new(),
+            message: "certification failed".to_owned(),
+            attempts: 1,
+            retry_after: Duration::from_millis(10),
+        }
+    }
+
+    /// The body of a call whose final phase (`pay`) is kept open for the result: a step
+    /// (`charge`) recorded on its own first. Counts the step's runs and the phase's runs.
+    async fn charge_then_pay(
+        conflicts: &Arc<AtomicU32>,
+        charges: &AtomicU32,
+        payments: &AtomicU32,
+    ) -> Result<u8, Error> {
+        step("charge", |_key| async {
+            charges.fetch_add(1, Ordering::SeqCst);
+            Ok::<u8, Error>(7)
+        })
+        .await?;
+        let lease = LeaseHandle::current("a final phase")?;
+        if let Some(paid) = lease.recorded::<u8>("pay")? {
+            return Ok(paid);
+        }
+        payments.fetch_add(1, Ordering::SeqCst);
+        lease.recording_step("pay");
+        let failures = Arc::clone(conflicts);
+        let error = certification_failed;
+        lease.keep_open("pay", Box::new(FailingPhase { failures, error }));
+        lease.note_recorded("pay", lease.encode(&9_u8)?);
+        Ok(9)
+    }
+
+    /// A conflict at the commit of a final phase kept open for the result rolled back the
+    /// phase's writes with the result: the engine runs the body again under the lease it
+    /// still holds (the step it recorded replays, the phase runs again), instead of answering
+    /// the conflict after one try.
+    #[tokio::test]
+    async fn a_conflict_at_the_commit_of_a_phase_kept_open_runs_the_body_again() {
+        static SITE: Site = Site::new(
+            "lease.open-phase-conflict",
+            Duration::from_secs(60),
+            Concurrency::Reject,
+        );
+        let conflicts = Arc::new(AtomicU32::new(2));
+        let (charges, payments, bodies) = (AtomicU32::new(0), AtomicU32::new(0), AtomicU32::new(0));
+        let call = Call::new(&SITE, "k-1");
+        let answer = run_lease(
+            Arc::new(MemoryStore::new()),
+            call,
+            Duration::from_secs(30),
+            None,
+            || {
+                bodies.fetch_add(1, Ordering::SeqCst);
+                Ok(async || charge_then_pay(&conflicts, &charges, &payments).await)
+            },
+        )
+        .await;
+        assert_eq!(answer.expect("recorded on the third try"), 9);
+        assert_eq!(bodies.load(Ordering::SeqCst), 3, "one body per try");
+        assert_eq!(
+            payments.load(Ordering::SeqCst),
+            3,
+            "the phase ran on each try"
+        );
+        assert_eq!(
+            charges.load(Ordering::SeqCst),
+            1,
+            "the recorded step replayed on the later tries"
+        );
+    }
+
+    /// A body that cannot run again (its factory refuses a second try) is answered the
+    /// conflict, and its lease is released for the client's retry.
+    #[tokio::test]
+    async fn a_conflict_of_a_phase_kept_open_is_answered_when_the_body_cannot_run_again() {
+        static SITE: Site = Site::new(
+            "lease.open-phase-conflict-once",
+            Duration::from_secs(60),
+            Concurrency::Reject,
+        );
+        let conflicts = Arc::new(AtomicU32::new(1));
+        let (charges, payments) = (AtomicU32::new(0), AtomicU32::new(0));
+        let store = Arc::new(MemoryStore::new());
+        let body = async || charge_then_pay(&conflicts, &charges, &payments).await;
+        let call = Call::new(&SITE, "k-1");
+        let answer = run_lease(
+            store.clone(),
+            call,
+            Duration::from_secs(30),
+            None,
+            once(body),
+        )
+        .await;
+        let e = answer.expect_err("the body could not run again");
+        assert_eq!(e.kind(), ErrorKind::Conflict, "{e}");
+        assert_eq!(payments.load(Ordering::SeqCst), 1);
+        // Released: the client's retry takes over at once, the recorded step replayed.
+        let call = Call::new(&SITE, "k-1");
+        let retried = run_lease(
+            store,
+            call,
+            Duration::from_secs(30),
+            None,
+            once(async || charge_then_pay(&conflicts, &charges, &payments).await),
+        )
+        .await;
+        assert_eq!(retried.expect("the retry records"), 9);
+        assert_eq!(charges.load(Ordering::SeqCst), 1);
+        assert_eq!(payments.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]

@@ -21,18 +21,19 @@ use crate::observe;
 use crate::store::LeaseStore;
 
 /// A lease-mode call in observe mode: decided, reported, and answered by its body.
-pub(super) async fn observed<R, F>(
+pub(super) async fn observed<R, F, B>(
     store: Arc<dyn LeaseStore>,
     call: Call,
     lease: Duration,
     finality: Option<Finality<R::Error>>,
-    body: F,
+    bodies: F,
 ) -> R
 where
     R: HandlerOutput,
     R::Ok: Replayable,
     R::Error: HandlerError,
-    F: AsyncFnOnce() -> R,
+    F: FnMut() -> Result<B, Error>,
+    B: AsyncFnOnce() -> R,
 {
     // The call is counted once, as `observed` (the first note wins, so the labels the
     // decision's own paths note are not counted); the decision has its own counter.
@@ -51,7 +52,7 @@ where
                 Label::of_error(&e),
             );
             return match placeholder(site) {
-                Ok(request) => in_memory(request, lease, deadline, finality, body).await,
+                Ok(request) => in_memory(request, lease, deadline, finality, bodies).await,
                 Err(e) => R::from_result(Err(e.into())),
             };
         }
@@ -70,7 +71,7 @@ where
                     lease,
                     deadline,
                 };
-                let (answer, decision) = execute(held, Holding::Observed, finality, body).await;
+                let (answer, decision) = execute(held, Holding::Observed, finality, bodies).await;
                 observe::report(scope, &key_hash, &span, decision);
                 metrics::settle(&span, Label::Observed);
                 outcome::report(Outcome::Executed);
@@ -88,7 +89,7 @@ where
         decision,
     );
     let span = request.span().clone();
-    let answer = in_memory(request, lease, deadline, finality, body).await;
+    let answer = in_memory(request, lease, deadline, finality, bodies).await;
     // After the in-memory run, which notes its own outcome in the span.
     metrics::settle(&span, Label::Observed);
     answer
@@ -96,18 +97,19 @@ where
 
 /// Runs the body as enforcing would not have run it: under a lease of a fresh in-memory
 /// store (so the claim is always this call's), its answer recorded nowhere that lasts.
-async fn in_memory<R, F>(
+async fn in_memory<R, F, B>(
     request: Request,
     lease: Duration,
     deadline: Duration,
     finality: Option<Finality<R::Error>>,
-    body: F,
+    bodies: F,
 ) -> R
 where
     R: HandlerOutput,
     R::Ok: Replayable,
     R::Error: HandlerError,
-    F: AsyncFnOnce() -> R,
+    F: FnMut() -> Result<B, Error>,
+    B: AsyncFnOnce() -> R,
 {
     let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
     let (ticket, steps) = match store.claim_lease(&request, lease).await {
@@ -130,7 +132,7 @@ where
         lease,
         deadline,
     };
-    let (answer, _) = execute(held, Holding::InMemory, finality, body).await;
+    let (answer, _) = execute(held, Holding::InMemory, finality, bodies).await;
     outcome::report(Outcome::Executed);
     answer
 }

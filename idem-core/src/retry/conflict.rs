@@ -53,6 +53,11 @@ impl Tries {
         Self { attempts: 1 }
     }
 
+    /// How many tries were made.
+    pub(crate) const fn tried(&self) -> u32 {
+        self.attempts
+    }
+
     /// After a try that failed with `error`: `Ok` once the backoff has passed if the error is
     /// a conflict with tries left, or the error to give up with (a conflict carries the scope
     /// and the number of tries).

@@ -138,13 +138,16 @@ where
         // The engine records the call's result in this transaction when the handler
         // returns, or commits it alone if the handler does more first. The step is written
         // only then: the result's record deletes the call's steps in the same transaction.
-        lease.keep_open(Box::new(OpenFinalPhase::<D> {
-            tx,
-            d,
-            step: (ticket, name.to_owned(), payload.clone()),
-            resumable,
-            driver: PhantomData,
-        }));
+        lease.keep_open(
+            name,
+            Box::new(OpenFinalPhase::<D> {
+                tx,
+                d,
+                step: (ticket, name.to_owned(), payload.clone()),
+                resumable,
+                driver: PhantomData,
+            }),
+        );
     } else {
         tx.commit()
             .await

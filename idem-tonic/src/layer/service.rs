@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http_body_util::{BodyExt, Full, Limited};
 use idem_core::Error;
-use idem_core::lease::run_lease;
+use idem_core::lease::{once, run_lease};
 use idem_http::spawn_and_wait;
 use tonic::{Code, Status};
 
@@ -168,7 +168,9 @@ where
         call,
         config.recording.lease,
         None,
-        async move || run_method(&config, inner, parts, bytes).await,
+        // The request's first try consumes it: a conflict of a final phase kept open is
+        // answered, and the client's retry runs it again.
+        once(async move || run_method(&config, inner, parts, bytes).await),
     )));
     match task.await {
         Ok(Ok(recorded)) => recorded.into_response(),
