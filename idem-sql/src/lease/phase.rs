@@ -226,8 +226,9 @@ impl<D: Driver> OpenPhase for OpenFinalPhase<D> {
 
 /// Writes a store's `final_step` and `finish` on its pool, with the body type its users'
 /// writes take: `final_phases!([DB: Backend,] Pool<DB>, Sqlx<DB>, |'t| &'t mut DB::Connection,
-/// "idem::sqlx")` (the store's generics end with a comma: they come first, as they did). The docs and the calls into [`final_phase`] are written once, here; the
-/// signatures stay each store's own, so a closure's argument is inferred as its body type.
+/// "idem::sqlx")` (the store's generics end with a comma: they come first, as they did). The
+/// docs and the calls into [`final_phase`] are written once, here; the signatures stay each
+/// store's own, so a closure's argument is inferred as its body type.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! final_phases {
